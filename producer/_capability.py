@@ -1,0 +1,390 @@
+"""`StepPersistence`: the Pydantic AI capability that appends a run's trail to the log.
+
+It follows the hooks and run identity of pydantic-ai-harness `StepPersistence`, but it never
+reads anything back: each boundary becomes one appended record, and each snapshot carries only
+what changed since the previous snapshot of the same run.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic_ai import CallToolsNode, CapabilityEvent, ModelRequestNode
+from pydantic_ai.capabilities import AbstractCapability
+from pydantic_ai.capabilities.abstract import AgentNode, NodeResult, WrapRunHandler
+from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart
+from pydantic_ai.models import ModelRequestContext
+from pydantic_ai.run import AgentRunResult
+from pydantic_ai.tools import AgentDepsT, RunContext, ToolDefinition
+
+from stepstream.producer._helpers import DeltaTracker, check_run_id, current_run, is_provider_valid
+from stepstream.producer._log import Ack, EventLog
+from stepstream.schemas import EventKind, SnapshotDelta, SnapshotState, StepEvent, ToolEffectTransition
+
+
+@dataclass(kw_only=True)
+class SnapshotSaved(CapabilityEvent, namespace='stepstream', name='snapshot_saved'):
+    """A snapshot was acknowledged by the broker (it is durable, not yet projected)."""
+
+    persistence_run_id: str
+    conversation_id: str | None
+    step_index: int
+    snapshot_seq: int
+    state: SnapshotState
+
+
+def _no_metadata() -> dict[str, str]:
+    return {}
+
+
+@dataclass
+class StepPersistence(AbstractCapability[AgentDepsT]):
+    """Append-only step trail, delta snapshots and a write-ahead tool-effect ledger, on Kafka.
+
+    ```python
+    async with EventLog(settings) as log:
+        agent = Agent(model, capabilities=[StepPersistence(log=log, agent_name='librarian')])
+        await agent.run('find X', conversation_id='conv-1')
+    ```
+
+    Durability points wait for the broker (acks=all): a tool's `started` transition before
+    the tool body runs, every snapshot before its hook returns, and the end of the run.
+    Everything else is batched, in order. If the broker does not acknowledge in time, the run
+    fails with `StepStreamUnavailable`.
+    """
+
+    id: str | None = field(default='stepstream', kw_only=True)
+
+    log: EventLog
+    """The process's shared appender."""
+
+    agent_name: str | None = None
+    """Logical agent name; with no explicit `run_id`, each run's id is `{agent_name}-{8 hex}`."""
+
+    run_id: str | None = None
+    """Explicit id for exactly one `.run()`; a second run with it raises `ValueError`."""
+
+    parent_run_id: str | None = None
+    """The spawning run; inferred from an enclosing persisted run when unset."""
+
+    metadata: dict[str, str] = field(default_factory=_no_metadata)
+    """Stored on the run and on every event."""
+
+    capture_frontier: bool = False
+    """Also snapshot accepted inputs and tool-call frontiers before they execute."""
+
+    # Per-run state, fresh in every `for_run` copy.
+    _explicit_run_id_used: bool = field(default=False, init=False, repr=False)
+    _writer_id: str = field(default='', init=False, repr=False)
+    _seq: int = field(default=0, init=False, repr=False)
+    _snapshot_seq: int = field(default=0, init=False, repr=False)
+    _unacked: list[Ack] = field(default_factory=list, init=False, repr=False)
+    _deltas: DeltaTracker = field(default_factory=DeltaTracker, init=False, repr=False)
+    _last_snapshot_step: int | None = field(default=None, init=False, repr=False)
+    _live: tuple[list[ModelMessage], int] | None = field(default=None, init=False, repr=False)
+    _conversation_id: str | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.run_id is not None:
+            check_run_id(self.run_id)
+        if self.parent_run_id is not None:
+            check_run_id(self.parent_run_id, what='parent_run_id')
+        if not isinstance(self.log, EventLog):
+            raise TypeError(f'StepPersistence(log=...) needs an EventLog, got {type(self.log).__name__}')
+
+    def compaction_transcript_handle(self) -> str | None:
+        """The run id, as the handle a compaction receipt points back to (None before a run)."""
+        return self.run_id
+
+    async def for_run(self, ctx: RunContext[AgentDepsT]) -> AbstractCapability[AgentDepsT]:
+        """Bind a copy to this `.run()`: resolve the run id, the parent and the agent name."""
+        if self.run_id is not None:
+            if self._explicit_run_id_used:
+                raise ValueError(
+                    f'StepPersistence run_id {self.run_id!r} was already used by an earlier run; an explicit '
+                    'run_id is for exactly one .run(). Pass conversation_id= to Agent.run to group runs.'
+                )
+            self._explicit_run_id_used = True
+            run_id = self.run_id
+        elif self.agent_name is not None:
+            run_id = check_run_id(f'{self.agent_name}-{secrets.token_hex(4)}')
+        elif ctx.run_id is not None:
+            run_id = check_run_id(ctx.run_id)
+        else:
+            raise RuntimeError('StepPersistence needs a run id: set run_id= or agent_name=')
+        parent = self.parent_run_id
+        if parent is None:
+            enclosing = current_run.get()
+            parent = enclosing.run_id if enclosing is not None else None
+        agent_name = self.agent_name
+        if agent_name is None and ctx.agent is not None:
+            agent_name = ctx.agent.name
+        bound = replace(self, run_id=run_id, parent_run_id=parent, agent_name=agent_name)
+        bound._writer_id = secrets.token_hex(8)
+        return bound
+
+    # -- appending ---------------------------------------------------------------------------
+
+    def _envelope(self) -> dict[str, Any]:
+        seq = self._seq
+        self._seq += 1
+        assert self.run_id is not None
+        return {
+            'run_id': self.run_id,
+            'seq': seq,
+            'writer_id': self._writer_id,
+            'timestamp': datetime.now(UTC),
+            'agent_name': self.agent_name,
+            'conversation_id': self._conversation_id,
+            'parent_run_id': self.parent_run_id,
+        }
+
+    async def _event(
+        self,
+        ctx: RunContext[AgentDepsT],
+        kind: EventKind,
+        *,
+        tool_call_id: str | None = None,
+        tool_name: str | None = None,
+        error: str | None = None,
+        snapshot: SnapshotDelta | None = None,
+    ) -> None:
+        envelope = self._envelope()
+        record = StepEvent(
+            **envelope,
+            kind=kind,
+            step_index=ctx.run_step,
+            tool_call_id=tool_call_id,
+            tool_name=tool_name,
+            error=error,
+            metadata=self.metadata,
+            idempotency_key=f'{envelope["seq"]}:{ctx.run_step}:{kind}:{tool_call_id or ""}',
+            snapshot=snapshot,
+        )
+        self._unacked.append(await self.log.append(record))
+
+    async def _effect(
+        self,
+        call: ToolCallPart,
+        status: Literal['started', 'annotated', 'completed', 'failed'],
+        *,
+        idempotency_key: str | None = None,
+        effect_summary: str | None = None,
+        error: str | None = None,
+    ) -> None:
+        record = ToolEffectTransition(
+            **self._envelope(),
+            tool_call_id=call.tool_call_id,
+            tool_name=call.tool_name,
+            status=status,
+            idempotency_key=idempotency_key,
+            effect_summary=effect_summary,
+            error=error,
+        )
+        self._unacked.append(await self.log.append(record))
+
+    async def _durable(self) -> None:
+        """A durability point: wait until everything this run appended is acknowledged."""
+        unacked, self._unacked = self._unacked, []
+        await self.log.wait_acked(unacked)
+
+    async def _snapshot(
+        self,
+        ctx: RunContext[AgentDepsT],
+        messages: Sequence[ModelMessage],
+        step_index: int,
+        state: SnapshotState,
+    ) -> None:
+        prefix_len, tail_json = self._deltas.delta(messages)
+        tail = '[' + ','.join(m.decode() for m in tail_json) + ']'
+        snapshot_seq = self._snapshot_seq
+        self._snapshot_seq += 1
+        delta = SnapshotDelta(snapshot_seq=snapshot_seq, state=state, prefix_len=prefix_len, messages=tail)
+        await self._event(ctx, 'snapshot_saved', snapshot=delta)
+        await self._durable()
+        self._deltas.commit(messages, prefix_len, tail_json)
+        self._last_snapshot_step = step_index
+        assert self.run_id is not None
+        await ctx.emit(
+            SnapshotSaved(
+                persistence_run_id=self.run_id,
+                conversation_id=self._conversation_id,
+                step_index=step_index,
+                snapshot_seq=snapshot_seq,
+                state=state,
+            )
+        )
+
+    # -- run lifecycle -----------------------------------------------------------------------
+
+    async def wrap_run(self, ctx: RunContext[AgentDepsT], *, handler: WrapRunHandler) -> AgentRunResult[Any]:
+        """Make this run the parent of any persisted run started inside it."""
+        token = current_run.set(self)
+        try:
+            return await handler()
+        finally:
+            current_run.reset(token)
+
+    async def before_run(self, ctx: RunContext[AgentDepsT]) -> None:
+        """Append `run_started` with the run's lineage and metadata."""
+        self._conversation_id = ctx.conversation_id
+        await self._event(ctx, 'run_started')
+
+    async def after_run(
+        self, ctx: RunContext[AgentDepsT], *, result: AgentRunResult[Any]
+    ) -> AgentRunResult[Any]:
+        """Save the final history if no boundary saved it, append `run_completed`, flush the run."""
+        messages = result.all_messages()
+        if not self._deltas.unchanged(messages) and is_provider_valid(messages):
+            step = self._last_snapshot_step if self._last_snapshot_step is not None else ctx.run_step
+            await self._snapshot(ctx, messages, step, 'complete')
+        await self._event(ctx, 'run_completed')
+        await self._durable()
+        return result
+
+    async def on_run_error(self, ctx: RunContext[AgentDepsT], *, error: BaseException) -> AgentRunResult[Any]:
+        """Save the live history at failure (if it holds a response), append `run_failed`, re-raise."""
+        try:
+            if self._live is not None:
+                live, step_index = self._live
+                messages = list(live)
+                has_response = any(isinstance(m, ModelResponse) for m in messages)
+                if has_response or (self.capture_frontier and messages):
+                    state: SnapshotState = 'complete' if is_provider_valid(messages) else 'interrupted'
+                    await self._snapshot(ctx, messages, step_index, state)
+            await self._event(ctx, 'run_failed', error=repr(error))
+            await self._durable()
+        except Exception as log_error:
+            # The run's own error wins; the reason its trail is incomplete rides along.
+            error.add_note(f'stepstream could not record the failure: {log_error}')
+        raise error
+
+    # -- model requests ----------------------------------------------------------------------
+
+    async def before_model_request(
+        self, ctx: RunContext[AgentDepsT], request_context: ModelRequestContext
+    ) -> ModelRequestContext:
+        """Append `model_request_started` (and snapshot the frontier when asked)."""
+        if self.capture_frontier:
+            self._live = (ctx.messages, ctx.run_step)
+            state: SnapshotState = 'complete' if is_provider_valid(ctx.messages) else 'interrupted'
+            await self._snapshot(ctx, ctx.messages, ctx.run_step, state)
+        await self._event(ctx, 'model_request_started')
+        return request_context
+
+    async def after_model_request(
+        self, ctx: RunContext[AgentDepsT], *, request_context: ModelRequestContext, response: ModelResponse
+    ) -> ModelResponse:
+        """Append `model_request_completed`."""
+        await self._event(ctx, 'model_request_completed')
+        return response
+
+    async def on_model_request_error(
+        self, ctx: RunContext[AgentDepsT], *, request_context: ModelRequestContext, error: Exception
+    ) -> ModelResponse:
+        """Append `model_request_failed` and re-raise; `on_run_error` saves the history."""
+        await self._event(ctx, 'model_request_failed', error=repr(error))
+        raise error
+
+    # -- tools ---------------------------------------------------------------------------------
+
+    async def before_tool_execute(
+        self, ctx: RunContext[AgentDepsT], *, call: ToolCallPart, tool_def: ToolDefinition, args: Any
+    ) -> Any:
+        """Write ahead: the `started` transition is acknowledged before the tool body runs."""
+        await self._effect(call, 'started')
+        await self._event(ctx, 'tool_call_started', tool_call_id=call.tool_call_id, tool_name=call.tool_name)
+        await self._durable()
+        return args
+
+    async def after_tool_execute(
+        self,
+        ctx: RunContext[AgentDepsT],
+        *,
+        call: ToolCallPart,
+        tool_def: ToolDefinition,
+        args: Any,
+        result: Any,
+    ) -> Any:
+        """Append the `completed` transition and event (acknowledged with the next snapshot)."""
+        await self._effect(call, 'completed')
+        await self._event(
+            ctx, 'tool_call_completed', tool_call_id=call.tool_call_id, tool_name=call.tool_name
+        )
+        return result
+
+    async def on_tool_execute_error(
+        self,
+        ctx: RunContext[AgentDepsT],
+        *,
+        call: ToolCallPart,
+        tool_def: ToolDefinition,
+        args: Any,
+        error: Exception,
+    ) -> Any:
+        """Append the `failed` transition and event, then re-raise."""
+        await self._effect(call, 'failed', error=repr(error))
+        await self._event(
+            ctx,
+            'tool_call_failed',
+            tool_call_id=call.tool_call_id,
+            tool_name=call.tool_name,
+            error=repr(error),
+        )
+        raise error
+
+    async def annotate(
+        self, call: ToolCallPart, *, idempotency_key: str | None, effect_summary: str | None
+    ) -> None:
+        """Append an `annotated` transition for a call of this run (see `annotate_tool_effect`)."""
+        await self._effect(call, 'annotated', idempotency_key=idempotency_key, effect_summary=effect_summary)
+
+    # -- graph nodes ---------------------------------------------------------------------------
+
+    async def after_node_run(
+        self, ctx: RunContext[AgentDepsT], *, node: AgentNode[AgentDepsT], result: NodeResult[AgentDepsT]
+    ) -> NodeResult[AgentDepsT]:
+        """Snapshot after a settled tool cycle, with the pending tool-return request folded in.
+
+        The live list is kept by reference (not copied) so that a later failure can save what
+        the run held at that moment; the graph only mutates that list in place after the first
+        boundary.
+        """
+        self._live = (ctx.messages, ctx.run_step)
+        if self.capture_frontier and isinstance(node, ModelRequestNode):
+            state: SnapshotState = 'complete' if is_provider_valid(ctx.messages) else 'interrupted'
+            await self._snapshot(ctx, ctx.messages, ctx.run_step, state)
+        if isinstance(node, CallToolsNode):
+            messages: Sequence[ModelMessage] = ctx.messages
+            if isinstance(result, ModelRequestNode):
+                messages = [*ctx.messages, result.request]
+            if is_provider_valid(messages):
+                await self._snapshot(ctx, messages, ctx.run_step, 'complete')
+        return result
+
+
+async def annotate_tool_effect(
+    ctx: RunContext[Any], *, idempotency_key: str | None = None, effect_summary: str | None = None
+) -> None:
+    """Record how to recognise a tool's side effect, from inside the tool body.
+
+    ```python
+    @agent.tool
+    async def open_pr(ctx: RunContext[None], title: str) -> str:
+        await annotate_tool_effect(ctx, idempotency_key=f'pr:{title}', effect_summary='opens a PR')
+        ...
+    ```
+
+    Appends an `annotated` transition; the projection keeps both fields after the call's
+    terminal transition, so an orchestrator sweeping `unknown_after_crash` effects can decide
+    whether a replay is safe. A no-op outside a persisted tool call.
+    """
+    run = current_run.get()
+    if run is None or ctx.tool_call_id is None or ctx.tool_name is None:
+        return
+    call = ToolCallPart(tool_name=ctx.tool_name, tool_call_id=ctx.tool_call_id)
+    await run.annotate(call, idempotency_key=idempotency_key, effect_summary=effect_summary)

@@ -1,0 +1,173 @@
+"""`EventLog`: the one Kafka producer a process shares among all its agents and runs.
+
+It only appends. Records are batched by aiokafka (`linger_ms`) and kept in order per partition;
+callers that reach a durability point (a tool about to run, a snapshot, the end of a run) wait
+for the acknowledgements of exactly the records they wrote, with a timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterable
+from types import TracebackType
+from typing import Self
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+from aiokafka.structs import RecordMetadata
+
+from stepstream.errors import RecordTooLarge, StepStreamError
+from stepstream.schemas import LogRecord, StepEvent, encode, schema_of
+from stepstream.settings import Settings
+from stepstream.topics import Position, ensure_topics, unavailable
+
+Ack = asyncio.Future[RecordMetadata]
+"""Resolves when the broker acknowledged one record (acks=all)."""
+
+MAX_RECORD_BYTES = 1024 * 1024
+"""Kafka's default `message.max.bytes`; a record above it fails before it is sent."""
+
+
+class EventLog:
+    """Appends stepstream records to Kafka; one instance per process.
+
+    ```python
+    async with EventLog(settings) as log:
+        agent = Agent(model, capabilities=[StepPersistence(log=log)])
+        ...
+        position = await log.flush()   # everything written so far is acknowledged
+    ```
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        create_topics: bool = True,
+        linger_ms: int = 5,
+        enable_idempotence: bool = False,
+        max_record_bytes: int = MAX_RECORD_BYTES,
+    ) -> None:
+        """Configure the log; nothing connects until `start()` (or `async with`).
+
+        `enable_idempotence` is off by default because Tansu has no idempotent producer;
+        turn it on against real Kafka.
+        """
+        self.settings = settings
+        self.create_topics = create_topics
+        self.max_record_bytes = max_record_bytes
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=settings.bootstrap_servers,
+            acks='all',
+            linger_ms=linger_ms,
+            enable_idempotence=enable_idempotence,
+            max_request_size=max_record_bytes + 64 * 1024,
+            request_timeout_ms=max(1000, int(settings.ack_timeout_s * 1000)),
+            client_id='stepstream-producer',
+        )
+        self._written: Position = {}
+        self._pending: set[Ack] = set()
+        self._started = False
+
+    async def start(self) -> None:
+        """Connect, and create the topics if allowed and missing."""
+        if self.create_topics:
+            await ensure_topics(self.settings)
+        try:
+            await asyncio.wait_for(self._producer.start(), self.settings.ack_timeout_s)
+        except (KafkaError, OSError, TimeoutError) as exc:
+            await self._producer.stop()
+            raise unavailable(self.settings, 'did not accept a producer connection', exc) from exc
+        self._started = True
+
+    async def close(self) -> None:
+        """Flush what is buffered (best effort within the timeout) and disconnect."""
+        if not self._started:
+            return
+        self._started = False
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._producer.stop(), self.settings.ack_timeout_s)
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def append(self, record: LogRecord) -> Ack:
+        """Queue one record; returns its acknowledgement without waiting for it.
+
+        Records of one run go to one partition per topic (keyed by run_id), in call order.
+        """
+        if not self._started:
+            raise StepStreamError('EventLog is not started: use `async with EventLog(settings)` first')
+        value = encode(record)
+        if len(value) > self.max_record_bytes:
+            raise RecordTooLarge(
+                f'{type(record).__name__} {getattr(record, "kind", "")} of run {record.run_id!r} seq '
+                f'{record.seq} is {len(value)} bytes after encoding, above the {self.max_record_bytes}-byte '
+                'limit; large payloads must go to the media store (lower STEPSTREAM_MEDIA_THRESHOLD_BYTES)'
+            )
+        topic = (
+            self.settings.step_events_topic
+            if isinstance(record, StepEvent)
+            else self.settings.tool_effects_topic
+        )
+        kind = record.kind if isinstance(record, StepEvent) else record.status
+        headers = [
+            ('stepstream-kind', kind.encode()),
+            ('stepstream-schema', schema_of(record).fingerprint_hex.encode()),
+        ]
+        try:
+            ack: Ack = await asyncio.wait_for(
+                self._producer.send(topic, value, key=record.run_id.encode(), headers=headers),
+                self.settings.ack_timeout_s,
+            )
+        except (KafkaError, TimeoutError) as exc:
+            raise unavailable(self.settings, 'did not accept a record', exc) from exc
+        self._pending.add(ack)
+        ack.add_done_callback(self._on_ack)
+        return ack
+
+    def _on_ack(self, ack: Ack) -> None:
+        self._pending.discard(ack)
+        if ack.cancelled() or ack.exception() is not None:
+            return
+        meta = ack.result()
+        tp = meta.topic_partition
+        if meta.offset + 1 > self._written.get(tp, 0):
+            self._written[tp] = meta.offset + 1
+
+    async def wait_acked(self, acks: Iterable[Ack]) -> None:
+        """Wait until the broker acknowledged every record in `acks`.
+
+        Raises `StepStreamUnavailable` naming the servers and the timeout when it does not.
+        """
+        pending = [a for a in acks if not a.done()]
+        if pending:
+            _done, not_done = await asyncio.wait(pending, timeout=self.settings.ack_timeout_s)
+            if not_done:
+                raise unavailable(self.settings, f'did not acknowledge {len(not_done)} record(s)')
+        for ack in acks:
+            if ack.cancelled():
+                raise unavailable(self.settings, 'did not acknowledge a cancelled send')
+            exc = ack.exception()
+            if exc is not None:
+                raise unavailable(self.settings, 'rejected a record', exc) from exc
+
+    async def flush(self) -> Position:
+        """Wait for every record appended so far, then return the position written.
+
+        Pass the result to `Projector.wait_for` to read your own writes.
+        """
+        await self.wait_acked(list(self._pending))
+        return dict(self._written)
+
+    @property
+    def position(self) -> Position:
+        """The acknowledged position so far, without waiting."""
+        return dict(self._written)

@@ -1,0 +1,51 @@
+"""The wire contract: Avro schemas, the record types and their codec."""
+
+from stepstream.schemas._codec import (
+    SCHEMA_DIR,
+    STEP_EVENT_SCHEMA,
+    TOOL_EFFECT_SCHEMA,
+    SchemaVersion,
+    decode,
+    encode,
+    load_schema_versions,
+    schema_of,
+)
+from stepstream.schemas._types import (
+    EVENT_KINDS,
+    TOOL_EFFECT_STATUSES,
+    ContinuableSnapshot,
+    EventKind,
+    LogRecord,
+    RunRecord,
+    RunStatus,
+    SnapshotDelta,
+    SnapshotState,
+    StepEvent,
+    ToolEffectRecord,
+    ToolEffectStatus,
+    ToolEffectTransition,
+)
+
+__all__ = [
+    'EVENT_KINDS',
+    'SCHEMA_DIR',
+    'STEP_EVENT_SCHEMA',
+    'TOOL_EFFECT_SCHEMA',
+    'TOOL_EFFECT_STATUSES',
+    'ContinuableSnapshot',
+    'EventKind',
+    'LogRecord',
+    'RunRecord',
+    'RunStatus',
+    'SchemaVersion',
+    'SnapshotDelta',
+    'SnapshotState',
+    'StepEvent',
+    'ToolEffectRecord',
+    'ToolEffectStatus',
+    'ToolEffectTransition',
+    'decode',
+    'encode',
+    'load_schema_versions',
+    'schema_of',
+]

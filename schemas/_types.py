@@ -1,0 +1,164 @@
+"""Record types: what travels on the topics, and what the projection hands back.
+
+The wire records (`StepEvent`, `ToolEffectTransition`) are what the `.avsc` files describe.
+The read-side records (`RunRecord`, `ContinuableSnapshot`, `ToolEffectRecord`) carry the field
+names of their pydantic-ai-harness namesakes, so code written against the harness reads the
+same here; they add what a log knows and a single store does not (seq, writer, gaps).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal
+
+from pydantic_ai.messages import ModelMessage
+
+EventKind = Literal[
+    'run_started',
+    'run_completed',
+    'run_failed',
+    'model_request_started',
+    'model_request_completed',
+    'model_request_failed',
+    'tool_call_started',
+    'tool_call_completed',
+    'tool_call_failed',
+    'snapshot_saved',
+]
+"""Boundary that produced a `StepEvent`."""
+
+EVENT_KINDS: frozenset[str] = frozenset(EventKind.__args__)  # type: ignore[attr-defined]
+
+ToolEffectStatus = Literal['started', 'annotated', 'completed', 'failed']
+"""A tool call's effect status. `started` as the latest transition means `unknown_after_crash`."""
+
+TOOL_EFFECT_STATUSES: frozenset[str] = frozenset(ToolEffectStatus.__args__)  # type: ignore[attr-defined]
+
+SnapshotState = Literal['complete', 'interrupted']
+"""`complete`: every tool call has its result. `interrupted`: captured with tool work open."""
+
+RunStatus = Literal['running', 'completed', 'failed']
+
+
+def _no_metadata() -> dict[str, str]:
+    return {}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SnapshotDelta:
+    """A snapshot as the log stores it: what it shares with the previous one, and the new tail.
+
+    The full history is `previous_messages[:prefix_len] + tail`; for an append-only history
+    the tail is only what the last step added, so the log grows linearly with the run.
+    """
+
+    snapshot_seq: int
+    state: SnapshotState
+    prefix_len: int
+    messages: str
+    """JSON list of the tail's `ModelMessage`s (Pydantic AI's own JSON)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepEvent:
+    """One boundary of an agent run, as written to `{prefix}.step-events`."""
+
+    run_id: str
+    seq: int
+    writer_id: str
+    timestamp: datetime
+    kind: EventKind
+    step_index: int = 0
+    agent_name: str | None = None
+    conversation_id: str | None = None
+    parent_run_id: str | None = None
+    tool_call_id: str | None = None
+    tool_name: str | None = None
+    error: str | None = None
+    metadata: dict[str, str] = field(default_factory=_no_metadata)
+    idempotency_key: str | None = None
+    snapshot: SnapshotDelta | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ToolEffectTransition:
+    """One status change of a tool call's side effect, as written to `{prefix}.tool-effects`."""
+
+    run_id: str
+    seq: int
+    writer_id: str
+    timestamp: datetime
+    tool_call_id: str
+    tool_name: str
+    status: ToolEffectStatus
+    agent_name: str | None = None
+    conversation_id: str | None = None
+    parent_run_id: str | None = None
+    idempotency_key: str | None = None
+    effect_summary: str | None = None
+    error: str | None = None
+
+
+LogRecord = StepEvent | ToolEffectTransition
+"""Anything the producer appends."""
+
+
+@dataclass(kw_only=True, slots=True)
+class RunRecord:
+    """Lineage and status of one run, as the projection knows it."""
+
+    run_id: str
+    conversation_id: str | None = None
+    parent_run_id: str | None = None
+    agent_name: str | None = None
+    metadata: dict[str, str] = field(default_factory=_no_metadata)
+    started_at: datetime | None = None
+    registration_id: str | None = None
+    """The `writer_id` that registered the run (its `run_started`)."""
+    status: RunStatus = 'running'
+    ended_at: datetime | None = None
+    error: str | None = None
+    event_count: int = 0
+    """Records applied for this run, across both topics."""
+    last_seq: int = -1
+    gaps: list[int] = field(default_factory=list)
+    """Sequence numbers below `last_seq` that never arrived."""
+
+
+@dataclass(kw_only=True, slots=True)
+class ContinuableSnapshot:
+    """A full message history a run can be continued or forked from."""
+
+    run_id: str
+    step_index: int
+    messages: list[ModelMessage]
+    snapshot_seq: int = 0
+    seq: int = 0
+    conversation_id: str | None = None
+    parent_run_id: str | None = None
+    agent_name: str | None = None
+    timestamp: datetime | None = None
+    state: SnapshotState = 'complete'
+    idempotency_key: str | None = None
+
+
+@dataclass(kw_only=True, slots=True)
+class ToolEffectRecord:
+    """The merged state of one tool call's effect: the latest status plus what was annotated."""
+
+    tool_call_id: str
+    tool_name: str
+    run_id: str
+    status: ToolEffectStatus
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    idempotency_key: str | None = None
+    effect_summary: str | None = None
+    error: str | None = None
+    last_seq: int = -1
+
+    @property
+    def unknown_after_crash(self) -> bool:
+        """True while the side effect may or may not have happened (no terminal transition)."""
+        return self.status == 'started'

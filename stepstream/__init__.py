@@ -1,0 +1,23 @@
+"""stepstream: durable, auditable step persistence for Pydantic AI agents on a Kafka log.
+
+The top-level package holds the pieces every part shares: `Settings` and the error types.
+Producer, projector, schemas and media live in their own subpackages.
+"""
+
+from stepstream.errors import (
+    MediaUnavailable,
+    RecordTooLarge,
+    SchemaError,
+    StepStreamError,
+    StepStreamUnavailable,
+)
+from stepstream.settings import Settings
+
+__all__ = [
+    'MediaUnavailable',
+    'RecordTooLarge',
+    'SchemaError',
+    'Settings',
+    'StepStreamError',
+    'StepStreamUnavailable',
+]

@@ -1,0 +1,109 @@
+"""Topic layout and idempotent topic creation, shared by producer, projector and CLI."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+from aiokafka.structs import TopicPartition
+
+from stepstream.errors import StepStreamError, StepStreamUnavailable
+from stepstream.settings import Settings
+
+# The log is the system of record: nothing is ever deleted by retention.
+LOG_TOPIC_CONFIGS = {'retention.ms': '-1', 'retention.bytes': '-1', 'cleanup.policy': 'delete'}
+
+Position = dict[TopicPartition, int]
+"""For each partition, the offset just past the last record written (or applied)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TopicLayout:
+    """How many partitions the two co-partitioned log topics have."""
+
+    partitions: int
+
+
+async def ensure_topics(settings: Settings, *, create: bool = True) -> TopicLayout:
+    """Create the log topics and the DLQ if they are missing, then check they are co-partitioned.
+
+    Idempotent: existing topics are left as they are. Both log topics must have the same
+    partition count, because a run's records live in the same partition number of each.
+    """
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=settings.bootstrap_servers,
+        request_timeout_ms=int(settings.ack_timeout_s * 1000),
+    )
+    try:
+        await asyncio.wait_for(admin.start(), settings.ack_timeout_s)
+    except (KafkaError, OSError, TimeoutError) as exc:
+        await admin.close()
+        raise unavailable(settings, 'could not connect to create or check topics', exc) from exc
+    try:
+        log_topics = [settings.step_events_topic, settings.tool_effects_topic]
+        existing = set(await admin.list_topics())
+        if create:
+            missing = [t for t in [*log_topics, settings.dlq_topic] if t not in existing]
+            if missing:
+                await _create(admin, settings, missing)
+        counts = await _partition_counts(admin, log_topics)
+    finally:
+        await admin.close()
+    missing_topics = [t for t in log_topics if not counts.get(t)]
+    if missing_topics:
+        raise StepStreamError(
+            f'topics {missing_topics} do not exist on {settings.bootstrap_servers}; '
+            'create them with `stepstream topics ensure` or allow creation'
+        )
+    if len(set(counts.values())) != 1:
+        raise StepStreamError(
+            f'log topics are not co-partitioned: {counts}. Both must have the same partition count, '
+            'because a run lives in the same partition number of each'
+        )
+    return TopicLayout(partitions=counts[settings.step_events_topic])
+
+
+async def _create(admin: AIOKafkaAdminClient, settings: Settings, topics: list[str]) -> None:
+    new = [
+        NewTopic(
+            name=topic,
+            num_partitions=settings.partitions,
+            replication_factor=settings.replication_factor,
+            topic_configs=dict(LOG_TOPIC_CONFIGS),
+        )
+        for topic in topics
+    ]
+    try:
+        response = await admin.create_topics(new)
+    except TopicAlreadyExistsError:
+        return
+    for topic, code, message in _topic_errors(response):
+        # 36 = TOPIC_ALREADY_EXISTS: another process created it first, which is fine.
+        if code not in (0, 36):
+            raise StepStreamError(f'could not create topic {topic!r}: error {code} {message or ""}'.strip())
+
+
+def _topic_errors(response: object) -> list[tuple[str, int, str | None]]:
+    rows = getattr(response, 'topic_errors', [])
+    return [(row[0], row[1], row[2] if len(row) > 2 else None) for row in rows]
+
+
+async def _partition_counts(admin: AIOKafkaAdminClient, topics: list[str]) -> dict[str, int]:
+    described = await admin.describe_topics(topics)
+    counts: dict[str, int] = {}
+    for entry in described:
+        if entry.get('error_code', 0) == 0:
+            counts[entry['topic']] = len(entry.get('partitions', []))
+    return counts
+
+
+def unavailable(settings: Settings, what: str, exc: BaseException | None = None) -> StepStreamUnavailable:
+    """The error for a Kafka cluster that does not answer, naming the servers and the timeout."""
+    cause = f': {exc!r}' if exc is not None else ''
+    return StepStreamUnavailable(
+        f'Kafka at {settings.bootstrap_servers} {what} within {settings.ack_timeout_s:g}s{cause}. '
+        'Check that the broker is running and reachable (STEPSTREAM_BOOTSTRAP_SERVERS), '
+        'or raise STEPSTREAM_ACK_TIMEOUT_S.'
+    )

@@ -1,0 +1,42 @@
+"""Small deterministic models for tests: no network, real `Agent` runs."""
+
+from __future__ import annotations
+
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+
+def tool_returns(messages: list[ModelMessage]) -> list[ToolReturnPart]:
+    """Every tool return in the history, oldest first."""
+    return [
+        p
+        for m in messages
+        if not isinstance(m, ModelResponse)
+        for p in m.parts
+        if isinstance(p, ToolReturnPart)
+    ]
+
+
+def calls_then_answers(
+    tool_name: str, calls: int = 1, *, args: dict[str, object] | None = None
+) -> FunctionModel:
+    """A model that calls `tool_name` once per turn until it has `calls` returns, then answers."""
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        done = len(tool_returns(messages))
+        if done < calls:
+            return ModelResponse(
+                parts=[ToolCallPart(tool_name, dict(args or {}), tool_call_id=f'call-{done}')]
+            )
+        return ModelResponse(parts=[TextPart(f'answered after {done} tool calls')])
+
+    return FunctionModel(model)
+
+
+def answers(text: str = 'ok') -> FunctionModel:
+    """A model that answers at once, without tools."""
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        return ModelResponse(parts=[TextPart(text)])
+
+    return FunctionModel(model)

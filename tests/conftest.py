@@ -1,0 +1,50 @@
+"""Shared fixtures: one real embedded stack (Tansu + SeaweedFS) for the session.
+
+Tests share the broker but never a topic: each test gets its own topic prefix, so they cannot
+see each other's records, and its own RocksDB directory.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from stepstream import Settings
+from stepstream.embedded import EmbeddedStack
+from stepstream.producer import EventLog
+from stepstream.projector import Projector
+
+
+@pytest.fixture(scope='session')
+def stack() -> Iterator[EmbeddedStack]:
+    embedded = EmbeddedStack()
+    embedded.start()
+    try:
+        yield embedded
+    finally:
+        embedded.stop()
+
+
+@pytest.fixture
+def settings(stack: EmbeddedStack) -> Settings:
+    return stack.settings.replace(topic_prefix=f'test-{uuid.uuid4().hex[:12]}', partitions=3)
+
+
+@pytest.fixture
+async def event_log(settings: Settings) -> AsyncIterator[EventLog]:
+    async with EventLog(settings) as log:
+        yield log
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / 'projection'
+
+
+@pytest.fixture
+async def projector(settings: Settings, db_path: Path) -> AsyncIterator[Projector]:
+    async with Projector(settings, db_path=db_path) as running:
+        yield running

@@ -1,0 +1,170 @@
+"""The wire contract: round trips, outside consumers, evolution, and bytes that are not ours."""
+
+from __future__ import annotations
+
+import io
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaConsumer
+from fastavro import parse_schema, schemaless_reader
+from fastavro.schema import fingerprint, to_parsing_canonical_form
+from fastavro.write import schemaless_writer
+
+from stepstream import SchemaError, Settings
+from stepstream.producer import EventLog
+from stepstream.schemas import (
+    EVENT_KINDS,
+    SCHEMA_DIR,
+    TOOL_EFFECT_STATUSES,
+    SnapshotDelta,
+    StepEvent,
+    ToolEffectTransition,
+    decode,
+    encode,
+    load_schema_versions,
+)
+
+NOW = datetime(2026, 11, 30, 12, 0, 0, 123456, tzinfo=UTC)
+
+
+def envelope(seq: int = 0) -> dict[str, object]:
+    return {
+        'run_id': 'run-1',
+        'seq': seq,
+        'writer_id': 'w1',
+        'timestamp': NOW,
+        'agent_name': 'librarian',
+        'conversation_id': 'conv-1',
+        'parent_run_id': 'parent-1',
+    }
+
+
+def every_record() -> list[StepEvent | ToolEffectTransition]:
+    records: list[StepEvent | ToolEffectTransition] = []
+    for i, kind in enumerate(sorted(EVENT_KINDS)):
+        snapshot = (
+            SnapshotDelta(snapshot_seq=3, state='interrupted', prefix_len=7, messages='[{"kind":"request"}]')
+            if kind == 'snapshot_saved'
+            else None
+        )
+        records.append(
+            StepEvent(
+                **envelope(i),  # type: ignore[arg-type]
+                kind=kind,  # type: ignore[arg-type]
+                step_index=i,
+                tool_call_id='call-1' if kind.startswith('tool') else None,
+                tool_name='search' if kind.startswith('tool') else None,
+                error='ValueError()' if kind.endswith('failed') else None,
+                metadata={'team': 'docs'},
+                idempotency_key=f'{i}:{kind}',
+                snapshot=snapshot,
+            )
+        )
+    for i, status in enumerate(sorted(TOOL_EFFECT_STATUSES)):
+        records.append(
+            ToolEffectTransition(
+                **envelope(100 + i),  # type: ignore[arg-type]
+                tool_call_id='call-1',
+                tool_name='search',
+                status=status,  # type: ignore[arg-type]
+                idempotency_key='pr:42' if status == 'annotated' else None,
+                effect_summary='opens a PR' if status == 'annotated' else None,
+                error='boom' if status == 'failed' else None,
+            )
+        )
+    return records
+
+
+@pytest.mark.parametrize('record', every_record(), ids=lambda r: getattr(r, 'kind', None) or r.status)
+def test_every_kind_round_trips(record: StepEvent | ToolEffectTransition) -> None:
+    data = encode(record)
+    assert data[:2] == b'\xc3\x01'
+    assert decode(data) == record
+
+
+@pytest.mark.parametrize(
+    'data',
+    [b'', b'{"json": true}', b'\xc3\x01\x00\x00\x00\x00\x00\x00\x00\x00body', b'\xc3'],
+    ids=['empty', 'json', 'unknown-fingerprint', 'truncated-header'],
+)
+def test_bytes_that_are_not_ours_raise_schema_error(data: bytes) -> None:
+    with pytest.raises(SchemaError):
+        decode(data)
+
+
+def test_corrupt_body_raises_schema_error() -> None:
+    data = encode(every_record()[0])
+    with pytest.raises(SchemaError, match='corrupt'):
+        decode(data[:12])
+
+
+def test_every_committed_version_reads_every_other() -> None:
+    """Evolution rule: schemas only grow by fields with defaults, so any version reads any other."""
+    for name, versions in load_schema_versions().items():
+        sample = next(r for r in every_record() if (name == 'step_event') == isinstance(r, StepEvent))
+        value = json.loads(json.dumps({k: getattr(sample, k) for k in sample.__slots__}, default=str))
+        value['timestamp'] = NOW
+        if value.get('snapshot') is not None:
+            value['snapshot'] = None
+        for writer in versions:
+            out = io.BytesIO()
+            schemaless_writer(out, writer.parsed, value)
+            for reader in versions:
+                decoded = schemaless_reader(io.BytesIO(out.getvalue()), writer.parsed, reader.parsed)
+                assert isinstance(decoded, dict) and decoded['run_id'] == 'run-1', (
+                    name,
+                    writer.version,
+                    reader.version,
+                )
+
+
+async def test_outside_consumer_decodes_with_only_the_avsc_files(
+    settings: Settings, event_log: EventLog
+) -> None:
+    """An analytics team with nothing but aiokafka, fastavro and schemas/avro/*.avsc."""
+    for record in every_record():
+        await event_log.append(record)
+    await event_log.flush()
+
+    by_fingerprint = {}
+    for path in Path(SCHEMA_DIR).glob('*.avsc'):
+        raw = json.loads(path.read_text())
+        fp = bytes.fromhex(fingerprint(to_parsing_canonical_form(raw), 'CRC-64-AVRO'))
+        by_fingerprint[fp] = parse_schema(raw, named_schemas={})
+
+    consumer = AIOKafkaConsumer(
+        settings.step_events_topic,
+        settings.tool_effects_topic,
+        bootstrap_servers=settings.bootstrap_servers,
+        auto_offset_reset='earliest',
+        enable_auto_commit=False,
+    )
+    await consumer.start()
+    decoded: list[dict[str, object]] = []
+    try:
+        while len(decoded) < len(every_record()):
+            for records in (await consumer.getmany(timeout_ms=2000)).values():
+                for message in records:
+                    assert message.value is not None and message.value[:2] == b'\xc3\x01'
+                    schema = by_fingerprint[message.value[2:10]]
+                    value = schemaless_reader(io.BytesIO(message.value[10:]), schema, None)
+                    assert isinstance(value, dict)
+                    assert message.key == str(value['run_id']).encode()
+                    headers = dict(message.headers)
+                    assert headers['stepstream-schema'] == message.value[2:10].hex().encode()
+                    decoded.append(value)
+    finally:
+        await consumer.stop()
+    kinds = {v.get('kind') or v.get('status') for v in decoded}
+    assert kinds == EVENT_KINDS | TOOL_EFFECT_STATUSES
+    snapshot = next(v for v in decoded if v.get('kind') == 'snapshot_saved')
+    assert snapshot['snapshot'] == {
+        'snapshot_seq': 3,
+        'state': 'interrupted',
+        'prefix_len': 7,
+        'messages': '[{"kind":"request"}]',
+    }
+    assert all(v['timestamp'] == NOW for v in decoded)
