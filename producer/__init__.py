@@ -1,7 +1,7 @@
 """The write side: the `StepPersistence` capability and the `EventLog` it appends to."""
 
 from stepstream.producer._capability import SnapshotSaved, StepPersistence, annotate_tool_effect
-from stepstream.producer._helpers import check_run_id, is_provider_valid
+from stepstream.producer._helpers import check_run_id, current_run_id, is_provider_valid
 from stepstream.producer._log import EventLog
 
 __all__ = [
@@ -10,5 +10,6 @@ __all__ = [
     'StepPersistence',
     'annotate_tool_effect',
     'check_run_id',
+    'current_run_id',
     'is_provider_valid',
 ]

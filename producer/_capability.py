@@ -340,8 +340,13 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
     async def annotate(
         self, call: ToolCallPart, *, idempotency_key: str | None, effect_summary: str | None
     ) -> None:
-        """Append an `annotated` transition for a call of this run (see `annotate_tool_effect`)."""
+        """Append an `annotated` transition for a call of this run (see `annotate_tool_effect`).
+
+        A durability point: the annotation exists to guide recovery after a crash, so it is
+        acknowledged before the tool goes on to its side effect.
+        """
         await self._effect(call, 'annotated', idempotency_key=idempotency_key, effect_summary=effect_summary)
+        await self._durable()
 
     # -- graph nodes ---------------------------------------------------------------------------
 

@@ -30,6 +30,15 @@ before the delegate's capability can see its parent.
 """
 
 
+def current_run_id() -> str | None:
+    """The run id of the innermost persisted run in this task, or None.
+
+    Pass it as `parent_run_id` to a delegate in another process, where ContextVars do not reach.
+    """
+    run = current_run.get()
+    return run.run_id if run is not None else None
+
+
 def check_run_id(run_id: str, *, what: str = 'run_id') -> str:
     """Return `run_id` if it is safe as a Kafka key, a RocksDB key and a path segment."""
     if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id) or '..' in run_id:

@@ -175,6 +175,16 @@ class Projector:
                 except TimeoutError:
                     continue
 
+    async def catch_up(self, timeout: float = 60.0) -> Position:
+        """Wait until everything in the log when called is applied; returns that position."""
+        if self._consumer is None:
+            raise StepStreamError('the projector is not started')
+        partitions = list(self._consumer.assignment())
+        ends = await self._consumer.end_offsets(partitions)
+        position = {tp: offset for tp, offset in ends.items() if offset > 0}
+        await self.wait_for(position, timeout=timeout)
+        return position
+
     def _reached(self, position: Position) -> bool:
         return all(self._applied.get(tp, 0) >= offset for tp, offset in position.items())
 

@@ -6,6 +6,7 @@ import asyncio
 import json
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
@@ -109,6 +110,43 @@ class ProjectionReader:
             return runs
 
         return await self._query(query)
+
+    async def run_tree(self, run_id: str) -> list[RunRecord]:
+        """The run and all its descendants, depth first, children in the order they started."""
+
+        def query() -> list[RunRecord]:
+            root = self._run(run_id)
+            if root is None:
+                return []
+            tree, stack = [], [root]
+            while stack:
+                run = stack.pop()
+                tree.append(run)
+                stack.extend(reversed(self._children(run.run_id)))
+            return tree
+
+        return await self._query(query)
+
+    async def root_of(self, run_id: str) -> RunRecord | None:
+        """The top of the run's lineage (the run itself when it has no parent)."""
+
+        def query() -> RunRecord | None:
+            run, seen = self._run(run_id), set()
+            while run is not None and run.parent_run_id is not None and run.run_id not in seen:
+                seen.add(run.run_id)
+                parent = self._run(run.parent_run_id)
+                if parent is None:
+                    break
+                run = parent
+            return run
+
+        return await self._query(query)
+
+    def _children(self, run_id: str) -> list[RunRecord]:
+        children = (
+            self._run(k.rsplit(b'\x00', 1)[1].decode()) for k, _ in scan(self._db, prefix_of(b'p', run_id))
+        )
+        return [c for c in children if c is not None]
 
     def _run(self, run_id: str) -> RunRecord | None:
         raw = self._db.get(key(b'r', run_id))
@@ -237,6 +275,17 @@ class ProjectionReader:
         """The merged effect record of one tool call, or None."""
         return await self._query(lambda: self._effect(run_id, tool_call_id))
 
+    async def list_tool_effects(self, run_id: str) -> list[ToolEffectRecord]:
+        """Every tool effect of the run, in the order the calls started."""
+
+        def query() -> list[ToolEffectRecord]:
+            calls = [k.rsplit(b'\x00', 1)[1].decode() for k, _ in scan(self._db, prefix_of(b'x', run_id))]
+            effects = [e for e in (self._effect(run_id, c) for c in calls) if e is not None]
+            effects.sort(key=lambda e: (e.started_at or _EPOCH, e.tool_call_id))
+            return effects
+
+        return await self._query(query)
+
     async def list_unresolved_tool_effects(self, run_id: str | None = None) -> list[ToolEffectRecord]:
         """Effects whose latest status is `started` (`unknown_after_crash`), oldest first.
 
@@ -310,3 +359,30 @@ async def fork_run(
     if snapshot is None:
         raise LookupError(f'run_id {run_id!r} has no snapshot {snapshot_seq} in the projection')
     return snapshot.messages
+
+
+@dataclass(kw_only=True)
+class RecoveryReport:
+    """What an orchestrator needs to decide how to resume a run."""
+
+    run: RunRecord | None
+    latest_snapshot: ContinuableSnapshot | None
+    """The newest snapshot of any state."""
+    latest_complete_snapshot: ContinuableSnapshot | None
+    unresolved: list[ToolEffectRecord]
+    """Effects in `unknown_after_crash`: they may or may not have happened."""
+    completed_tools: list[str]
+    failed_tools: list[str]
+
+
+async def inspect_recovery(reader: ProjectionReader, *, run_id: str) -> RecoveryReport:
+    """Everything about a run's resumability in one call."""
+    effects = await reader.list_tool_effects(run_id)
+    return RecoveryReport(
+        run=await reader.get_run(run_id),
+        latest_snapshot=await reader.latest_snapshot(run_id, include_interrupted=True),
+        latest_complete_snapshot=await reader.latest_snapshot(run_id),
+        unresolved=[e for e in effects if e.unknown_after_crash],
+        completed_tools=[e.tool_name for e in effects if e.status == 'completed'],
+        failed_tools=[e.tool_name for e in effects if e.status == 'failed'],
+    )

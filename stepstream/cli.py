@@ -1,0 +1,201 @@
+"""`stepstream` command line: the demo, the projector service, topics, and read-only views.
+
+Every command takes its settings from `STEPSTREAM_*` variables or the matching flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from stepstream.errors import StepStreamError
+from stepstream.settings import Settings
+
+Command = Callable[[argparse.Namespace, Settings], Awaitable[int]]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `stepstream` command."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, 'command'):
+        parser.print_help()
+        return 2
+    try:
+        settings = Settings.from_args(args)
+        return asyncio.run(args.command(args, settings))
+    except (StepStreamError, LookupError, ValueError) as exc:
+        print(f'stepstream: {exc}', file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog='stepstream', description=__doc__)
+    sub = parser.add_subparsers(metavar='COMMAND')
+
+    def command(name: str, fn: Command, help_text: str, *, hidden: bool = False) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=None if hidden else help_text, description=help_text)
+        Settings.add_arguments(p)
+        p.set_defaults(command=fn)
+        return p
+
+    demo = command(
+        'demo', _demo, 'Run the multi-agent demo on a durable embedded stack and show its history.'
+    )
+    demo.add_argument(
+        '--data-dir', default='.stepstream', help='where the stack keeps the log and projection'
+    )
+
+    projector = command('projector', _projector, 'Run the projector service until SIGTERM or Ctrl-C.')
+    projector.add_argument('--max-batch-records', type=int, default=5000)
+
+    topics = command('topics', _topics, 'Create the topics (idempotent) and check they are co-partitioned.')
+    topics.add_argument('action', choices=['ensure'])
+
+    runs = command('runs', _runs, 'List runs, in the order they started.')
+    runs.add_argument('--conversation-id')
+    runs.add_argument('--parent-run-id')
+    runs.add_argument('--status', choices=['running', 'completed', 'failed'])
+    runs.add_argument('--agent-name')
+
+    tree = command('tree', _tree, 'Show a run and all its descendants.')
+    tree.add_argument('run_id')
+    events = command('events', _events, "List a run's events in seq order.")
+    events.add_argument('run_id')
+    snapshot = command('snapshot', _snapshot, "Show a run's latest snapshot.")
+    snapshot.add_argument('run_id')
+    snapshot.add_argument('--include-interrupted', action='store_true')
+    unresolved = command('unresolved', _unresolved, 'List tool effects in unknown_after_crash.')
+    unresolved.add_argument('run_id', nargs='?')
+
+    for p in (runs, tree, events, snapshot, unresolved):
+        p.add_argument('--json', action='store_true', help='machine-readable output')
+
+    delegate = command('_demo-delegate', _demo_delegate, 'internal: the demo child process', hidden=True)
+    delegate.add_argument('--run-id', required=True)
+    delegate.add_argument('--parent-run-id', required=True)
+    return parser
+
+
+async def _demo(args: argparse.Namespace, settings: Settings) -> int:
+    from stepstream.demo import run_demo
+
+    await run_demo(args.data_dir)
+    return 0
+
+
+async def _demo_delegate(args: argparse.Namespace, settings: Settings) -> int:
+    from stepstream.demo import run_crashing_delegate
+
+    await run_crashing_delegate(settings, run_id=args.run_id, parent_run_id=args.parent_run_id)
+    return 0
+
+
+async def _projector(args: argparse.Namespace, settings: Settings) -> int:
+    from stepstream.projector import Projector
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with Projector(settings, max_batch_records=args.max_batch_records) as projector:
+        print(f'projector: {settings.bootstrap_servers} -> {projector.db_path}', flush=True)
+        await stop.wait()
+        print(f'projector: stopping after {projector.records_applied} records', flush=True)
+    return 0
+
+
+async def _topics(args: argparse.Namespace, settings: Settings) -> int:
+    from stepstream.topics import ensure_topics
+
+    layout = await ensure_topics(settings)
+    print(
+        f'{settings.step_events_topic}, {settings.tool_effects_topic}, {settings.dlq_topic}: '
+        f'{layout.partitions} partitions each'
+    )
+    return 0
+
+
+@contextlib.asynccontextmanager
+async def _reader(settings: Settings) -> Any:
+    from stepstream.projector import ProjectionReader
+
+    reader = ProjectionReader.open(settings.db_path)
+    try:
+        yield reader
+    finally:
+        reader.close()
+
+
+async def _runs(args: argparse.Namespace, settings: Settings) -> int:
+    from stepstream.render import runs_table, to_json
+
+    async with _reader(settings) as reader:
+        runs = await reader.list_runs(
+            conversation_id=args.conversation_id,
+            parent_run_id=args.parent_run_id,
+            status=args.status,
+            agent_name=args.agent_name,
+        )
+    print(to_json(runs) if args.json else runs_table(runs))
+    return 0
+
+
+async def _tree(args: argparse.Namespace, settings: Settings) -> int:
+    from stepstream.render import to_json, tree
+
+    async with _reader(settings) as reader:
+        runs = await reader.run_tree(args.run_id)
+    if not runs:
+        raise LookupError(f'no run {args.run_id!r} in the projection at {settings.db_path}')
+    print(to_json(runs) if args.json else tree(runs))
+    return 0
+
+
+async def _events(args: argparse.Namespace, settings: Settings) -> int:
+    from stepstream.render import events_table, to_json
+
+    async with _reader(settings) as reader:
+        events = await reader.list_events(args.run_id)
+    print(to_json(events) if args.json else events_table(events))
+    return 0
+
+
+async def _snapshot(args: argparse.Namespace, settings: Settings) -> int:
+    from pydantic_ai.messages import ModelMessagesTypeAdapter
+
+    async with _reader(settings) as reader:
+        snap = await reader.latest_snapshot(args.run_id, include_interrupted=args.include_interrupted)
+    if snap is None:
+        raise LookupError(f'run {args.run_id!r} has no snapshot in the projection at {settings.db_path}')
+    if args.json:
+        print(ModelMessagesTypeAdapter.dump_json(snap.messages, indent=2).decode())
+    else:
+        print(
+            f'snapshot {snap.snapshot_seq} of {snap.run_id}: {snap.state}, step {snap.step_index}, '
+            f'{len(snap.messages)} messages'
+        )
+        for i, message in enumerate(snap.messages):
+            parts = ', '.join(type(p).__name__ for p in message.parts)
+            print(f'  {i:>3} {message.kind:<8} {parts}')
+    return 0
+
+
+async def _unresolved(args: argparse.Namespace, settings: Settings) -> int:
+    from stepstream.render import effects_table, to_json
+
+    async with _reader(settings) as reader:
+        effects = await reader.list_unresolved_tool_effects(args.run_id)
+    print(to_json(effects) if args.json else effects_table(effects))
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

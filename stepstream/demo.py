@@ -1,0 +1,149 @@
+"""The `make run` demo: an orchestrator, two delegates, and a crash in the middle of a tool.
+
+The orchestrator asks a researcher (in this process) and a publisher (in a child process). The
+publisher's tool is killed with SIGKILL while it runs, so its effect stays `started`: the
+projection shows it as `unknown_after_crash`. The stack is durable under the data directory, so
+running the demo again shows every earlier run too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import signal
+import sys
+from pathlib import Path
+
+from pydantic_ai import Agent, RunContext
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+from stepstream.embedded import EmbeddedStack
+from stepstream.producer import EventLog, StepPersistence, annotate_tool_effect, current_run_id
+from stepstream.projector import ProjectionReader, Projector
+from stepstream.render import effects_table, events_table, tree
+from stepstream.settings import Settings
+
+
+def _scripted(*steps: tuple[str, dict[str, object]] | str) -> FunctionModel:
+    """A model that makes the given tool calls one turn at a time, then answers with the final text."""
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        done = sum(isinstance(p, ToolReturnPart) for m in messages for p in m.parts)
+        step = steps[min(done, len(steps) - 1)]
+        if isinstance(step, str):
+            return ModelResponse(parts=[TextPart(step)])
+        name, args = step
+        return ModelResponse(parts=[ToolCallPart(name, args, tool_call_id=f'{name}-{done}')])
+
+    return FunctionModel(model)
+
+
+async def run_crashing_delegate(settings: Settings, *, run_id: str, parent_run_id: str) -> None:
+    """The child process: a publisher whose tool blocks until the parent kills the process."""
+    async with EventLog(settings) as log:
+        publisher = Agent(
+            _scripted(('send_announcement', {'channel': '#releases'}), 'sent'),
+            name='publisher',
+            capabilities=[
+                StepPersistence(log=log, agent_name='publisher', run_id=run_id, parent_run_id=parent_run_id)
+            ],
+        )
+
+        @publisher.tool
+        async def send_announcement(ctx: RunContext[None], channel: str) -> str:
+            await annotate_tool_effect(
+                ctx, idempotency_key=f'announce:{channel}', effect_summary='posts to Slack'
+            )
+            await asyncio.sleep(3600)  # killed long before this returns
+            return 'posted'
+
+        await publisher.run('announce the release', conversation_id='release-demo')
+
+
+async def _publish_in_child(settings: Settings, reader: ProjectionReader, parent_run_id: str) -> str:
+    run_id = f'publisher-{secrets.token_hex(4)}'
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        '-m',
+        'stepstream.cli',
+        '_demo-delegate',
+        '--run-id',
+        run_id,
+        '--parent-run-id',
+        parent_run_id,
+        env={**os.environ, **settings.to_env()},
+    )
+    try:
+        for _ in range(600):  # the started transition is acknowledged before the tool body runs
+            if await reader.list_unresolved_tool_effects(run_id):
+                break
+            if child.returncode is not None:
+                return f'publisher {run_id} exited early with code {child.returncode}'
+            await asyncio.sleep(0.05)
+        else:
+            return f'publisher {run_id} never started its tool'
+    finally:
+        if child.returncode is None:
+            child.send_signal(signal.SIGKILL)
+        await child.wait()
+    return f'publisher {run_id} was killed in the middle of send_announcement'
+
+
+async def run_demo(data_dir: str | Path = '.stepstream') -> None:
+    """Run the demo on a durable stack under `data_dir` and print the lineage, events and effects."""
+    data = Path(data_dir)
+    print(f'starting Tansu + SeaweedFS under {data} ...', flush=True)
+    async with EmbeddedStack(data / 'stack', durable=True, partitions=3) as stack:
+        settings = stack.settings.replace(db_path=str(data / 'projection'))
+        async with EventLog(settings) as log, Projector(settings) as projector:
+            reader = projector.reader()
+            researcher = Agent(
+                _scripted(('search_docs', {'query': 'release notes'}), 'the release adds delta snapshots'),
+                name='researcher',
+                capabilities=[StepPersistence(log=log, agent_name='researcher')],
+            )
+
+            @researcher.tool_plain
+            def search_docs(query: str) -> str:
+                return f'3 documents match {query!r}'
+
+            orchestrator = Agent(
+                _scripted(
+                    ('research', {'topic': 'release'}), ('publish', {}), 'done: researched and published'
+                ),
+                name='orchestrator',
+                capabilities=[StepPersistence(log=log, agent_name='orchestrator')],
+            )
+
+            @orchestrator.tool_plain
+            async def research(topic: str) -> str:
+                return (await researcher.run(f'research {topic}', conversation_id='release-demo')).output
+
+            @orchestrator.tool
+            async def publish(ctx: RunContext[None]) -> str:
+                parent = current_run_id()
+                assert parent is not None
+                return await _publish_in_child(settings, reader, parent)
+
+            result = await orchestrator.run(
+                'research the release and announce it', conversation_id='release-demo'
+            )
+            print(f'orchestrator answered: {result.output}\n')
+            await projector.wait_for(await log.flush())
+            await projector.catch_up()  # earlier demo runs too, if the projection was removed
+
+            roots = await reader.list_runs(agent_name='orchestrator')
+            print(f'== lineage ({len(roots)} orchestrator run(s) in the log so far)')
+            for root in roots:
+                print(tree(await reader.run_tree(root.run_id)))
+            latest = await reader.run_tree(roots[-1].run_id)
+            for run in latest:
+                print(f'\n== events of {run.run_id} ({run.agent_name}, {run.status})')
+                print(events_table(await reader.list_events(run.run_id)))
+            print('\n== unresolved tool effects (unknown_after_crash), all runs')
+            print(effects_table(await reader.list_unresolved_tool_effects()))
+            print(
+                f'\nlog and projection persist under {data}; run `make run` again to see this history grow.'
+            )
