@@ -1,0 +1,137 @@
+"""The capability's write path on the real broker: identity, write-ahead, failure, limits."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaConsumer
+from pydantic_ai import Agent, RunContext
+
+from stepstream import RecordTooLarge, Settings, StepStreamUnavailable
+from stepstream.embedded import EmbeddedStack
+from stepstream.producer import EventLog, StepPersistence, annotate_tool_effect
+from stepstream.projector import Projector
+from stepstream.schemas import ToolEffectTransition, decode
+
+from agents import answers, calls_then_answers
+
+
+async def read_all(settings: Settings, topic: str) -> list[object]:
+    """Everything on `topic` right now, decoded, via a plain consumer."""
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=settings.bootstrap_servers,
+        auto_offset_reset='earliest',
+        enable_auto_commit=False,
+    )
+    await consumer.start()
+    try:
+        ends = await consumer.end_offsets(list(consumer.assignment()) or [])
+        records: list[object] = []
+        for _ in range(50):
+            for batch in (await consumer.getmany(timeout_ms=200)).values():
+                records.extend(decode(m.value) for m in batch if m.value is not None)
+            positions = {tp: await consumer.position(tp) for tp in consumer.assignment()}
+            if consumer.assignment() and all(positions[tp] >= ends.get(tp, 0) for tp in positions):
+                break
+        return records
+    finally:
+        await consumer.stop()
+
+
+async def test_started_is_acknowledged_before_the_tool_body_runs(
+    settings: Settings, event_log: EventLog
+) -> None:
+    seen_in_body: list[object] = []
+    agent = Agent(
+        calls_then_answers('charge_card'), capabilities=[StepPersistence(log=event_log, agent_name='pay')]
+    )
+
+    @agent.tool
+    async def charge_card(ctx: RunContext[None]) -> str:
+        # Another reader of the log, while the side effect has not happened yet.
+        seen_in_body.extend(await read_all(settings, settings.tool_effects_topic))
+        return 'charged'
+
+    await agent.run('pay')
+    started = [r for r in seen_in_body if isinstance(r, ToolEffectTransition)]
+    assert [(r.tool_name, r.status) for r in started] == [('charge_card', 'started')]
+
+
+@pytest.mark.parametrize('bad', ['', 'a/b', '../etc', 'x..y', 'a b', 'é', 'x' * 201])
+def test_unsafe_run_ids_are_rejected(event_log: EventLog, bad: str) -> None:
+    with pytest.raises(ValueError, match='not allowed'):
+        StepPersistence(log=event_log, run_id=bad)
+
+
+async def test_explicit_run_id_is_single_shot(event_log: EventLog, projector: Projector) -> None:
+    capability = StepPersistence(log=event_log, run_id='only-once')
+    agent = Agent(answers(), capabilities=[capability])
+    await agent.run('first')
+    with pytest.raises(ValueError, match='already used'):
+        await agent.run('second')
+    await projector.wait_for(await event_log.flush())
+    run = await projector.reader().get_run('only-once')
+    assert run is not None and run.event_count == len(await projector.reader().list_events('only-once'))
+    assert [e.kind for e in await projector.reader().list_events('only-once')].count('run_started') == 1
+
+
+async def test_annotation_survives_the_terminal_transition(event_log: EventLog, projector: Projector) -> None:
+    agent = Agent(
+        calls_then_answers('open_pr'), capabilities=[StepPersistence(log=event_log, run_id='annotated-1')]
+    )
+
+    @agent.tool
+    async def open_pr(ctx: RunContext[None]) -> str:
+        await annotate_tool_effect(ctx, idempotency_key='pr:42', effect_summary='opens PR 42')
+        return 'opened'
+
+    await agent.run('go')
+    await projector.wait_for(await event_log.flush())
+    effect = await projector.reader().get_tool_effect('annotated-1', 'call-0')
+    assert effect is not None
+    assert (effect.status, effect.idempotency_key, effect.effect_summary) == (
+        'completed',
+        'pr:42',
+        'opens PR 42',
+    )
+    assert effect.ended_at is not None and effect.started_at is not None
+
+
+async def test_record_above_the_limit_fails_before_sending(settings: Settings) -> None:
+    async with EventLog(settings, max_record_bytes=4096) as log:
+        agent = Agent(answers('x' * 10_000), capabilities=[StepPersistence(log=log, agent_name='big')])
+        with pytest.raises(RecordTooLarge, match='media store'):
+            await agent.run('say a lot')
+
+
+async def test_unreachable_broker_names_servers_and_timeout() -> None:
+    settings = Settings(bootstrap_servers='127.0.0.1:9', ack_timeout_s=1)
+    with pytest.raises(StepStreamUnavailable, match=r'127\.0\.0\.1:9.*1s'):
+        async with EventLog(settings):
+            pass
+
+
+async def test_broker_down_at_a_durability_point_fails_the_run_before_the_tool(tmp_path: Path) -> None:
+    async with EmbeddedStack(tmp_path / 'stack', partitions=1) as stack:
+        settings = stack.settings.replace(ack_timeout_s=2)
+        body_ran = asyncio.Event()
+        async with EventLog(settings) as log:
+            agent = Agent(
+                calls_then_answers('delete_files'), capabilities=[StepPersistence(log=log, agent_name='x')]
+            )
+
+            @agent.tool_plain
+            def delete_files() -> str:
+                body_ran.set()
+                return 'deleted'
+
+            await agent.run('warm up')  # the broker works: metadata is cached, records flow
+            body_ran.clear()
+            stack.stop_broker()
+            with pytest.raises(StepStreamUnavailable, match='did not acknowledge') as failure:
+                await agent.run('now the broker is gone')
+            assert stack.settings.bootstrap_servers in str(failure.value)
+            assert not body_ran.is_set()

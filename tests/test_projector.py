@@ -1,0 +1,121 @@
+"""Projector delivery rules on the real broker: poison records, duplicates, order, topics."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import UTC, datetime
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.structs import TopicPartition
+
+from stepstream import Settings, StepStreamError
+from stepstream.producer import EventLog
+from stepstream.projector import Projector
+from stepstream.schemas import StepEvent, ToolEffectTransition, encode
+from stepstream.topics import ensure_topics
+
+NOW = datetime(2026, 11, 30, tzinfo=UTC)
+
+
+def event(run_id: str, seq: int, kind: str = 'model_request_started') -> StepEvent:
+    return StepEvent(run_id=run_id, seq=seq, writer_id='w', timestamp=NOW, kind=kind)  # type: ignore[arg-type]
+
+
+def effect(run_id: str, seq: int, status: str) -> ToolEffectTransition:
+    return ToolEffectTransition(
+        run_id=run_id,
+        seq=seq,
+        writer_id='w',
+        timestamp=NOW,
+        tool_call_id='c1',
+        tool_name='t',
+        status=status,  # type: ignore[arg-type]
+    )
+
+
+async def produce_raw(settings: Settings, topic: str, values: list[tuple[bytes | None, bytes]]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
+    await producer.start()
+    try:
+        for k, v in values:
+            await producer.send_and_wait(topic, v, key=k, partition=0)
+    finally:
+        await producer.stop()
+
+
+async def test_poison_records_go_to_the_dlq_and_the_partition_moves_on(
+    settings: Settings, projector: Projector
+) -> None:
+    good_before, good_after = encode(event('r1', 0, 'run_started')), encode(event('r1', 1))
+    wrong_key = encode(event('r2', 0, 'run_started'))
+    await ensure_topics(settings)
+    await produce_raw(
+        settings,
+        settings.step_events_topic,
+        [(b'r1', good_before), (b'r1', b'not avro at all'), (b'r1', wrong_key), (b'r1', good_after)],
+    )
+    await projector.wait_for({TopicPartition(settings.step_events_topic, 0): 4}, timeout=15)
+    run = await projector.reader().get_run('r1')
+    assert run is not None and run.event_count == 2 and run.gaps == []
+    assert await projector.reader().get_run('r2') is None
+    assert projector.dead_lettered == 2
+
+    consumer = AIOKafkaConsumer(
+        settings.dlq_topic, bootstrap_servers=settings.bootstrap_servers, auto_offset_reset='earliest'
+    )
+    await consumer.start()
+    try:
+        dead = []
+        while len(dead) < 2:
+            for batch in (await consumer.getmany(timeout_ms=2000)).values():
+                dead.extend(batch)
+    finally:
+        await consumer.stop()
+    headers = [dict(m.headers) for m in dead]
+    assert [h['stepstream-source-offset'] for h in headers] == [b'1', b'2']
+    assert all(h['stepstream-source-topic'] == settings.step_events_topic.encode() for h in headers)
+    assert b'single-object' in headers[0]['stepstream-dlq-reason']
+    assert b'is not its run_id' in headers[1]['stepstream-dlq-reason']
+    assert dead[0].value == b'not avro at all'
+
+
+async def test_duplicates_and_cross_topic_order(settings: Settings, projector: Projector) -> None:
+    async with EventLog(settings) as log:
+        # seq 2 (tool effect) is written before seq 1 exists anywhere; seq 3 twice.
+        for record in [event('r', 0, 'run_started'), effect('r', 2, 'started'), event('r', 3), event('r', 3)]:
+            await log.append(record)
+        await projector.wait_for(await log.flush())
+        run = await projector.reader().get_run('r')
+        assert run is not None and run.gaps == [1] and run.event_count == 3
+        assert projector.duplicates_ignored == 1
+        unresolved = await projector.reader().list_unresolved_tool_effects('r')
+        assert [(e.tool_call_id, e.status) for e in unresolved] == [('c1', 'started')]
+
+        for record in [
+            effect('r', 1, 'annotated'),
+            effect('r', 4, 'completed'),
+            event('r', 5, 'run_completed'),
+        ]:
+            await log.append(record)
+        await projector.wait_for(await log.flush())
+    run = await projector.reader().get_run('r')
+    assert run is not None and run.gaps == [] and run.status == 'completed' and run.event_count == 6
+    assert await projector.reader().list_unresolved_tool_effects() == []
+
+
+async def test_topics_are_idempotent_and_must_be_co_partitioned(settings: Settings) -> None:
+    first = await ensure_topics(settings)
+    again = await ensure_topics(settings)
+    assert first == again and first.partitions == settings.partitions
+
+    skewed = dataclasses.replace(settings, topic_prefix=settings.topic_prefix + '-skewed')
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(skewed.tool_effects_topic, 1, 1)])
+    finally:
+        await admin.close()
+    with pytest.raises(StepStreamError, match='co-partitioned'):
+        await ensure_topics(skewed)
