@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -24,6 +24,7 @@ from pydantic_ai.tools import AgentDepsT, RunContext, ToolDefinition
 from stepstream.producer._helpers import DeltaTracker, check_run_id, current_run, is_provider_valid
 from stepstream.producer._log import Ack, EventLog
 from stepstream.schemas import EventKind, SnapshotDelta, SnapshotState, StepEvent, ToolEffectTransition
+from stepstream.settings import Settings
 
 
 @dataclass(kw_only=True)
@@ -95,6 +96,32 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
             check_run_id(self.parent_run_id, what='parent_run_id')
         if not isinstance(self.log, EventLog):
             raise TypeError(f'StepPersistence(log=...) needs an EventLog, got {type(self.log).__name__}')
+
+    @classmethod
+    def from_spec(cls, *args: Any, **kwargs: Any) -> StepPersistence[Any]:
+        """Build from a serialisable spec, e.g. an agent spec file.
+
+        ```python
+        StepPersistence.from_spec(bootstrap_servers='kafka:9092', topic_prefix='prod', agent_name='librarian')
+        ```
+
+        Capability options (`agent_name`, `run_id`, `parent_run_id`, `metadata`, `capture_frontier`)
+        are taken as they are; every `Settings` field (`bootstrap_servers`, `topic_prefix`, the
+        `s3_*` media settings, ...) selects the process's shared `EventLog`, with unset fields
+        from `STEPSTREAM_*` variables. Anything else is rejected rather than guessed at.
+        """
+        if args:
+            raise TypeError('StepPersistence.from_spec takes keyword options only')
+        options = {'agent_name', 'run_id', 'parent_run_id', 'metadata', 'capture_frontier'}
+        setting_names = {f.name for f in fields(Settings)}
+        unknown = sorted(set(kwargs) - options - setting_names)
+        if unknown:
+            raise ValueError(
+                f'unknown StepPersistence spec option(s) {unknown}; expected capability options '
+                f'{sorted(options)} or settings {sorted(setting_names)}'
+            )
+        settings = Settings.from_env(**{k: v for k, v in kwargs.items() if k in setting_names})
+        return cls(log=EventLog.shared(settings), **{k: v for k, v in kwargs.items() if k in options})
 
     def compaction_transcript_handle(self) -> str | None:
         """The run id, as the handle a compaction receipt points back to (None before a run)."""

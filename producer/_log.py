@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 from collections.abc import Iterable
 from types import TracebackType
-from typing import Self
+from typing import ClassVar, Self
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
@@ -57,37 +57,70 @@ class EventLog:
         self.settings = settings
         self.create_topics = create_topics
         self.max_record_bytes = max_record_bytes
-        self._producer = AIOKafkaProducer(
-            bootstrap_servers=settings.bootstrap_servers,
-            acks='all',
-            linger_ms=linger_ms,
-            enable_idempotence=enable_idempotence,
-            max_request_size=max_record_bytes + 64 * 1024,
-            request_timeout_ms=max(1000, int(settings.ack_timeout_s * 1000)),
-            client_id='stepstream-producer',
-        )
+        self.linger_ms = linger_ms
+        self.enable_idempotence = enable_idempotence
+        self._producer: AIOKafkaProducer | None = None
         self._written: Position = {}
         self._pending: set[Ack] = set()
         self._started = False
+        self._start_lock = asyncio.Lock()
+
+    _shared: ClassVar[dict[tuple[str, str], EventLog]] = {}
+
+    @classmethod
+    def shared(cls, settings: Settings) -> EventLog:
+        """The process's one `EventLog` for these servers and topic prefix, started on first use.
+
+        For capabilities built from a serialisable spec (`StepPersistence.from_spec`), which
+        cannot be handed a live object. Close them all with `await EventLog.close_shared()`.
+        """
+        slot = (settings.bootstrap_servers, settings.topic_prefix)
+        log = cls._shared.get(slot)
+        if log is None:
+            log = cls._shared[slot] = cls(settings)
+        return log
+
+    @classmethod
+    async def close_shared(cls) -> None:
+        """Flush and close every log made by `shared()`."""
+        logs, cls._shared = list(cls._shared.values()), {}
+        for log in logs:
+            await log.close()
 
     async def start(self) -> None:
         """Connect, and create the topics if allowed and missing."""
+        async with self._start_lock:
+            if not self._started:
+                await self._start()
+
+    async def _start(self) -> None:
         if self.create_topics:
             await ensure_topics(self.settings)
+        # aiokafka binds a producer to the running loop, so it is made here, not in __init__.
+        producer = AIOKafkaProducer(
+            bootstrap_servers=self.settings.bootstrap_servers,
+            acks='all',
+            linger_ms=self.linger_ms,
+            enable_idempotence=self.enable_idempotence,
+            max_request_size=self.max_record_bytes + 64 * 1024,
+            request_timeout_ms=max(1000, int(self.settings.ack_timeout_s * 1000)),
+            client_id='stepstream-producer',
+        )
         try:
-            await asyncio.wait_for(self._producer.start(), self.settings.ack_timeout_s)
+            await asyncio.wait_for(producer.start(), self.settings.ack_timeout_s)
         except (KafkaError, OSError, TimeoutError) as exc:
-            await self._producer.stop()
+            await producer.stop()
             raise unavailable(self.settings, 'did not accept a producer connection', exc) from exc
+        self._producer = producer
         self._started = True
 
     async def close(self) -> None:
         """Flush what is buffered (best effort within the timeout) and disconnect."""
-        if not self._started:
-            return
+        producer, self._producer = self._producer, None
         self._started = False
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._producer.stop(), self.settings.ack_timeout_s)
+        if producer is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(producer.stop(), self.settings.ack_timeout_s)
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -104,7 +137,10 @@ class EventLog:
         Records of one run go to one partition per topic (keyed by run_id), in call order.
         """
         if not self._started:
-            raise StepStreamError('EventLog is not started: use `async with EventLog(settings)` first')
+            if self not in self._shared.values():
+                raise StepStreamError('EventLog is not started: use `async with EventLog(settings)` first')
+            await self.start()
+        assert self._producer is not None
         value = encode(record)
         if len(value) > self.max_record_bytes:
             raise RecordTooLarge(

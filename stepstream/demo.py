@@ -121,8 +121,8 @@ async def run_demo(data_dir: str | Path = '.stepstream') -> None:
             async def research(topic: str) -> str:
                 return (await researcher.run(f'research {topic}', conversation_id='release-demo')).output
 
-            @orchestrator.tool
-            async def publish(ctx: RunContext[None]) -> str:
+            @orchestrator.tool_plain
+            async def publish() -> str:
                 parent = current_run_id()
                 assert parent is not None
                 return await _publish_in_child(settings, reader, parent)

@@ -16,7 +16,8 @@ with EmbeddedStack('.stepstream/stack', durable=True) as stack:  # plain code an
 
 Layout of `data_dir`: `tansu.log` and `weed.log` (each child's stdout and stderr),
 `seaweedfs/` (the S3 data, which includes the durable Kafka log), `seaweedfs-logs/` (SeaweedFS's
-own log files), `projection/` (the default `Settings.db_path`) and `tmp/` (the children's TMPDIR).
+own log files), `projection/` (the default `Settings.db_path`), `run/` (unix sockets), `tmp/` (the
+children's TMPDIR) and `stack.lock` (held while a stack runs, so two never share the directory).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 from stepstream.errors import StepStreamError
 from stepstream.settings import Settings
@@ -128,9 +129,6 @@ class _Ports:
     def s3(self) -> int:
         return self.weed['s3']
 
-    def all(self) -> list[int]:
-        return [self.kafka, *self.weed.values(), *(p + _GRPC_OFFSET for p in self.weed.values())]
-
 
 @dataclass
 class _Child:
@@ -160,7 +158,8 @@ class EmbeddedStack:
     (e.g. `topic_prefix`, `partitions`); the fields that locate the services belong to the stack.
 
     Only processes this object started are ever signalled, by pid; `stop()` is idempotent and also
-    runs at interpreter exit, and on Linux the children are killed if this process dies.
+    runs at interpreter exit, and on Linux the children are killed if this process dies. A running
+    stack locks its `data_dir`, so two stacks never share one SeaweedFS directory.
     """
 
     def __init__(
@@ -202,6 +201,7 @@ class EmbeddedStack:
         self._data_dir: Path | None = self._requested_dir
         self._temp_dirs: list[Path] = []
         self._socket_dir: Path | None = None
+        self._dir_lock: IO[str] | None = None
         self._ports: _Ports | None = None
         self._access_key_id = ''
         self._secret_access_key = ''
@@ -252,22 +252,25 @@ class EmbeddedStack:
             if self._settings is not None:
                 raise EmbeddedStackError('the stack is already started')
             self._binaries = {_BROKER: self._resolve_tansu(), _S3: self._resolve_weed()}
-            self._prepare_dirs()
             self._access_key_id = 'ss' + secrets.token_hex(8)
             self._secret_access_key = secrets.token_hex(20)
             try:
+                self._prepare_dirs()
                 for attempt in (1, 2):
                     self._ports = _pick_ports()
                     try:
                         self._start_services()
                         break
                     except EmbeddedStackError as exc:
-                        self._terminate(list(self._children.values()))
-                        self._children.clear()
                         if attempt == 2 or not exc.port_in_use:
                             raise
-            except BaseException:
-                self._remove_temp_dirs()
+                        self._terminate(list(self._children.values()))
+                        self._children.clear()
+            except BaseException:  # including Ctrl-C halfway: leave nothing running or locked
+                self._terminate(list(self._children.values()))
+                self._children.clear()
+                self._ports = None
+                self._release_dirs()
                 raise
             self._settings = self._build_settings()
             _LIVE_STACKS.add(self)
@@ -289,7 +292,7 @@ class EmbeddedStack:
                 self._terminate([broker, s3])
             self._settings = None
             self._ports = None
-            self._remove_temp_dirs()
+            self._release_dirs()
             _LIVE_STACKS.discard(self)
 
     def stop_broker(self) -> None:
@@ -309,7 +312,11 @@ class EmbeddedStack:
             if _BROKER in self._children:
                 raise EmbeddedStackError('the broker is already running; call stop_broker() first')
             self._spawn_broker()
-            self._wait_broker(time.monotonic() + self._startup_timeout_s)
+            try:
+                self._wait_broker(time.monotonic() + self._startup_timeout_s)
+            except BaseException:
+                self._terminate([self._children.pop(_BROKER, None)])
+                raise
 
     def restart_broker(self) -> None:
         """Stop and start Tansu; with `durable=True` the log is read back from SeaweedFS."""
@@ -333,7 +340,11 @@ class EmbeddedStack:
             if _S3 in self._children:
                 raise EmbeddedStackError('S3 is already running; call stop_s3() first')
             self._spawn_weed()
-            self._wait_s3(time.monotonic() + self._startup_timeout_s)
+            try:
+                self._wait_s3(time.monotonic() + self._startup_timeout_s)
+            except BaseException:
+                self._terminate([self._children.pop(_S3, None)])
+                raise
 
     def __enter__(self) -> EmbeddedStack:
         return self.start()
@@ -411,7 +422,9 @@ class EmbeddedStack:
             self._temp_dirs.append(self._data_dir)
         else:
             self._data_dir = self._requested_dir
+            self._data_dir.mkdir(parents=True, exist_ok=True)
         data = self._data_dir
+        self._dir_lock = _lock_dir(data)
         for sub in ('seaweedfs', 'seaweedfs-logs', 'tmp'):
             (data / sub).mkdir(parents=True, exist_ok=True)
         # Unix socket paths are limited to ~107 bytes; a deep data_dir gets a short temp dir instead.
@@ -423,7 +436,10 @@ class EmbeddedStack:
             self._socket_dir = Path(tempfile.mkdtemp(prefix='ss-'))
             self._temp_dirs.append(self._socket_dir)
 
-    def _remove_temp_dirs(self) -> None:
+    def _release_dirs(self) -> None:
+        if self._dir_lock is not None:
+            self._dir_lock.close()  # releases the flock
+            self._dir_lock = None
         while self._temp_dirs:
             shutil.rmtree(self._temp_dirs.pop(), ignore_errors=True)
         if self._requested_dir is None:
@@ -584,9 +600,12 @@ class EmbeddedStack:
         child = self._children[service]
         last_error: BaseException | None = None
         while True:
-            code = child.process.poll()
-            if code is not None:
-                raise self._startup_error(child, f'the process exited with code {code}')
+            # Any child dying fails the start at once (a broker that exits while S3 is still coming up
+            # need not wait for S3).
+            for other in sorted(self._children.values(), key=lambda c: c is not child):
+                code = other.process.poll()
+                if code is not None:
+                    raise self._startup_error(other, f'the process exited with code {code}')
             try:
                 probe()
                 return
@@ -604,7 +623,7 @@ class EmbeddedStack:
         tail = _tail(child.log_path, child.log_offset)
         port_in_use = any(marker in tail.lower() for marker in _PORT_IN_USE_MARKERS)
         if port_in_use:
-            advice = 'Another process took one of its ports; starting again picks new ones.'
+            advice = 'Another process took one of its ports meanwhile; a new stack picks new ones.'
         elif timed_out:
             advice = (
                 'If the machine is just slow, pass a larger startup_timeout_s; otherwise the log above '
@@ -670,7 +689,33 @@ class EmbeddedStack:
 # -- helpers ------------------------------------------------------------------------------------
 
 
+def _lock_dir(data_dir: Path) -> IO[str] | None:
+    """Hold an exclusive lock on `data_dir` so that two stacks never share one SeaweedFS directory."""
+    try:
+        import fcntl  # POSIX only; elsewhere the directory is simply not locked
+    except ImportError:
+        return None
+    handle = open(data_dir / 'stack.lock', 'a+')  # noqa: SIM115 - held open until stop()
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        holder = handle.read().strip() or 'unknown'
+        handle.close()
+        raise EmbeddedStackError(
+            f'{data_dir} is in use by another EmbeddedStack (pid {holder}); stop that one first or use '
+            'another data_dir'
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(str(os.getpid()))
+    handle.flush()
+    return handle
+
+
 def _check_binary(path: str, service: str) -> str:
+    if os.sep not in path:  # a bare name: look it up on PATH
+        path = shutil.which(path) or path
     if not (os.path.isfile(path) and os.access(path, os.X_OK)):
         raise EmbeddedStackError(
             f'{_TITLES[service]} binary {path!r} does not exist or is not executable. {_INSTALL_HINT}',

@@ -11,7 +11,7 @@ import argparse
 import dataclasses
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 ENV_PREFIX = 'STEPSTREAM_'
@@ -36,7 +36,7 @@ class Settings:
     s3_bucket: str = 'stepstream-media'
     s3_region: str = 'us-east-1'
     s3_access_key_id: str | None = None
-    s3_secret_access_key: str | None = None
+    s3_secret_access_key: str | None = field(default=None, repr=False)
     media_threshold_bytes: int = 64 * 1024
     """Payloads at or above this size (UTF-8 bytes for text) are moved to the media store."""
     db_path: str = '.stepstream/projection'

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import AsyncIterator
+
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
-from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls, FunctionModel
 
 
 def tool_returns(messages: list[ModelMessage]) -> list[ToolReturnPart]:
@@ -30,7 +33,16 @@ def calls_then_answers(
             )
         return ModelResponse(parts=[TextPart(f'answered after {done} tool calls')])
 
-    return FunctionModel(model)
+    async def stream(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[str | DeltaToolCalls]:
+        # The same turns, streamed: used when a capability listens to the event stream.
+        part = model(messages, info).parts[0]
+        if isinstance(part, ToolCallPart):
+            yield {0: DeltaToolCall(part.tool_name, json.dumps(part.args), tool_call_id=part.tool_call_id)}
+        else:
+            assert isinstance(part, TextPart)
+            yield part.content
+
+    return FunctionModel(model, stream_function=stream)
 
 
 def answers(text: str = 'ok') -> FunctionModel:

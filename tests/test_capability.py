@@ -1,0 +1,503 @@
+"""StepPersistence behaviour, each through a real Agent run, the broker and the projector."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from pydantic_ai import Agent, ModelRetry, RunContext
+from pydantic_ai.capabilities import AbstractCapability, ProcessHistory
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.usage import UsageLimits
+
+from stepstream import Settings
+from stepstream.producer import (
+    EventLog,
+    SnapshotSaved,
+    StepPersistence,
+    annotate_tool_effect,
+    is_provider_valid,
+)
+from stepstream.projector import ProjectionReader, Projector, continue_run
+from stepstream.schemas import encode
+
+from agents import answers, calls_then_answers, tool_returns
+
+
+async def settle(log: EventLog, projector: Projector) -> ProjectionReader:
+    await projector.wait_for(await log.flush())
+    return projector.reader()
+
+
+async def test_events_carry_lineage_metadata_and_step(event_log: EventLog, projector: Projector) -> None:
+    capability = StepPersistence(log=event_log, agent_name='librarian', metadata={'team': 'docs'})
+    agent = Agent(calls_then_answers('lookup'), capabilities=[capability])
+
+    @agent.tool_plain
+    def lookup() -> str:
+        return 'found'
+
+    await agent.run('find', conversation_id='conv-meta')
+    reader = await settle(event_log, projector)
+    [run] = await reader.list_runs(conversation_id='conv-meta')
+    assert run.run_id.startswith('librarian-') and len(run.run_id) == len('librarian-') + 8
+    assert run.metadata == {'team': 'docs'}
+    events = await reader.list_events(run.run_id)
+    assert all(e.metadata == {'team': 'docs'} and e.agent_name == 'librarian' for e in events)
+    assert all(e.conversation_id == 'conv-meta' for e in events)
+    assert [e.kind for e in events] == [
+        'run_started',
+        'model_request_started',
+        'model_request_completed',
+        'tool_call_started',
+        'tool_call_completed',
+        'snapshot_saved',
+        'model_request_started',
+        'model_request_completed',
+        'snapshot_saved',
+        'run_completed',
+    ]
+    tool_events = [e for e in events if e.kind.startswith('tool_call')]
+    assert {(e.tool_name, e.tool_call_id) for e in tool_events} == {('lookup', 'call-0')}
+    assert [e.step_index for e in events if e.kind == 'model_request_started'] == [1, 2]
+
+
+async def test_without_agent_name_the_context_run_id_is_used(
+    event_log: EventLog, projector: Projector
+) -> None:
+    agent = Agent(answers(), capabilities=[StepPersistence(log=event_log)])
+    result = await agent.run('hi', conversation_id='conv-ctx')
+    reader = await settle(event_log, projector)
+    [run] = await reader.list_runs(conversation_id='conv-ctx')
+    assert run.run_id == result.run_id
+
+
+async def test_concurrent_delegates_get_their_parent(event_log: EventLog, projector: Projector) -> None:
+    delegate = Agent(answers('part'), capabilities=[StepPersistence(log=event_log, agent_name='worker')])
+    orchestrator = Agent(
+        calls_then_answers('fan_out'), capabilities=[StepPersistence(log=event_log, agent_name='boss')]
+    )
+
+    @orchestrator.tool_plain
+    async def fan_out() -> str:
+        results = await asyncio.gather(*(delegate.run(f'part {i}') for i in range(5)))
+        return ','.join(r.output for r in results)
+
+    await orchestrator.run('go', conversation_id='conv-fan')
+    reader = await settle(event_log, projector)
+    [boss] = await reader.list_runs(conversation_id='conv-fan')
+    children = await reader.list_runs(parent_run_id=boss.run_id)
+    assert len(children) == 5 and all(c.agent_name == 'worker' for c in children)
+    assert [c.started_at for c in children] == sorted(c.started_at for c in children)  # type: ignore[type-var]
+    assert [r.run_id for r in await reader.run_tree(boss.run_id)] == [
+        boss.run_id,
+        *(c.run_id for c in children),
+    ]
+    assert (await reader.root_of(children[2].run_id)).run_id == boss.run_id  # type: ignore[union-attr]
+
+
+async def test_explicit_parent_overrides_inference(event_log: EventLog, projector: Projector) -> None:
+    delegate = Agent(
+        answers(),
+        capabilities=[StepPersistence(log=event_log, run_id='remote-1', parent_run_id='elsewhere-9')],
+    )
+    outer = Agent(
+        calls_then_answers('call'), capabilities=[StepPersistence(log=event_log, agent_name='outer')]
+    )
+
+    @outer.tool_plain
+    async def call() -> str:
+        return (await delegate.run('x')).output
+
+    await outer.run('go')
+    reader = await settle(event_log, projector)
+    assert (await reader.get_run('remote-1')).parent_run_id == 'elsewhere-9'  # type: ignore[union-attr]
+
+
+async def test_runs_of_a_conversation_are_listed_in_start_order(
+    event_log: EventLog, projector: Projector
+) -> None:
+    agent = Agent(answers(), capabilities=[StepPersistence(log=event_log, agent_name='chat')])
+    ids = [(await agent.run(f'turn {i}', conversation_id='conv-order')).run_id for i in range(3)]
+    reader = await settle(event_log, projector)
+    runs = await reader.list_runs(conversation_id='conv-order')
+    assert len(runs) == 3 and len({r.run_id for r in runs}) == 3
+    assert [r.started_at for r in runs] == sorted(r.started_at for r in runs)  # type: ignore[type-var]
+    assert len(ids) == 3
+
+
+async def test_run_without_tools_is_saved_by_the_after_run_fallback(
+    event_log: EventLog, projector: Projector
+) -> None:
+    agent = Agent(answers('plain'), capabilities=[StepPersistence(log=event_log, run_id='no-tools')])
+    result = await agent.run('hello')
+    reader = await settle(event_log, projector)
+    assert await continue_run(reader, run_id='no-tools') == result.all_messages()
+
+
+async def test_run_stream_is_saved_after_the_last_boundary(event_log: EventLog, projector: Projector) -> None:
+    async def stream(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[str]:
+        yield 'streamed '
+        yield 'answer'
+
+    agent = Agent(
+        FunctionModel(stream_function=stream), capabilities=[StepPersistence(log=event_log, run_id='st-1')]
+    )
+    async with agent.run_stream('hi') as response:
+        text = await response.get_output()
+    assert text == 'streamed answer'
+    reader = await settle(event_log, projector)
+    snapshot = await reader.latest_snapshot('st-1')
+    assert snapshot is not None
+    assert snapshot.messages == response.all_messages()
+    assert (await reader.get_run('st-1')).status == 'completed'  # type: ignore[union-attr]
+
+
+async def test_snapshot_folds_in_the_pending_tool_return(event_log: EventLog, projector: Projector) -> None:
+    agent = Agent(
+        calls_then_answers('work', calls=3), capabilities=[StepPersistence(log=event_log, run_id='fold')]
+    )
+
+    @agent.tool_plain
+    def work() -> str:
+        return 'w'
+
+    result = await agent.run('go')
+    reader = await settle(event_log, projector)
+    snapshots = await reader.list_snapshots('fold')
+    # One per settled tool cycle (each ends with the tool-return request) plus the final one.
+    assert [len(tool_returns(s.messages)) for s in snapshots] == [1, 2, 3, 3]
+    assert all(isinstance(s.messages[-1].parts[0], ToolReturnPart) for s in snapshots[:3])
+    assert snapshots[-1].messages == result.all_messages()
+    assert [s.snapshot_seq for s in snapshots] == [0, 1, 2, 3]
+    all_messages = result.all_messages()
+    for s in snapshots[:3]:
+        # Every intermediate point is a prefix of the final history (with run ids stamped later).
+        assert [m.kind for m in s.messages] == [m.kind for m in all_messages[: len(s.messages)]]
+
+
+@dataclass
+class SnapshotListener(AbstractCapability[Any]):
+    """Records every `SnapshotSaved` event with the history the run held when it arrived."""
+
+    seen: list[tuple[SnapshotSaved, list[ModelMessage]]] = field(default_factory=list)
+
+    async def on_event(self, ctx: RunContext[Any], *, event: Any) -> None:
+        if isinstance(event, SnapshotSaved):
+            self.seen.append((event, list(ctx.messages)))
+
+
+async def test_snapshot_saved_capability_event(event_log: EventLog) -> None:
+    listener = SnapshotListener()
+    agent = Agent(
+        calls_then_answers('work'), capabilities=[StepPersistence(log=event_log, run_id='evt'), listener]
+    )
+
+    @agent.tool_plain
+    def work() -> str:
+        return 'w'
+
+    await agent.run('go')
+    # Events emitted after the event stream closed (the after_run fallback) are not delivered.
+    event, _ = listener.seen[0]
+    assert (event.persistence_run_id, event.snapshot_seq, event.state, event.step_index) == (
+        'evt',
+        0,
+        'complete',
+        1,
+    )
+
+
+async def test_capture_frontier_saves_inputs_and_tool_call_frontiers(
+    event_log: EventLog, projector: Projector
+) -> None:
+    agent = Agent(
+        calls_then_answers('work'),
+        capabilities=[StepPersistence(log=event_log, run_id='frontier', capture_frontier=True)],
+    )
+
+    @agent.tool_plain
+    def work() -> str:
+        return 'w'
+
+    await agent.run('go')
+    reader = await settle(event_log, projector)
+    every = await reader.list_snapshots('frontier', include_interrupted=True)
+    states = [s.state for s in every]
+    assert 'interrupted' in states  # the accepted tool call, before it ran
+    first = every[0]
+    assert isinstance(first.messages[-1], ModelRequest) and isinstance(
+        first.messages[-1].parts[0], UserPromptPart
+    )
+    frontier = next(s for s in every if s.state == 'interrupted')
+    assert isinstance(frontier.messages[-1], ModelResponse)
+    assert isinstance(frontier.messages[-1].parts[0], ToolCallPart)
+
+
+async def test_rewritten_history_reconstructs_exactly(event_log: EventLog, projector: Projector) -> None:
+    def keep_recent(messages: list[ModelMessage]) -> list[ModelMessage]:
+        # A compaction-like processor: drops old turns and rewrites the first request.
+        # Keeps the last call/return pair, so the history stays provider-valid.
+        if len(messages) <= 4:
+            return messages
+        first = ModelRequest(parts=[UserPromptPart(f'(summary of {len(messages) - 2} messages)')])
+        return [first, *messages[-2:]]
+
+    turns = iter(range(100))
+
+    def counting(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        turn = next(turns)  # the processor hides old returns, so count turns here instead
+        if turn < 5:
+            return ModelResponse(parts=[ToolCallPart('work', {}, tool_call_id=f'call-{turn}')])
+        return ModelResponse(parts=[TextPart('done')])
+
+    agent = Agent(
+        FunctionModel(counting),
+        capabilities=[ProcessHistory(keep_recent), StepPersistence(log=event_log, run_id='rewrite')],
+    )
+
+    @agent.tool_plain
+    def work() -> str:
+        return 'w'
+
+    result = await agent.run('go')
+    reader = await settle(event_log, projector)
+    snapshot = await reader.latest_snapshot('rewrite')
+    assert snapshot is not None and snapshot.messages == result.all_messages()
+    events = await reader.list_events('rewrite')
+    prefix_lens = [e.snapshot.prefix_len for e in events if e.snapshot is not None]
+    assert prefix_lens[0] == 0 and max(prefix_lens) > 0
+    # The processor rewrote the first request at some point: a later snapshot shares less.
+    assert any(b < a for a, b in itertools.pairwise(prefix_lens))
+
+
+async def test_failed_tool_leaves_an_interrupted_snapshot(event_log: EventLog, projector: Projector) -> None:
+    def two_calls(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if len(tool_returns(messages)) == 0 and len(messages) == 1:
+            return ModelResponse(parts=[ToolCallPart('warm_up', {}, tool_call_id='w0')])
+        return ModelResponse(
+            parts=[
+                ToolCallPart('fast', {}, tool_call_id='ok-1'),
+                ToolCallPart('explode', {}, tool_call_id='bad-1'),
+            ]
+        )
+
+    agent = Agent(FunctionModel(two_calls), capabilities=[StepPersistence(log=event_log, run_id='boom')])
+
+    @agent.tool_plain
+    def warm_up() -> str:
+        return 'warm'
+
+    @agent.tool_plain
+    async def fast() -> str:
+        return 'fast done'
+
+    @agent.tool_plain
+    async def explode() -> str:
+        await asyncio.sleep(0.05)  # `fast` completes first
+        raise RuntimeError('disk on fire')
+
+    with pytest.raises(RuntimeError, match='disk on fire'):
+        await agent.run('go')
+    reader = await settle(event_log, projector)
+    run = await reader.get_run('boom')
+    assert run is not None and run.status == 'failed' and 'disk on fire' in (run.error or '')
+    assert (await reader.get_tool_effect('boom', 'ok-1')).status == 'completed'  # type: ignore[union-attr]
+    failed = await reader.get_tool_effect('boom', 'bad-1')
+    assert failed is not None and failed.status == 'failed' and 'disk on fire' in (failed.error or '')
+
+    interrupted = await reader.latest_snapshot('boom', include_interrupted=True)
+    assert interrupted is not None and interrupted.state == 'interrupted'
+    assert not is_provider_valid(interrupted.messages)
+    complete = await continue_run(reader, run_id='boom')
+    assert complete != interrupted.messages
+    assert is_provider_valid(complete) and [p.tool_name for p in tool_returns(complete)] == ['warm_up']
+    assert await continue_run(reader, run_id='boom', include_interrupted=True) == interrupted.messages
+
+
+async def test_model_failure_is_recorded(event_log: EventLog, projector: Projector) -> None:
+    def broken(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        raise ConnectionError('provider down')
+
+    agent = Agent(FunctionModel(broken), capabilities=[StepPersistence(log=event_log, run_id='model-down')])
+    with pytest.raises(ConnectionError):
+        await agent.run('go')
+    reader = await settle(event_log, projector)
+    kinds = [e.kind for e in await reader.list_events('model-down')]
+    assert kinds == ['run_started', 'model_request_started', 'model_request_failed', 'run_failed']
+    with pytest.raises(LookupError, match='model-down'):
+        await continue_run(reader, run_id='model-down')
+
+
+async def test_retry_prompt_settles_its_call(event_log: EventLog, projector: Projector) -> None:
+    attempts: list[int] = []
+    agent = Agent(calls_then_answers('flaky'), capabilities=[StepPersistence(log=event_log, run_id='retry')])
+
+    @agent.tool_plain
+    def flaky() -> str:
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise ModelRetry('try again')
+        return 'ok'
+
+    result = await agent.run('go')
+    reader = await settle(event_log, projector)
+    assert (await reader.latest_snapshot('retry')).messages == result.all_messages()  # type: ignore[union-attr]
+    assert is_provider_valid(result.all_messages())
+
+
+async def test_cancelled_run_leaves_a_usable_trail(event_log: EventLog, projector: Projector) -> None:
+    in_tool = asyncio.Event()
+    agent = Agent(
+        calls_then_answers('slow', calls=2), capabilities=[StepPersistence(log=event_log, run_id='cx')]
+    )
+
+    @agent.tool_plain
+    async def slow() -> str:
+        if in_tool.is_set() or len(asyncio.all_tasks()) < 0:
+            await asyncio.sleep(3600)
+        in_tool.set()
+        return 'first done'
+
+    task = asyncio.create_task(agent.run('go'))
+    for _ in range(200):
+        await asyncio.sleep(0.02)
+        reader = await settle(event_log, projector)
+        if await reader.list_unresolved_tool_effects('cx'):
+            break
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    reader = await settle(event_log, projector)
+    run = await reader.get_run('cx')
+    assert run is not None and run.status == 'failed' and 'CancelledError' in (run.error or '')
+    [open_effect] = await reader.list_unresolved_tool_effects('cx')
+    assert open_effect.tool_call_id == 'call-1' and open_effect.unknown_after_crash
+    history = await continue_run(reader, run_id='cx')
+    assert [p.tool_call_id for p in tool_returns(history)] == ['call-0']
+
+
+async def test_annotate_outside_a_persisted_tool_is_a_no_op(
+    event_log: EventLog, projector: Projector
+) -> None:
+    agent = Agent(calls_then_answers('plain_tool'))  # no StepPersistence
+
+    @agent.tool
+    async def plain_tool(ctx: RunContext[None]) -> str:
+        await annotate_tool_effect(ctx, idempotency_key='k')
+        return 'ok'
+
+    await agent.run('go')
+    reader = await settle(event_log, projector)
+    assert await reader.list_runs() == []
+
+
+async def test_one_log_many_concurrent_runs_keep_per_run_order(
+    event_log: EventLog, projector: Projector
+) -> None:
+    agent = Agent(
+        calls_then_answers('step', calls=3), capabilities=[StepPersistence(log=event_log, agent_name='c')]
+    )
+
+    @agent.tool_plain
+    async def step() -> str:
+        await asyncio.sleep(0)
+        return 's'
+
+    await asyncio.gather(*(agent.run(f'run {i}', conversation_id='conv-many') for i in range(20)))
+    reader = await settle(event_log, projector)
+    runs = await reader.list_runs(conversation_id='conv-many')
+    assert len(runs) == 20
+    assert projector.duplicates_ignored == 0
+    for run in runs:
+        assert run.status == 'completed' and run.gaps == [] and run.event_count == run.last_seq + 1
+        snapshot = await reader.latest_snapshot(run.run_id)
+        assert snapshot is not None and len(tool_returns(snapshot.messages)) == 3
+
+
+async def test_from_spec_uses_a_shared_log(settings: Settings, projector: Projector) -> None:
+    spec = {
+        'bootstrap_servers': settings.bootstrap_servers,
+        'topic_prefix': settings.topic_prefix,
+        'agent_name': 's',
+    }
+    capability = StepPersistence.from_spec(**spec)
+    assert StepPersistence.from_spec(**spec).log is capability.log
+    try:
+        agent = Agent(answers(), capabilities=[capability])
+        await agent.run('hi', conversation_id='conv-spec')
+        await projector.wait_for(await capability.log.flush())
+        [run] = await projector.reader().list_runs(conversation_id='conv-spec')
+        assert run.agent_name == 's'
+    finally:
+        await EventLog.close_shared()
+    with pytest.raises(ValueError, match=r"unknown StepPersistence spec option\(s\) \['backend'\]"):
+        StepPersistence.from_spec(backend='sqlite')
+
+
+def test_compaction_transcript_handle_is_the_run_id(event_log: EventLog) -> None:
+    assert StepPersistence(log=event_log, run_id='handle-1').compaction_transcript_handle() == 'handle-1'
+
+
+async def test_snapshot_records_stay_flat_across_a_long_run(
+    event_log: EventLog, projector: Projector
+) -> None:
+    agent = Agent(
+        calls_then_answers('step', calls=200), capabilities=[StepPersistence(log=event_log, run_id='long')]
+    )
+
+    @agent.tool_plain
+    def step() -> str:
+        return 'x' * 200
+
+    await agent.run('go', usage_limits=UsageLimits(request_limit=1000))
+    reader = await settle(event_log, projector)
+    sizes = [len(encode(e)) for e in await reader.list_events('long') if e.snapshot is not None]
+    assert len(sizes) == 201
+    assert sizes[199] <= 2 * sizes[9]
+    final = await reader.latest_snapshot('long')
+    assert final is not None and len(tool_returns(final.messages)) == 200
+
+
+class TestIsProviderValid:
+    def call(self, *ids: str) -> ModelResponse:
+        return ModelResponse(parts=[ToolCallPart('t', {}, tool_call_id=i) for i in ids])
+
+    def ret(self, *ids: str) -> ModelRequest:
+        return ModelRequest(parts=[ToolReturnPart('t', 'r', tool_call_id=i) for i in ids])
+
+    def test_rules(self) -> None:
+        user = ModelRequest(parts=[UserPromptPart('hi')])
+        text = ModelResponse(parts=[TextPart('t')])
+        assert is_provider_valid([])
+        assert is_provider_valid([user, text])
+        assert is_provider_valid([user, self.call('a', 'b'), self.ret('a', 'b'), text])
+        assert not is_provider_valid([user, self.call('a')])  # open call
+        assert not is_provider_valid([user, self.ret('a')])  # orphan return
+        assert not is_provider_valid([user, self.call('a'), self.ret('a'), self.ret('a')])  # duplicate
+        assert not is_provider_valid([user, self.ret('a'), self.call('a')])  # out of order
+
+    def test_tool_bound_retry_prompt_resolves_its_call(self) -> None:
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore')  # deprecated, but still accepted in caller histories
+            from pydantic_ai.messages import RetryPromptPart
+
+            retry = ModelRequest(parts=[RetryPromptPart('bad args', tool_name='t', tool_call_id='a')])
+            stray = ModelRequest(parts=[RetryPromptPart('bad args', tool_name='t', tool_call_id='zzz')])
+        assert is_provider_valid([self.call('a'), retry])
+        assert not is_provider_valid([self.call('a'), stray])

@@ -1,0 +1,154 @@
+"""compose/docker-compose.yml, checked by structure (no docker engine needed).
+
+The services must agree with each other and with `Settings`: the projector's STEPSTREAM_* variables
+are ones `Settings.from_env()` reads, and its addresses name the compose services.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+from stepstream.settings import ENV_PREFIX, Settings
+
+yaml = pytest.importorskip('yaml', reason='PyYAML is needed to read the compose file (dev extra)')
+
+COMPOSE_DIR = Path(__file__).resolve().parent.parent / 'compose'
+
+
+def interpolate(value: Any) -> Any:
+    """Compose's `${VAR:-default}` with the defaults (the environment is not consulted)."""
+    if isinstance(value, str):
+        return re.sub(r'\$\{[A-Z_]+:-([^}]*)\}', r'\1', value)
+    if isinstance(value, list):
+        return [interpolate(v) for v in value]
+    if isinstance(value, dict):
+        return {k: interpolate(v) for k, v in value.items()}
+    return value
+
+
+@pytest.fixture(scope='module')
+def compose() -> dict[str, Any]:
+    with open(COMPOSE_DIR / 'docker-compose.yml') as f:
+        return interpolate(yaml.safe_load(f))
+
+
+def env_of(service: dict[str, Any]) -> dict[str, str]:
+    """A service's environment as strings, whether written as a mapping or as KEY=VALUE items."""
+    env = service.get('environment', {})
+    if isinstance(env, list):
+        env = dict(item.split('=', 1) for item in env)
+    return {k: str(v) for k, v in env.items()}
+
+
+def command_text(service: dict[str, Any]) -> str:
+    command = service.get('command', '')
+    return ' '.join(command) if isinstance(command, list) else str(command)
+
+
+def test_services(compose: dict[str, Any]) -> None:
+    assert {'kafka', 'minio', 'minio-init', 'projector'} <= set(compose['services'])
+
+
+def test_kafka_is_kraft_and_reachable_from_host_and_network(compose: dict[str, Any]) -> None:
+    kafka = compose['services']['kafka']
+    env = env_of(kafka)
+    assert kafka['image'].startswith('apache/kafka:')
+    assert set(env['KAFKA_PROCESS_ROLES'].split(',')) == {'broker', 'controller'}
+    assert 'KAFKA_ZOOKEEPER_CONNECT' not in env
+    voter_id, voter = env['KAFKA_CONTROLLER_QUORUM_VOTERS'].split('@')
+    assert voter_id == env['KAFKA_NODE_ID']
+    assert len(base64.urlsafe_b64decode(env['CLUSTER_ID'] + '==')) == 16  # a KRaft cluster id
+
+    listeners = dict(item.split('://') for item in env['KAFKA_LISTENERS'].split(','))
+    advertised = dict(item.split('://') for item in env['KAFKA_ADVERTISED_LISTENERS'].split(','))
+    protocols = dict(item.split(':') for item in env['KAFKA_LISTENER_SECURITY_PROTOCOL_MAP'].split(','))
+    assert set(listeners) == set(protocols)
+    assert env['KAFKA_CONTROLLER_LISTENER_NAMES'] in listeners
+    assert voter.endswith(listeners[env['KAFKA_CONTROLLER_LISTENER_NAMES']])  # kafka:29093 / :29093
+    assert set(advertised) <= set(listeners) and env['KAFKA_INTER_BROKER_LISTENER_NAME'] in advertised
+    assert 'localhost:9092' in advertised.values()
+    assert '9092:9092' in kafka['ports']
+
+
+def test_projector_env_is_settings(compose: dict[str, Any]) -> None:
+    services = compose['services']
+    env = env_of(services['projector'])
+    known = {f'{ENV_PREFIX}{f.name.upper()}' for f in dataclasses.fields(Settings)}
+    assert set(env) <= known, f'unknown to Settings: {set(env) - known}'
+    assert {
+        'STEPSTREAM_BOOTSTRAP_SERVERS',
+        'STEPSTREAM_TOPIC_PREFIX',
+        'STEPSTREAM_S3_ENDPOINT',
+        'STEPSTREAM_S3_BUCKET',
+        'STEPSTREAM_S3_REGION',
+        'STEPSTREAM_S3_ACCESS_KEY_ID',
+        'STEPSTREAM_S3_SECRET_ACCESS_KEY',
+        'STEPSTREAM_DB_PATH',
+    } <= set(env)
+
+    settings = Settings.from_env(environ=env)
+    assert settings.to_env() == {**Settings().to_env(), **env}  # every value is taken as given
+
+    # Kafka: the compose service, on the listener advertised to the compose network.
+    kafka_env = env_of(services['kafka'])
+    advertised = [item.split('://')[1] for item in kafka_env['KAFKA_ADVERTISED_LISTENERS'].split(',')]
+    for server in settings.bootstrap_servers.split(','):
+        host, _ = server.rsplit(':', 1)
+        assert host == 'kafka' and server in advertised
+
+    # S3: the MinIO service's API port, its root credentials and the bucket minio-init creates.
+    assert settings.s3_endpoint is not None
+    endpoint = urlsplit(settings.s3_endpoint)
+    assert endpoint.hostname == 'minio' and endpoint.port == 9000
+    assert f'{endpoint.port}:9000' in services['minio']['ports']
+    minio_env = env_of(services['minio'])
+    assert settings.s3_access_key_id == minio_env['MINIO_ROOT_USER']
+    assert settings.s3_secret_access_key == minio_env['MINIO_ROOT_PASSWORD']
+    init = command_text(services['minio-init'])
+    assert f'/{settings.s3_bucket}' in init and 'mc mb' in init and 'http://minio:9000' in init
+    assert minio_env['MINIO_ROOT_USER'] in init and minio_env['MINIO_ROOT_PASSWORD'] in init
+
+    # The projection lives on a volume, not in the container's writable layer.
+    mounts = [m.split(':')[1] for m in services['projector']['volumes']]
+    assert any(Path(settings.db_path).is_relative_to(m) for m in mounts)
+
+
+def test_projector_runs_the_cli_after_its_dependencies(compose: dict[str, Any]) -> None:
+    projector = compose['services']['projector']
+    assert command_text(projector) == 'stepstream projector'
+    depends = projector['depends_on']
+    assert depends['kafka']['condition'] == 'service_healthy'
+    assert depends['minio-init']['condition'] == 'service_completed_successfully'
+    assert compose['services']['minio-init']['depends_on']['minio']['condition'] == 'service_healthy'
+
+    context = (COMPOSE_DIR / projector['build']['context']).resolve()
+    dockerfile = context / projector['build']['dockerfile']
+    assert (context / 'pyproject.toml').exists() and dockerfile.exists()
+    text = dockerfile.read_text()
+    assert 'pip install' in text and 'requirements.lock' in text
+    assert (dockerfile.parent / f'{dockerfile.name}.dockerignore').exists()
+
+
+def test_readme_shows_how_to_reach_it_from_the_host(compose: dict[str, Any]) -> None:
+    readme = (COMPOSE_DIR / 'README.md').read_text()
+    assert 'docker compose' in readme and 'up' in readme
+    exports = dict(
+        shlex.split(line)[1].split('=', 1) for line in readme.splitlines() if line.startswith('export ')
+    )
+    settings = Settings.from_env(environ=exports)
+    assert settings.bootstrap_servers == 'localhost:9092'
+    projector = Settings.from_env(environ=env_of(compose['services']['projector']))
+    assert (settings.s3_bucket, settings.s3_access_key_id, settings.s3_secret_access_key) == (
+        projector.s3_bucket,
+        projector.s3_access_key_id,
+        projector.s3_secret_access_key,
+    )
+    assert settings.s3_endpoint == 'http://localhost:9000'
