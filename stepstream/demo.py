@@ -14,6 +14,7 @@ import secrets
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from pydantic_ai import Agent, RunContext
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
@@ -52,7 +53,7 @@ async def run_crashing_delegate(settings: Settings, *, run_id: str, parent_run_i
         )
 
         @publisher.tool
-        async def send_announcement(ctx: RunContext[None], channel: str) -> str:
+        async def send_announcement(ctx: RunContext[Any], channel: str) -> str:
             await annotate_tool_effect(
                 ctx, idempotency_key=f'announce:{channel}', effect_summary='posts to Slack'
             )
