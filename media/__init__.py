@@ -1,0 +1,49 @@
+"""Media offload: large payloads live once in a content-addressed store, the log holds references.
+
+`externalize_media` replaces every payload of at least `threshold_bytes` in a message history by a
+`media+sha256://` reference and uploads it; `restore_media` puts the payloads back. Stores:
+`S3MediaStore` (any S3-compatible service) and `DiskMediaStore` (a local directory), both behind
+the `MediaStore` protocol.
+"""
+
+from stepstream.media._disk import DiskMediaStore
+from stepstream.media._s3 import S3MediaStore
+from stepstream.media._types import (
+    NO_CONTEXT,
+    KeyStrategy,
+    MediaContext,
+    MediaIntegrityError,
+    MediaNotFound,
+    MediaStore,
+    PublicUrlResolver,
+    default_key_strategy,
+    make_static_public_url,
+    media_uri_for,
+    parse_media_uri,
+)
+from stepstream.media._walker import (
+    DEFAULT_THRESHOLD_BYTES,
+    REFERENCE_PREFIX,
+    externalize_media,
+    restore_media,
+)
+
+__all__ = [
+    'DEFAULT_THRESHOLD_BYTES',
+    'NO_CONTEXT',
+    'REFERENCE_PREFIX',
+    'DiskMediaStore',
+    'KeyStrategy',
+    'MediaContext',
+    'MediaIntegrityError',
+    'MediaNotFound',
+    'MediaStore',
+    'PublicUrlResolver',
+    'S3MediaStore',
+    'default_key_strategy',
+    'externalize_media',
+    'make_static_public_url',
+    'media_uri_for',
+    'parse_media_uri',
+    'restore_media',
+]

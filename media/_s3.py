@@ -1,0 +1,329 @@
+"""`S3MediaStore`: media in any S3-compatible bucket (AWS S3, R2, MinIO, SeaweedFS), via obstore.
+
+obstore signs and retries every request (docs/decisions/0004-s3-client.md); this module only maps
+media URIs to keys, `MediaContext` to object attributes, and obstore's errors to ones that say
+which endpoint and bucket failed and what to check.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from collections.abc import Mapping
+from datetime import timedelta
+from email.message import EmailMessage
+from typing import TYPE_CHECKING, Any, NoReturn
+from urllib.parse import quote
+
+import obstore
+from obstore.exceptions import BaseError as ObstoreError
+from obstore.exceptions import PermissionDeniedError, UnauthenticatedError
+from obstore.store import S3Store
+
+from stepstream.errors import MediaUnavailable
+from stepstream.media._types import (
+    NO_CONTEXT,
+    KeyStrategy,
+    MediaContext,
+    MediaNotFound,
+    PublicUrlResolver,
+    default_key_strategy,
+    media_uri_for,
+    parse_media_uri,
+    verified,
+)
+
+if TYPE_CHECKING:
+    from obstore.store import ClientConfig, RetryConfig
+
+    from stepstream.settings import Settings
+
+__all__ = ['S3MediaStore']
+
+# Fail within seconds when S3 is down instead of obstore's default of retrying for minutes: a
+# snapshot waits on this, and the run should fail with a clear error while someone can act on it.
+_DEFAULT_CLIENT_OPTIONS: dict[str, Any] = {
+    'connect_timeout': timedelta(seconds=5),
+    'timeout': timedelta(seconds=120),
+}
+_DEFAULT_RETRY_CONFIG: dict[str, Any] = {
+    'max_retries': 3,
+    'retry_timeout': timedelta(seconds=15),
+    'backoff': {
+        'init_backoff': timedelta(milliseconds=100),
+        'max_backoff': timedelta(seconds=2),
+        'base': 2.0,
+    },
+}
+
+# S3 returns user-metadata keys lowercased and obstore treats these names as object attributes,
+# so only keys that come back unchanged as user metadata are accepted.
+_META_KEY = re.compile(r'[a-z0-9][a-z0-9._-]*')
+_RESERVED_KEYS = frozenset(
+    {'content-type', 'content-disposition', 'content-encoding', 'content-language', 'cache-control'}
+    | {'storage-class'}
+)
+_STANDARD_ATTRIBUTES = frozenset(
+    {'Content-Type', 'Content-Disposition', 'Content-Encoding', 'Content-Language', 'Cache-Control'}
+    | {'Storage-Class'}
+)
+# Metadata values travel as HTTP headers: anything but printable ASCII is sent as an RFC 2047
+# encoded word (as the AWS SDKs do), and so is a value that already looks like one.
+_ENCODED_WORD = re.compile(r'=\?utf-8\?b\?([A-Za-z0-9+/=]*)\?=')
+_PLAIN_VALUE = re.compile(r'[\x20-\x7e]*')
+# How obstore (reqwest) words a request that never got an answer.
+_UNREACHABLE_MARKERS = ('error sending request', 'timed out', 'timeout', 'connect', 'dns error')
+
+
+class S3MediaStore:
+    """Media as objects in an S3-compatible bucket, one object per distinct payload.
+
+    Objects live at `{key_prefix}/{key_strategy(uri, ctx)}`, by default `<sha256>.bin`. A put
+    first asks whether the object is there (HEAD) and uploads only if not, so the same image in a
+    thousand messages is uploaded once. `ctx.media_type` becomes the Content-Type, `ctx.filename`
+    the Content-Disposition and `ctx.metadata` the user metadata of the object, as of its first
+    put. Metadata keys must be lowercase (`[a-z0-9][a-z0-9._-]*`), because S3 lowercases them.
+
+    Credentials left as None come from the usual AWS environment variables or instance role.
+    Any failure to reach or use the bucket raises `MediaUnavailable` naming endpoint and bucket;
+    obstore retries transient errors first (`retry_config`, `client_options` override the
+    defaults of 3 retries within 15 s and a 5 s connect timeout).
+
+    ```python
+    store = S3MediaStore.from_settings(Settings.from_env())
+    uri = await store.put(png, MediaContext(media_type='image/png'))
+    ```
+    """
+
+    def __init__(
+        self,
+        *,
+        bucket: str,
+        endpoint: str | None = None,
+        region: str = 'us-east-1',
+        access_key_id: str | None = None,
+        secret_access_key: str | None = None,
+        key_prefix: str = '',
+        public_url: PublicUrlResolver | None = None,
+        key_strategy: KeyStrategy | None = None,
+        client_options: ClientConfig | None = None,
+        retry_config: RetryConfig | None = None,
+    ) -> None:
+        if not bucket:
+            raise ValueError('S3MediaStore needs a bucket name')
+        self.bucket = bucket
+        self.endpoint = endpoint
+        self.key_prefix = key_prefix.strip('/')
+        self._public_url = public_url
+        self._key_strategy = key_strategy or default_key_strategy
+        options: dict[str, Any] = {**_DEFAULT_CLIENT_OPTIONS, **(client_options or {})}
+        if endpoint is not None and endpoint.startswith('http://'):
+            options.setdefault('allow_http', True)
+        config: dict[str, Any] = {'region': region}
+        if endpoint is not None:
+            config['endpoint'] = endpoint
+        if access_key_id is not None:
+            config['access_key_id'] = access_key_id
+        if secret_access_key is not None:
+            config['secret_access_key'] = secret_access_key
+        retry: dict[str, Any] = {**_DEFAULT_RETRY_CONFIG, **(retry_config or {})}
+        self._store = S3Store(bucket, client_options=options, retry_config=retry, **config)  # type: ignore[arg-type]
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: Settings,
+        *,
+        key_prefix: str = '',
+        public_url: PublicUrlResolver | None = None,
+        key_strategy: KeyStrategy | None = None,
+    ) -> S3MediaStore:
+        """The store the `STEPSTREAM_S3_*` settings describe, shared by producer, reader and CLI."""
+        return cls(
+            bucket=settings.s3_bucket,
+            endpoint=settings.s3_endpoint,
+            region=settings.s3_region,
+            access_key_id=settings.s3_access_key_id,
+            secret_access_key=settings.s3_secret_access_key,
+            key_prefix=key_prefix,
+            public_url=public_url,
+            key_strategy=key_strategy,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f'S3MediaStore(bucket={self.bucket!r}, endpoint={self.endpoint!r}, '
+            f'key_prefix={self.key_prefix!r})'
+        )
+
+    @property
+    def location(self) -> str:
+        """Where the objects live, as error messages name it."""
+        where = self.endpoint or 'AWS S3'
+        prefix = f', key prefix {self.key_prefix!r}' if self.key_prefix else ''
+        return f'S3 bucket {self.bucket!r} at {where}{prefix}'
+
+    def key_for(self, uri: str, ctx: MediaContext = NO_CONTEXT) -> str:
+        """The object key of `uri`: `key_prefix` joined with what the key strategy returns."""
+        parse_media_uri(uri)
+        key = self._key_strategy(uri, ctx).lstrip('/')
+        if not key:
+            raise ValueError(f'key_strategy returned an empty key for {uri}')
+        return f'{self.key_prefix}/{key}' if self.key_prefix else key
+
+    async def put(self, data: bytes, ctx: MediaContext = NO_CONTEXT) -> str:
+        """Upload `data` unless an object of the same size is already at its key; return its URI.
+
+        The check makes repeated snapshots of one conversation cost a HEAD, not an upload. An
+        object of another size is overwritten, which repairs a truncated upload.
+        """
+        uri = media_uri_for(data)
+        key = self.key_for(uri, ctx)
+        attributes = _attributes(ctx)
+        try:
+            meta = await obstore.head_async(self._store, key)
+        except FileNotFoundError:
+            meta = None
+        except (ObstoreError, OSError) as exc:
+            self._fail('check whether it already holds', uri, exc)
+        if meta is not None and meta['size'] == len(data):
+            return uri
+        try:
+            await obstore.put_async(self._store, key, data, attributes=attributes)
+        except FileNotFoundError as exc:  # S3 answers NoSuchBucket to a PUT with 404
+            self._fail('store', uri, exc, missing_bucket=True)
+        except (ObstoreError, OSError) as exc:
+            self._fail('store', uri, exc)
+        return uri
+
+    async def get(self, uri: str, ctx: MediaContext = NO_CONTEXT) -> bytes:
+        """The bytes of `uri`, verified against its SHA-256 (`MediaIntegrityError` otherwise)."""
+        key = self.key_for(uri, ctx)
+        try:
+            result = await obstore.get_async(self._store, key)
+            data = bytes(await result.bytes_async())
+        except FileNotFoundError as exc:
+            self._not_found(uri, exc)
+        except (ObstoreError, OSError) as exc:
+            self._fail('read', uri, exc)
+        return verified(uri, data, self.location)
+
+    async def exists(self, uri: str, ctx: MediaContext = NO_CONTEXT) -> bool:
+        """Whether an object is stored at the key of `uri` (one HEAD request)."""
+        key = self.key_for(uri, ctx)
+        try:
+            await obstore.head_async(self._store, key)
+        except FileNotFoundError:
+            return False
+        except (ObstoreError, OSError) as exc:
+            self._fail('look up', uri, exc)
+        return True
+
+    async def public_url(self, uri: str, ctx: MediaContext = NO_CONTEXT) -> str | None:
+        """The resolver's URL for `uri`, or None without a `public_url=` resolver."""
+        key = self.key_for(uri, ctx)
+        return None if self._public_url is None else await self._public_url(uri, ctx, key)
+
+    async def get_metadata(self, uri: str, ctx: MediaContext = NO_CONTEXT) -> MediaContext:
+        """Content-Type, filename and user metadata of the stored object (no body is transferred)."""
+        key = self.key_for(uri, ctx)
+        try:
+            result = await obstore.get_async(self._store, key, options={'head': True})
+        except FileNotFoundError as exc:
+            self._not_found(uri, exc)
+        except (ObstoreError, OSError) as exc:
+            self._fail('read the metadata of', uri, exc)
+        return _context_from(dict(result.attributes))
+
+    def _not_found(self, uri: str, exc: BaseException) -> NoReturn:
+        # A GET names the missing bucket in its error body; a HEAD cannot tell the two apart.
+        if 'NoSuchBucket' in str(exc):
+            self._fail('read', uri, exc, missing_bucket=True)
+        raise MediaNotFound(uri, self.location) from exc
+
+    def _fail(self, action: str, uri: str, exc: BaseException, *, missing_bucket: bool = False) -> NoReturn:
+        if missing_bucket or 'NoSuchBucket' in str(exc):
+            what, advice = (
+                'the bucket does not exist',
+                'create it, or set STEPSTREAM_S3_BUCKET to an existing bucket',
+            )
+        elif isinstance(exc, PermissionDeniedError | UnauthenticatedError | PermissionError):
+            what, advice = (
+                'access was denied',
+                'check STEPSTREAM_S3_ACCESS_KEY_ID / STEPSTREAM_S3_SECRET_ACCESS_KEY and that they may '
+                'read and write this bucket',
+            )
+        elif isinstance(exc, OSError) or any(m in str(exc).lower() for m in _UNREACHABLE_MARKERS):
+            what, advice = (
+                'S3 could not be reached',
+                'check STEPSTREAM_S3_ENDPOINT and that the S3 service is running and reachable from here',
+            )
+        else:
+            what, advice = (
+                'S3 failed the request',
+                'check that STEPSTREAM_S3_ENDPOINT is an S3-compatible service, and its logs',
+            )
+        raise MediaUnavailable(
+            f'could not {action} media {uri} in {self.location}: {what} ({_first_line(exc)}). {advice}.'
+        ) from exc
+
+
+def _attributes(ctx: MediaContext) -> dict[str, str]:
+    attributes: dict[str, str] = {}
+    if ctx.media_type is not None:
+        attributes['Content-Type'] = ctx.media_type
+    if ctx.filename is not None:
+        attributes['Content-Disposition'] = _content_disposition(ctx.filename)
+    for name, value in ctx.metadata.items():
+        if not _META_KEY.fullmatch(name) or name in _RESERVED_KEYS:
+            raise ValueError(
+                f'metadata key {name!r} cannot be S3 object metadata: use lowercase letters, digits, '
+                f'".", "_" and "-" (S3 lowercases keys), and none of {sorted(_RESERVED_KEYS)}'
+            )
+        attributes[name] = _encode_value(value)
+    return attributes
+
+
+def _content_disposition(filename: str) -> str:
+    # Header values must be ASCII: other names go in RFC 6266's `filename*` form.
+    if _PLAIN_VALUE.fullmatch(filename) and '"' not in filename and '\\' not in filename:
+        return f'inline; filename="{filename}"'
+    return "inline; filename*=UTF-8''" + quote(filename, safe='')
+
+
+def _context_from(attributes: Mapping[str, str]) -> MediaContext:
+    filename = None
+    disposition = attributes.get('Content-Disposition')
+    if disposition is not None:
+        header = EmailMessage()
+        header['Content-Disposition'] = disposition
+        filename = header.get_filename()
+    metadata = {
+        name.lower(): _decode_value(value)
+        for name, value in attributes.items()
+        if name not in _STANDARD_ATTRIBUTES
+    }
+    return MediaContext(media_type=attributes.get('Content-Type'), filename=filename, metadata=metadata)
+
+
+def _encode_value(value: str) -> str:
+    if _PLAIN_VALUE.fullmatch(value) and not value.startswith('=?'):
+        return value
+    return '=?utf-8?b?' + base64.b64encode(value.encode()).decode('ascii') + '?='
+
+
+def _decode_value(value: str) -> str:
+    match = _ENCODED_WORD.fullmatch(value)
+    if match is None:
+        return value
+    try:
+        return base64.b64decode(match.group(1), validate=True).decode()
+    except (binascii.Error, UnicodeDecodeError):
+        return value
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    text = lines[0] if lines else type(exc).__name__
+    return text if len(text) <= 300 else text[:297] + '...'
