@@ -21,7 +21,14 @@ from pydantic_ai.models import ModelRequestContext
 from pydantic_ai.run import AgentRunResult
 from pydantic_ai.tools import AgentDepsT, RunContext, ToolDefinition
 
-from stepstream.producer._helpers import DeltaTracker, check_run_id, current_run, is_provider_valid
+from stepstream.media import externalize_media
+from stepstream.producer._helpers import (
+    DeltaTracker,
+    check_run_id,
+    current_run,
+    is_provider_valid,
+    message_json,
+)
 from stepstream.producer._log import Ack, EventLog
 from stepstream.schemas import EventKind, SnapshotDelta, SnapshotState, StepEvent, ToolEffectTransition
 from stepstream.settings import Settings
@@ -227,7 +234,14 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         state: SnapshotState,
     ) -> None:
         prefix_len, tail_json = self._deltas.delta(messages)
-        tail = '[' + ','.join(m.decode() for m in tail_json) + ']'
+        threshold = self.log.settings.media_threshold_bytes
+        # A payload at or above the threshold makes its message's JSON at least that long, so
+        # only such tails pay for the walk (and the upload, which finishes before the record goes).
+        if any(len(m) >= threshold for m in tail_json):
+            lean = await externalize_media(messages[prefix_len:], self.log.media_store, threshold)
+            tail = '[' + ','.join(message_json(m).decode() for m in lean) + ']'
+        else:
+            tail = '[' + ','.join(m.decode() for m in tail_json) + ']'
         snapshot_seq = self._snapshot_seq
         self._snapshot_seq += 1
         delta = SnapshotDelta(snapshot_seq=snapshot_seq, state=state, prefix_len=prefix_len, messages=tail)

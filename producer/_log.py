@@ -18,6 +18,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import RecordMetadata
 
 from stepstream.errors import RecordTooLarge, StepStreamError
+from stepstream.media import MediaStore, S3MediaStore
 from stepstream.schemas import LogRecord, StepEvent, encode, schema_of
 from stepstream.settings import Settings
 from stepstream.topics import Position, ensure_topics, unavailable
@@ -48,13 +49,21 @@ class EventLog:
         linger_ms: int = 5,
         enable_idempotence: bool = False,
         max_record_bytes: int = MAX_RECORD_BYTES,
+        media_store: MediaStore | None = None,
     ) -> None:
         """Configure the log; nothing connects until `start()` (or `async with`).
 
         `enable_idempotence` is off by default because Tansu has no idempotent producer;
-        turn it on against real Kafka.
+        turn it on against real Kafka. Payloads at or above `settings.media_threshold_bytes`
+        go to `media_store` (default: the S3 bucket of `settings`) before a snapshot is sent.
         """
+        if settings.media_threshold_bytes >= max_record_bytes:
+            raise ValueError(
+                f'media_threshold_bytes ({settings.media_threshold_bytes}) must stay below the record limit '
+                f'({max_record_bytes}): payloads under the threshold stay inline in records'
+            )
         self.settings = settings
+        self.media_store: MediaStore = media_store or S3MediaStore.from_settings(settings)
         self.create_topics = create_topics
         self.max_record_bytes = max_record_bytes
         self.linger_ms = linger_ms

@@ -15,13 +15,14 @@ from typing import Any
 
 from stepstream.errors import SchemaError
 from stepstream.producer._helpers import check_run_id
-from stepstream.projector._store import BatchTxn, key
+from stepstream.projector._store import SEP, BatchTxn, key
 from stepstream.schemas import (
     EVENT_KINDS,
     TOOL_EFFECT_STATUSES,
     LogRecord,
     StepEvent,
     ToolEffectTransition,
+    decode,
 )
 
 TERMINAL_KINDS = {'run_completed': 'completed', 'run_failed': 'failed'}
@@ -67,12 +68,63 @@ def validate(record: LogRecord, kafka_key: bytes | None) -> None:
         raise SchemaError(f'unknown tool effect status {record.status!r}')
 
 
-def apply_record(txn: BatchTxn, record: LogRecord, raw: bytes) -> bool:
-    """Apply one validated record; returns False for a duplicate (nothing changed)."""
+def apply_record(txn: BatchTxn, record: LogRecord, raw: bytes, *, max_snapshots: int | None = None) -> bool:
+    """Apply one validated record; returns False for a duplicate (nothing changed).
+
+    A run belongs to the writer of the first `run_started` in its step-events partition (log
+    order, so a rebuild agrees). Records that arrive before that registration (the other topic
+    can be ahead) are parked and applied when it comes; records of any other writer claiming
+    the same run_id are kept apart and the run is listed under conflicts.
+    """
     run_key = key(b'r', record.run_id)
     run: dict[str, Any] | None = txn.get_json(run_key)
-    if run is None:
-        run = _new_run(record)
+    owner = run['registration_id'] if run is not None else None
+    if owner is None:
+        if not (isinstance(record, StepEvent) and record.kind == 'run_started'):
+            txn.put(key(b'q', record.run_id, record.writer_id, record.seq), raw)
+            return True
+        run = run or _new_run(record)
+        run['registration_id'] = record.writer_id
+        applied = _apply_owned(txn, run, record, raw, max_snapshots)
+        _drain_parked(txn, run, max_snapshots)
+        txn.put_json(run_key, run)
+        return applied
+    assert run is not None
+    if record.writer_id != owner:
+        _keep_apart(txn, run, record.writer_id, record.seq, raw)
+        txn.put_json(run_key, run)
+        return True
+    applied = _apply_owned(txn, run, record, raw, max_snapshots)
+    txn.put_json(run_key, run)
+    return applied
+
+
+def _drain_parked(txn: BatchTxn, run: dict[str, Any], max_snapshots: int | None) -> None:
+    for k, raw in txn.scan(key(b'q', run['run_id']) + SEP):
+        txn.delete(k)
+        _, _, writer, seq = k.split(SEP)
+        if writer.decode() == run['registration_id']:
+            _apply_owned(txn, run, decode(raw), raw, max_snapshots)
+        else:
+            _keep_apart(txn, run, writer.decode(), int(seq), raw)
+
+
+def _keep_apart(txn: BatchTxn, run: dict[str, Any], writer_id: str, seq: int, raw: bytes) -> None:
+    record_key = key(b'w', run['run_id'], writer_id, seq)
+    if txn.get(record_key) is not None:
+        return
+    txn.put(record_key, raw)
+    conflict_key = key(b'k', run['run_id'], writer_id)
+    conflict = txn.get_json(conflict_key) or {'records': 0}
+    conflict['records'] += 1
+    txn.put_json(conflict_key, conflict)
+    if writer_id not in run['conflicting_writers']:
+        run['conflicting_writers'] = sorted([*run['conflicting_writers'], writer_id])
+
+
+def _apply_owned(
+    txn: BatchTxn, run: dict[str, Any], record: LogRecord, raw: bytes, max_snapshots: int | None
+) -> bool:
     if not _claim_seq(run, record.seq):
         return False
     run['event_count'] += 1
@@ -80,10 +132,9 @@ def apply_record(txn: BatchTxn, record: LogRecord, raw: bytes) -> bool:
     if run['started_at'] is None or ts < run['started_at']:
         _reindex_run(txn, run, ts)
     if isinstance(record, StepEvent):
-        _apply_event(txn, run, record, raw, ts)
+        _apply_event(txn, run, record, raw, ts, max_snapshots)
     else:
         _apply_effect(txn, record, ts)
-    txn.put_json(run_key, run)
     return True
 
 
@@ -104,6 +155,7 @@ def _new_run(record: LogRecord) -> dict[str, Any]:
         'event_count': 0,
         'last_seq': -1,
         'missing': [],
+        'conflicting_writers': [],
     }
 
 
@@ -138,11 +190,12 @@ def _reindex_run(txn: BatchTxn, run: dict[str, Any], ts: int) -> None:
         txn.put(k, b'')
 
 
-def _apply_event(txn: BatchTxn, run: dict[str, Any], event: StepEvent, raw: bytes, ts: int) -> None:
+def _apply_event(
+    txn: BatchTxn, run: dict[str, Any], event: StepEvent, raw: bytes, ts: int, max_snapshots: int | None
+) -> None:
     txn.put(key(b'e', event.run_id, event.seq), raw)
     if event.kind == 'run_started':
         run['metadata'] = dict(event.metadata)
-        run['registration_id'] = event.writer_id
         run['agent_name'] = event.agent_name
     elif event.kind in TERMINAL_KINDS and event.seq > run['terminal_seq']:
         run['terminal_seq'] = event.seq
@@ -159,8 +212,35 @@ def _apply_event(txn: BatchTxn, run: dict[str, Any], event: StepEvent, raw: byte
             'prefix_len': snap.prefix_len,
             'timestamp': ts,
             'idempotency_key': event.idempotency_key,
+            'retained': True,
         }
         txn.put_json(key(b's', event.run_id, snap.snapshot_seq), entry)
+        if max_snapshots is not None:
+            _retain(txn, run, snap.snapshot_seq, snap.state, max_snapshots)
+
+
+def _retain(txn: BatchTxn, run: dict[str, Any], snapshot_seq: int, state: str, keep: int) -> None:
+    """Keep the newest `keep` snapshots, the newest complete one and the newest overall.
+
+    Retention hides snapshots from the read side; their deltas stay, because later snapshots
+    are reconstructed through them (see docs/decisions/0006-snapshot-retention.md). The
+    candidates are tracked on the run, so this costs O(keep) per snapshot, not O(snapshots).
+    """
+    retained: list[int] = run.setdefault('retained_snapshots', [])
+    if snapshot_seq in retained:
+        return
+    retained.append(snapshot_seq)
+    retained.sort()
+    if state == 'complete' and snapshot_seq > run.get('newest_complete_snapshot', -1):
+        run['newest_complete_snapshot'] = snapshot_seq
+    keep_set = set(retained[-keep:]) | {retained[-1], run.get('newest_complete_snapshot', -1)}
+    for dropped in [s for s in retained if s not in keep_set]:
+        retained.remove(dropped)
+        entry_key = key(b's', run['run_id'], dropped)
+        entry = txn.get_json(entry_key)
+        if entry is not None:
+            entry['retained'] = False
+            txn.put_json(entry_key, entry)
 
 
 def _apply_effect(txn: BatchTxn, t: ToolEffectTransition, ts: int) -> None:

@@ -6,7 +6,9 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Iterable
+from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -16,7 +18,8 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
 from stepstream.errors import SchemaError, StepStreamError
-from stepstream.projector._apply import apply_record, validate
+from stepstream.media import MediaStore, S3MediaStore
+from stepstream.projector._apply import apply_record, micros, validate
 from stepstream.projector._reader import ProjectionReader
 from stepstream.projector._store import BatchTxn, key, open_db, scan
 from stepstream.schemas import decode
@@ -50,14 +53,28 @@ class Projector:
         create_topics: bool = True,
         max_batch_records: int = 5000,
         poll_timeout_ms: int = 100,
+        max_snapshots_per_run: int | None = None,
+        commit_group_offsets: bool = True,
+        media_store: MediaStore | None = None,
     ) -> None:
-        """Configure; nothing connects until `start()` (or `async with`)."""
+        """Configure; nothing connects until `start()` (or `async with`).
+
+        `max_snapshots_per_run` keeps the newest N snapshots of each run readable, plus the
+        newest complete and the newest overall. `commit_group_offsets=False` is for throwaway
+        consumers such as `rebuild`, which should not show up in lag tooling.
+        """
+        if max_snapshots_per_run is not None and max_snapshots_per_run < 1:
+            raise ValueError(f'max_snapshots_per_run must be at least 1, got {max_snapshots_per_run}')
         self.settings = settings
         self.db_path = Path(db_path if db_path is not None else settings.db_path)
         self.group_id = group_id or f'{settings.topic_prefix}.projector'
         self.create_topics = create_topics
         self.max_batch_records = max_batch_records
         self.poll_timeout_ms = poll_timeout_ms
+        self.max_snapshots_per_run = max_snapshots_per_run
+        self.commit_group_offsets = commit_group_offsets
+        self.media_store: MediaStore = media_store or S3MediaStore.from_settings(settings)
+        self._recent: deque[tuple[float, int]] = deque()
         self._db = open_db(self.db_path)
         self._consumer: AIOKafkaConsumer | None = None
         self._dlq: AIOKafkaProducer | None = None
@@ -145,7 +162,7 @@ class Projector:
 
     def reader(self) -> ProjectionReader:
         """A reader over this projector's RocksDB (same process, always current)."""
-        return ProjectionReader(self._db)
+        return ProjectionReader(self._db, media_store=self.media_store)
 
     @property
     def applied(self) -> Position:
@@ -175,13 +192,16 @@ class Projector:
                 except TimeoutError:
                     continue
 
-    async def catch_up(self, timeout: float = 60.0) -> Position:
-        """Wait until everything in the log when called is applied; returns that position."""
+    async def end_position(self) -> Position:
+        """The end of every log partition right now (what `catch_up` waits for)."""
         if self._consumer is None:
             raise StepStreamError('the projector is not started')
-        partitions = list(self._consumer.assignment())
-        ends = await self._consumer.end_offsets(partitions)
-        position = {tp: offset for tp, offset in ends.items() if offset > 0}
+        ends = await self._consumer.end_offsets(list(self._consumer.assignment()))
+        return {tp: offset for tp, offset in ends.items() if offset > 0}
+
+    async def catch_up(self, timeout: float = 60.0) -> Position:
+        """Wait until everything in the log when called is applied; returns that position."""
+        position = await self.end_position()
         await self.wait_for(position, timeout=timeout)
         return position
 
@@ -247,7 +267,7 @@ class Projector:
                     rejected.append((message, reason))
                     continue
                 assert message.value is not None
-                if apply_record(txn, record, message.value):
+                if apply_record(txn, record, message.value, max_snapshots=self.max_snapshots_per_run):
                     applied += 1
                 else:
                     duplicates += 1
@@ -258,7 +278,17 @@ class Projector:
             counters = txn.get_json(key(b'm', 'dlq')) or {'count': 0}
             counters['count'] += len(rejected)
             txn.put_json(key(b'm', 'dlq'), counters)
+        txn.put_json(key(b'm', 'progress'), self._progress_figures(applied + duplicates + len(rejected)))
         return txn, applied, duplicates, next_offsets
+
+    def _progress_figures(self, consumed: int) -> dict[str, float | int]:
+        """Records per second over the last ten seconds, for `stepstream status`."""
+        now = time.monotonic()
+        self._recent.append((now, consumed))
+        while self._recent and self._recent[0][0] < now - 10:
+            self._recent.popleft()
+        span = max(now - self._recent[0][0], 1.0)
+        return {'rate': round(sum(n for _, n in self._recent) / span, 1), 'at': micros(datetime.now(UTC))}
 
     async def _dead_letter(self, rejected: Iterable[tuple[ConsumerRecord[bytes, bytes], str]]) -> None:
         assert self._dlq is not None
@@ -280,6 +310,8 @@ class Projector:
 
     async def _commit_group_offsets(self, offsets: Position) -> None:
         assert self._consumer is not None
+        if not self.commit_group_offsets:
+            return
         try:
             await self._consumer.commit(offsets)
         except KafkaError as exc:  # lag tooling only; the stored offsets are what counts

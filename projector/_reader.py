@@ -15,6 +15,7 @@ from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
 from rocksdict import Rdict
 
 from stepstream.errors import StepStreamError
+from stepstream.media import NO_CONTEXT, MediaContext, MediaStore, restore_media
 from stepstream.projector._store import key, open_db, prefix_of, scan
 from stepstream.schemas import (
     ContinuableSnapshot,
@@ -26,6 +27,31 @@ from stepstream.schemas import (
 
 T = TypeVar('T')
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+class _NoMediaStore:
+    """Stands in when a reader has no media store: any reference fails saying what to do."""
+
+    def _missing(self, uri: str) -> StepStreamError:
+        return StepStreamError(
+            f'this snapshot refers to offloaded media ({uri}) but the reader has no media store: '
+            'open it with media_store=S3MediaStore.from_settings(settings)'
+        )
+
+    async def put(self, data: bytes, ctx: MediaContext = NO_CONTEXT) -> str:
+        raise StepStreamError('a reader never writes media')
+
+    async def get(self, uri: str, ctx: MediaContext = NO_CONTEXT) -> bytes:
+        raise self._missing(uri)
+
+    async def exists(self, uri: str, ctx: MediaContext = NO_CONTEXT) -> bool:
+        raise self._missing(uri)
+
+    async def public_url(self, uri: str, ctx: MediaContext = NO_CONTEXT) -> str | None:
+        raise self._missing(uri)
+
+    async def get_metadata(self, uri: str, ctx: MediaContext = NO_CONTEXT) -> MediaContext:
+        raise self._missing(uri)
 
 
 def _ts(micros: int | None) -> datetime | None:
@@ -40,20 +66,32 @@ class ProjectionReader:
     with the projector before every query.
     """
 
-    def __init__(self, db: Rdict, *, secondary: bool = False, owns_db: bool = False) -> None:
-        """Wrap an open projection database."""
+    def __init__(
+        self,
+        db: Rdict,
+        *,
+        secondary: bool = False,
+        owns_db: bool = False,
+        media_store: MediaStore | None = None,
+    ) -> None:
+        """Wrap an open projection database; `media_store` restores offloaded payloads."""
         self._db = db
+        self.media_store = media_store
         self._secondary = secondary
         self._owns_db = owns_db
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
 
     @classmethod
-    def open(cls, path: str | Path) -> ProjectionReader:
-        """Open a projection that a projector (maybe in another process) is writing."""
+    def open(cls, path: str | Path, *, media_store: MediaStore | None = None) -> ProjectionReader:
+        """Open a projection that a projector (maybe in another process) is writing.
+
+        Give `media_store` (e.g. `S3MediaStore.from_settings(settings)`) to read snapshots whose
+        large payloads were offloaded.
+        """
         if not (Path(path) / 'CURRENT').exists():
             raise StepStreamError(f'no projection at {path}: run a projector with --db-path {path} first')
         tmp = tempfile.TemporaryDirectory(prefix='stepstream-reader-')
-        reader = cls(open_db(path, secondary=tmp.name), secondary=True, owns_db=True)
+        reader = cls(open_db(path, secondary=tmp.name), secondary=True, owns_db=True, media_store=media_store)
         reader._tmp = tmp
         return reader
 
@@ -108,6 +146,16 @@ class ProjectionReader:
                     continue
                 runs.append(run)
             return runs
+
+        return await self._query(query)
+
+    async def list_conflicts(self) -> list[RunRecord]:
+        """Runs whose run_id was claimed by more than one writer, in the order they started."""
+
+        def query() -> list[RunRecord]:
+            run_ids = {k.split(b'\x00')[1].decode() for k, _ in scan(self._db, b'k\x00')}
+            runs = [r for r in (self._run(run_id) for run_id in run_ids) if r is not None]
+            return sorted(runs, key=lambda r: (r.started_at or _EPOCH, r.run_id))
 
         return await self._query(query)
 
@@ -167,6 +215,7 @@ class ProjectionReader:
             event_count=state['event_count'],
             last_seq=state['last_seq'],
             gaps=list(state['missing']),
+            conflicting_writers=list(state.get('conflicting_writers', [])),
         )
 
     # -- events ----------------------------------------------------------------------------------
@@ -198,7 +247,8 @@ class ProjectionReader:
                 return None
             return self._materialize(run_id, entries, [eligible[-1]['snapshot_seq']])[0]
 
-        return await self._query(query)
+        snapshot = await self._query(query)
+        return None if snapshot is None else await self._restore(snapshot)
 
     async def list_snapshots(
         self, run_id: str, include_interrupted: bool = False
@@ -207,21 +257,31 @@ class ProjectionReader:
 
         def query() -> list[ContinuableSnapshot]:
             entries = self._snapshot_entries(run_id)
-            wanted = [e['snapshot_seq'] for e in entries if include_interrupted or e['state'] == 'complete']
+            wanted = [
+                e['snapshot_seq']
+                for e in entries
+                if e.get('retained', True) and (include_interrupted or e['state'] == 'complete')
+            ]
             return self._materialize(run_id, entries, wanted)
 
-        return await self._query(query)
+        return [await self._restore(s) for s in await self._query(query)]
 
     async def get_snapshot(self, run_id: str, snapshot_seq: int) -> ContinuableSnapshot | None:
         """One snapshot by its `snapshot_seq`, of any state, or None."""
 
         def query() -> ContinuableSnapshot | None:
             entries = self._snapshot_entries(run_id)
-            if not any(e['snapshot_seq'] == snapshot_seq for e in entries):
+            if not any(e['snapshot_seq'] == snapshot_seq and e.get('retained', True) for e in entries):
                 return None
             return self._materialize(run_id, entries, [snapshot_seq])[0]
 
-        return await self._query(query)
+        snapshot = await self._query(query)
+        return None if snapshot is None else await self._restore(snapshot)
+
+    async def _restore(self, snapshot: ContinuableSnapshot) -> ContinuableSnapshot:
+        store: MediaStore = self.media_store or _NoMediaStore()
+        snapshot.messages = await restore_media(snapshot.messages, store)
+        return snapshot
 
     def _snapshot_entries(self, run_id: str) -> list[dict[str, Any]]:
         return [json.loads(v) for _, v in scan(self._db, prefix_of(b's', run_id))]
@@ -270,6 +330,27 @@ class ProjectionReader:
         return out
 
     # -- tool effects ------------------------------------------------------------------------------
+
+    async def status(self) -> ProjectionStatus:
+        """Where the projection stands: applied offsets, apply rate, DLQ and conflict counts."""
+
+        def query() -> ProjectionStatus:
+            offsets: dict[tuple[str, int], int] = {}
+            for k, v in scan(self._db, b'o\x00'):
+                _, topic, partition = k.split(b'\x00')
+                offsets[(topic.decode(), int(partition))] = int(v)
+            progress = json.loads(self._db.get(key(b'm', 'progress')) or b'{}')
+            dlq = json.loads(self._db.get(key(b'm', 'dlq')) or b'{}')
+            conflicts = {k.split(b'\x00')[1] for k, _ in scan(self._db, b'k\x00')}
+            return ProjectionStatus(
+                offsets=offsets,
+                applied_per_second=float(progress.get('rate', 0.0)),
+                updated_at=_ts(progress.get('at')),
+                dead_lettered=int(dlq.get('count', 0)),
+                conflicting_runs=len(conflicts),
+            )
+
+        return await self._query(query)
 
     async def get_tool_effect(self, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
         """The merged effect record of one tool call, or None."""
@@ -359,6 +440,18 @@ async def fork_run(
     if snapshot is None:
         raise LookupError(f'run_id {run_id!r} has no snapshot {snapshot_seq} in the projection')
     return snapshot.messages
+
+
+@dataclass(kw_only=True)
+class ProjectionStatus:
+    """What `stepstream status` shows besides the lag (which needs the broker)."""
+
+    offsets: dict[tuple[str, int], int]
+    """(topic, partition) -> the next offset the projection will apply."""
+    applied_per_second: float
+    updated_at: datetime | None
+    dead_lettered: int
+    conflicting_runs: int
 
 
 @dataclass(kw_only=True)

@@ -14,6 +14,9 @@ One column family, keys by prefix (`\x00` separates key parts; ids never contain
 | `a`    | started_at, run_id                    | every run, chronological              |
 | `c`    | conversation_id, started_at, run_id   | conversation -> runs                  |
 | `p`    | parent_run_id, started_at, run_id     | parent -> children                    |
+| `q`    | run_id, writer_id, seq                | record parked until its run registers |
+| `w`    | run_id, writer_id, seq                | record of a conflicting writer, apart |
+| `k`    | run_id, writer_id                     | conflicting writer (JSON: count)      |
 | `m`    | name                                  | counters (JSON)                       |
 
 Everything a batch changes, offsets included, goes to RocksDB in one `WriteBatch`, so a crash
@@ -109,6 +112,18 @@ class BatchTxn:
         value = json.loads(raw) if raw is not None else None
         self._json[k] = value
         return value
+
+    def scan(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
+        """Like `scan(db, prefix)`, with this batch's staged writes applied."""
+        found = dict(scan(self.db, prefix))
+        for k in self._writes:
+            if k.startswith(prefix):
+                value = self.get(k)
+                if value is None:
+                    found.pop(k, None)
+                else:
+                    found[k] = value
+        return sorted(found.items())
 
     def put_json(self, k: bytes, value: Any) -> None:
         """Stage a JSON value; it is serialized once, at commit."""

@@ -124,6 +124,8 @@ class RunRecord:
     last_seq: int = -1
     gaps: list[int] = field(default_factory=list)
     """Sequence numbers below `last_seq` that never arrived."""
+    conflicting_writers: list[str] = field(default_factory=list)
+    """Other writers that claimed this run_id; their records are kept apart."""
 
 
 @dataclass(kw_only=True, slots=True)

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer
 from pydantic_ai import Agent, RunContext
+from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from stepstream import RecordTooLarge, Settings, StepStreamUnavailable
 from stepstream.embedded import EmbeddedStack
@@ -101,10 +103,24 @@ async def test_annotation_survives_the_terminal_transition(event_log: EventLog, 
 
 
 async def test_record_above_the_limit_fails_before_sending(settings: Settings) -> None:
-    async with EventLog(settings, max_record_bytes=4096) as log:
-        agent = Agent(answers('x' * 10_000), capabilities=[StepPersistence(log=log, agent_name='big')])
+    # Tool-call arguments are not offloaded, so a huge one still makes the record too large.
+    def huge_call(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        return ModelResponse(parts=[ToolCallPart('store', {'blob': 'x' * 10_000}, tool_call_id='c')])
+
+    async with EventLog(settings.replace(media_threshold_bytes=1024), max_record_bytes=4096) as log:
+        agent = Agent(FunctionModel(huge_call), capabilities=[StepPersistence(log=log, agent_name='big')])
+
+        @agent.tool_plain
+        def store(blob: str) -> str:
+            return 'stored'
+
         with pytest.raises(RecordTooLarge, match='media store'):
             await agent.run('say a lot')
+
+
+def test_threshold_must_stay_below_the_record_limit(settings: Settings) -> None:
+    with pytest.raises(ValueError, match='below the record limit'):
+        EventLog(settings.replace(media_threshold_bytes=8192), max_record_bytes=4096)
 
 
 async def test_unreachable_broker_names_servers_and_timeout() -> None:

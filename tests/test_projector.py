@@ -19,15 +19,15 @@ from stepstream.topics import ensure_topics
 NOW = datetime(2026, 11, 30, tzinfo=UTC)
 
 
-def event(run_id: str, seq: int, kind: str = 'model_request_started') -> StepEvent:
-    return StepEvent(run_id=run_id, seq=seq, writer_id='w', timestamp=NOW, kind=kind)  # type: ignore[arg-type]
+def event(run_id: str, seq: int, kind: str = 'model_request_started', writer: str = 'w') -> StepEvent:
+    return StepEvent(run_id=run_id, seq=seq, writer_id=writer, timestamp=NOW, kind=kind)  # type: ignore[arg-type]
 
 
-def effect(run_id: str, seq: int, status: str) -> ToolEffectTransition:
+def effect(run_id: str, seq: int, status: str, writer: str = 'w') -> ToolEffectTransition:
     return ToolEffectTransition(
         run_id=run_id,
         seq=seq,
-        writer_id='w',
+        writer_id=writer,
         timestamp=NOW,
         tool_call_id='c1',
         tool_name='t',
@@ -119,3 +119,32 @@ async def test_topics_are_idempotent_and_must_be_co_partitioned(settings: Settin
         await admin.close()
     with pytest.raises(StepStreamError, match='co-partitioned'):
         await ensure_topics(skewed)
+
+
+async def test_two_writers_claiming_one_run_id_are_kept_apart(
+    settings: Settings, projector: Projector
+) -> None:
+    async with EventLog(settings) as log:
+        # The owner's tool effect reaches the other topic before its registration is applied.
+        await log.append(effect('shared', 1, 'started', writer='first'))
+        await log.flush()
+        await projector.wait_for(await log.flush())
+        assert await projector.reader().get_run('shared') is None  # parked, not lost
+        for record in [
+            event('shared', 0, 'run_started', writer='first'),
+            event('shared', 0, 'run_started', writer='second'),
+            effect('shared', 1, 'completed', writer='second'),
+            event('shared', 2, 'run_completed', writer='first'),
+        ]:
+            await log.append(record)
+        await projector.wait_for(await log.flush())
+    reader = projector.reader()
+    run = await reader.get_run('shared')
+    assert run is not None
+    assert run.registration_id == 'first' and run.conflicting_writers == ['second']
+    assert (run.event_count, run.gaps, run.status) == (3, [], 'completed')
+    effect_record = await reader.get_tool_effect('shared', 'c1')
+    assert (
+        effect_record is not None and effect_record.status == 'started'
+    )  # the intruder's 'completed' is apart
+    assert [r.run_id for r in await reader.list_conflicts()] == ['shared']

@@ -1,0 +1,161 @@
+"""Media offload through real agent runs: S3 (SeaweedFS) holds the bytes, Kafka the references."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import obstore
+import pytest
+from aiokafka import AIOKafkaConsumer
+from pydantic_ai import Agent, BinaryContent
+from pydantic_ai.messages import ModelMessagesTypeAdapter, ToolReturnPart
+
+from stepstream import MediaUnavailable, Settings
+from stepstream.embedded import EmbeddedStack
+from stepstream.media import S3MediaStore
+from stepstream.producer import EventLog, StepPersistence
+from stepstream.projector import ProjectionReader, Projector, continue_run
+
+from agents import calls_then_answers
+
+IMAGE = os.urandom(5 * 1024 * 1024)
+TOOL_OUTPUT = 'row,' * 50_000  # 200 KB
+
+
+def isolated_store(settings: Settings) -> tuple[S3MediaStore, str]:
+    prefix = f'test-{uuid.uuid4().hex[:8]}/'
+    return S3MediaStore.from_settings(settings, key_prefix=prefix), prefix
+
+
+async def raw_sizes(settings: Settings) -> list[int]:
+    consumer = AIOKafkaConsumer(
+        settings.step_events_topic,
+        settings.tool_effects_topic,
+        bootstrap_servers=settings.bootstrap_servers,
+        auto_offset_reset='earliest',
+        enable_auto_commit=False,
+    )
+    await consumer.start()
+    try:
+        sizes: list[int] = []
+        while True:
+            batches = await consumer.getmany(timeout_ms=1500)
+            if not batches:
+                return sizes
+            sizes.extend(len(m.value or b'') for batch in batches.values() for m in batch)
+    finally:
+        await consumer.stop()
+
+
+def count_objects(settings: Settings, prefix: str) -> int:
+    store, _ = isolated_store(settings)
+    raw = store._store  # the obstore handle, to look at the bucket directly
+    return sum(len(chunk) for chunk in obstore.list(raw, prefix=prefix))
+
+
+async def test_image_and_big_tool_output_round_trip_with_small_records(
+    settings: Settings, db_path: Path
+) -> None:
+    store, _prefix = isolated_store(settings)
+    async with (
+        EventLog(settings, media_store=store) as log,
+        Projector(settings, db_path=db_path, media_store=store) as projector,
+    ):
+        agent = Agent(
+            calls_then_answers('export'), capabilities=[StepPersistence(log=log, agent_name='media')]
+        )
+
+        @agent.tool_plain
+        def export() -> str:
+            return TOOL_OUTPUT
+
+        prompt = ['what is in this picture?', BinaryContent(IMAGE, media_type='image/png')]
+        result = await agent.run(prompt, conversation_id='conv-media')
+        await projector.wait_for(await log.flush())
+        [run] = await projector.reader().list_runs(conversation_id='conv-media')
+        history = await continue_run(projector.reader(), run_id=run.run_id)
+        # Equal to what Pydantic AI's own JSON round trip of the run gives (BinaryContent of an
+        # image comes back as its BinaryImage subclass either way).
+        expected = ModelMessagesTypeAdapter.validate_json(
+            ModelMessagesTypeAdapter.dump_json(result.all_messages())
+        )
+        assert history == expected
+        assert any(
+            isinstance(p, ToolReturnPart) and p.content == TOOL_OUTPUT for m in history for p in m.parts
+        )
+        follow_up = await agent.run('and now?', message_history=history, conversation_id='conv-media')
+        assert follow_up.all_messages()[: len(history)] == history
+    sizes = await raw_sizes(settings)
+    assert sizes and max(sizes) < 64 * 1024
+
+
+async def test_same_image_in_many_messages_and_runs_is_stored_once(settings: Settings, db_path: Path) -> None:
+    store, prefix = isolated_store(settings)
+    async with (
+        EventLog(settings, media_store=store) as log,
+        Projector(settings, db_path=db_path) as projector,
+    ):
+        for run, calls in enumerate([4, 4, 2]):  # ten tool-return messages carrying the same image
+            agent = Agent(
+                calls_then_answers('camera', calls=calls),
+                capabilities=[StepPersistence(log=log, run_id=f'img-{run}')],
+            )
+
+            @agent.tool_plain
+            def camera() -> BinaryContent:
+                return BinaryContent(IMAGE, media_type='image/png')
+
+            await agent.run('take pictures')
+        await projector.wait_for(await log.flush())
+    reader = ProjectionReader.open(db_path, media_store=store)
+    try:
+        snapshots = [await reader.latest_snapshot(f'img-{run}') for run in range(3)]
+    finally:
+        reader.close()
+    images = [
+        p
+        for snap in snapshots
+        for m in (snap.messages if snap else [])
+        for p in m.parts
+        if isinstance(p, ToolReturnPart)
+    ]
+    assert len(images) == 10
+    assert count_objects(settings, prefix) == 1
+
+
+async def test_s3_down_at_a_snapshot_fails_the_run_without_dangling_records(tmp_path: Path) -> None:
+    async with EmbeddedStack(tmp_path / 'stack', partitions=1) as stack:
+        settings = stack.settings
+        async with EventLog(settings) as log, Projector(settings) as projector:
+            agent = Agent(
+                calls_then_answers('export'), capabilities=[StepPersistence(log=log, run_id='s3-down')]
+            )
+
+            @agent.tool_plain
+            def export() -> str:
+                return TOOL_OUTPUT
+
+            await asyncio_to_thread(stack.stop_s3)
+            with pytest.raises(MediaUnavailable) as failure:
+                await agent.run('export everything')
+            assert settings.s3_endpoint is not None and settings.s3_endpoint in str(failure.value)
+            assert settings.s3_bucket in str(failure.value)
+            await projector.wait_for(await log.flush())
+            reader = projector.reader()
+            run = await reader.get_run('s3-down')
+            assert run is not None and run.status == 'failed'
+            # The tool cycle's snapshot (holding the big output) was never sent. The failure
+            # snapshot holds only the open call, so nothing in the log points at a missing object.
+            snapshots = [e.snapshot for e in await reader.list_events('s3-down') if e.snapshot is not None]
+            assert [s.state for s in snapshots] == ['interrupted']
+            assert (
+                'stepstream:media' not in snapshots[0].messages and TOOL_OUTPUT not in snapshots[0].messages
+            )
+
+
+async def asyncio_to_thread(fn: object) -> None:
+    import asyncio
+
+    await asyncio.to_thread(fn)  # type: ignore[arg-type]
