@@ -3,10 +3,25 @@
 from stepstream.projector._projector import Projector
 from stepstream.projector._reader import (
     ProjectionReader,
+    ProjectionStatus,
     RecoveryReport,
     continue_run,
     fork_run,
     inspect_recovery,
 )
+from stepstream.projector._rebuild import progress_bar, rebuild
+from stepstream.projector._verify import Difference, verify_paths
 
-__all__ = ['ProjectionReader', 'Projector', 'RecoveryReport', 'continue_run', 'fork_run', 'inspect_recovery']
+__all__ = [
+    'Difference',
+    'ProjectionReader',
+    'ProjectionStatus',
+    'Projector',
+    'RecoveryReport',
+    'continue_run',
+    'fork_run',
+    'inspect_recovery',
+    'progress_bar',
+    'rebuild',
+    'verify_paths',
+]

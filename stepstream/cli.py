@@ -55,6 +55,19 @@ def _parser() -> argparse.ArgumentParser:
 
     projector = command('projector', _projector, 'Run the projector service until SIGTERM or Ctrl-C.')
     projector.add_argument('--max-batch-records', type=int, default=5000)
+    projector.add_argument('--max-snapshots-per-run', type=int, default=None)
+
+    rebuild = command(
+        'rebuild', _rebuild, 'Replay both topics from offset zero into a new projection directory.'
+    )
+    rebuild.add_argument('--into', required=True, help='an empty or missing directory')
+    rebuild.add_argument('--max-snapshots-per-run', type=int, default=None)
+
+    verify = command('verify', _verify, 'Compare two projections; print the first difference.')
+    verify.add_argument('left')
+    verify.add_argument('right')
+
+    status = command('status', _status, 'Per-partition lag, records applied per second, DLQ count.')
 
     topics = command('topics', _topics, 'Create the topics (idempotent) and check they are co-partitioned.')
     topics.add_argument('action', choices=['ensure'])
@@ -74,8 +87,9 @@ def _parser() -> argparse.ArgumentParser:
     snapshot.add_argument('--include-interrupted', action='store_true')
     unresolved = command('unresolved', _unresolved, 'List tool effects in unknown_after_crash.')
     unresolved.add_argument('run_id', nargs='?')
+    conflicts = command('conflicts', _conflicts, 'List run ids claimed by more than one writer.')
 
-    for p in (runs, tree, events, snapshot, unresolved):
+    for p in (runs, tree, events, snapshot, unresolved, conflicts, status):
         p.add_argument('--json', action='store_true', help='machine-readable output')
 
     delegate = command('_demo-delegate', _demo_delegate, 'internal: the demo child process', hidden=True)
@@ -105,10 +119,73 @@ async def _projector(args: argparse.Namespace, settings: Settings) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    async with Projector(settings, max_batch_records=args.max_batch_records) as projector:
+    projector_settings = {
+        'max_batch_records': args.max_batch_records,
+        'max_snapshots_per_run': args.max_snapshots_per_run,
+    }
+    async with Projector(settings, **projector_settings) as projector:
         print(f'projector: {settings.bootstrap_servers} -> {projector.db_path}', flush=True)
         await stop.wait()
         print(f'projector: stopping after {projector.records_applied} records', flush=True)
+    return 0
+
+
+async def _rebuild(args: argparse.Namespace, settings: Settings) -> int:
+    from stepstream.projector import progress_bar, rebuild
+
+    end = await rebuild(
+        settings, args.into, max_snapshots_per_run=args.max_snapshots_per_run, on_progress=progress_bar()
+    )
+    print(f'rebuilt {sum(end.values())} records into {args.into}')
+    return 0
+
+
+async def _verify(args: argparse.Namespace, settings: Settings) -> int:
+    from stepstream.projector import verify_paths
+
+    equal, difference = await asyncio.to_thread(verify_paths, args.left, args.right)
+    if difference is not None:
+        print(f'projections differ after {equal} equal items; {difference}')
+        return 1
+    print(f'projections are identical ({equal} items)')
+    return 0
+
+
+async def _status(args: argparse.Namespace, settings: Settings) -> int:
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka.structs import TopicPartition
+
+    from stepstream.render import table, to_json
+    from stepstream.topics import ensure_topics
+
+    async with _reader(settings) as reader:
+        status = await reader.status()
+    layout = await ensure_topics(settings, create=False)
+    partitions = [
+        TopicPartition(t, p)
+        for t in (settings.step_events_topic, settings.tool_effects_topic)
+        for p in range(layout.partitions)
+    ]
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        ends = await consumer.end_offsets(partitions)
+    finally:
+        await consumer.stop()
+    rows = []
+    for tp in partitions:
+        applied = status.offsets.get((tp.topic, tp.partition), 0)
+        rows.append((tp.topic, tp.partition, applied, ends[tp], max(ends[tp] - applied, 0)))
+    if args.json:
+        keys = ('topic', 'partition', 'applied', 'end', 'lag')
+        print(to_json({'partitions': [dict(zip(keys, r, strict=True)) for r in rows], 'status': status}))
+        return 0
+    print(table(['topic', 'partition', 'applied', 'end', 'lag'], rows))
+    print(f'\ntotal lag: {sum(r[4] for r in rows)} records')
+    print(f'applied: {status.applied_per_second:g} records/s (as of {status.updated_at or "never"})')
+    print(
+        f'dead-lettered: {status.dead_lettered}    runs with conflicting writers: {status.conflicting_runs}'
+    )
     return 0
 
 
@@ -125,9 +202,10 @@ async def _topics(args: argparse.Namespace, settings: Settings) -> int:
 
 @contextlib.asynccontextmanager
 async def _reader(settings: Settings) -> Any:
+    from stepstream.media import S3MediaStore
     from stepstream.projector import ProjectionReader
 
-    reader = ProjectionReader.open(settings.db_path)
+    reader = ProjectionReader.open(settings.db_path, media_store=S3MediaStore.from_settings(settings))
     try:
         yield reader
     finally:
@@ -194,6 +272,23 @@ async def _unresolved(args: argparse.Namespace, settings: Settings) -> int:
     async with _reader(settings) as reader:
         effects = await reader.list_unresolved_tool_effects(args.run_id)
     print(to_json(effects) if args.json else effects_table(effects))
+    return 0
+
+
+async def _conflicts(args: argparse.Namespace, settings: Settings) -> int:
+    from stepstream.render import table, to_json
+
+    async with _reader(settings) as reader:
+        runs = await reader.list_conflicts()
+    if args.json:
+        print(to_json(runs))
+    else:
+        print(
+            table(
+                ['run_id', 'registered_by', 'conflicting_writers'],
+                [(r.run_id, r.registration_id, ', '.join(r.conflicting_writers)) for r in runs],
+            )
+        )
     return 0
 
 

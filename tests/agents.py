@@ -52,3 +52,16 @@ def answers(text: str = 'ok') -> FunctionModel:
         return ModelResponse(parts=[TextPart(text)])
 
     return FunctionModel(model)
+
+
+def turns_then_answers(tool_name: str, calls: int) -> FunctionModel:
+    """Like `calls_then_answers`, but counts its own turns: for histories a processor rewrites."""
+    turns = iter(range(1_000_000))
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        turn = next(turns)
+        if turn < calls:
+            return ModelResponse(parts=[ToolCallPart(tool_name, {}, tool_call_id=f'call-{turn}')])
+        return ModelResponse(parts=[TextPart(f'answered after {turn} tool calls')])
+
+    return FunctionModel(model)

@@ -34,7 +34,7 @@ from stepstream.producer import (
 from stepstream.projector import ProjectionReader, Projector, continue_run
 from stepstream.schemas import encode
 
-from agents import answers, calls_then_answers, tool_returns
+from agents import answers, calls_then_answers, tool_returns, turns_then_answers
 
 
 async def settle(log: EventLog, projector: Projector) -> ProjectionReader:
@@ -256,16 +256,8 @@ async def test_rewritten_history_reconstructs_exactly(event_log: EventLog, proje
         first = ModelRequest(parts=[UserPromptPart(f'(summary of {len(messages) - 2} messages)')])
         return [first, *messages[-2:]]
 
-    turns = iter(range(100))
-
-    def counting(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-        turn = next(turns)  # the processor hides old returns, so count turns here instead
-        if turn < 5:
-            return ModelResponse(parts=[ToolCallPart('work', {}, tool_call_id=f'call-{turn}')])
-        return ModelResponse(parts=[TextPart('done')])
-
     agent = Agent(
-        FunctionModel(counting),
+        turns_then_answers('work', 5),  # the processor hides old returns, so the model counts turns
         capabilities=[ProcessHistory(keep_recent), StepPersistence(log=event_log, run_id='rewrite')],
     )
 

@@ -1,0 +1,117 @@
+"""The projector SIGKILLed at random moments, many times, converges to a clean rebuild."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import sys
+from pathlib import Path
+
+from pydantic_ai import Agent
+from pydantic_ai.capabilities import ProcessHistory
+from pydantic_ai.messages import ModelMessage, ModelRequest, UserPromptPart
+
+from stepstream import Settings
+from stepstream.producer import EventLog, StepPersistence
+from stepstream.projector import ProjectionReader, rebuild, verify_paths
+
+from agents import turns_then_answers
+
+KILLS = 20
+
+
+def compacting(messages: list[ModelMessage]) -> list[ModelMessage]:
+    """Rewrites history once it grows, so some snapshots share less than the one before."""
+    if len(messages) <= 4:
+        return messages
+    return [ModelRequest(parts=[UserPromptPart('(compacted)')]), *messages[-2:]]
+
+
+async def produce(log: EventLog, runs: int) -> None:
+    rng = random.Random(7)
+    for i in range(runs):
+        calls = rng.randint(1, 4)
+        capabilities: list[object] = [StepPersistence(log=log, run_id=f'run-{i:04d}')]
+        if i % 3 == 0:
+            capabilities.insert(0, ProcessHistory(compacting))
+        agent = Agent(turns_then_answers('work', calls), capabilities=capabilities)  # type: ignore[arg-type]
+
+        @agent.tool_plain
+        def work() -> str:
+            return 'w' * rng.randint(10, 400)
+
+        await agent.run(f'task {i}', conversation_id=f'conv-{i % 17}')
+        await asyncio.sleep(0.1)  # spread the writes over the whole kill window
+    await log.flush()
+
+
+async def start_projector(settings: Settings, db_path: Path) -> asyncio.subprocess.Process:
+    env = {**os.environ, **settings.replace(db_path=str(db_path)).to_env()}
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        '-m',
+        'stepstream.cli',
+        'projector',
+        '--max-batch-records',
+        '200',
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+    )
+
+
+async def test_sigkilled_projector_equals_clean_rebuild(settings: Settings, tmp_path: Path) -> None:
+    db_path = tmp_path / 'incremental'
+    rng = random.Random(11)
+    async with EventLog(settings) as log:
+        producer = asyncio.create_task(produce(log, runs=300))
+        kills = 0
+        while kills < KILLS or not producer.done():
+            child = await start_projector(settings, db_path)
+            await asyncio.sleep(rng.uniform(0.8, 2.5))  # the child needs ~1 s to import and start
+            child.send_signal(signal.SIGKILL)
+            await child.wait()
+            kills += 1
+        await producer
+        written = log.position
+
+    # One last, uninterrupted run to the end of the log, then a graceful stop.
+    child = await start_projector(settings, db_path)
+    assert child.stdout is not None
+    assert b'projector:' in await asyncio.wait_for(child.stdout.readline(), 60)  # signal handlers are set
+    try:
+        reader = ProjectionReader.open(db_path)
+        try:
+            for _ in range(1200):
+                applied = (await reader.status()).offsets
+                if all(applied.get((tp.topic, tp.partition), 0) >= end for tp, end in written.items()):
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                raise AssertionError(f'the projector never caught up: {applied} vs {written}')
+        finally:
+            reader.close()
+    finally:
+        child.send_signal(signal.SIGTERM)
+        assert await child.wait() == 0
+
+    await rebuild(settings, tmp_path / 'clean')
+    equal, difference = verify_paths(db_path, tmp_path / 'clean')
+    assert difference is None, str(difference)
+
+    records_written = sum(written.values())
+    reader = ProjectionReader.open(db_path)
+    try:
+        runs = await reader.list_runs()
+        assert len(runs) == 300
+        # Every record applied exactly once: per-run counts add up to what the log holds.
+        assert sum(r.event_count for r in runs) == records_written
+        assert all(r.status == 'completed' and r.gaps == [] and r.event_count == r.last_seq + 1 for r in runs)
+        assert await reader.list_unresolved_tool_effects() == []
+        status = await reader.status()
+        assert status.dead_lettered == 0
+        assert len(await reader.list_runs(conversation_id='conv-3')) == len(range(3, 300, 17))
+    finally:
+        reader.close()
+    assert equal > records_written
