@@ -16,6 +16,7 @@ from typing import ClassVar, Self
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 from aiokafka.structs import RecordMetadata
+from opentelemetry import trace
 
 from stepstream.errors import RecordTooLarge, StepStreamError
 from stepstream.media import MediaStore, S3MediaStore
@@ -167,6 +168,10 @@ class EventLog:
             ('stepstream-kind', kind.encode()),
             ('stepstream-schema', schema_of(record).fingerprint_hex.encode()),
         ]
+        span = trace.get_current_span().get_span_context()
+        if span.is_valid:  # W3C trace context, so a consumer can join the agent's trace
+            traceparent = f'00-{span.trace_id:032x}-{span.span_id:016x}-{int(span.trace_flags):02x}'
+            headers.append(('traceparent', traceparent.encode()))
         try:
             ack: Ack = await asyncio.wait_for(
                 self._producer.send(topic, value, key=record.run_id.encode(), headers=headers),

@@ -31,7 +31,7 @@ from stepstream.producer import (
     annotate_tool_effect,
     is_provider_valid,
 )
-from stepstream.projector import ProjectionReader, Projector, continue_run
+from stepstream.projector import ProjectionReader, Projector, continue_run, inspect_recovery
 from stepstream.schemas import encode
 
 from agents import answers, calls_then_answers, tool_returns, turns_then_answers
@@ -318,6 +318,15 @@ async def test_failed_tool_leaves_an_interrupted_snapshot(event_log: EventLog, p
     assert complete != interrupted.messages
     assert is_provider_valid(complete) and [p.tool_name for p in tool_returns(complete)] == ['warm_up']
     assert await continue_run(reader, run_id='boom', include_interrupted=True) == interrupted.messages
+
+    report = await inspect_recovery(reader, run_id='boom')
+    assert report.run is not None and report.run.status == 'failed'
+    assert report.latest_snapshot is not None and report.latest_snapshot.state == 'interrupted'
+    assert (
+        report.latest_complete_snapshot is not None and report.latest_complete_snapshot.messages == complete
+    )
+    assert report.unresolved == []
+    assert sorted(report.completed_tools) == ['fast', 'warm_up'] and report.failed_tools == ['explode']
 
 
 async def test_model_failure_is_recorded(event_log: EventLog, projector: Projector) -> None:

@@ -75,6 +75,12 @@ async def test_views_tables_and_json(
     assert code == 0 and 'complete' in out and 'ToolReturnPart' in out
     code, out, _ = await cli(settings, db_path, 'unresolved', '--json')
     assert code == 0 and json.loads(out) == []
+    code, out, _ = await cli(settings, db_path, 'topics', 'ensure')
+    assert (
+        code == 0
+        and f'{settings.step_events_topic}, {settings.tool_effects_topic}' in out
+        and '3 partitions' in out
+    )
     code, out, _ = await cli(settings, db_path, 'status')
     assert code == 0 and 'total lag: 0 records' in out and 'dead-lettered: 0' in out
 

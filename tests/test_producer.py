@@ -151,3 +151,25 @@ async def test_broker_down_at_a_durability_point_fails_the_run_before_the_tool(t
                 await agent.run('now the broker is gone')
             assert stack.settings.bootstrap_servers in str(failure.value)
             assert not body_ran.is_set()
+
+
+async def test_records_carry_the_active_trace(settings: Settings, event_log: EventLog) -> None:
+    from opentelemetry import trace
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+    span = SpanContext(trace_id=0xABC, span_id=0x42, is_remote=False, trace_flags=TraceFlags(1))
+    agent = Agent(answers(), capabilities=[StepPersistence(log=event_log, run_id='traced')])
+    with trace.use_span(NonRecordingSpan(span)):
+        await agent.run('hi')
+    await event_log.flush()
+    consumer = AIOKafkaConsumer(
+        settings.step_events_topic, bootstrap_servers=settings.bootstrap_servers, auto_offset_reset='earliest'
+    )
+    await consumer.start()
+    try:
+        batches = await consumer.getmany(timeout_ms=3000)
+    finally:
+        await consumer.stop()
+    headers = [dict(m.headers) for batch in batches.values() for m in batch]
+    assert headers and all(h['traceparent'] == f'00-{0xABC:032x}-{0x42:016x}-01'.encode() for h in headers)
+    assert {h['stepstream-kind'] for h in headers} >= {b'run_started', b'run_completed'}

@@ -148,3 +148,11 @@ async def test_two_writers_claiming_one_run_id_are_kept_apart(
         effect_record is not None and effect_record.status == 'started'
     )  # the intruder's 'completed' is apart
     assert [r.run_id for r in await reader.list_conflicts()] == ['shared']
+
+
+async def test_wait_for_times_out_naming_the_partitions_behind(
+    settings: Settings, projector: Projector
+) -> None:
+    behind = {TopicPartition(settings.step_events_topic, 1): 10**9}
+    with pytest.raises(TimeoutError, match=rf'{settings.step_events_topic}\[1\]'):
+        await projector.wait_for(behind, timeout=0.3)
