@@ -22,7 +22,7 @@ from stepstream.errors import RecordTooLarge, StepStreamError
 from stepstream.media import MediaStore, S3MediaStore
 from stepstream.schemas import LogRecord, StepEvent, encode, schema_of
 from stepstream.settings import Settings
-from stepstream.topics import Position, ensure_topics, unavailable
+from stepstream.topics import Position, ensure_topics, murmur2_partition, unavailable
 
 Ack = asyncio.Future[RecordMetadata]
 """Resolves when the broker acknowledged one record (acks=all)."""
@@ -47,7 +47,7 @@ class EventLog:
         settings: Settings,
         *,
         create_topics: bool = True,
-        linger_ms: int = 5,
+        linger_ms: int = 0,
         enable_idempotence: bool = False,
         max_record_bytes: int = MAX_RECORD_BYTES,
         media_store: MediaStore | None = None,
@@ -74,6 +74,8 @@ class EventLog:
         self._pending: set[Ack] = set()
         self._started = False
         self._start_lock = asyncio.Lock()
+        self._partition_count = 0
+        self._partitions: dict[bytes, int] = {}
 
     _shared: ClassVar[dict[tuple[str, str], EventLog]] = {}
 
@@ -104,8 +106,8 @@ class EventLog:
                 await self._start()
 
     async def _start(self) -> None:
-        if self.create_topics:
-            await ensure_topics(self.settings)
+        layout = await ensure_topics(self.settings, create=self.create_topics)
+        self._partition_count = layout.partitions
         # aiokafka binds a producer to the running loop, so it is made here, not in __init__.
         producer = AIOKafkaProducer(
             bootstrap_servers=self.settings.bootstrap_servers,
@@ -172,16 +174,30 @@ class EventLog:
         if span.is_valid:  # W3C trace context, so a consumer can join the agent's trace
             traceparent = f'00-{span.trace_id:032x}-{span.span_id:016x}-{int(span.trace_flags):02x}'
             headers.append(('traceparent', traceparent.encode()))
+        key = record.run_id.encode()
         try:
-            ack: Ack = await asyncio.wait_for(
-                self._producer.send(topic, value, key=record.run_id.encode(), headers=headers),
-                self.settings.ack_timeout_s,
-            )
+            # asyncio.timeout, not wait_for: no extra task per record on the hot path.
+            async with asyncio.timeout(self.settings.ack_timeout_s):
+                ack: Ack = await self._producer.send(
+                    topic, value, key=key, headers=headers, partition=self._partition_of(key)
+                )
         except (KafkaError, TimeoutError) as exc:
             raise unavailable(self.settings, 'did not accept a record', exc) from exc
         self._pending.add(ack)
         ack.add_done_callback(self._on_ack)
         return ack
+
+    def _partition_of(self, key: bytes) -> int:
+        """The run's partition, the same number on both topics (Kafka's default murmur2 hash).
+
+        Computed once per run instead of by aiokafka's pure-Python partitioner on every record.
+        """
+        partition = self._partitions.get(key)
+        if partition is None:
+            if len(self._partitions) > 100_000:
+                self._partitions.clear()
+            partition = self._partitions[key] = murmur2_partition(key, self._partition_count)
+        return partition
 
     def _on_ack(self, ack: Ack) -> None:
         self._pending.discard(ack)

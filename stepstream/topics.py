@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+from aiokafka.partitioner import murmur2
 from aiokafka.structs import TopicPartition
 
 from stepstream.errors import StepStreamError, StepStreamUnavailable
@@ -97,6 +98,11 @@ async def _partition_counts(admin: AIOKafkaAdminClient, topics: list[str]) -> di
         if entry.get('error_code', 0) == 0:
             counts[entry['topic']] = len(entry.get('partitions', []))
     return counts
+
+
+def murmur2_partition(key: bytes, partitions: int) -> int:
+    """The partition Kafka's default partitioner picks for `key` (murmur2, positive, modulo)."""
+    return (murmur2(key) & 0x7FFFFFFF) % partitions
 
 
 def unavailable(settings: Settings, what: str, exc: BaseException | None = None) -> StepStreamUnavailable:
