@@ -19,7 +19,7 @@ from stepstream.media._types import (
     MediaNotFound,
     PublicUrlResolver,
     default_key_strategy,
-    media_uri_for,
+    media_uri_off_loop,
     parse_media_uri,
     verified,
 )
@@ -88,7 +88,7 @@ class DiskMediaStore:
 
     async def put(self, data: bytes, ctx: MediaContext = NO_CONTEXT) -> str:
         """Write `data` unless a file of the same size is already at its key; return its URI."""
-        uri = media_uri_for(data)
+        uri = await media_uri_off_loop(data)
         path = self.path_for(uri, ctx)
         await self._io('store', uri, _write_payload, path, data, ctx)
         return uri
@@ -100,7 +100,7 @@ class DiskMediaStore:
             data = await self._io('read', uri, path.read_bytes)
         except FileNotFoundError as exc:
             raise MediaNotFound(uri, self.location) from exc
-        return verified(uri, data, self.location)
+        return await verified(uri, data, self.location)
 
     async def exists(self, uri: str, ctx: MediaContext = NO_CONTEXT) -> bool:
         """Whether the file of `uri` exists."""

@@ -29,7 +29,7 @@ from stepstream.media._types import (
     MediaNotFound,
     PublicUrlResolver,
     default_key_strategy,
-    media_uri_for,
+    media_uri_off_loop,
     parse_media_uri,
     verified,
 )
@@ -178,7 +178,7 @@ class S3MediaStore:
         The check makes repeated snapshots of one conversation cost a HEAD, not an upload. An
         object of another size is overwritten, which repairs a truncated upload.
         """
-        uri = media_uri_for(data)
+        uri = await media_uri_off_loop(data)
         key = self.key_for(uri, ctx)
         attributes = _attributes(ctx)
         try:
@@ -207,7 +207,7 @@ class S3MediaStore:
             self._not_found(uri, exc)
         except (ObstoreError, OSError) as exc:
             self._fail('read', uri, exc)
-        return verified(uri, data, self.location)
+        return await verified(uri, data, self.location)
 
     async def exists(self, uri: str, ctx: MediaContext = NO_CONTEXT) -> bool:
         """Whether an object is stored at the key of `uri` (one HEAD request)."""

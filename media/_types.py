@@ -7,6 +7,7 @@ bucket or directory changes configuration, not a single record in the log.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import re
 from collections.abc import Awaitable, Callable, Mapping
@@ -205,9 +206,23 @@ class MediaIntegrityError(StepStreamError):
         self.actual_uri = actual_uri
 
 
-def verified(uri: str, data: bytes, where: str) -> bytes:
+_THREAD_HASH_BYTES = 1 << 20
+
+
+async def media_uri_off_loop(data: bytes) -> str:
+    """`media_uri_for`, in a worker thread for payloads of 1 MiB and more.
+
+    hashlib releases the GIL on large inputs, so hashing a big image does not stall the event
+    loop that runs the agents.
+    """
+    if len(data) >= _THREAD_HASH_BYTES:
+        return await asyncio.to_thread(media_uri_for, data)
+    return media_uri_for(data)
+
+
+async def verified(uri: str, data: bytes, where: str) -> bytes:
     """`data` if it hashes to `uri`, else `MediaIntegrityError`."""
-    actual = media_uri_for(data)
+    actual = await media_uri_off_loop(data)
     if actual != uri:
         raise MediaIntegrityError(uri, actual, where)
     return data

@@ -158,6 +158,11 @@ class Projector:
         if self._failure is not None and exc is None:
             raise StepStreamError(f'the projector stopped on an error: {self._failure!r}') from self._failure
 
+    async def join(self) -> None:
+        """Wait until the background loop ends: after `stop()`, or on an error, which is raised."""
+        if self._task is not None:
+            await asyncio.shield(self._task)
+
     # -- reading your writes ---------------------------------------------------------------------
 
     def reader(self) -> ProjectionReader:

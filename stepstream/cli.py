@@ -125,8 +125,14 @@ async def _projector(args: argparse.Namespace, settings: Settings) -> int:
     }
     async with Projector(settings, **projector_settings) as projector:
         print(f'projector: {settings.bootstrap_servers} -> {projector.db_path}', flush=True)
-        await stop.wait()
+        stopping = asyncio.create_task(stop.wait())
+        running = asyncio.create_task(projector.join())
+        await asyncio.wait([stopping, running], return_when=asyncio.FIRST_COMPLETED)
+        if running.done():  # the loop ended without being asked to: it failed, and leaving the
+            stopping.cancel()  # `async with` raises its error, which main() prints (exit code 1)
+            return 1
         print(f'projector: stopping after {projector.records_applied} records', flush=True)
+    running.cancel()
     return 0
 
 
