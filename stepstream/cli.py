@@ -10,13 +10,18 @@ import asyncio
 import contextlib
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 from stepstream.errors import StepStreamError
 from stepstream.settings import Settings
 
+if TYPE_CHECKING:
+    from stepstream.projector import ProjectionReader
+    from stepstream.schemas import RunRecord
+
 Command = Callable[[argparse.Namespace, Settings], Awaitable[int]]
+T = TypeVar('T')
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -207,29 +212,44 @@ async def _topics(args: argparse.Namespace, settings: Settings) -> int:
 
 
 @contextlib.asynccontextmanager
-async def _reader(settings: Settings) -> Any:
+async def _reader(settings: Settings) -> AsyncIterator[ProjectionReader]:
     from stepstream.media import S3MediaStore
-    from stepstream.projector import ProjectionReader
+    from stepstream.projector import ProjectionReader as Reader
 
-    reader = ProjectionReader.open(settings.db_path, media_store=S3MediaStore.from_settings(settings))
+    reader = Reader.open(settings.db_path, media_store=S3MediaStore.from_settings(settings))
     try:
         yield reader
     finally:
         reader.close()
 
 
-async def _runs(args: argparse.Namespace, settings: Settings) -> int:
-    from stepstream.render import runs_table, to_json
+async def _show(
+    args: argparse.Namespace,
+    settings: Settings,
+    fetch: Callable[[ProjectionReader], Awaitable[T]],
+    render: Callable[[T], str],
+) -> int:
+    """Run one query on the projection and print it as a table, or as JSON with --json."""
+    from stepstream.render import to_json
 
     async with _reader(settings) as reader:
-        runs = await reader.list_runs(
+        value = await fetch(reader)
+    print(to_json(value) if args.json else render(value))
+    return 0
+
+
+async def _runs(args: argparse.Namespace, settings: Settings) -> int:
+    from stepstream.render import runs_table
+
+    def fetch(reader: ProjectionReader) -> Awaitable[list[RunRecord]]:
+        return reader.list_runs(
             conversation_id=args.conversation_id,
             parent_run_id=args.parent_run_id,
             status=args.status,
             agent_name=args.agent_name,
         )
-    print(to_json(runs) if args.json else runs_table(runs))
-    return 0
+
+    return await _show(args, settings, fetch, runs_table)
 
 
 async def _tree(args: argparse.Namespace, settings: Settings) -> int:
@@ -244,12 +264,9 @@ async def _tree(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _events(args: argparse.Namespace, settings: Settings) -> int:
-    from stepstream.render import events_table, to_json
+    from stepstream.render import events_table
 
-    async with _reader(settings) as reader:
-        events = await reader.list_events(args.run_id)
-    print(to_json(events) if args.json else events_table(events))
-    return 0
+    return await _show(args, settings, lambda reader: reader.list_events(args.run_id), events_table)
 
 
 async def _snapshot(args: argparse.Namespace, settings: Settings) -> int:
@@ -273,29 +290,21 @@ async def _snapshot(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _unresolved(args: argparse.Namespace, settings: Settings) -> int:
-    from stepstream.render import effects_table, to_json
+    from stepstream.render import effects_table
 
-    async with _reader(settings) as reader:
-        effects = await reader.list_unresolved_tool_effects(args.run_id)
-    print(to_json(effects) if args.json else effects_table(effects))
-    return 0
+    return await _show(
+        args, settings, lambda reader: reader.list_unresolved_tool_effects(args.run_id), effects_table
+    )
 
 
 async def _conflicts(args: argparse.Namespace, settings: Settings) -> int:
-    from stepstream.render import table, to_json
+    from stepstream.render import table
 
-    async with _reader(settings) as reader:
-        runs = await reader.list_conflicts()
-    if args.json:
-        print(to_json(runs))
-    else:
-        print(
-            table(
-                ['run_id', 'registered_by', 'conflicting_writers'],
-                [(r.run_id, r.registration_id, ', '.join(r.conflicting_writers)) for r in runs],
-            )
-        )
-    return 0
+    def render(runs: list[RunRecord]) -> str:
+        rows = [(r.run_id, r.registration_id, ', '.join(r.conflicting_writers)) for r in runs]
+        return table(['run_id', 'registered_by', 'conflicting_writers'], rows)
+
+    return await _show(args, settings, lambda reader: reader.list_conflicts(), render)
 
 
 if __name__ == '__main__':
