@@ -26,7 +26,6 @@ from stepstream.producer._helpers import (
     DeltaTracker,
     check_run_id,
     current_run,
-    is_provider_valid,
     message_json,
 )
 from stepstream.producer._log import Ack, EventLog
@@ -231,9 +230,20 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         ctx: RunContext[AgentDepsT],
         messages: Sequence[ModelMessage],
         step_index: int,
-        state: SnapshotState,
+        *,
+        settled_only: bool = False,
+        changed_only: bool = False,
     ) -> None:
-        prefix_len, tail_json = self._deltas.delta(messages)
+        """Save `messages` as the next snapshot: `complete` if provider-valid, else `interrupted`.
+
+        `settled_only` skips an unsettled history (a tool-cycle boundary); `changed_only` skips
+        one equal to the last snapshot (the end-of-run fallback).
+        """
+        plan = self._deltas.plan(messages)
+        if (settled_only and not plan.valid) or (changed_only and self._deltas.unchanged(plan)):
+            return
+        state: SnapshotState = 'complete' if plan.valid else 'interrupted'
+        prefix_len, tail_json = plan.prefix_len, plan.tail_json
         threshold = self.log.settings.media_threshold_bytes
         # A payload at or above the threshold makes its message's JSON at least that long, so
         # only such tails pay for the walk (and the upload, which finishes before the record goes).
@@ -247,7 +257,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         delta = SnapshotDelta(snapshot_seq=snapshot_seq, state=state, prefix_len=prefix_len, messages=tail)
         await self._event(ctx, 'snapshot_saved', snapshot=delta)
         await self._durable()
-        self._deltas.commit(messages, prefix_len, tail_json)
+        self._deltas.commit(plan)
         self._last_snapshot_step = step_index
         assert self.run_id is not None
         await ctx.emit(
@@ -279,10 +289,8 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         self, ctx: RunContext[AgentDepsT], *, result: AgentRunResult[Any]
     ) -> AgentRunResult[Any]:
         """Save the final history if no boundary saved it, append `run_completed`, flush the run."""
-        messages = result.all_messages()
-        if not self._deltas.unchanged(messages) and is_provider_valid(messages):
-            step = self._last_snapshot_step if self._last_snapshot_step is not None else ctx.run_step
-            await self._snapshot(ctx, messages, step, 'complete')
+        step = self._last_snapshot_step if self._last_snapshot_step is not None else ctx.run_step
+        await self._snapshot(ctx, result.all_messages(), step, settled_only=True, changed_only=True)
         await self._event(ctx, 'run_completed')
         await self._durable()
         return result
@@ -295,8 +303,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
                 messages = list(live)
                 has_response = any(isinstance(m, ModelResponse) for m in messages)
                 if has_response or (self.capture_frontier and messages):
-                    state: SnapshotState = 'complete' if is_provider_valid(messages) else 'interrupted'
-                    await self._snapshot(ctx, messages, step_index, state)
+                    await self._snapshot(ctx, messages, step_index)
             await self._event(ctx, 'run_failed', error=repr(error))
             await self._durable()
         except Exception as log_error:
@@ -312,8 +319,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         """Append `model_request_started` (and snapshot the frontier when asked)."""
         if self.capture_frontier:
             self._live = (ctx.messages, ctx.run_step)
-            state: SnapshotState = 'complete' if is_provider_valid(ctx.messages) else 'interrupted'
-            await self._snapshot(ctx, ctx.messages, ctx.run_step, state)
+            await self._snapshot(ctx, ctx.messages, ctx.run_step)
         await self._event(ctx, 'model_request_started')
         return request_context
 
@@ -402,14 +408,12 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         """
         self._live = (ctx.messages, ctx.run_step)
         if self.capture_frontier and isinstance(node, ModelRequestNode):
-            state: SnapshotState = 'complete' if is_provider_valid(ctx.messages) else 'interrupted'
-            await self._snapshot(ctx, ctx.messages, ctx.run_step, state)
+            await self._snapshot(ctx, ctx.messages, ctx.run_step)
         if isinstance(node, CallToolsNode):
             messages: Sequence[ModelMessage] = ctx.messages
             if isinstance(result, ModelRequestNode):
                 messages = [*ctx.messages, result.request]
-            if is_provider_valid(messages):
-                await self._snapshot(ctx, messages, ctx.run_step, 'complete')
+            await self._snapshot(ctx, messages, ctx.run_step, settled_only=True)
         return result
 
 

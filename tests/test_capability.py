@@ -31,6 +31,7 @@ from stepstream.producer import (
     annotate_tool_effect,
     is_provider_valid,
 )
+from stepstream.producer._helpers import DeltaTracker
 from stepstream.projector import ProjectionReader, Projector, continue_run, inspect_recovery
 from stepstream.schemas import encode
 
@@ -502,3 +503,49 @@ class TestIsProviderValid:
             stray = ModelRequest(parts=[RetryPromptPart('bad args', tool_name='t', tool_call_id='zzz')])
         assert is_provider_valid([self.call('a'), retry])
         assert not is_provider_valid([self.call('a'), stray])
+
+
+class TestDeltaTracker:
+    """The planner against the plain definitions it shortcuts: shared prefix and validity."""
+
+    @staticmethod
+    def history(turns: int) -> list[ModelMessage]:
+        messages: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart('go')])]
+        for i in range(turns):
+            messages.append(ModelResponse(parts=[ToolCallPart('t', {}, tool_call_id=f'c{i}')]))
+            messages.append(ModelRequest(parts=[ToolReturnPart('t', 'r', tool_call_id=f'c{i}')]))
+        return messages
+
+    def test_append_only_history_sends_only_the_new_tail(self) -> None:
+        tracker = DeltaTracker()
+        live = self.history(3)
+        first = tracker.plan(live)
+        assert (first.prefix_len, len(first.tail_json), first.valid) == (0, 7, True)
+        tracker.commit(first)
+        live.extend(self.history(4)[7:])
+        second = tracker.plan(live)
+        assert (second.prefix_len, len(second.tail_json), second.valid) == (7, 2, True)
+        tracker.commit(second)
+        assert tracker.unchanged(tracker.plan(live))
+
+    def test_a_message_changed_in_place_after_saving_is_sent_again(self) -> None:
+        tracker = DeltaTracker()
+        live = self.history(2)
+        tracker.commit(tracker.plan(live))
+        live[-1].run_id = 'stamped-later'  # what the graph does to a folded tool-return request
+        plan = tracker.plan(live)
+        assert plan.prefix_len == len(live) - 1 and b'stamped-later' in plan.tail_json[0]
+
+    def test_rewritten_history_and_validity_match_the_definitions(self) -> None:
+        tracker = DeltaTracker()
+        live = self.history(5)
+        tracker.commit(tracker.plan(live))
+        rewritten = [ModelRequest(parts=[UserPromptPart('summary')]), *live[-2:]]
+        plan = tracker.plan(rewritten)
+        assert plan.prefix_len == 0 and plan.valid == is_provider_valid(rewritten)
+        tracker.commit(plan)
+        open_call = [*rewritten, ModelResponse(parts=[ToolCallPart('t', {}, tool_call_id='open')])]
+        plan = tracker.plan(open_call)
+        assert plan.prefix_len == len(rewritten) and not plan.valid
+        orphan = [*rewritten, ModelRequest(parts=[ToolReturnPart('t', 'r', tool_call_id='nobody')])]
+        assert not tracker.plan(orphan).valid and not is_provider_valid(orphan)
