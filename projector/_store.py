@@ -85,6 +85,8 @@ class BatchTxn:
         self.db = db
         self._writes: dict[bytes, bytes | None] = {}
         self._json: dict[bytes, Any] = {}
+        # Staged keys by their one-letter prefix, so `scan` does not walk every staged write.
+        self._by_prefix: dict[bytes, set[bytes]] = {}
 
     def get(self, k: bytes) -> bytes | None:
         """The staged value if any, else the stored one."""
@@ -97,12 +99,17 @@ class BatchTxn:
     def put(self, k: bytes, value: bytes) -> None:
         """Stage a write."""
         self._json.pop(k, None)
-        self._writes[k] = value
+        self._stage(k, value)
 
     def delete(self, k: bytes) -> None:
         """Stage a delete."""
         self._json.pop(k, None)
-        self._writes[k] = None
+        self._stage(k, None)
+
+    def _stage(self, k: bytes, value: bytes | None) -> None:
+        if k not in self._writes:
+            self._by_prefix.setdefault(k[:1], set()).add(k)
+        self._writes[k] = value
 
     def get_json(self, k: bytes) -> Any:
         """A JSON value, decoded once per batch; mutate it and `put_json` it back."""
@@ -116,7 +123,7 @@ class BatchTxn:
     def scan(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
         """Like `scan(db, prefix)`, with this batch's staged writes applied."""
         found = dict(scan(self.db, prefix))
-        for k in self._writes:
+        for k in self._by_prefix.get(prefix[:1], ()):
             if k.startswith(prefix):
                 value = self.get(k)
                 if value is None:
@@ -127,7 +134,7 @@ class BatchTxn:
 
     def put_json(self, k: bytes, value: Any) -> None:
         """Stage a JSON value; it is serialized once, at commit."""
-        self._writes[k] = _AS_JSON
+        self._stage(k, _AS_JSON)
         self._json[k] = value
 
     def commit(self, *, sync: bool = False) -> int:
@@ -147,4 +154,5 @@ class BatchTxn:
             self.db.write(batch, options)
         self._writes.clear()
         self._json.clear()
+        self._by_prefix.clear()
         return count

@@ -105,8 +105,10 @@ def decode(data: bytes) -> LogRecord:
             'schema this version of stepstream does not have; upgrade stepstream'
         )
     reader = _VERSIONS[writer.name][-1]
+    # Schema resolution only when the writer used an older version; the common case skips it.
+    reader_schema = None if reader is writer else reader.parsed
     try:
-        value = schemaless_reader(io.BytesIO(data[_HEADER_LEN:]), writer.parsed, reader.parsed)
+        value = schemaless_reader(io.BytesIO(data[_HEADER_LEN:]), writer.parsed, reader_schema)
     except Exception as exc:  # fastavro raises several types for truncated or garbled bodies
         raise SchemaError(f'corrupt {writer.name} v{writer.version} record: {exc!r}') from exc
     if not isinstance(value, dict):
