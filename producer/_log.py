@@ -51,11 +51,14 @@ class EventLog:
         enable_idempotence: bool = False,
         max_record_bytes: int = MAX_RECORD_BYTES,
         media_store: MediaStore | None = None,
+        compression_type: str | None = 'gzip',
     ) -> None:
         """Configure the log; nothing connects until `start()` (or `async with`).
 
         `enable_idempotence` is off by default because Tansu has no idempotent producer;
-        turn it on against real Kafka. Payloads at or above `settings.media_threshold_bytes`
+        turn it on against real Kafka. `compression_type` (default 'gzip', the codec that needs no
+        extra package; 'lz4'/'zstd'/'snappy' with theirs; None for none) compresses each batch
+        on the wire and in the log, which is kept forever (docs/decisions/0007-compression.md). Payloads at or above `settings.media_threshold_bytes`
         go to `media_store` (default: the S3 bucket of `settings`) before a snapshot is sent.
         """
         if settings.media_threshold_bytes >= max_record_bytes:
@@ -68,6 +71,7 @@ class EventLog:
         self.create_topics = create_topics
         self.max_record_bytes = max_record_bytes
         self.linger_ms = linger_ms
+        self.compression_type = compression_type
         self.enable_idempotence = enable_idempotence
         self._producer: AIOKafkaProducer | None = None
         self._written: Position = {}
@@ -113,6 +117,7 @@ class EventLog:
             bootstrap_servers=self.settings.bootstrap_servers,
             acks='all',
             linger_ms=self.linger_ms,
+            compression_type=self.compression_type,
             enable_idempotence=self.enable_idempotence,
             max_request_size=self.max_record_bytes + 64 * 1024,
             request_timeout_ms=max(1000, int(self.settings.ack_timeout_s * 1000)),
