@@ -1,0 +1,160 @@
+"""Synthetic runs for the throughput workloads: the records a real run appends, without the agent.
+
+A run is the sequence `StepPersistence` writes (see producer/_capability.py): `run_started`;
+per tool step `model_request_started`, `model_request_completed`, the tool's `started`
+transition and `tool_call_started` (a durability point), `completed` and `tool_call_completed`,
+then `snapshot_saved` with the step's new messages (a durability point); and a closing answer,
+snapshot and `run_completed`. Tool results are short (about 100 bytes) so that records average
+about 300 bytes, the size the issue's ceilings are quoted for.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelMessagesTypeAdapter,
+    ModelRequest,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
+
+from stepstream.schemas import LogRecord, SnapshotDelta, StepEvent, ToolEffectTransition, encode, schema_of
+from stepstream.settings import Settings
+
+RUN_ID_WIDTH = 18
+"""Every synthetic run id has this length, so encoded templates can be re-keyed by byte replacement."""
+
+
+def run_id(prefix: str, index: int) -> str:
+    return f'{prefix}-{index:0{RUN_ID_WIDTH - len(prefix) - 1}d}'
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """One record of a run, and whether the capability waits for its acknowledgement."""
+
+    record: LogRecord
+    durable: bool
+
+
+def _tail_json(messages: list[ModelMessage]) -> str:
+    return ModelMessagesTypeAdapter.dump_json(messages).decode()
+
+
+def plan_run(rid: str, steps: int, *, start: datetime | None = None) -> list[Planned]:
+    """The records of one run with `steps` tool calls, in append order."""
+    writer = secrets.token_hex(8)
+    now = start or datetime.now(UTC)
+    seq = 0
+    out: list[Planned] = []
+
+    def envelope() -> dict[str, Any]:
+        nonlocal seq
+        seq += 1
+        return {
+            'run_id': rid,
+            'seq': seq - 1,
+            'writer_id': writer,
+            'timestamp': now + timedelta(microseconds=seq),
+            'agent_name': 'bench',
+            'conversation_id': None,
+            'parent_run_id': None,
+        }
+
+    def event(kind: Any, step: int, durable: bool = False, **fields: Any) -> None:
+        env = envelope()
+        key = f'{env["seq"]}:{step}:{kind}:{fields.get("tool_call_id") or ""}'
+        out.append(
+            Planned(StepEvent(**env, kind=kind, step_index=step, idempotency_key=key, **fields), durable)
+        )
+
+    def effect(call_id: str, status: Any, durable: bool = False) -> None:
+        record = ToolEffectTransition(**envelope(), tool_call_id=call_id, tool_name='lookup', status=status)
+        out.append(Planned(record, durable))
+
+    snapshot_seq = 0
+
+    def snapshot(step: int, prefix_len: int, tail: list[ModelMessage]) -> None:
+        nonlocal snapshot_seq
+        delta = SnapshotDelta(
+            snapshot_seq=snapshot_seq, state='complete', prefix_len=prefix_len, messages=_tail_json(tail)
+        )
+        snapshot_seq += 1
+        event('snapshot_saved', step, durable=True, snapshot=delta)
+
+    history = 1  # the user prompt request
+    event('run_started', 0)
+    for step in range(1, steps + 1):
+        call_id = f'call-{step}'
+        event('model_request_started', step)
+        event('model_request_completed', step)
+        effect(call_id, 'started')
+        event('tool_call_started', step, durable=True, tool_call_id=call_id, tool_name='lookup')
+        effect(call_id, 'completed')
+        event('tool_call_completed', step, tool_call_id=call_id, tool_name='lookup')
+        response = ModelResponse(
+            parts=[TextPart(f'Step {step}.'), ToolCallPart('lookup', {'i': step}, tool_call_id=call_id)],
+            timestamp=now,
+        )
+        result = ToolReturnPart(
+            'lookup', f'record {step:06d}: shelf 4, row 2', tool_call_id=call_id, timestamp=now
+        )
+        tail: list[ModelMessage] = [response, ModelRequest(parts=[result])]
+        if step == 1:
+            tail.insert(0, ModelRequest(parts=[UserPromptPart('Look up the records.', timestamp=now)]))
+        snapshot(step, 0 if step == 1 else history, tail)
+        history += 2
+    event('model_request_started', steps + 1)
+    event('model_request_completed', steps + 1)
+    snapshot(steps + 1, history, [ModelResponse(parts=[TextPart('Done.')], timestamp=now)])
+    event('run_completed', steps + 1, durable=True)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Wire:
+    """A record as the producer sends it."""
+
+    topic: str
+    key: bytes
+    value: bytes
+    headers: list[tuple[str, bytes]]
+
+
+def to_wire(record: LogRecord, settings: Settings) -> Wire:
+    """What `EventLog.append` puts on the wire for `record` (minus an optional traceparent)."""
+    kind: str
+    if isinstance(record, StepEvent):
+        topic, kind = settings.step_events_topic, record.kind
+    else:
+        topic, kind = settings.tool_effects_topic, record.status
+    headers = [
+        ('stepstream-kind', kind.encode()),
+        ('stepstream-schema', schema_of(record).fingerprint_hex.encode()),
+    ]
+    return Wire(topic, record.run_id.encode(), encode(record), headers)
+
+
+def many_runs(settings: Settings, prefix: str, total: int, steps: int) -> Iterator[Wire]:
+    """About `total` records from runs of `steps` steps: one template run, re-keyed per run.
+
+    Encoding a million records takes longer than sending them; since every run id has the
+    same length, replacing the id's bytes in an encoded template keeps each record valid Avro.
+    """
+    template_id = run_id(prefix, 0)
+    template = [to_wire(p.record, settings) for p in plan_run(template_id, steps)]
+    old = template_id.encode()
+    runs = -(-total // len(template))
+    for index in range(runs):
+        new = run_id(prefix, index).encode()
+        for w in template:
+            yield Wire(w.topic, new, w.value.replace(old, new), w.headers)
