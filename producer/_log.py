@@ -58,8 +58,9 @@ class EventLog:
         `enable_idempotence` is off by default because Tansu has no idempotent producer;
         turn it on against real Kafka. `compression_type` (default 'gzip', the codec that needs no
         extra package; 'lz4'/'zstd'/'snappy' with theirs; None for none) compresses each batch
-        on the wire and in the log, which is kept forever (docs/decisions/0007-compression.md). Payloads at or above `settings.media_threshold_bytes`
-        go to `media_store` (default: the S3 bucket of `settings`) before a snapshot is sent.
+        on the wire and in the log, which is kept forever (docs/decisions/0007-compression.md).
+        Payloads at or above `settings.media_threshold_bytes` go to `media_store` (default: the
+        S3 bucket of `settings`) before a snapshot is sent.
         """
         if settings.media_threshold_bytes >= max_record_bytes:
             raise ValueError(

@@ -75,6 +75,8 @@ class Projector:
         self.commit_group_offsets = commit_group_offsets
         self.media_store: MediaStore = media_store or S3MediaStore.from_settings(settings)
         self._recent: deque[tuple[float, int]] = deque()
+        self._uncommitted: Position = {}
+        self._last_group_commit = 0.0
         self._db = open_db(self.db_path)
         self._consumer: AIOKafkaConsumer | None = None
         self._dlq: AIOKafkaProducer | None = None
@@ -202,7 +204,10 @@ class Projector:
         if self._consumer is None:
             raise StepStreamError('the projector is not started')
         ends = await self._consumer.end_offsets(list(self._consumer.assignment()))
-        return {tp: offset for tp, offset in ends.items() if offset > 0}
+        # Some brokers (Tansu) can report an end short of the last batch's records; the high
+        # watermark seen on fetches is the larger, and right, figure then.
+        position = {tp: max(offset, self._consumer.highwater(tp) or 0) for tp, offset in ends.items()}
+        return {tp: offset for tp, offset in position.items() if offset > 0}
 
     async def catch_up(self, timeout: float = 60.0) -> Position:
         """Wait until everything in the log when called is applied; returns that position."""
@@ -235,12 +240,19 @@ class Projector:
 
     async def _apply_batch(self, batches: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]) -> None:
         rejected: list[tuple[ConsumerRecord[bytes, bytes], str]] = []
-        txn, applied, duplicates, next_offsets = await asyncio.to_thread(self._stage_batch, batches, rejected)
+
+        def stage_and_commit() -> tuple[BatchTxn, int, int, Position]:
+            staged = self._stage_batch(batches, rejected)
+            if not rejected:  # the common case: one hop to the worker thread, not two
+                staged[0].commit()
+            return staged
+
+        txn, applied, duplicates, next_offsets = await asyncio.to_thread(stage_and_commit)
         # Poison records are acknowledged by the DLQ before the batch (and its offsets) commits:
         # a crash in between repeats them in the DLQ on restart, and never loses one.
         if rejected:
             await self._dead_letter(rejected)
-        await asyncio.to_thread(txn.commit)
+            await asyncio.to_thread(txn.commit)
         self.records_applied += applied
         self.duplicates_ignored += duplicates
         self.dead_lettered += len(rejected)
@@ -314,9 +326,14 @@ class Projector:
             raise unavailable(self.settings, 'did not acknowledge dead-lettered records', exc) from exc
 
     async def _commit_group_offsets(self, offsets: Position) -> None:
+        """Commit to the consumer group at most once a second: it only feeds lag tooling."""
         assert self._consumer is not None
-        if not self.commit_group_offsets:
+        self._uncommitted.update(offsets)
+        now = time.monotonic()
+        if not self.commit_group_offsets or now - self._last_group_commit < 1.0:
             return
+        self._last_group_commit = now
+        offsets, self._uncommitted = self._uncommitted, {}
         try:
             await self._consumer.commit(offsets)
         except KafkaError as exc:  # lag tooling only; the stored offsets are what counts

@@ -38,10 +38,13 @@ async def rebuild(
         max_snapshots_per_run=max_snapshots_per_run,
     ) as projector:
         end = await projector.end_position()
-        total = sum(end.values())
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
+            # The high watermark learnt from fetches can move the end on (see end_position).
+            for tp, offset in (await projector.end_position()).items():
+                end[tp] = max(end.get(tp, 0), offset)
+            total = sum(end.values())
             applied = projector.applied
             done = sum(min(applied.get(tp, 0), offset) for tp, offset in end.items())
             if on_progress is not None:
