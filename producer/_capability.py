@@ -21,10 +21,10 @@ from pydantic_ai.models import ModelRequestContext
 from pydantic_ai.run import AgentRunResult
 from pydantic_ai.tools import AgentDepsT, RunContext, ToolDefinition
 
+from stepstream.ids import check_run_id
 from stepstream.media import externalize_media
 from stepstream.producer._helpers import (
     DeltaTracker,
-    check_run_id,
     current_run,
     message_json,
 )

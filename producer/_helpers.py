@@ -1,8 +1,7 @@
-"""Run-id rules, the provider-validity check, and the per-run context shared by the hooks."""
+"""The provider-validity check, and the per-run context shared by the hooks."""
 
 from __future__ import annotations
 
-import re
 import warnings
 from collections.abc import Sequence
 from contextvars import ContextVar
@@ -18,8 +17,6 @@ with warnings.catch_warnings():
 
 if TYPE_CHECKING:
     from stepstream.producer._capability import StepPersistence
-
-_RUN_ID = re.compile(r'[A-Za-z0-9_.-]{1,200}')
 
 current_run: ContextVar[StepPersistence[Any] | None] = ContextVar('stepstream.current_run', default=None)
 """The run-bound capability of the innermost persisted run in this task.
@@ -38,16 +35,6 @@ def current_run_id() -> str | None:
     """
     run = current_run.get()
     return run.run_id if run is not None else None
-
-
-def check_run_id(run_id: str, *, what: str = 'run_id') -> str:
-    """Return `run_id` if it is safe as a Kafka key, a RocksDB key and a path segment."""
-    if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id) or '..' in run_id:
-        raise ValueError(
-            f'{what} {run_id!r} is not allowed: use 1 to 200 characters from [A-Za-z0-9_.-] '
-            'and no ".." (ids end up in keys and paths)'
-        )
-    return run_id
 
 
 def is_provider_valid(messages: Sequence[ModelMessage]) -> bool:

@@ -19,6 +19,7 @@ from aiokafka.structs import RecordMetadata
 from opentelemetry import trace
 
 from stepstream.errors import RecordTooLarge, StepStreamError
+from stepstream.ids import check_record_ids
 from stepstream.media import MediaStore, S3MediaStore
 from stepstream.schemas import LogRecord, StepEvent, encode, schema_of
 from stepstream.settings import Settings
@@ -153,12 +154,14 @@ class EventLog:
         """Queue one record; returns its acknowledgement without waiting for it.
 
         Records of one run go to one partition per topic (keyed by run_id), in call order.
+        Raises `ValueError` for an id the projector would refuse (`stepstream.ids`).
         """
         if not self._started:
             if self not in self._shared.values():
                 raise StepStreamError('EventLog is not started: use `async with EventLog(settings)` first')
             await self.start()
         assert self._producer is not None
+        check_record_ids(record)  # the projector applies the same rules; refuse here, not there
         value = encode(record)
         if len(value) > self.max_record_bytes:
             raise RecordTooLarge(

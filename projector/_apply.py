@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from stepstream.errors import SchemaError
-from stepstream.producer._helpers import check_run_id
+from stepstream.ids import check_run_id
 from stepstream.projector._store import SEP, BatchTxn, key
 from stepstream.schemas import (
     EVENT_KINDS,
