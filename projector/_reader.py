@@ -9,14 +9,30 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
+from pydantic import ValidationError
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
 from rocksdict import Rdict
 
 from stepstream.errors import StepStreamError
 from stepstream.media import NO_CONTEXT, MediaContext, MediaStore, restore_media
-from stepstream.projector._store import key, open_db, prefix_of, scan
+from stepstream.projector._keys import (
+    CHILDREN,
+    CONFLICT,
+    CONVERSATION,
+    DLQ_COUNTS,
+    EFFECT,
+    EVENT,
+    PROGRESS,
+    RUN,
+    RUNS,
+    SNAPSHOT,
+    UNRESOLVED,
+    UNRESOLVED_RUN,
+)
+from stepstream.projector._state import EffectState, RunState, SnapshotEntry
+from stepstream.projector._store import open_secondary, read_identity, scan, stored_offsets
 from stepstream.schemas import (
     ContinuableSnapshot,
     RunRecord,
@@ -88,10 +104,13 @@ class ProjectionReader:
         Give `media_store` (e.g. `S3MediaStore.from_settings(settings)`) to read snapshots whose
         large payloads were offloaded.
         """
-        if not (Path(path) / 'CURRENT').exists():
-            raise StepStreamError(f'no projection at {path}: run a projector with --db-path {path} first')
         tmp = tempfile.TemporaryDirectory(prefix='stepstream-reader-')
-        reader = cls(open_db(path, secondary=tmp.name), secondary=True, owns_db=True, media_store=media_store)
+        try:
+            db = open_secondary(path, tmp.name)
+        except BaseException:
+            tmp.cleanup()
+            raise
+        reader = cls(db, secondary=True, owns_db=True, media_store=media_store)
         reader._tmp = tmp
         return reader
 
@@ -128,14 +147,14 @@ class ProjectionReader:
 
         def query() -> list[RunRecord]:
             if conversation_id is not None:
-                prefix = prefix_of(b'c', conversation_id)
+                index, prefix = CONVERSATION, CONVERSATION.prefix(conversation_id)
             elif parent_run_id is not None:
-                prefix = prefix_of(b'p', parent_run_id)
+                index, prefix = CHILDREN, CHILDREN.prefix(parent_run_id)
             else:
-                prefix = b'a\x00'
+                index, prefix = RUNS, RUNS.prefix()
             runs = []
             for k, _ in scan(self._db, prefix):
-                run = self._run(k.rsplit(b'\x00', 1)[1].decode())
+                run = self._run(index.last_str(k))
                 if run is None:
                     continue
                 if parent_run_id is not None and run.parent_run_id != parent_run_id:
@@ -153,8 +172,8 @@ class ProjectionReader:
         """Runs whose run_id was claimed by more than one writer, in the order they started."""
 
         def query() -> list[RunRecord]:
-            run_ids = {k.split(b'\x00')[1].decode() for k, _ in scan(self._db, b'k\x00')}
-            runs = [r for r in (self._run(run_id) for run_id in run_ids) if r is not None]
+            run_ids = {CONFLICT.parse(k)[0] for k, _ in scan(self._db, CONFLICT.prefix())}
+            runs = [r for r in (self._run(str(run_id)) for run_id in run_ids) if r is not None]
             return sorted(runs, key=lambda r: (r.started_at or _EPOCH, r.run_id))
 
         return await self._query(query)
@@ -166,11 +185,13 @@ class ProjectionReader:
             root = self._run(run_id)
             if root is None:
                 return []
-            tree, stack = [], [root]
+            tree, stack, seen = [], [root], {root.run_id}
             while stack:
                 run = stack.pop()
                 tree.append(run)
-                stack.extend(reversed(self._children(run.run_id)))
+                children = [c for c in self._children(run.run_id) if c.run_id not in seen]
+                seen.update(c.run_id for c in children)
+                stack.extend(reversed(children))
             return tree
 
         return await self._query(query)
@@ -191,31 +212,31 @@ class ProjectionReader:
         return await self._query(query)
 
     def _children(self, run_id: str) -> list[RunRecord]:
-        children = (
-            self._run(k.rsplit(b'\x00', 1)[1].decode()) for k, _ in scan(self._db, prefix_of(b'p', run_id))
-        )
-        return [c for c in children if c is not None]
+        """The runs naming `run_id` as parent: the same index `list_runs(parent_run_id=)` reads."""
+        children = (self._run(CHILDREN.last_str(k)) for k, _ in scan(self._db, CHILDREN.prefix(run_id)))
+        return [c for c in children if c is not None and c.parent_run_id == run_id]
 
     def _run(self, run_id: str) -> RunRecord | None:
-        raw = self._db.get(key(b'r', run_id))
+        raw = self._db.get(RUN.key(run_id))
         if raw is None:
             return None
-        state: dict[str, Any] = json.loads(raw)
+        state = RunState.decode(raw)
         return RunRecord(
-            run_id=state['run_id'],
-            conversation_id=state['conversation_id'],
-            parent_run_id=state['parent_run_id'],
-            agent_name=state['agent_name'],
-            metadata=state['metadata'],
-            started_at=_ts(state['started_at']),
-            registration_id=state['registration_id'],
-            status=state['status'],
-            ended_at=_ts(state['ended_at']),
-            error=state['error'],
-            event_count=state['event_count'],
-            last_seq=state['last_seq'],
-            gaps=list(state['missing']),
-            conflicting_writers=list(state.get('conflicting_writers', [])),
+            run_id=state.run_id,
+            conversation_id=state.conversation_id,
+            parent_run_id=state.parent_run_id,
+            agent_name=state.agent_name,
+            metadata=dict(state.metadata),
+            started_at=_ts(state.started_at),
+            registration_id=state.owner,
+            status=state.status,  # type: ignore[arg-type]
+            ended_at=_ts(state.ended_at),
+            error=state.error,
+            event_count=state.record_count,
+            last_seq=state.last_seq,
+            gaps=state.gaps(),
+            conflicting_writers=list(state.conflicting_writers),
+            rejected=dict(state.rejected),
         )
 
     # -- events ----------------------------------------------------------------------------------
@@ -225,7 +246,7 @@ class ProjectionReader:
 
         def query() -> list[StepEvent]:
             events = []
-            for _, raw in scan(self._db, prefix_of(b'e', run_id)):
+            for _, raw in scan(self._db, EVENT.prefix(run_id)):
                 event = decode(raw)
                 assert isinstance(event, StepEvent)
                 events.append(event)
@@ -240,94 +261,128 @@ class ProjectionReader:
     ) -> ContinuableSnapshot | None:
         """The newest `complete` snapshot (or newest of any state), or None."""
 
-        def query() -> ContinuableSnapshot | None:
+        def query() -> list[SnapshotEntry]:
             entries = self._snapshot_entries(run_id)
-            eligible = [e for e in entries if include_interrupted or e['state'] == 'complete']
-            if not eligible:
-                return None
-            return self._materialize(run_id, entries, [eligible[-1]['snapshot_seq']])[0]
+            eligible = [e for e in entries if include_interrupted or e.state == 'complete']
+            return entries[: entries.index(eligible[-1]) + 1] if eligible else []
 
-        snapshot = await self._query(query)
-        return None if snapshot is None else await self._restore(snapshot)
+        entries = await self._query(query)
+        if not entries:
+            return None
+        return (await self._materialize(run_id, entries, {entries[-1].snapshot_seq}))[0]
 
     async def list_snapshots(
-        self, run_id: str, include_interrupted: bool = False
+        self,
+        run_id: str,
+        include_interrupted: bool = False,
+        *,
+        after: int | None = None,
+        limit: int | None = None,
     ) -> list[ContinuableSnapshot]:
-        """Every retained snapshot of the run, oldest first, each with its full history."""
+        """Retained snapshots of the run, oldest first, each with its full history.
 
-        def query() -> list[ContinuableSnapshot]:
+        Page with `after` (a `snapshot_seq`: only later ones) and `limit`. The histories are
+        rebuilt in one pass over the deltas, so a page costs what its deltas cost, not the
+        square of the run's length; snapshots of one call share their unchanged message
+        objects (copy one before changing it in place).
+        """
+
+        def query() -> tuple[list[SnapshotEntry], set[int]]:
             entries = self._snapshot_entries(run_id)
             wanted = [
-                e['snapshot_seq']
+                e.snapshot_seq
                 for e in entries
-                if e.get('retained', True) and (include_interrupted or e['state'] == 'complete')
-            ]
-            return self._materialize(run_id, entries, wanted)
+                if e.retained
+                and (include_interrupted or e.state == 'complete')
+                and (after is None or e.snapshot_seq > after)
+            ][:limit]
+            if not wanted:
+                return [], set()
+            last = wanted[-1]
+            return [e for e in entries if e.snapshot_seq <= last], set(wanted)
 
-        return [await self._restore(s) for s in await self._query(query)]
+        entries, wanted = await self._query(query)
+        return await self._materialize(run_id, entries, wanted)
 
     async def get_snapshot(self, run_id: str, snapshot_seq: int) -> ContinuableSnapshot | None:
         """One snapshot by its `snapshot_seq`, of any state, or None."""
 
-        def query() -> ContinuableSnapshot | None:
+        def query() -> list[SnapshotEntry]:
             entries = self._snapshot_entries(run_id)
-            if not any(e['snapshot_seq'] == snapshot_seq and e.get('retained', True) for e in entries):
-                return None
-            return self._materialize(run_id, entries, [snapshot_seq])[0]
+            if not any(e.snapshot_seq == snapshot_seq and e.retained for e in entries):
+                return []
+            return [e for e in entries if e.snapshot_seq <= snapshot_seq]
 
-        snapshot = await self._query(query)
-        return None if snapshot is None else await self._restore(snapshot)
+        entries = await self._query(query)
+        if not entries:
+            return None
+        return (await self._materialize(run_id, entries, {snapshot_seq}))[0]
 
-    async def _restore(self, snapshot: ContinuableSnapshot) -> ContinuableSnapshot:
-        store: MediaStore = self.media_store or _NoMediaStore()
-        snapshot.messages = await restore_media(snapshot.messages, store)
-        return snapshot
+    def _snapshot_entries(self, run_id: str) -> list[SnapshotEntry]:
+        return [SnapshotEntry.decode(v) for _, v in scan(self._db, SNAPSHOT.prefix(run_id))]
 
-    def _snapshot_entries(self, run_id: str) -> list[dict[str, Any]]:
-        return [json.loads(v) for _, v in scan(self._db, prefix_of(b's', run_id))]
-
-    def _materialize(
-        self, run_id: str, entries: list[dict[str, Any]], wanted: list[int]
+    async def _materialize(
+        self, run_id: str, entries: list[SnapshotEntry], wanted: set[int]
     ) -> list[ContinuableSnapshot]:
-        """Replay the deltas in order: each snapshot is the previous one's prefix plus its tail."""
-        if not wanted:
-            return []
-        targets = set(wanted)
-        last = max(targets)
-        history: list[Any] = []
+        """Replay the deltas in order: each snapshot is the previous one's prefix plus its tail.
+
+        Each tail is decoded, validated and has its media restored once, however many of the
+        wanted snapshots include it.
+        """
+        tails = await self._query(lambda: self._tails(run_id, entries))
+        store: MediaStore = self.media_store or _NoMediaStore()
+        history: list[ModelMessage] = []
         out: list[ContinuableSnapshot] = []
-        for expected, entry in enumerate(entries):
-            if entry['snapshot_seq'] != expected:
+        for entry, event, tail in zip(entries, *tails, strict=True):
+            if entry.prefix_len > len(history):
                 raise StepStreamError(
-                    f'run {run_id!r}: snapshot {expected} is missing from the projection (a gap in the log), '
-                    f'so snapshot {entry["snapshot_seq"]} cannot be reconstructed'
+                    f'run {run_id!r}: snapshot {entry.snapshot_seq} keeps {entry.prefix_len} messages of a '
+                    f'history of {len(history)}; the log holds a corrupt delta'
                 )
-            raw = self._db.get(key(b'e', run_id, entry['seq']))
-            if raw is None:
-                raise StepStreamError(f'run {run_id!r}: the event of snapshot {expected} is missing')
-            event = decode(raw)
-            assert isinstance(event, StepEvent) and event.snapshot is not None
-            del history[entry['prefix_len'] :]
-            history.extend(json.loads(event.snapshot.messages))
-            if expected in targets:
+            del history[entry.prefix_len :]
+            history.extend(await restore_media(tail, store))
+            if entry.snapshot_seq in wanted:
                 out.append(
                     ContinuableSnapshot(
                         run_id=run_id,
-                        step_index=entry['step_index'],
-                        messages=ModelMessagesTypeAdapter.validate_python(history),
-                        snapshot_seq=expected,
-                        seq=entry['seq'],
+                        step_index=entry.step_index,
+                        messages=list(history),
+                        snapshot_seq=entry.snapshot_seq,
+                        seq=entry.seq,
                         conversation_id=event.conversation_id,
                         parent_run_id=event.parent_run_id,
                         agent_name=event.agent_name,
                         timestamp=event.timestamp,
-                        state=entry['state'],
-                        idempotency_key=entry['idempotency_key'],
+                        state=entry.state,  # type: ignore[arg-type]
+                        idempotency_key=entry.idempotency_key,
                     )
                 )
-            if expected == last:
-                break
         return out
+
+    def _tails(
+        self, run_id: str, entries: list[SnapshotEntry]
+    ) -> tuple[list[StepEvent], list[list[ModelMessage]]]:
+        events, tails = [], []
+        for expected, entry in enumerate(entries):
+            if entry.snapshot_seq != expected:
+                raise StepStreamError(
+                    f'run {run_id!r}: snapshot {expected} is missing from the projection (a gap in the log), '
+                    f'so snapshot {entry.snapshot_seq} cannot be reconstructed'
+                )
+            raw = self._db.get(EVENT.key(run_id, entry.seq))
+            if raw is None:
+                raise StepStreamError(f'run {run_id!r}: the event of snapshot {expected} is missing')
+            event = decode(raw)
+            assert isinstance(event, StepEvent) and event.snapshot is not None
+            try:
+                tails.append(ModelMessagesTypeAdapter.validate_json(event.snapshot.messages))
+            except ValidationError as exc:
+                raise StepStreamError(
+                    f'run {run_id!r}: snapshot {expected} holds messages Pydantic AI cannot read: '
+                    f'{exc.error_count()} error(s), first: {exc.errors()[0]["msg"]}'
+                ) from None
+            events.append(event)
+        return events, tails
 
     # -- tool effects ------------------------------------------------------------------------------
 
@@ -335,19 +390,21 @@ class ProjectionReader:
         """Where the projection stands: applied offsets, apply rate, DLQ and conflict counts."""
 
         def query() -> ProjectionStatus:
-            offsets: dict[tuple[str, int], int] = {}
-            for k, v in scan(self._db, b'o\x00'):
-                _, topic, partition = k.split(b'\x00')
-                offsets[(topic.decode(), int(partition))] = int(v)
-            progress = json.loads(self._db.get(key(b'm', 'progress')) or b'{}')
-            dlq = json.loads(self._db.get(key(b'm', 'dlq')) or b'{}')
-            conflicts = {k.split(b'\x00')[1] for k, _ in scan(self._db, b'k\x00')}
+            offsets = {(tp.topic, tp.partition): offset for tp, offset in stored_offsets(self._db).items()}
+            progress = json.loads(self._db.get(PROGRESS) or b'{}')
+            dlq: dict[str, int] = json.loads(self._db.get(DLQ_COUNTS) or b'{}')
+            conflicts = {CONFLICT.parse(k)[0] for k, _ in scan(self._db, CONFLICT.prefix())}
+            identity = read_identity(self._db)
             return ProjectionStatus(
                 offsets=offsets,
                 applied_per_second=float(progress.get('rate', 0.0)),
                 updated_at=_ts(progress.get('at')),
-                dead_lettered=int(dlq.get('count', 0)),
+                dead_lettered=sum(dlq.values()),
+                dead_lettered_by_reason=dict(sorted(dlq.items())),
                 conflicting_runs=len(conflicts),
+                state=identity.state if identity is not None else None,
+                topic_prefix=identity.topic_prefix if identity is not None else None,
+                max_snapshots_per_run=identity.max_snapshots_per_run if identity is not None else None,
             )
 
         return await self._query(query)
@@ -360,7 +417,7 @@ class ProjectionReader:
         """Every tool effect of the run, in the order the calls started."""
 
         def query() -> list[ToolEffectRecord]:
-            calls = [k.rsplit(b'\x00', 1)[1].decode() for k, _ in scan(self._db, prefix_of(b'x', run_id))]
+            calls = [EFFECT.last_str(k) for k, _ in scan(self._db, EFFECT.prefix(run_id))]
             effects = [e for e in (self._effect(run_id, c) for c in calls) if e is not None]
             effects.sort(key=lambda e: (e.started_at or _EPOCH, e.tool_call_id))
             return effects
@@ -378,14 +435,14 @@ class ProjectionReader:
             found: list[ToolEffectRecord] = []
             if run_id is not None:
                 ids = [
-                    (run_id, k.rsplit(b'\x00', 1)[1].decode())
-                    for k, _ in scan(self._db, prefix_of(b'U', run_id))
+                    (run_id, UNRESOLVED_RUN.last_str(k))
+                    for k, _ in scan(self._db, UNRESOLVED_RUN.prefix(run_id))
                 ]
             else:
-                ids = []
-                for k, _ in scan(self._db, b'u\x00'):
-                    _, _, run_part, call_part = k.split(b'\x00', 3)
-                    ids.append((run_part.decode(), call_part.decode()))
+                ids = [
+                    (str(run), str(call))
+                    for _, run, call in (UNRESOLVED.parse(k) for k, _ in scan(self._db, UNRESOLVED.prefix()))
+                ]
             for run, call in ids:
                 effect = self._effect(run, call)
                 if effect is not None:
@@ -396,21 +453,21 @@ class ProjectionReader:
         return await self._query(query)
 
     def _effect(self, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
-        raw = self._db.get(key(b'x', run_id, tool_call_id))
+        raw = self._db.get(EFFECT.key(run_id, tool_call_id))
         if raw is None:
             return None
-        state = json.loads(raw)
+        state = EffectState.decode(raw)
         return ToolEffectRecord(
-            tool_call_id=state['tool_call_id'],
-            tool_name=state['tool_name'],
-            run_id=state['run_id'],
-            status=state['status'],
-            started_at=_ts(state['started_at']),
-            ended_at=_ts(state['ended_at']),
-            idempotency_key=state['idempotency_key'],
-            effect_summary=state['effect_summary'],
-            error=state['error'],
-            last_seq=state['last_seq'],
+            tool_call_id=state.tool_call_id,
+            tool_name=state.tool_name,
+            run_id=state.run_id,
+            status=state.status,  # type: ignore[arg-type]
+            started_at=_ts(state.started_at),
+            ended_at=_ts(state.ended_at),
+            idempotency_key=state.idempotency_key,
+            effect_summary=state.effect_summary,
+            error=state.error,
+            last_seq=state.last_seq,
         )
 
 
@@ -431,11 +488,19 @@ async def continue_run(
 
 
 async def fork_run(
-    reader: ProjectionReader, *, run_id: str, snapshot_seq: int | None = None
+    reader: ProjectionReader,
+    *,
+    run_id: str,
+    snapshot_seq: int | None = None,
+    include_interrupted: bool = False,
 ) -> list[ModelMessage]:
-    """The messages of any retained snapshot (default: the latest complete), to start a new run from."""
+    """The messages of any retained snapshot, to start a new run from.
+
+    Without `snapshot_seq`, the latest complete one (or the latest of any state with
+    `include_interrupted=True`), as `continue_run` picks it.
+    """
     if snapshot_seq is None:
-        return await continue_run(reader, run_id=run_id)
+        return await continue_run(reader, run_id=run_id, include_interrupted=include_interrupted)
     snapshot = await reader.get_snapshot(run_id, snapshot_seq)
     if snapshot is None:
         raise LookupError(f'run_id {run_id!r} has no snapshot {snapshot_seq} in the projection')
@@ -451,7 +516,12 @@ class ProjectionStatus:
     applied_per_second: float
     updated_at: datetime | None
     dead_lettered: int
+    dead_lettered_by_reason: dict[str, int]
     conflicting_runs: int
+    state: str | None
+    """`live`, `rebuilding` (an unfinished rebuild: resume it) or `rebuilt`; None before the first start."""
+    topic_prefix: str | None
+    max_snapshots_per_run: int | None
 
 
 @dataclass(kw_only=True)
@@ -475,7 +545,7 @@ async def inspect_recovery(reader: ProjectionReader, *, run_id: str) -> Recovery
         run=await reader.get_run(run_id),
         latest_snapshot=await reader.latest_snapshot(run_id, include_interrupted=True),
         latest_complete_snapshot=await reader.latest_snapshot(run_id),
-        unresolved=[e for e in effects if e.unknown_after_crash],
+        unresolved=await reader.list_unresolved_tool_effects(run_id),
         completed_tools=[e.tool_name for e in effects if e.status == 'completed'],
         failed_tools=[e.tool_name for e in effects if e.status == 'failed'],
     )

@@ -6,8 +6,9 @@ import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
-from stepstream.errors import StepStreamError
+from stepstream.errors import UsageError
 from stepstream.projector._projector import Projector
+from stepstream.projector._store import check_directory, read_identity_file
 from stepstream.settings import Settings
 from stepstream.topics import Position
 
@@ -20,21 +21,38 @@ async def rebuild(
     into: str | Path,
     *,
     max_snapshots_per_run: int | None = None,
+    like: str | Path | None = None,
     on_progress: Progress | None = None,
     timeout: float = 3600.0,
 ) -> Position:
-    """Replay both topics from offset zero into the empty directory `into`; returns the end reached.
+    """Replay both topics from offset zero into `into`; returns the end reached.
 
-    The log's end is taken when the rebuild starts; records appended later are not waited for.
+    `into` must be new or empty, or an unfinished rebuild, which is resumed. Until the rebuild
+    reaches the log's end (taken when it starts; records appended later are not waited for) the
+    projection says it is `rebuilding`. `like` copies the options of an existing projection.
     """
-    target = Path(into)
-    if await asyncio.to_thread(_has_files, target):
-        raise StepStreamError(f'{target} is not empty: rebuild into a new directory, then swap it in')
+    if like is not None:
+        identity = await asyncio.to_thread(read_identity_file, check_directory(like, create=False))
+        if identity is None:
+            raise UsageError(f'{like} is not a stepstream projection, so there are no options to copy')
+        if max_snapshots_per_run is not None and max_snapshots_per_run != identity.max_snapshots_per_run:
+            raise UsageError(
+                f'--like {like} has max_snapshots_per_run={identity.max_snapshots_per_run}, '
+                f'but {max_snapshots_per_run} was given: give one or the other'
+            )
+        max_snapshots_per_run = identity.max_snapshots_per_run
+    target = check_directory(into, create=True)
+    if (target / 'CURRENT').exists():
+        existing = await asyncio.to_thread(read_identity_file, target)
+        if existing is None or existing.state != 'rebuilding':
+            raise UsageError(f'{target} is not empty: rebuild into a new directory, then swap it in')
     async with Projector(
         settings,
         db_path=target,
         create_topics=False,
         commit_group_offsets=False,
+        send_dead_letters=False,
+        rebuilding=True,
         max_snapshots_per_run=max_snapshots_per_run,
     ) as projector:
         end = await projector.end_position()
@@ -50,6 +68,7 @@ async def rebuild(
             if on_progress is not None:
                 on_progress(done, total)
             if done >= total:
+                projector.mark_rebuilt()
                 return end
             if loop.time() > deadline:
                 raise TimeoutError(f'rebuild reached {done} of {total} records within {timeout:g}s')
@@ -57,10 +76,6 @@ async def rebuild(
                 await projector.wait_for(end, timeout=0.5)
             except TimeoutError:
                 continue
-
-
-def _has_files(path: Path) -> bool:
-    return path.exists() and any(path.iterdir())
 
 
 def progress_bar(width: int = 40) -> Progress:

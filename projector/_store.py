@@ -1,65 +1,128 @@
-r"""The projection's RocksDB layout, and the batch transaction that writes state with offsets.
+"""The projection's RocksDB store: opening it safely, and the batch transaction that writes it.
 
-One column family, keys by prefix (`\x00` separates key parts; ids never contain it):
-
-| prefix | key                                   | value                                 |
-| ------ | ------------------------------------- | ------------------------------------- |
-| `o`    | topic, partition                      | next offset to consume (ASCII int)    |
-| `r`    | run_id                                | run state (JSON)                      |
-| `e`    | run_id, seq                           | the StepEvent exactly as logged (Avro)|
-| `s`    | run_id, snapshot_seq                  | snapshot index entry (JSON)           |
-| `x`    | run_id, tool_call_id                  | merged tool effect (JSON)             |
-| `u`    | started_at, run_id, tool_call_id      | unresolved effect, global, oldest first|
-| `U`    | run_id, tool_call_id                  | unresolved effect, per run            |
-| `a`    | started_at, run_id                    | every run, chronological              |
-| `c`    | conversation_id, started_at, run_id   | conversation -> runs                  |
-| `p`    | parent_run_id, started_at, run_id     | parent -> children                    |
-| `q`    | run_id, writer_id, seq                | record parked until its run registers |
-| `w`    | run_id, writer_id, seq                | record of a conflicting writer, apart |
-| `k`    | run_id, writer_id                     | conflicting writer (JSON: count)      |
-| `m`    | name                                  | counters (JSON)                       |
-
-Everything a batch changes, offsets included, goes to RocksDB in one `WriteBatch`, so a crash
-leaves all of a batch or none of it.
+Keys come from `_keys` and state records from `_state`; this module owns the files. Everything
+a batch changes, offsets included, goes to RocksDB in one `WriteBatch`, so a crash leaves all of
+a batch or none of it.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
+from aiokafka.structs import TopicPartition
 from rocksdict import AccessType, Options, Rdict, WriteBatch, WriteOptions
 
-SEP = b'\x00'
+from stepstream.errors import ProjectionInUse, UsageError
+from stepstream.projector._keys import IDENTITY, OFFSET
+from stepstream.projector._state import Identity, _Json
+
+S = TypeVar('S', bound=_Json)
+
+PID_FILE = 'stepstream-projector.pid'
+"""Written by the process holding a projection open for writing, to name it in errors."""
 
 
-def key(prefix: bytes, *parts: str | int) -> bytes:
-    """A key from its prefix and parts; ints are zero-padded so byte order is numeric order."""
-    encoded = [p.encode() if isinstance(p, str) else b'%020d' % p for p in parts]
-    return prefix + SEP + SEP.join(encoded)
+def check_directory(path: str | Path, *, create: bool) -> Path:
+    """Refuse a path that is not a projection before anything is written to it.
+
+    With `create`, a missing or empty directory is fine (it becomes a projection); otherwise a
+    projection must be there already.
+    """
+    target = Path(path)
+    if target.exists() and not target.is_dir():
+        raise UsageError(f'{target} is a file, not a projection directory: give --db-path a directory')
+    has_files = target.is_dir() and any(target.iterdir())
+    if has_files and not (target / 'CURRENT').exists():
+        raise UsageError(
+            f'{target} is not empty and is not a projection; refusing to write into it. '
+            'Give --db-path a new or empty directory'
+        )
+    if not has_files and not create:
+        raise UsageError(f'no projection at {target}: run `stepstream projector --db-path {target}` first')
+    return target
 
 
-def prefix_of(prefix: bytes, *parts: str | int) -> bytes:
-    """The key prefix that all keys below `parts` share (ends with the separator)."""
-    return key(prefix, *parts) + SEP
+def open_db(path: str | Path, *, create: bool = True) -> Rdict:
+    """Open a projection for writing (creating it when `create`), holding RocksDB's lock.
 
-
-def dumps(value: Any) -> bytes:
-    """Compact, key-sorted JSON: the same state always has the same bytes."""
-    return json.dumps(value, separators=(',', ':'), sort_keys=True).encode()
-
-
-def open_db(path: str | Path, *, secondary: str | Path | None = None) -> Rdict:
-    """Open the projection; as a secondary instance (read-only, catches up) when `secondary` is set."""
+    A second writer gets `ProjectionInUse` naming the process that holds it.
+    """
+    target = check_directory(path, create=create)
+    target.mkdir(parents=True, exist_ok=True)
     options = Options(raw_mode=True)
-    if secondary is None:
-        options.create_if_missing(True)
-        Path(path).mkdir(parents=True, exist_ok=True)
-        return Rdict(str(path), options)
+    options.create_if_missing(create)
+    try:
+        db = Rdict(str(target), options)
+    except Exception as exc:  # rocksdict raises a bare Exception carrying RocksDB's status text
+        if 'lock' in str(exc).lower():
+            holder = _read_pid(target)
+            who = f'pid {holder}' if holder else 'another process'
+            raise ProjectionInUse(
+                f'{target} is in use by another projector ({who}); stop it, or give this one its own '
+                '--db-path. Readers can open it at the same time with `ProjectionReader.open`'
+            ) from None
+        raise
+    with contextlib.suppress(OSError):
+        (target / PID_FILE).write_text(f'{os.getpid()}\n')
+    return db
+
+
+def open_secondary(path: str | Path, scratch: str | Path) -> Rdict:
+    """Open a projection read-only as a secondary instance (catches up with its writer)."""
+    target = check_directory(path, create=False)
+    if read_identity_file(target) is None:
+        raise UsageError(
+            f'{target} is a RocksDB directory but not a stepstream projection of this version: '
+            f'rebuild it with `stepstream rebuild --into NEW_DIR`'
+        )
+    options = Options(raw_mode=True)
     options.set_max_open_files(-1)
-    return Rdict(str(path), options, access_type=AccessType.secondary(str(secondary)))
+    return Rdict(str(target), options, access_type=AccessType.secondary(str(scratch)))
+
+
+def read_identity_file(path: Path) -> Identity | None:
+    """The identity of the projection at `path`, read without taking its lock (None if absent)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix='stepstream-identity-') as scratch:
+        options = Options(raw_mode=True)
+        db = Rdict(str(path), options, access_type=AccessType.secondary(scratch))
+        try:
+            db.try_catch_up_with_primary()
+            return read_identity(db)
+        finally:
+            db.close()
+
+
+def read_identity(db: Rdict) -> Identity | None:
+    """The identity stored in an open projection, or None (a projection not yet started)."""
+    raw = db.get(IDENTITY)
+    if not isinstance(raw, bytes):
+        return None
+    try:
+        return Identity.decode(raw)
+    except (TypeError, ValueError):
+        return None
+
+
+def write_identity(db: Rdict, identity: Identity) -> None:
+    """Store the identity (synced: it is what later opens check against)."""
+    options = WriteOptions()
+    options.sync = True
+    batch = WriteBatch(raw_mode=True)
+    batch.put(IDENTITY, identity.encode())
+    db.write(batch, options)
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        return int((path / PID_FILE).read_text().strip())
+    except (OSError, ValueError):
+        return None
 
 
 def scan(db: Rdict, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
@@ -70,60 +133,72 @@ def scan(db: Rdict, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         yield k, v
 
 
-_AS_JSON = b'<json>'
-"""Marks a staged write whose value is serialized from the decoded JSON at commit."""
+def stored_offsets(db: Rdict) -> dict[TopicPartition, int]:
+    """For each partition, the next offset the projection will apply."""
+    stored = {}
+    for k, v in scan(db, OFFSET.tag):
+        topic, partition = OFFSET.parse(k)
+        assert isinstance(topic, str) and isinstance(partition, int)
+        stored[TopicPartition(topic, partition)] = int(v)
+    return stored
 
 
 class BatchTxn:
     """Staged writes of one consumed batch, readable before they are committed.
 
     Later records of a batch must see what earlier ones wrote (a run registered three records
-    ago), so reads check the staged writes first, then RocksDB.
+    ago), so reads check the staged writes first, then RocksDB. State records are decoded once
+    per batch and serialized once, at commit.
     """
 
     def __init__(self, db: Rdict) -> None:
         self.db = db
-        self._writes: dict[bytes, bytes | None] = {}
-        self._json: dict[bytes, Any] = {}
-        # Staged keys by their one-letter prefix, so `scan` does not walk every staged write.
-        self._by_prefix: dict[bytes, set[bytes]] = {}
+        self._writes: dict[bytes, bytes | _Json | None] = {}
+        self._states: dict[bytes, _Json | None] = {}
+        # Staged keys by keyspace tag, so `scan` does not walk every staged write.
+        self._by_tag: dict[bytes, set[bytes]] = {}
 
     def get(self, k: bytes) -> bytes | None:
         """The staged value if any, else the stored one."""
         if k in self._writes:
             staged = self._writes[k]
-            return dumps(self._json[k]) if staged is _AS_JSON else staged
+            return staged.encode() if isinstance(staged, _Json) else staged
         value = self.db.get(k)
         return value if isinstance(value, bytes) else None
 
+    def get_state(self, k: bytes, kind: type[S]) -> S | None:
+        """A state record, decoded once per batch; change it and `put_state` it back."""
+        if k in self._states:
+            return self._states[k]  # type: ignore[return-value]
+        raw = self.get(k)
+        state = kind.decode(raw) if raw is not None else None
+        self._states[k] = state
+        return state
+
     def put(self, k: bytes, value: bytes) -> None:
         """Stage a write."""
-        self._json.pop(k, None)
+        self._states.pop(k, None)
         self._stage(k, value)
+
+    def put_state(self, k: bytes, state: _Json) -> None:
+        """Stage a state record; it is serialized once, at commit."""
+        self._states[k] = state
+        self._stage(k, state)
 
     def delete(self, k: bytes) -> None:
         """Stage a delete."""
-        self._json.pop(k, None)
+        self._states[k] = None
         self._stage(k, None)
 
-    def _stage(self, k: bytes, value: bytes | None) -> None:
+    def _stage(self, k: bytes, value: bytes | _Json | None) -> None:
         if k not in self._writes:
-            self._by_prefix.setdefault(k[:1], set()).add(k)
+            self._by_tag.setdefault(k[:1], set()).add(k)
         self._writes[k] = value
-
-    def get_json(self, k: bytes) -> Any:
-        """A JSON value, decoded once per batch; mutate it and `put_json` it back."""
-        if k in self._json:
-            return self._json[k]
-        raw = self.get(k)
-        value = json.loads(raw) if raw is not None else None
-        self._json[k] = value
-        return value
 
     def scan(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
         """Like `scan(db, prefix)`, with this batch's staged writes applied."""
         found = dict(scan(self.db, prefix))
-        for k in self._by_prefix.get(prefix[:1], ()):
+        for k in self._by_tag.get(prefix[:1], ()):
             if k.startswith(prefix):
                 value = self.get(k)
                 if value is None:
@@ -132,27 +207,20 @@ class BatchTxn:
                     found[k] = value
         return sorted(found.items())
 
-    def put_json(self, k: bytes, value: Any) -> None:
-        """Stage a JSON value; it is serialized once, at commit."""
-        self._stage(k, _AS_JSON)
-        self._json[k] = value
-
     def commit(self, *, sync: bool = False) -> int:
         """Write everything staged in one atomic `WriteBatch`; returns the number of keys."""
         batch = WriteBatch(raw_mode=True)
         for k, value in self._writes.items():
             if value is None:
                 batch.delete(k)
-            elif value is _AS_JSON:
-                batch.put(k, dumps(self._json[k]))
             else:
-                batch.put(k, value)
+                batch.put(k, value.encode() if isinstance(value, _Json) else value)
         count = len(self._writes)
         if count:
             options = WriteOptions()
             options.sync = sync
             self.db.write(batch, options)
         self._writes.clear()
-        self._json.clear()
-        self._by_prefix.clear()
+        self._states.clear()
+        self._by_tag.clear()
         return count

@@ -2,23 +2,23 @@
 
 The projection is a pure function of the log, so an incrementally built projection that
 survived any number of crashes must equal a clean rebuild, key for key. Only bookkeeping that
-depends on the consuming process is left out: the stored offsets (`o`) and progress figures.
+depends on the consuming process is left out: the stored offsets, progress figures and the
+identity record (whose options are compared first, on their own).
 """
 
 from __future__ import annotations
 
 import json
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from rocksdict import Rdict
 
-from stepstream.projector._store import SEP, open_db
+from stepstream.projector._keys import APART, EVENT, PARKED, PROCESS_LOCAL, TRANSITION, render_key
+from stepstream.projector._store import open_secondary, read_identity
 from stepstream.schemas import decode
-
-_PROCESS_LOCAL = (b'o' + SEP, b'm' + SEP + b'progress')
-_AVRO_PREFIXES = (b'e' + SEP, b'q' + SEP, b'w' + SEP)
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,27 +37,40 @@ def logical_items(db: Rdict) -> Iterator[tuple[bytes, bytes]]:
     """Every (key, value) that belongs to the logical content, in key order."""
     for k, v in db.items():
         assert isinstance(k, bytes) and isinstance(v, bytes)
-        if not k.startswith(_PROCESS_LOCAL):
+        if not k.startswith(PROCESS_LOCAL):
             yield k, v
-
-
-def render_key(k: bytes) -> str:
-    """A key as readable text: its parts joined by '/'."""
-    return '/'.join(part.decode(errors='replace') for part in k.split(SEP))
 
 
 def render_value(k: bytes, v: bytes) -> str:
     """A value as readable text: decoded records, JSON as JSON."""
-    if k.startswith(_AVRO_PREFIXES):
-        return repr(decode(v))
     try:
+        if k.startswith((EVENT.tag, PARKED.tag, APART.tag)):
+            return repr(decode(v))
+        if k.startswith(TRANSITION.tag):
+            return repr(decode(v[8:]))
         return json.dumps(json.loads(v), sort_keys=True)
     except ValueError:
         return v.decode(errors='replace') or '(empty)'
 
 
 def compare(left: Rdict, right: Rdict) -> tuple[int, Difference | None]:
-    """Walk both projections in key order; the number of equal items and the first difference."""
+    """Walk both projections in key order; the number of equal items and the first difference.
+
+    The options the projections were built with are compared first: projections of one log
+    built with different options differ for that reason alone, and the difference says so.
+    """
+    id_left, id_right = read_identity(left), read_identity(right)
+    for side, identity in (('left', id_left), ('right', id_right)):
+        if identity is not None and identity.state == 'rebuilding':
+            return 0, Difference(
+                'identity.state', f'the {side} projection is an unfinished rebuild', 'resume it first'
+            )
+    options_left = id_left.options() if id_left is not None else None
+    options_right = id_right.options() if id_right is not None else None
+    if options_left != options_right:
+        return 0, Difference(
+            'options (the projections were built differently)', str(options_left), str(options_right)
+        )
     a, b = logical_items(left), logical_items(right)
     item_a, item_b = next(a, None), next(b, None)
     equal = 0
@@ -76,10 +89,13 @@ def compare(left: Rdict, right: Rdict) -> tuple[int, Difference | None]:
 
 def verify_paths(left: str | Path, right: str | Path) -> tuple[int, Difference | None]:
     """Compare two projection directories (opened read-only as secondary instances)."""
-    import tempfile
-
     with tempfile.TemporaryDirectory() as tmp_a, tempfile.TemporaryDirectory() as tmp_b:
-        db_a, db_b = open_db(left, secondary=tmp_a), open_db(right, secondary=tmp_b)
+        db_a = open_secondary(left, tmp_a)
+        try:
+            db_b = open_secondary(right, tmp_b)
+        except BaseException:
+            db_a.close()
+            raise
         try:
             db_a.try_catch_up_with_primary()
             db_b.try_catch_up_with_primary()

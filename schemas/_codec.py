@@ -96,13 +96,15 @@ def decode(data: bytes) -> LogRecord:
     if len(data) < _HEADER_LEN or data[:2] != MAGIC:
         raise SchemaError(
             f'not an Avro single-object record (expected marker C3 01, got {data[:2].hex() or "nothing"}); '
-            'was it written by stepstream?'
+            'was it written by stepstream?',
+            reason='not_a_record',
         )
     writer = _BY_FINGERPRINT.get(data[2:_HEADER_LEN])
     if writer is None:
         raise SchemaError(
             f'unknown schema fingerprint {data[2:_HEADER_LEN].hex()}: the record was written with a '
-            'schema this version of stepstream does not have; upgrade stepstream'
+            'schema this version of stepstream does not have; upgrade stepstream',
+            reason='unknown_version',
         )
     reader = _VERSIONS[writer.name][-1]
     # Schema resolution only when the writer used an older version; the common case skips it.

@@ -122,10 +122,12 @@ class RunRecord:
     event_count: int = 0
     """Records applied for this run, across both topics."""
     last_seq: int = -1
-    gaps: list[int] = field(default_factory=list)
-    """Sequence numbers below `last_seq` that never arrived."""
+    gaps: list[tuple[int, int]] = field(default_factory=list)
+    """Ranges of sequence numbers below `last_seq` that never arrived, inclusive: `[(3, 3), (7, 9)]`."""
     conflicting_writers: list[str] = field(default_factory=list)
     """Other writers that claimed this run_id; their records are kept apart."""
+    rejected: dict[str, int] = field(default_factory=dict)
+    """This run's own records that went to the DLQ, by reason (`seq_jump`, `duplicate_seq`, ...)."""
 
 
 @dataclass(kw_only=True, slots=True)

@@ -6,18 +6,24 @@ Producer, projector, schemas and media live in their own subpackages.
 
 from stepstream.errors import (
     MediaUnavailable,
+    ProjectionInUse,
+    ProjectionMismatch,
     RecordTooLarge,
     SchemaError,
     StepStreamError,
     StepStreamUnavailable,
+    UsageError,
 )
 from stepstream.settings import Settings
 
 __all__ = [
     'MediaUnavailable',
+    'ProjectionInUse',
+    'ProjectionMismatch',
     'RecordTooLarge',
     'SchemaError',
     'Settings',
     'StepStreamError',
     'StepStreamUnavailable',
+    'UsageError',
 ]

@@ -13,7 +13,7 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
-from stepstream.errors import StepStreamError
+from stepstream.errors import StepStreamError, UsageError
 from stepstream.settings import Settings
 
 if TYPE_CHECKING:
@@ -34,6 +34,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = Settings.from_args(args)
         return asyncio.run(args.command(args, settings))
+    except UsageError as exc:
+        print(f'stepstream: {exc}', file=sys.stderr)
+        return 2
     except (StepStreamError, LookupError, ValueError) as exc:
         print(f'stepstream: {exc}', file=sys.stderr)
         return 1
@@ -65,8 +68,11 @@ def _parser() -> argparse.ArgumentParser:
     rebuild = command(
         'rebuild', _rebuild, 'Replay both topics from offset zero into a new projection directory.'
     )
-    rebuild.add_argument('--into', required=True, help='an empty or missing directory')
+    rebuild.add_argument(
+        '--into', required=True, help='a new or empty directory, or an unfinished rebuild to resume'
+    )
     rebuild.add_argument('--max-snapshots-per-run', type=int, default=None)
+    rebuild.add_argument('--like', metavar='PATH', help='copy the options of the projection at PATH')
 
     verify = command('verify', _verify, 'Compare two projections; print the first difference.')
     verify.add_argument('left')
@@ -145,7 +151,11 @@ async def _rebuild(args: argparse.Namespace, settings: Settings) -> int:
     from stepstream.projector import progress_bar, rebuild
 
     end = await rebuild(
-        settings, args.into, max_snapshots_per_run=args.max_snapshots_per_run, on_progress=progress_bar()
+        settings,
+        args.into,
+        max_snapshots_per_run=args.max_snapshots_per_run,
+        like=args.like,
+        on_progress=progress_bar(),
     )
     print(f'rebuilt {sum(end.values())} records into {args.into}')
     return 0
@@ -194,9 +204,13 @@ async def _status(args: argparse.Namespace, settings: Settings) -> int:
     print(table(['topic', 'partition', 'applied', 'end', 'lag'], rows))
     print(f'\ntotal lag: {sum(r[4] for r in rows)} records')
     print(f'applied: {status.applied_per_second:g} records/s (as of {status.updated_at or "never"})')
-    print(
-        f'dead-lettered: {status.dead_lettered}    runs with conflicting writers: {status.conflicting_runs}'
-    )
+    reasons = ', '.join(f'{reason} {count}' for reason, count in status.dead_lettered_by_reason.items())
+    print(f'dead-lettered: {status.dead_lettered}' + (f' ({reasons})' if reasons else ''))
+    print(f'runs with conflicting writers: {status.conflicting_runs}')
+    if status.state == 'rebuilding':
+        print(
+            f'this projection is an unfinished rebuild: resume it with `stepstream rebuild --into {settings.db_path}`'
+        )
     return 0
 
 

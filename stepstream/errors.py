@@ -24,4 +24,26 @@ class MediaUnavailable(StepStreamError):
 
 
 class SchemaError(StepStreamError):
-    """Bytes that are not a stepstream record, or a record of an unknown schema."""
+    """Bytes that are not a stepstream record, or a record of an unknown schema.
+
+    `reason` is the DLQ reason code: `not_a_record`, `unknown_version` or `corrupt`.
+    """
+
+    def __init__(self, message: str, *, reason: str = 'corrupt') -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class UsageError(StepStreamError):
+    """A command or path was used wrongly (a file where a directory belongs, a missing projection).
+
+    The CLI exits with code 2 for these.
+    """
+
+
+class ProjectionInUse(UsageError):
+    """Another process holds the projection open for writing."""
+
+
+class ProjectionMismatch(UsageError):
+    """A projection was built from other topics, another cluster or with other options."""

@@ -48,7 +48,7 @@ def runs_table(runs: Sequence[RunRecord]) -> str:
             r.conversation_id,
             _time(r.started_at),
             r.event_count,
-            ','.join(map(str, r.gaps)) or None,
+            ','.join(str(lo) if lo == hi else f'{lo}-{hi}' for lo, hi in r.gaps) or None,
         )
         for r in runs
     ]

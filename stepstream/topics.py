@@ -22,9 +22,15 @@ Position = dict[TopicPartition, int]
 
 @dataclass(frozen=True, slots=True)
 class TopicLayout:
-    """How many partitions the two co-partitioned log topics have."""
+    """How many partitions the two co-partitioned log topics have, on which cluster."""
 
     partitions: int
+    cluster: str = ''
+    """The cluster id the broker reports, or `servers:<bootstrap servers>` when it reports none.
+
+    Tansu reports the same id (`tansu_cluster`) for every broker, so for Tansu this tells Tansu
+    from Apache Kafka but not one Tansu from another.
+    """
 
 
 async def ensure_topics(settings: Settings, *, create: bool = True) -> TopicLayout:
@@ -50,6 +56,7 @@ async def ensure_topics(settings: Settings, *, create: bool = True) -> TopicLayo
             if missing:
                 await _create(admin, settings, missing)
         counts = await _partition_counts(admin, log_topics)
+        described = await admin.describe_cluster()
     finally:
         await admin.close()
     missing_topics = [t for t in log_topics if not counts.get(t)]
@@ -63,7 +70,11 @@ async def ensure_topics(settings: Settings, *, create: bool = True) -> TopicLayo
             f'log topics are not co-partitioned: {counts}. Both must have the same partition count, '
             'because a run lives in the same partition number of each'
         )
-    return TopicLayout(partitions=counts[settings.step_events_topic])
+    cluster_id = described.get('cluster_id')
+    cluster = (
+        cluster_id if isinstance(cluster_id, str) and cluster_id else f'servers:{settings.bootstrap_servers}'
+    )
+    return TopicLayout(partitions=counts[settings.step_events_topic], cluster=cluster)
 
 
 async def _create(admin: AIOKafkaAdminClient, settings: Settings, topics: list[str]) -> None:

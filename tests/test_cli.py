@@ -87,7 +87,7 @@ async def test_views_tables_and_json(
     code, _, err = await cli(settings, db_path, 'tree', 'no-such-run')
     assert code == 1 and 'no-such-run' in err
     code, _, err = await cli(settings, db_path.parent / 'missing', 'runs')
-    assert code == 1 and 'no projection at' in err
+    assert code == 2 and 'no projection at' in err
 
 
 async def test_flags_override_the_environment(
@@ -115,7 +115,7 @@ async def test_rebuild_and_verify(
     assert code == 0 and 'identical' in out
 
     code, _, err = await cli(settings, db_path, 'rebuild', '--into', str(tmp_path / 'fresh'))
-    assert code == 1 and 'not empty' in err
+    assert code == 2 and 'not empty' in err
 
     # A projection that missed the last run differs, and verify says where.
     await orchestrate(event_log, 'conv-late')

@@ -14,7 +14,7 @@ from stepstream import Settings, StepStreamError
 from stepstream.producer import EventLog
 from stepstream.projector import Projector
 from stepstream.schemas import StepEvent, ToolEffectTransition, encode
-from stepstream.topics import ensure_topics
+from stepstream.topics import ensure_topics, murmur2_partition
 
 NOW = datetime(2026, 11, 30, tzinfo=UTC)
 
@@ -35,12 +35,14 @@ def effect(run_id: str, seq: int, status: str, writer: str = 'w') -> ToolEffectT
     )
 
 
-async def produce_raw(settings: Settings, topic: str, values: list[tuple[bytes | None, bytes]]) -> None:
+async def produce_raw(
+    settings: Settings, topic: str, values: list[tuple[bytes | None, bytes]], partition: int
+) -> None:
     producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
     await producer.start()
     try:
         for k, v in values:
-            await producer.send_and_wait(topic, v, key=k, partition=0)
+            await producer.send_and_wait(topic, v, key=k, partition=partition)
     finally:
         await producer.stop()
 
@@ -51,12 +53,14 @@ async def test_poison_records_go_to_the_dlq_and_the_partition_moves_on(
     good_before, good_after = encode(event('r1', 0, 'run_started')), encode(event('r1', 1))
     wrong_key = encode(event('r2', 0, 'run_started'))
     await ensure_topics(settings)
+    home = murmur2_partition(b'r1', settings.partitions)
     await produce_raw(
         settings,
         settings.step_events_topic,
         [(b'r1', good_before), (b'r1', b'not avro at all'), (b'r1', wrong_key), (b'r1', good_after)],
+        home,
     )
-    await projector.wait_for({TopicPartition(settings.step_events_topic, 0): 4}, timeout=15)
+    await projector.wait_for({TopicPartition(settings.step_events_topic, home): 4}, timeout=15)
     run = await projector.reader().get_run('r1')
     assert run is not None and run.event_count == 2 and run.gaps == []
     assert await projector.reader().get_run('r2') is None
@@ -76,8 +80,11 @@ async def test_poison_records_go_to_the_dlq_and_the_partition_moves_on(
     headers = [dict(m.headers) for m in dead]
     assert [h['stepstream-source-offset'] for h in headers] == [b'1', b'2']
     assert all(h['stepstream-source-topic'] == settings.step_events_topic.encode() for h in headers)
-    assert b'single-object' in headers[0]['stepstream-dlq-reason']
-    assert b'is not its run_id' in headers[1]['stepstream-dlq-reason']
+    assert [h['stepstream-dlq-reason'] for h in headers] == [b'not_a_record', b'wrong_key']
+    assert b'single-object' in headers[0]['stepstream-dlq-detail']
+    assert b'is not its run_id' in headers[1]['stepstream-dlq-detail']
+    status = await projector.reader().status()
+    assert status.dead_lettered_by_reason == {'not_a_record': 1, 'wrong_key': 1}
     assert dead[0].value == b'not avro at all'
 
 
@@ -88,7 +95,7 @@ async def test_duplicates_and_cross_topic_order(settings: Settings, projector: P
             await log.append(record)
         await projector.wait_for(await log.flush())
         run = await projector.reader().get_run('r')
-        assert run is not None and run.gaps == [1] and run.event_count == 3
+        assert run is not None and run.gaps == [(1, 1)] and run.event_count == 3
         assert projector.duplicates_ignored == 1
         unresolved = await projector.reader().list_unresolved_tool_effects('r')
         assert [(e.tool_call_id, e.status) for e in unresolved] == [('c1', 'started')]

@@ -1,0 +1,170 @@
+"""The projection's key layout: every keyspace, its builder and its parser, in one place.
+
+A key is one prefix byte naming its keyspace, then its components, each encoded so that the
+encoding is injective and keeps order (docs/decisions/0009-key-layout.md):
+
+- text: the UTF-8 bytes with every `00` escaped as `00 FF`, then the terminator `00 01`. No id
+  can end a component early or run into the next one, whatever characters it holds, and the
+  encoding of a whole component is never a prefix of another's.
+- integer: 8 bytes big-endian of `value + 2**63`, so negative values sort before positive.
+
+No other module spells key bytes: they ask a `Keyspace` for a key, a prefix or the parts.
+
+| keyspace           | byte | components                            | value                          |
+| ------------------ | ---- | ------------------------------------- | ------------------------------ |
+| `META`             | `m`  | name                                  | JSON (identity, DLQ counts)    |
+| `OFFSET`           | `o`  | topic, partition                      | next offset to apply (ASCII)   |
+| `RUN`              | `r`  | run_id                                | `RunState`                     |
+| `EVENT`            | `e`  | run_id, seq                           | the step event as logged (Avro)|
+| `TRANSITION`       | `t`  | run_id, seq                           | the first transition at seq    |
+| `SNAPSHOT`         | `s`  | run_id, snapshot_seq                  | `SnapshotEntry`                |
+| `EFFECT`           | `x`  | run_id, tool_call_id                  | `EffectState`                  |
+| `EFFECT_SEQ`       | `y`  | run_id, tool_call_id, seq             | empty: the call's live records |
+| `UNRESOLVED`       | `u`  | started_at, run_id, tool_call_id      | empty: oldest first, all runs  |
+| `UNRESOLVED_RUN`   | `v`  | run_id, tool_call_id                  | empty: per run                 |
+| `RUNS`             | `a`  | started_at, run_id                    | empty: every run, in order     |
+| `CONVERSATION`     | `c`  | conversation_id, started_at, run_id   | empty                          |
+| `CHILDREN`         | `p`  | parent_run_id, started_at, run_id     | empty                          |
+| `PARKED`           | `q`  | run_id, topic, partition, offset      | a record before its run exists |
+| `APART`            | `w`  | run_id, writer_id, topic, seq         | another writer's record        |
+| `CONFLICT`         | `k`  | run_id, writer_id                     | JSON: records kept apart       |
+
+`topic` in `PARKED` and `APART` is the topic's index (0 step events, 1 tool effects).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+_ESCAPED_NUL = b'\x00\xff'
+_END = b'\x00\x01'
+_INT_BIAS = 1 << 63
+
+Part = Literal['str', 'int']
+
+
+def encode_text(value: str) -> bytes:
+    """One text component: escaped UTF-8 and its terminator."""
+    return value.encode().replace(b'\x00', _ESCAPED_NUL) + _END
+
+
+def encode_int(value: int) -> bytes:
+    """One integer component: 8 bytes that sort like the numbers they encode."""
+    return (value + _INT_BIAS).to_bytes(8, 'big')
+
+
+@dataclass(frozen=True, slots=True)
+class Keyspace:
+    """A named family of keys: a prefix byte and the kinds of its components."""
+
+    name: str
+    tag: bytes
+    parts: tuple[Part, ...]
+
+    def key(self, *values: str | int) -> bytes:
+        """The key of one entry; every component must be given."""
+        if len(values) != len(self.parts):
+            raise TypeError(f'{self.name} keys have {len(self.parts)} parts, got {len(values)}')
+        return self.prefix(*values)
+
+    def prefix(self, *values: str | int) -> bytes:
+        """The prefix shared by every key whose leading components are `values`."""
+        out = [self.tag]
+        for kind, value in zip(self.parts, values, strict=False):
+            if kind == 'str':
+                assert isinstance(value, str), (self.name, value)
+                out.append(encode_text(value))
+            else:
+                assert isinstance(value, int), (self.name, value)
+                out.append(encode_int(value))
+        return b''.join(out)
+
+    def parse(self, key: bytes) -> tuple[str | int, ...]:
+        """The components of a key of this keyspace (the inverse of `key`)."""
+        if key[:1] != self.tag:
+            raise ValueError(f'not a {self.name} key: {key[:16]!r}')
+        values: list[str | int] = []
+        at = 1
+        for kind in self.parts:
+            if kind == 'int':
+                values.append(int.from_bytes(key[at : at + 8], 'big') - _INT_BIAS)
+                at += 8
+                continue
+            chunks = []
+            while True:
+                nul = key.index(b'\x00', at)
+                chunks.append(key[at:nul])
+                marker = key[nul + 1 : nul + 2]
+                at = nul + 2
+                if marker == b'\x01':
+                    break
+                if marker != b'\xff':
+                    raise ValueError(f'malformed {self.name} key: {key[:64]!r}')
+                chunks.append(b'\x00')
+            values.append(b''.join(chunks).decode())
+        if at != len(key):
+            raise ValueError(f'{self.name} key has trailing bytes: {key[:64]!r}')
+        return tuple(values)
+
+    def last_str(self, key: bytes) -> str:
+        """The last component of a key whose last component is text (a run or call id)."""
+        value = self.parse(key)[-1]
+        assert isinstance(value, str)
+        return value
+
+
+META = Keyspace('meta', b'm', ('str',))
+OFFSET = Keyspace('offset', b'o', ('str', 'int'))
+RUN = Keyspace('run', b'r', ('str',))
+EVENT = Keyspace('event', b'e', ('str', 'int'))
+TRANSITION = Keyspace('transition', b't', ('str', 'int'))
+SNAPSHOT = Keyspace('snapshot', b's', ('str', 'int'))
+EFFECT = Keyspace('effect', b'x', ('str', 'str'))
+EFFECT_SEQ = Keyspace('effect_seq', b'y', ('str', 'str', 'int'))
+UNRESOLVED = Keyspace('unresolved', b'u', ('int', 'str', 'str'))
+UNRESOLVED_RUN = Keyspace('unresolved_run', b'v', ('str', 'str'))
+RUNS = Keyspace('runs', b'a', ('int', 'str'))
+CONVERSATION = Keyspace('conversation', b'c', ('str', 'int', 'str'))
+CHILDREN = Keyspace('children', b'p', ('str', 'int', 'str'))
+PARKED = Keyspace('parked', b'q', ('str', 'int', 'int', 'int'))
+APART = Keyspace('apart', b'w', ('str', 'str', 'int', 'int'))
+CONFLICT = Keyspace('conflict', b'k', ('str', 'str'))
+
+KEYSPACES = (
+    META,
+    OFFSET,
+    RUN,
+    EVENT,
+    TRANSITION,
+    SNAPSHOT,
+    EFFECT,
+    EFFECT_SEQ,
+    UNRESOLVED,
+    UNRESOLVED_RUN,
+    RUNS,
+    CONVERSATION,
+    CHILDREN,
+    PARKED,
+    APART,
+    CONFLICT,
+)
+BY_TAG = {ks.tag: ks for ks in KEYSPACES}
+assert len(BY_TAG) == len(KEYSPACES)
+
+IDENTITY = META.key('identity')
+DLQ_COUNTS = META.key('dlq')
+PROGRESS = META.key('progress')
+PROCESS_LOCAL = (OFFSET.tag, PROGRESS, IDENTITY)
+"""Keys (or keyspace tags) that depend on the consuming process, not only on the log."""
+
+
+def render_key(key: bytes) -> str:
+    """A key as readable text: its keyspace and parts joined by '/'."""
+    space = BY_TAG.get(key[:1])
+    if space is None:
+        return repr(key)
+    try:
+        return '/'.join([space.name, *map(str, space.parse(key))])
+    except ValueError:
+        return f'{space.name}/{key[1:]!r}'

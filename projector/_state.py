@@ -1,0 +1,206 @@
+"""Typed state records of the projection, each with one serialization (compact, key-sorted JSON).
+
+The apply rules mutate these; the reader turns them into the public record types. Every field
+is a function of the log (docs/decisions/0010-conflict-rules.md), so two projections of one
+log have byte-identical values.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, Self
+
+
+def dumps(value: Any) -> bytes:
+    """Compact, key-sorted JSON: the same state always has the same bytes."""
+    return json.dumps(value, separators=(',', ':'), sort_keys=True).encode()
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+class _Json:
+    """One serialization for every state record: its fields as a JSON object."""
+
+    __slots__ = ()
+
+    def encode(self) -> bytes:
+        """The record as stored."""
+        names = _FIELD_NAMES.get(type(self))
+        if names is None:
+            names = _FIELD_NAMES[type(self)] = tuple(f.name for f in fields(self))  # type: ignore[arg-type]
+        return dumps({name: getattr(self, name) for name in names})
+
+    @classmethod
+    def decode(cls, raw: bytes) -> Self:
+        """The record from its stored bytes."""
+        return cls(**json.loads(raw))
+
+
+def _no_ranges() -> list[list[int]]:
+    return []
+
+
+def _no_counts() -> dict[str, int]:
+    return {}
+
+
+def _no_strings() -> list[str]:
+    return []
+
+
+def _no_ints() -> list[int]:
+    return []
+
+
+def _highs() -> list[int]:
+    return [-1, -1]
+
+
+def _no_metadata() -> dict[str, str]:
+    return {}
+
+
+@dataclass(slots=True)
+class RunState(_Json):
+    """A registered run: its lineage from its `run_started`, its status and its seq bookkeeping."""
+
+    run_id: str
+    owner: str
+    """The `writer_id` of the run's first `run_started` (the registration)."""
+    started_at: int
+    conversation_id: str | None = None
+    parent_run_id: str | None = None
+    agent_name: str | None = None
+    metadata: dict[str, str] = field(default_factory=_no_metadata)
+    status: str = 'running'
+    terminal_seq: int = -1
+    ended_at: int | None = None
+    error: str | None = None
+    seqs: list[list[int]] = field(default_factory=_no_ranges)
+    """The seqs that hold a record, as sorted, disjoint, inclusive [low, high] ranges."""
+    highs: list[int] = field(default_factory=_highs)
+    """Per topic, the highest seq accepted so far (the base of the seq-jump rule)."""
+    rejected: dict[str, int] = field(default_factory=_no_counts)
+    """The owner's records dead-lettered by a state rule, by reason."""
+    conflicting_writers: list[str] = field(default_factory=_no_strings)
+    retained_snapshots: list[int] = field(default_factory=_no_ints)
+    newest_complete_snapshot: int = -1
+
+    @property
+    def last_seq(self) -> int:
+        """The highest seq that holds a record, or -1."""
+        return self.seqs[-1][1] if self.seqs else -1
+
+    @property
+    def record_count(self) -> int:
+        """How many seqs hold a record."""
+        return sum(high - low + 1 for low, high in self.seqs)
+
+    def gaps(self) -> list[tuple[int, int]]:
+        """The ranges below `last_seq` that hold no record, inclusive."""
+        out, expected = [], 0
+        for low, high in self.seqs:
+            if low > expected:
+                out.append((expected, low - 1))
+            expected = high + 1
+        return out
+
+    def holds(self, seq: int) -> bool:
+        """Whether `seq` holds a record already."""
+        i = bisect.bisect_right(self.seqs, [seq, 1 << 64]) - 1
+        return i >= 0 and self.seqs[i][0] <= seq <= self.seqs[i][1]
+
+    def claim(self, seq: int) -> None:
+        """Record that `seq` holds a record now (it did not before)."""
+        seqs = self.seqs
+        if seqs and seq == seqs[-1][1] + 1:  # the common case: the next seq
+            seqs[-1][1] = seq
+            return
+        i = bisect.bisect_right(seqs, [seq, 1 << 64])
+        joins_left = i > 0 and seqs[i - 1][1] == seq - 1
+        joins_right = i < len(seqs) and seqs[i][0] == seq + 1
+        if joins_left and joins_right:
+            seqs[i - 1][1] = seqs[i][1]
+            del seqs[i]
+        elif joins_left:
+            seqs[i - 1][1] = seq
+        elif joins_right:
+            seqs[i][0] = seq
+        else:
+            seqs.insert(i, [seq, seq])
+
+    def count_rejected(self, reason: str) -> None:
+        """Mark the run: one more of its records went to the DLQ for `reason`."""
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+
+
+@dataclass(slots=True)
+class EffectState(_Json):
+    """The merged state of one tool call: each field from the transition that decides it.
+
+    Status, end and error come from the highest-seq transition that is not `annotated`;
+    `started_at` is the earliest `started`; annotations keep the value of their highest seq;
+    the tool name is the lowest seq's. None of it depends on the order transitions arrive in.
+    """
+
+    run_id: str
+    tool_call_id: str
+    tool_name: str
+    tool_name_seq: int
+    status: str = 'annotated'
+    """`annotated` while only annotations exist (no `started` seen): neither pending nor done."""
+    status_seq: int = -1
+    started_at: int | None = None
+    ended_at: int | None = None
+    error: str | None = None
+    idempotency_key: str | None = None
+    idempotency_key_seq: int = -1
+    effect_summary: str | None = None
+    effect_summary_seq: int = -1
+    last_seq: int = -1
+
+    @property
+    def unresolved(self) -> bool:
+        """`started` is the latest status: the effect may or may not have happened."""
+        return self.status == 'started'
+
+
+@dataclass(slots=True)
+class SnapshotEntry(_Json):
+    """Where a snapshot's delta is in the log, and what the views need without decoding it."""
+
+    seq: int
+    snapshot_seq: int
+    state: str
+    step_index: int
+    prefix_len: int
+    tail_len: int
+    timestamp: int
+    idempotency_key: str | None
+    retained: bool = True
+
+
+@dataclass(slots=True)
+class Identity(_Json):
+    """What a projection was built from, and how (docs/decisions/0011-projection-identity.md)."""
+
+    FORMAT: ClassVar[int] = 2
+
+    format: int
+    topic_prefix: str
+    cluster: str
+    """The Kafka cluster id, or `servers:<bootstrap servers>` where the broker reports none."""
+    max_snapshots_per_run: int | None
+    state: str = 'live'
+    """`live` (a projector's), `rebuilding` (a rebuild that has not reached its end) or `rebuilt`."""
+
+    def options(self) -> dict[str, Any]:
+        """What must match for two projections of one log to be equal."""
+        return {
+            'topic_prefix': self.topic_prefix,
+            'cluster': self.cluster,
+            'max_snapshots_per_run': self.max_snapshots_per_run,
+        }
