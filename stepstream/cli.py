@@ -208,9 +208,8 @@ async def _status(args: argparse.Namespace, settings: Settings) -> int:
     print(f'dead-lettered: {status.dead_lettered}' + (f' ({reasons})' if reasons else ''))
     print(f'runs with conflicting writers: {status.conflicting_runs}')
     if status.state == 'rebuilding':
-        print(
-            f'this projection is an unfinished rebuild: resume it with `stepstream rebuild --into {settings.db_path}`'
-        )
+        resume = f'stepstream rebuild --into {settings.db_path}'
+        print(f'this projection is an unfinished rebuild: resume it with `{resume}`')
     return 0
 
 
