@@ -536,16 +536,30 @@ class RecoveryReport:
     """Effects in `unknown_after_crash`: they may or may not have happened."""
     completed_tools: list[str]
     failed_tools: list[str]
+    snapshot_error: str | None = None
+    """Why the snapshots could not be reconstructed, when the log broke their chain."""
 
 
 async def inspect_recovery(reader: ProjectionReader, *, run_id: str) -> RecoveryReport:
-    """Everything about a run's resumability in one call."""
+    """Everything about a run's resumability in one call.
+
+    A snapshot chain the log broke (a missing or corrupt delta) leaves the snapshots None and
+    says why in `snapshot_error`; the ledger is reported all the same.
+    """
     effects = await reader.list_tool_effects(run_id)
+    latest = latest_complete = None
+    snapshot_error = None
+    try:
+        latest = await reader.latest_snapshot(run_id, include_interrupted=True)
+        latest_complete = await reader.latest_snapshot(run_id)
+    except StepStreamError as exc:
+        snapshot_error = str(exc)
     return RecoveryReport(
         run=await reader.get_run(run_id),
-        latest_snapshot=await reader.latest_snapshot(run_id, include_interrupted=True),
-        latest_complete_snapshot=await reader.latest_snapshot(run_id),
+        latest_snapshot=latest,
+        latest_complete_snapshot=latest_complete,
         unresolved=await reader.list_unresolved_tool_effects(run_id),
         completed_tools=[e.tool_name for e in effects if e.status == 'completed'],
         failed_tools=[e.tool_name for e in effects if e.status == 'failed'],
+        snapshot_error=snapshot_error,
     )
