@@ -36,7 +36,6 @@ from stepstream.projector._keys import (
     CONVERSATION,
     DLQ_COUNTS,
     EFFECT,
-    EFFECT_SEQ,
     EVENT,
     OFFSET,
     PARKED,
@@ -48,7 +47,7 @@ from stepstream.projector._keys import (
     UNRESOLVED_RUN,
     encode_int,
 )
-from stepstream.projector._state import EffectState, RunState, SnapshotEntry, dumps
+from stepstream.projector._state import EffectState, RunState, SnapshotEntry, dumps, ranges_add, ranges_hold
 from stepstream.projector._store import BatchTxn
 from stepstream.schemas import (
     EVENT_KINDS,
@@ -162,6 +161,7 @@ class Applier:
         self.partitions = partitions
         self.max_snapshots = max_snapshots_per_run
         self.max_seq_jump = max_seq_jump
+        self._partitions: dict[bytes, int] = {}
         self._current: SourceRecord | None = None
         self._outcome = BatchOutcome()
         self._poisoned: Mapping[tuple[int, int, int], str] = {}
@@ -258,7 +258,7 @@ class Applier:
             raise Rejected(
                 'wrong_key', f'record key {source.key[:300]!r} is not its run_id {record.run_id!r}'
             )
-        home = murmur2_partition(source.key, self.partitions)
+        home = self._partition_of(source.key)
         if home != source.partition:
             raise Rejected(
                 'wrong_partition',
@@ -274,6 +274,15 @@ class Applier:
                 'unknown_version', f'unknown tool effect status {record.status!r} (a newer writer?)'
             )
         return record
+
+    def _partition_of(self, key: bytes) -> int:
+        """The run's partition by the producer's partitioner, once per run (murmur2 is pure Python)."""
+        home = self._partitions.get(key)
+        if home is None:
+            if len(self._partitions) > 100_000:
+                self._partitions.clear()
+            home = self._partitions[key] = murmur2_partition(key, self.partitions)
+        return home
 
     # -- registration, ownership ---------------------------------------------------------------
 
@@ -371,7 +380,7 @@ class Applier:
                     'duplicate_seq', f'seq {event.seq} of run {run.run_id!r} holds another step event'
                 )
         snap = event.snapshot
-        if snap is not None and txn.get(SNAPSHOT.key(run.run_id, snap.snapshot_seq)) is not None:
+        if snap is not None and ranges_hold(run.snapshots, snap.snapshot_seq):
             raise Rejected(
                 'snapshot_conflict',
                 f'snapshot {snap.snapshot_seq} of run {run.run_id!r} was saved already by another event',
@@ -388,6 +397,7 @@ class Applier:
             run.ended_at = ts
             run.error = event.error
         elif snap is not None:
+            ranges_add(run.snapshots, snap.snapshot_seq)
             entry = SnapshotEntry(
                 seq=event.seq,
                 snapshot_seq=snap.snapshot_seq,
@@ -425,7 +435,6 @@ class Applier:
             )
         run.claim(t.seq)
         txn.put(transition_key, stored)
-        txn.put(EFFECT_SEQ.key(run.run_id, t.tool_call_id, t.seq), b'')
         effect_key = EFFECT.key(run.run_id, t.tool_call_id)
         effect = txn.get_state(effect_key, EffectState)
         before = _unresolved_keys(effect)
@@ -445,17 +454,18 @@ class Applier:
         offset = int.from_bytes(stored[:8], 'big') - (1 << 63)
         t = decode(stored[8:])
         assert isinstance(t, ToolEffectTransition)
-        txn.delete(EFFECT_SEQ.key(run.run_id, t.tool_call_id, seq))
         effect_key = EFFECT.key(run.run_id, t.tool_call_id)
         before = _unresolved_keys(txn.get_state(effect_key, EffectState))
+        # Rare (a reused seq), so the call's other live transitions are found by a scan of the run's.
         effect = None
-        for k, _ in txn.scan(EFFECT_SEQ.prefix(run.run_id, t.tool_call_id)):
-            other_seq = EFFECT_SEQ.parse(k)[2]
-            assert isinstance(other_seq, int)
-            other_raw = txn.get(TRANSITION.key(run.run_id, other_seq))
-            assert other_raw is not None
+        for k, other_raw in txn.scan(TRANSITION.prefix(run.run_id)):
+            other_seq = TRANSITION.parse(k)[1]
+            if other_seq == seq or txn.get(EVENT.key(run.run_id, other_seq)) is not None:
+                continue  # the withdrawn one, or another that a step event displaced
             other = decode(other_raw[8:])
             assert isinstance(other, ToolEffectTransition)
+            if other.tool_call_id != t.tool_call_id:
+                continue
             if effect is None:
                 effect = EffectState(
                     run_id=run.run_id,

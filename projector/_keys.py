@@ -19,7 +19,6 @@ No other module spells key bytes: they ask a `Keyspace` for a key, a prefix or t
 | `TRANSITION`       | `t`  | run_id, seq                           | the first transition at seq    |
 | `SNAPSHOT`         | `s`  | run_id, snapshot_seq                  | `SnapshotEntry`                |
 | `EFFECT`           | `x`  | run_id, tool_call_id                  | `EffectState`                  |
-| `EFFECT_SEQ`       | `y`  | run_id, tool_call_id, seq             | empty: the call's live records |
 | `UNRESOLVED`       | `u`  | started_at, run_id, tool_call_id      | empty: oldest first, all runs  |
 | `UNRESOLVED_RUN`   | `v`  | run_id, tool_call_id                  | empty: per run                 |
 | `RUNS`             | `a`  | started_at, run_id                    | empty: every run, in order     |
@@ -34,8 +33,10 @@ No other module spells key bytes: they ask a `Keyspace` for a key, a prefix or t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 _ESCAPED_NUL = b'\x00\xff'
 _END = b'\x00\x01'
@@ -44,8 +45,9 @@ _INT_BIAS = 1 << 63
 Part = Literal['str', 'int']
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def encode_text(value: str) -> bytes:
-    """One text component: escaped UTF-8 and its terminator."""
+    """One text component: escaped UTF-8 and its terminator (cached: a run's ids recur)."""
     return value.encode().replace(b'\x00', _ESCAPED_NUL) + _END
 
 
@@ -61,6 +63,11 @@ class Keyspace:
     name: str
     tag: bytes
     parts: tuple[Part, ...]
+    _encoders: tuple[Callable[[Any], bytes], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        encoders = tuple(encode_text if kind == 'str' else encode_int for kind in self.parts)
+        object.__setattr__(self, '_encoders', encoders)
 
     def key(self, *values: str | int) -> bytes:
         """The key of one entry; every component must be given."""
@@ -70,15 +77,10 @@ class Keyspace:
 
     def prefix(self, *values: str | int) -> bytes:
         """The prefix shared by every key whose leading components are `values`."""
-        out = [self.tag]
-        for kind, value in zip(self.parts, values, strict=False):
-            if kind == 'str':
-                assert isinstance(value, str), (self.name, value)
-                out.append(encode_text(value))
-            else:
-                assert isinstance(value, int), (self.name, value)
-                out.append(encode_int(value))
-        return b''.join(out)
+        # On the apply path for every record: one join, no per-part branching.
+        return self.tag + b''.join(
+            [encode(value) for encode, value in zip(self._encoders, values, strict=False)]
+        )
 
     def parse(self, key: bytes) -> tuple[str | int, ...]:
         """The components of a key of this keyspace (the inverse of `key`)."""
@@ -121,7 +123,6 @@ EVENT = Keyspace('event', b'e', ('str', 'int'))
 TRANSITION = Keyspace('transition', b't', ('str', 'int'))
 SNAPSHOT = Keyspace('snapshot', b's', ('str', 'int'))
 EFFECT = Keyspace('effect', b'x', ('str', 'str'))
-EFFECT_SEQ = Keyspace('effect_seq', b'y', ('str', 'str', 'int'))
 UNRESOLVED = Keyspace('unresolved', b'u', ('int', 'str', 'str'))
 UNRESOLVED_RUN = Keyspace('unresolved_run', b'v', ('str', 'str'))
 RUNS = Keyspace('runs', b'a', ('int', 'str'))
@@ -139,7 +140,6 @@ KEYSPACES = (
     TRANSITION,
     SNAPSHOT,
     EFFECT,
-    EFFECT_SEQ,
     UNRESOLVED,
     UNRESOLVED_RUN,
     RUNS,

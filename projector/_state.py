@@ -63,6 +63,31 @@ def _no_metadata() -> dict[str, str]:
     return {}
 
 
+def ranges_hold(ranges: list[list[int]], value: int) -> bool:
+    """Whether sorted, disjoint, inclusive [low, high] `ranges` cover `value`."""
+    i = bisect.bisect_right(ranges, [value, 1 << 64]) - 1
+    return i >= 0 and ranges[i][0] <= value <= ranges[i][1]
+
+
+def ranges_add(ranges: list[list[int]], value: int) -> None:
+    """Add `value` (not covered yet) to `ranges`, merging neighbours."""
+    if ranges and value == ranges[-1][1] + 1:  # the common case: the next one
+        ranges[-1][1] = value
+        return
+    i = bisect.bisect_right(ranges, [value, 1 << 64])
+    joins_left = i > 0 and ranges[i - 1][1] == value - 1
+    joins_right = i < len(ranges) and ranges[i][0] == value + 1
+    if joins_left and joins_right:
+        ranges[i - 1][1] = ranges[i][1]
+        del ranges[i]
+    elif joins_left:
+        ranges[i - 1][1] = value
+    elif joins_right:
+        ranges[i][0] = value
+    else:
+        ranges.insert(i, [value, value])
+
+
 @dataclass(slots=True)
 class RunState(_Json):
     """A registered run: its lineage from its `run_started`, its status and its seq bookkeeping."""
@@ -86,6 +111,8 @@ class RunState(_Json):
     rejected: dict[str, int] = field(default_factory=_no_counts)
     """The owner's records dead-lettered by a state rule, by reason."""
     conflicting_writers: list[str] = field(default_factory=_no_strings)
+    snapshots: list[list[int]] = field(default_factory=_no_ranges)
+    """The snapshot_seqs saved so far, as ranges like `seqs`."""
     retained_snapshots: list[int] = field(default_factory=_no_ints)
     newest_complete_snapshot: int = -1
 
@@ -110,27 +137,11 @@ class RunState(_Json):
 
     def holds(self, seq: int) -> bool:
         """Whether `seq` holds a record already."""
-        i = bisect.bisect_right(self.seqs, [seq, 1 << 64]) - 1
-        return i >= 0 and self.seqs[i][0] <= seq <= self.seqs[i][1]
+        return ranges_hold(self.seqs, seq)
 
     def claim(self, seq: int) -> None:
         """Record that `seq` holds a record now (it did not before)."""
-        seqs = self.seqs
-        if seqs and seq == seqs[-1][1] + 1:  # the common case: the next seq
-            seqs[-1][1] = seq
-            return
-        i = bisect.bisect_right(seqs, [seq, 1 << 64])
-        joins_left = i > 0 and seqs[i - 1][1] == seq - 1
-        joins_right = i < len(seqs) and seqs[i][0] == seq + 1
-        if joins_left and joins_right:
-            seqs[i - 1][1] = seqs[i][1]
-            del seqs[i]
-        elif joins_left:
-            seqs[i - 1][1] = seq
-        elif joins_right:
-            seqs[i][0] = seq
-        else:
-            seqs.insert(i, [seq, seq])
+        ranges_add(self.seqs, seq)
 
     def count_rejected(self, reason: str) -> None:
         """Mark the run: one more of its records went to the DLQ for `reason`."""

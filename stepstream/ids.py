@@ -48,6 +48,8 @@ def check_id(value: str, *, what: str) -> str:
     """Return `value` if it is usable as an id other than a run id (see the module docstring)."""
     if not isinstance(value, str):
         raise ValueError(f'{what} must be a string, got {type(value).__name__}')
+    if len(value) <= MAX_ID_BYTES and value.isascii():  # the common case, without encoding
+        return value
     try:
         size = len(value.encode())
     except UnicodeEncodeError:
@@ -64,5 +66,6 @@ def check_record_ids(record: Any) -> None:
         check_run_id(record.parent_run_id, what='parent_run_id')
     for name in OTHER_ID_FIELDS:
         value = getattr(record, name, None)
-        if value is not None:
+        # The common case inline (this runs for every record on both sides); the rest in check_id.
+        if value is not None and not (type(value) is str and len(value) <= MAX_ID_BYTES and value.isascii()):
             check_id(value, what=name)
