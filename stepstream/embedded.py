@@ -64,6 +64,9 @@ _BROKER = 'broker'
 _S3 = 's3'
 _TITLES = {_BROKER: 'Tansu (the Kafka-protocol broker)', _S3: 'SeaweedFS (the S3 server)'}
 _LOG_NAMES = {_BROKER: 'tansu.log', _S3: 'weed.log'}
+_KAFKA_TITLE = 'Apache Kafka (the broker)'
+BROKERS = ('tansu', 'kafka')
+"""The embedded brokers: Tansu (the default, from a PyPI wheel) and Apache Kafka (a JVM and Maven)."""
 
 # SeaweedFS derives a component's gRPC address from its HTTP port + 10000 in places that ignore
 # the explicit `-*.port.grpc` flags (the admin worker does), so every gRPC port follows that rule.
@@ -122,6 +125,8 @@ class EmbeddedStackError(StepStreamError):
 @dataclass(frozen=True)
 class _Ports:
     kafka: int
+    controller: int
+    """Apache Kafka's KRaft controller listener (unused with Tansu)."""
     weed: dict[str, int]
     """HTTP port of each SeaweedFS component; its gRPC port is this + `_GRPC_OFFSET`."""
 
@@ -171,6 +176,7 @@ class EmbeddedStack:
         startup_timeout_s: float = 30.0,
         tansu_bin: str | Path | None = None,
         weed_bin: str | Path | None = None,
+        broker: str | None = None,
         **settings_overrides: Any,
     ) -> None:
         if durable and data_dir is None:
@@ -179,6 +185,11 @@ class EmbeddedStack:
             )
         if bucket == LOG_BUCKET:
             raise ValueError(f'bucket {bucket!r} is reserved for the durable Kafka log; pick another name')
+        broker = broker or os.environ.get('STEPSTREAM_EMBEDDED_BROKER') or 'tansu'
+        if broker not in BROKERS:
+            raise ValueError(
+                f'broker must be one of {BROKERS} (or STEPSTREAM_EMBEDDED_BROKER), got {broker!r}'
+            )
         if startup_timeout_s <= 0:
             raise ValueError(f'startup_timeout_s must be positive, got {startup_timeout_s}')
         owned = sorted(_STACK_OWNED_FIELDS & settings_overrides.keys())
@@ -191,6 +202,8 @@ class EmbeddedStack:
 
         self._requested_dir = None if data_dir is None else Path(data_dir).absolute()
         self._durable = durable
+        self._broker = broker
+        self._kafka_lib: Path | None = None
         self._bucket = bucket
         self._startup_timeout_s = startup_timeout_s
         self._tansu_bin = None if tansu_bin is None else str(tansu_bin)
@@ -226,6 +239,11 @@ class EmbeddedStack:
         return self._data_dir
 
     @property
+    def broker(self) -> str:
+        """Which broker this stack runs: `'tansu'` or `'kafka'` (Apache Kafka)."""
+        return self._broker
+
+    @property
     def durable(self) -> bool:
         """Whether the Kafka log lives in SeaweedFS under `data_dir` (and so survives a restart)."""
         return self._durable
@@ -251,7 +269,8 @@ class EmbeddedStack:
         with self._lock:
             if self._settings is not None:
                 raise EmbeddedStackError('the stack is already started')
-            self._binaries = {_BROKER: self._resolve_tansu(), _S3: self._resolve_weed()}
+            broker = self._resolve_kafka() if self._broker == 'kafka' else self._resolve_tansu()
+            self._binaries = {_BROKER: broker, _S3: self._resolve_weed()}
             self._access_key_id = 'ss' + secrets.token_hex(8)
             self._secret_access_key = secrets.token_hex(20)
             try:
@@ -387,6 +406,16 @@ class EmbeddedStack:
         if self._settings is None:
             raise EmbeddedStackError('the stack is not started')
 
+    def _resolve_kafka(self) -> str:
+        from stepstream import embedded_kafka
+
+        try:
+            java = embedded_kafka.java_binary()
+            self._kafka_lib = embedded_kafka.resolve_jars()
+        except embedded_kafka.KafkaUnavailable as exc:
+            raise EmbeddedStackError(f'{_KAFKA_TITLE} cannot run: {exc}', service=_BROKER) from None
+        return java
+
     def _resolve_tansu(self) -> str:
         if self._tansu_bin is not None:
             return _check_binary(self._tansu_bin, _BROKER)
@@ -508,6 +537,9 @@ class EmbeddedStack:
         self._children[_S3] = child
 
     def _spawn_broker(self) -> None:
+        if self._broker == 'kafka':
+            self._spawn_kafka()
+            return
         assert self._ports is not None
         url = f'tcp://{_HOST}:{self._ports.kafka}'
         extra: dict[str, str] = {}
@@ -534,10 +566,51 @@ class EmbeddedStack:
         ]
         self._children[_BROKER] = self._spawn(_BROKER, command, self._child_env(extra), ())
 
+    def _spawn_kafka(self) -> None:
+        """Apache Kafka: one KRaft node whose log lives in `data_dir/kafka` (kept across restarts)."""
+        from stepstream import embedded_kafka
+
+        assert self._ports is not None and self._kafka_lib is not None
+        home = self.data_dir / 'kafka'
+        log_dir = home / 'log'
+        properties = home / 'server.properties'
+        home.mkdir(exist_ok=True)
+        properties.write_text(
+            embedded_kafka.server_properties(
+                host=_HOST, port=self._ports.kafka, controller_port=self._ports.controller, log_dir=log_dir
+            )
+        )
+        java, lib = self._binaries[_BROKER], self._kafka_lib
+        if not (log_dir / 'meta.properties').exists():
+            command = embedded_kafka.format_command(java, lib, properties, embedded_kafka.new_cluster_id())
+            with open(self.data_dir / self._log_name(_BROKER), 'ab') as log:
+                done = subprocess.run(
+                    command, stdout=log, stderr=subprocess.STDOUT, env=self._child_env({}), check=False
+                )
+            if done.returncode != 0:
+                raise EmbeddedStackError(
+                    f'{_KAFKA_TITLE} could not format its log directory (exit {done.returncode}).\n'
+                    f'  command: {_quote(command)}\n'
+                    f'  last lines of {self.data_dir / self._log_name(_BROKER)}:\n'
+                    + '\n'.join(
+                        '    ' + line
+                        for line in _tail(self.data_dir / self._log_name(_BROKER), 0).splitlines()
+                    ),
+                    service=_BROKER,
+                )
+        command = embedded_kafka.broker_command(java, lib, properties)
+        self._children[_BROKER] = self._spawn(_BROKER, command, self._child_env({}), ())
+
+    def _log_name(self, service: str) -> str:
+        return 'kafka.log' if service == _BROKER and self._broker == 'kafka' else _LOG_NAMES[service]
+
+    def _title(self, service: str) -> str:
+        return _KAFKA_TITLE if service == _BROKER and self._broker == 'kafka' else _TITLES[service]
+
     def _spawn(
         self, service: str, command: list[str], env: dict[str, str], leftovers: tuple[Path, ...]
     ) -> _Child:
-        log_path = self.data_dir / _LOG_NAMES[service]
+        log_path = self.data_dir / self._log_name(service)
 
         def launch() -> _Child:
             with open(log_path, 'ab') as log:
@@ -560,7 +633,8 @@ class EmbeddedStack:
             return _KEEPER.run(launch)
         except OSError as exc:
             raise EmbeddedStackError(
-                f'{_TITLES[service]} could not be run: {exc}\n  command: {_quote(command)}\n{_INSTALL_HINT}',
+                f'{self._title(service)} could not be run: {exc}\n'
+                f'  command: {_quote(command)}\n{_INSTALL_HINT}',
                 service=service,
                 log_path=log_path,
             ) from exc
@@ -636,7 +710,7 @@ class EmbeddedStack:
         if self._requested_dir is None:
             where += ' (in the temporary data dir, now removed: pass data_dir= to keep the logs)'
         return EmbeddedStackError(
-            f'{_TITLES[child.service]} did not start: {reason}.\n'
+            f'{self._title(child.service)} did not start: {reason}.\n'
             f'  command: {_quote(child.command)}\n'
             f'  last lines of {where}:\n{shown}\n'
             f'{advice}',
@@ -736,8 +810,12 @@ def _pick_ports() -> _Ports:
         assert kafka_sock is not None
         held.append(kafka_sock)
         kafka = kafka_sock.getsockname()[1]
+        controller_sock = _bind(0)
+        assert controller_sock is not None
+        held.append(controller_sock)
+        controller = controller_sock.getsockname()[1]
         weed: dict[str, int] = {}
-        taken = {kafka}
+        taken = {kafka, controller}
         for component in _WEED_COMPONENTS:
             for _ in range(1000):
                 port = _RANDOM.randrange(*_PAIRED_PORT_RANGE)
@@ -756,7 +834,7 @@ def _pick_ports() -> _Ports:
                 break
             else:
                 raise EmbeddedStackError('no free loopback ports found for SeaweedFS')
-        return _Ports(kafka=kafka, weed=weed)
+        return _Ports(kafka=kafka, controller=controller, weed=weed)
     finally:
         for sock in held:
             sock.close()

@@ -362,24 +362,21 @@ async def test_retry_prompt_settles_its_call(event_log: EventLog, projector: Pro
 
 
 async def test_cancelled_run_leaves_a_usable_trail(event_log: EventLog, projector: Projector) -> None:
-    in_tool = asyncio.Event()
+    first_done, second_entered = asyncio.Event(), asyncio.Event()
     agent = Agent(
         calls_then_answers('slow', calls=2), capabilities=[StepPersistence(log=event_log, run_id='cx')]
     )
 
     @agent.tool_plain
     async def slow() -> str:
-        if in_tool.is_set() or len(asyncio.all_tasks()) < 0:
+        if first_done.is_set():
+            second_entered.set()  # its `started` is acknowledged: the body runs after it
             await asyncio.sleep(3600)
-        in_tool.set()
+        first_done.set()
         return 'first done'
 
     task = asyncio.create_task(agent.run('go'))
-    for _ in range(200):
-        await asyncio.sleep(0.02)
-        reader = await settle(event_log, projector)
-        if await reader.list_unresolved_tool_effects('cx'):
-            break
+    await asyncio.wait_for(second_entered.wait(), 30)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

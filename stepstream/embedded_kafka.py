@@ -1,0 +1,169 @@
+"""Apache Kafka for `EmbeddedStack(broker='kafka')`: jars from Maven Central, one KRaft node.
+
+The broker is the `org.apache.kafka:kafka_2.13` artifact and its runtime dependencies, resolved
+once by Maven from `stepstream/kafka/pom.xml` into a cache directory (`STEPSTREAM_KAFKA_CACHE`,
+else `~/.cache/stepstream`), then started as `java -cp 'lib/*' kafka.Kafka server.properties`
+on loopback ports: one process that is both broker and KRaft controller. Nothing is downloaded
+from anywhere but the Maven repositories Maven is configured with.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+
+KAFKA_VERSION = '4.1.1'
+"""Keep equal to `kafka.version` in stepstream/kafka/pom.xml."""
+
+_HERE = Path(__file__).parent / 'kafka'
+POM = _HERE / 'pom.xml'
+LOG4J_CONFIG = _HERE / 'log4j2.properties'
+
+INSTALL_HINT = (
+    'Apache Kafka runs on a JVM and its jars are fetched with Maven: install a JDK 17+ and Maven '
+    '(Debian/Ubuntu: apt-get install openjdk-17-jre-headless maven), or use the default embedded '
+    'broker, Tansu (STEPSTREAM_EMBEDDED_BROKER=tansu), which needs neither.'
+)
+
+BROKER_CONFIG = {
+    # One node that is broker and controller; everything replicated once.
+    'process.roles': 'broker,controller',
+    'controller.listener.names': 'CONTROLLER',
+    'listener.security.protocol.map': 'PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT',
+    'inter.broker.listener.name': 'PLAINTEXT',
+    'num.partitions': '1',
+    'offsets.topic.replication.factor': '1',
+    'offsets.topic.num.partitions': '5',
+    'transaction.state.log.replication.factor': '1',
+    'transaction.state.log.min.isr': '1',
+    'share.coordinator.state.topic.replication.factor': '1',
+    'share.coordinator.state.topic.min.isr': '1',
+    # Consumers join at once instead of waiting 3 s for more members.
+    'group.initial.rebalance.delay.ms': '0',
+    # Larger than Kafka's 1 MiB default so tests can write poison records of about 1 MiB.
+    'message.max.bytes': str(8 * 1024 * 1024),
+}
+"""The broker settings of the embedded Apache Kafka (compose/ uses the same ones)."""
+
+
+class KafkaUnavailable(Exception):
+    """Java or Maven is missing, or Maven could not resolve the broker's jars."""
+
+
+def java_binary() -> str:
+    """The `java` on PATH, or `KafkaUnavailable` saying what to install."""
+    found = shutil.which('java')
+    if found is None:
+        raise KafkaUnavailable(f'`java` is not on PATH. {INSTALL_HINT}')
+    return found
+
+
+def cache_dir() -> Path:
+    """Where the broker's jars are kept between runs."""
+    root = os.environ.get('STEPSTREAM_KAFKA_CACHE')
+    if root:
+        return Path(root) / f'kafka-{KAFKA_VERSION}'
+    base = os.environ.get('XDG_CACHE_HOME') or str(Path.home() / '.cache')
+    return Path(base) / 'stepstream' / f'kafka-{KAFKA_VERSION}'
+
+
+def resolve_jars() -> Path:
+    """The directory holding every jar the broker needs, fetched with Maven the first time."""
+    target = cache_dir()
+    lib, done = target / 'lib', target / 'complete'
+    if done.exists():
+        return lib
+    mvn = shutil.which('mvn')
+    if mvn is None:
+        raise KafkaUnavailable(
+            f'`mvn` is not on PATH, and the Kafka jars are not in {target} yet. {INSTALL_HINT}'
+        )
+    target.mkdir(parents=True, exist_ok=True)
+    with _locked(target / '.lock'):
+        if done.exists():  # another process fetched them while this one waited
+            return lib
+        staging = target / f'lib.{os.getpid()}'
+        shutil.rmtree(staging, ignore_errors=True)
+        command = [
+            mvn,
+            '-q',
+            '-B',
+            '-f',
+            str(POM),
+            'dependency:copy-dependencies',
+            '-DincludeScope=runtime',
+            f'-DoutputDirectory={staging}',
+        ]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
+        if result.returncode != 0 or not any(staging.glob('kafka_2.13-*.jar')):
+            output = (result.stdout + result.stderr).strip().splitlines()[-15:]
+            shown = '\n'.join('    ' + line for line in output) or '    (no output)'
+            raise KafkaUnavailable(
+                f'Maven could not fetch Apache Kafka {KAFKA_VERSION} (exit {result.returncode}):\n'
+                f'  command: {" ".join(command)}\n{shown}\n'
+                'Check that Maven reaches its repository (Maven Central), then try again.'
+            )
+        shutil.rmtree(lib, ignore_errors=True)
+        staging.rename(lib)
+        done.write_text(f'{KAFKA_VERSION}\n')
+    return lib
+
+
+@contextlib.contextmanager
+def _locked(path: Path):  # type: ignore[no-untyped-def]
+    import fcntl
+
+    with open(path, 'a+') as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def new_cluster_id() -> str:
+    """A cluster id as Kafka writes them: 16 random bytes, URL-safe base64 without padding."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b'=').decode()
+
+
+def server_properties(*, host: str, port: int, controller_port: int, log_dir: Path, node_id: int = 1) -> str:
+    """The `server.properties` of a one-node KRaft cluster on `host`."""
+    values = {
+        **BROKER_CONFIG,
+        'node.id': str(node_id),
+        'controller.quorum.voters': f'{node_id}@{host}:{controller_port}',
+        'listeners': f'PLAINTEXT://{host}:{port},CONTROLLER://{host}:{controller_port}',
+        'advertised.listeners': f'PLAINTEXT://{host}:{port}',
+        'log.dirs': str(log_dir),
+    }
+    return ''.join(f'{k}={v}\n' for k, v in values.items())
+
+
+def _java(java: str, lib: Path, main: str, *args: str) -> list[str]:
+    return [
+        java,
+        '-Xms128m',
+        '-Xmx768m',
+        '-XX:+UseSerialGC',  # two cores: no parallel GC threads competing with the tests
+        '-Djava.awt.headless=true',
+        f'-Dlog4j2.configurationFile={LOG4J_CONFIG}',
+        '-cp',
+        f'{lib}/*',
+        main,
+        *args,
+    ]
+
+
+def format_command(java: str, lib: Path, properties: Path, cluster_id: str) -> list[str]:
+    """Formats the log directory of a new node (once, before its first start)."""
+    return _java(java, lib, 'kafka.tools.StorageTool', 'format', '-t', cluster_id, '-c', str(properties))
+
+
+def broker_command(java: str, lib: Path, properties: Path) -> list[str]:
+    """Runs the broker."""
+    return _java(java, lib, 'kafka.Kafka', str(properties))
