@@ -16,10 +16,14 @@ Two rules:
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Any
 
 _RUN_ID = re.compile(r'[A-Za-z0-9_.-]{1,200}')
+_UNSAFE = re.compile(r'[^A-Za-z0-9_.-]')
+MAX_RUN_ID = 200
+_HASH_CHARS = 12
 
 MAX_ID_BYTES = 1024
 """The longest id (in UTF-8 bytes) other than a run id."""
@@ -66,3 +70,27 @@ def check_record_ids(record: Any) -> None:
         value = getattr(record, name, None)
         if value is not None:
             check_id(value, what=name)
+
+
+def to_run_id(text: str) -> str:
+    """Map any text to a run id, deterministically: the same text always gives the same id.
+
+    A text that already passes `check_run_id` is returned as it is. Otherwise every character
+    outside `[A-Za-z0-9_.-]` becomes `_`, each `..` becomes `._`, the result is cut to leave room, and
+    a `-` and the first 12 hex digits of the SHA-256 of the original text are
+    appended, so two texts that read alike after the mapping still get different ids.
+
+    ```python
+    to_run_id('librarian-0195f3a2')        # 'librarian-0195f3a2' (already safe)
+    to_run_id('tenant/caller-chosen')      # 'tenant_caller-chosen-<12 hex>'
+    to_run_id('wf-7:1')                    # 'wf-7_1-<12 hex>' (a DBOS run id)
+    ```
+    """
+    if _RUN_ID.fullmatch(text) and '..' not in text:
+        return text
+    digest = hashlib.sha256(text.encode('utf-8', 'surrogatepass')).hexdigest()[:_HASH_CHARS]
+    readable = _UNSAFE.sub('_', text)
+    while '..' in readable:
+        readable = readable.replace('..', '._')
+    readable = readable[: MAX_RUN_ID - _HASH_CHARS - 1].rstrip('.')
+    return check_run_id(f'{readable}-{digest}' if readable else digest)
