@@ -51,10 +51,10 @@ async def test_events_carry_lineage_metadata_and_step(event_log: EventLog, proje
     def lookup() -> str:
         return 'found'
 
-    await agent.run('find', conversation_id='conv-meta')
+    result = await agent.run('find', conversation_id='conv-meta')
     reader = await settle(event_log, projector)
     [run] = await reader.list_runs(conversation_id='conv-meta')
-    assert run.run_id.startswith('librarian-') and len(run.run_id) == len('librarian-') + 8
+    assert run.run_id == f'librarian-{result.run_id}'
     assert run.metadata == {'team': 'docs'}
     events = await reader.list_events(run.run_id)
     assert all(e.metadata == {'team': 'docs'} and e.agent_name == 'librarian' for e in events)
