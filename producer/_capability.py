@@ -395,7 +395,12 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         """
         self._conversation_id = ctx.conversation_id
         await self._event(ctx, 'run_started')
-        await self._durable(ctx)
+        try:
+            await self._durable(ctx)
+        except Exception as error:
+            # Pydantic AI does not call `on_run_error` for a failure in `before_run`.
+            await self._record_failure(ctx, error, repr(error))
+            raise
 
     async def after_run(
         self, ctx: RunContext[AgentDepsT], *, result: AgentRunResult[Any]
@@ -424,14 +429,23 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
                 try:
                     await self._snapshot(ctx, messages, step_index)
                 except Exception as snapshot_error:
-                    error.add_note(f'stepstream could not save the failure snapshot: {snapshot_error}')
-                    reason = f'{reason} (failure snapshot not saved: {snapshot_error!r})'
+                    error.add_note(
+                        f'stepstream could not save or confirm the failure snapshot: {snapshot_error}'
+                    )
+                    reason = f'{reason} (failure snapshot: {snapshot_error!r})'
+        await self._record_failure(ctx, error, reason)
+        raise error
+
+    async def _record_failure(self, ctx: RunContext[AgentDepsT], error: BaseException, reason: str) -> None:
+        """Append `run_failed`; if the broker does not confirm it in time, say so on `error`."""
         try:
             await self._event(ctx, 'run_failed', error=reason)
             await self._durable(ctx)
         except Exception as log_error:
-            error.add_note(f'stepstream could not confirm the failure record: {log_error}')
-        raise error
+            error.add_note(
+                f'stepstream could not confirm the failure record ({log_error}); it is kept and sent again '
+                'while the EventLog stays open'
+            )
 
     # -- model requests ----------------------------------------------------------------------
 

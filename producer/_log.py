@@ -294,20 +294,22 @@ class EventLog:
                     await asyncio.sleep(RESEND_BACKOFF_S)
 
     async def _resend_once(self) -> bool:
-        """One pass over the kept records; True when the broker took all of them."""
-        for run_id in list(self._kept):
-            sent: list[Ack] = []
-            try:
-                async with asyncio.timeout(self.settings.ack_timeout_s):
-                    for entry in list(self._kept.get(run_id, ())):
-                        ack = await self._send(entry.record, encode(entry.record))
-                        ack.add_done_callback(functools.partial(self._on_resent, entry))
-                        sent.append(ack)
-                    if sent:
-                        await asyncio.wait(sent)
-            except (KafkaError, TimeoutError, OSError) as exc:
-                logger.debug('stepstream: resending records of run %r failed (%r); retrying', run_id, exc)
+        """One pass over the kept records, all runs at once; True when the broker took all of them."""
+        await asyncio.gather(*(self._resend_run(run_id) for run_id in list(self._kept)))
         return not self._kept
+
+    async def _resend_run(self, run_id: str) -> None:
+        sent: list[Ack] = []
+        try:
+            async with asyncio.timeout(self.settings.ack_timeout_s):
+                for entry in list(self._kept.get(run_id, ())):
+                    ack = await self._send(entry.record, encode(entry.record))
+                    ack.add_done_callback(functools.partial(self._on_resent, entry))
+                    sent.append(ack)
+                if sent:
+                    await asyncio.wait(sent)
+        except (KafkaError, TimeoutError, OSError) as exc:
+            logger.debug('stepstream: resending records of run %r failed (%r); retrying', run_id, exc)
 
     def _on_resent(self, entry: _Kept, ack: Ack) -> None:
         if ack.cancelled() or ack.exception() is not None:
@@ -349,14 +351,15 @@ class EventLog:
         if meta.offset + 1 > self._written.get(tp, 0):
             self._written[tp] = meta.offset + 1
 
-    async def wait_acked(self, acks: Iterable[Ack]) -> None:
+    async def wait_acked(self, acks: Iterable[Ack], *, timeout: float | None = None) -> None:
         """Wait until the broker acknowledged every record in `acks`.
 
         Raises `StepStreamUnavailable` naming the servers and the timeout when it does not.
         """
         pending = [a for a in acks if not a.done()]
         if pending:
-            _done, not_done = await asyncio.wait(pending, timeout=self.settings.ack_timeout_s)
+            limit = self.settings.ack_timeout_s if timeout is None else timeout
+            _done, not_done = await asyncio.wait(pending, timeout=limit)
             if not_done:
                 raise unavailable(self.settings, f'did not acknowledge {len(not_done)} record(s)')
         for ack in acks:
@@ -366,12 +369,27 @@ class EventLog:
             if exc is not None:
                 raise unavailable(self.settings, 'rejected a record', exc) from exc
 
-    async def flush(self) -> Position:
-        """Wait for every record appended so far, then return the position written.
+    async def flush(self, *, timeout: float | None = None) -> Position:
+        """Wait until the broker took every record appended so far, then return the position written.
 
-        Pass the result to `Projector.wait_for` to read your own writes.
+        A record the broker did not take at first is being sent again: it is waited for too.
+        Pass the result to `Projector.wait_for` to read your own writes. `timeout` defaults to
+        `settings.ack_timeout_s`; after a broker outage, give the producer longer to reconnect.
+        Raises `StepStreamUnavailable` when the records are not all taken in time.
         """
-        await self.wait_acked([*self._pending, *(k.ack for kept in self._kept.values() for k in kept)])
+        limit = self.settings.ack_timeout_s if timeout is None else timeout
+        try:
+            async with asyncio.timeout(limit):
+                while self._pending or self._kept:
+                    # A send that fails moves its record to the kept ones, so look again until none is left.
+                    await asyncio.wait(
+                        [*self._pending, *(k.ack for kept in self._kept.values() for k in kept)]
+                    )
+        except TimeoutError:
+            waiting = len(self._pending) + sum(len(kept) for kept in self._kept.values())
+            raise unavailable(
+                self.settings, f'did not take {waiting} record(s) (waited {limit:g}s)'
+            ) from None
         return dict(self._written)
 
     @property
