@@ -7,7 +7,8 @@ writer that follows them never has a record refused.
 Two rules:
 
 - Run ids (`run_id`, `parent_run_id`) end up in Kafka keys, media paths and file names: 1 to 200
-  characters from `[A-Za-z0-9_.-]`, and no `..`.
+  characters from `[A-Za-z0-9_.-]`, and no `..`. `to_run_id` maps any text to such an id,
+  deterministically, for ids derived from text the caller does not control (a context run id).
 - Every other id (`writer_id`, `tool_call_id`, `conversation_id`, `agent_name`, `tool_name`) may
   hold any text, because the projection's keys encode each component injectively
   (`stepstream.projector._keys`); it only has to be UTF-8 encodable and at most
