@@ -166,3 +166,27 @@ async def test_a_run_that_fails_at_once_still_has_its_run_started(
     await projector.wait_for(await event_log.flush())
     run = await projector.reader().get_run('fails-at-once')
     assert ended_failed_without_gaps(run, 'model is down'), run
+
+
+async def test_records_the_broker_never_took_are_named_when_the_log_closes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with EmbeddedStack(tmp_path / 'stack', partitions=1) as stack:
+        settings = stack.settings.replace(ack_timeout_s=1)
+        log = EventLog(settings)
+        await log.start()
+        agent = Agent(calls_then_answers('work'), capabilities=[StepPersistence(log=log, run_id='lost-1')])
+
+        @agent.tool_plain
+        async def work() -> str:
+            await asyncio.to_thread(stack.stop_broker)
+            return 'worked'
+
+        with pytest.raises(StepStreamUnavailable) as failure:
+            await agent.run('go')
+        assert 'kept and sent again' in ' '.join(failure.value.__notes__)
+        with pytest.raises(StepStreamUnavailable, match='did not take'):
+            await log.flush()
+        with caplog.at_level('WARNING', logger='stepstream.producer'):
+            await log.close()
+    assert 'did not take' in caplog.text and "'lost-1'" in caplog.text
