@@ -78,6 +78,9 @@ class Attempt:
 
 _FIRST_ATTEMPT = Attempt(_THIS_PROCESS, 1)
 
+MAX_ERROR_CHARS = 8192
+"""The longest error text a `run_failed` record carries (the rest is cut, and says how much)."""
+
 
 @dataclass(kw_only=True)
 class SnapshotSaved(CapabilityEvent, namespace='stepstream', name='snapshot_saved'):
@@ -438,6 +441,8 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
 
     async def _record_failure(self, ctx: RunContext[AgentDepsT], error: BaseException, reason: str) -> None:
         """Append `run_failed`; if the broker does not confirm it in time, say so on `error`."""
+        if len(reason) > MAX_ERROR_CHARS:  # an error text must not make the failure record too large
+            reason = f'{reason[:MAX_ERROR_CHARS]}... ({len(reason) - MAX_ERROR_CHARS} more characters)'
         try:
             await self._event(ctx, 'run_failed', error=reason)
             await self._durable(ctx)

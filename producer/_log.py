@@ -273,13 +273,13 @@ class EventLog:
         ack: Ack = await self._producer.send(topic, value, key=key, headers=headers, partition=partition)
         return ack
 
-    def _keep(self, record: LogRecord, ack: Ack | None = None) -> Ack:
+    def _keep(self, record: LogRecord) -> Ack:
         """Keep a record the broker did not take, in its run's `seq` order, and wake the resender."""
         kept = self._kept.setdefault(record.run_id, [])
         for other in kept:
             if other.record.seq == record.seq and type(other.record) is type(record):
                 return other.ack
-        entry = _Kept(record, ack if ack is not None else asyncio.get_running_loop().create_future())
+        entry = _Kept(record, asyncio.get_running_loop().create_future())
         bisect.insort(kept, entry)
         self._kept_changed.set()
         return entry.ack
@@ -387,9 +387,8 @@ class EventLog:
                     )
         except TimeoutError:
             waiting = len(self._pending) + sum(len(kept) for kept in self._kept.values())
-            raise unavailable(
-                self.settings, f'did not take {waiting} record(s) (waited {limit:g}s)'
-            ) from None
+            waited = '' if timeout is None else f' (waited {timeout:g}s)'
+            raise unavailable(self.settings, f'did not take {waiting} record(s){waited}') from None
         return dict(self._written)
 
     @property
