@@ -18,8 +18,7 @@ import pytest
 from pydantic_ai import Agent, RunContext
 
 from stepstream import Settings
-from stepstream.producer import EventLog, StepPersistence
-from stepstream.producer._capability import ATTEMPT_KEY
+from stepstream.producer import ATTEMPT_KEY, EventLog, StepPersistence
 from stepstream.projector import ProjectionReader, Projector
 from stepstream.schemas import RunRecord, StepEvent
 from stepstream.topics import ensure_topics
