@@ -3,10 +3,19 @@
 It follows the hooks and run identity of pydantic-ai-harness `StepPersistence`, but it never
 reads anything back: each boundary becomes one appended record, and each snapshot carries only
 what changed since the previous snapshot of the same run.
+
+Under a durable-execution engine (Pydantic AI's DBOS, Temporal or Prefect integrations) the run's
+records are held until the next durability point and written there by one durable operation of
+the engine. When the engine recovers a workflow it re-executes the run: the operations that
+already happened return their journaled result instead of writing again, and the run's id,
+writer and `seq` numbering come out the same, so the recovered run continues its own trail
+(docs/decisions/0008-replay-safe-identity.md).
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
@@ -14,14 +23,14 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from pydantic_ai import CallToolsNode, CapabilityEvent, ModelRequestNode
-from pydantic_ai.capabilities import AbstractCapability
+from pydantic_ai.capabilities import AbstractCapability, durable_operation
 from pydantic_ai.capabilities.abstract import AgentNode, NodeResult, WrapRunHandler
 from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart
 from pydantic_ai.models import ModelRequestContext
 from pydantic_ai.run import AgentRunResult
 from pydantic_ai.tools import AgentDepsT, RunContext, ToolDefinition
 
-from stepstream.ids import check_run_id
+from stepstream.ids import check_run_id, to_run_id
 from stepstream.media import externalize_media
 from stepstream.producer._helpers import (
     DeltaTracker,
@@ -29,8 +38,48 @@ from stepstream.producer._helpers import (
     message_json,
 )
 from stepstream.producer._log import Ack, EventLog
-from stepstream.schemas import EventKind, SnapshotDelta, SnapshotState, StepEvent, ToolEffectTransition
+from stepstream.schemas import (
+    EventKind,
+    LogRecord,
+    SnapshotDelta,
+    SnapshotState,
+    StepEvent,
+    ToolEffectTransition,
+)
 from stepstream.settings import Settings
+
+logger = logging.getLogger('stepstream.producer')
+
+ATTEMPT_KEY = 'stepstream.attempt'
+"""Metadata key on the events a recovered attempt writes: which attempt of the run wrote them."""
+
+_THIS_PROCESS = secrets.token_hex(8)
+"""Tells the processes that executed a run's durable operations apart (see `Attempt`)."""
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """Which execution of a run wrote its records, as journaled by a durable-execution engine.
+
+    Every durable write returns the attempt that performed it. An engine that recovers a run
+    returns the journaled attempt for writes that already happened, so the run can tell, before
+    it writes anything new, that it is a later attempt than the one that began it.
+    """
+
+    process: str
+    number: int
+
+    def next_write(self) -> Attempt:
+        """The attempt that performs a write in this process after this one."""
+        if self.process == _THIS_PROCESS:
+            return self
+        return Attempt(_THIS_PROCESS, self.number + 1)
+
+
+_FIRST_ATTEMPT = Attempt(_THIS_PROCESS, 1)
+
+MAX_ERROR_CHARS = 8192
+"""The longest error text a `run_failed` record carries (the rest is cut, and says how much)."""
 
 
 @dataclass(kw_only=True)
@@ -70,7 +119,11 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
     """The process's shared appender."""
 
     agent_name: str | None = None
-    """Logical agent name; with no explicit `run_id`, each run's id is `{agent_name}-{8 hex}`."""
+    """Logical agent name; with no explicit `run_id`, each run's id is `{agent_name}-{ctx.run_id}`.
+
+    The id is a function of the run context only, so a durable-execution engine that re-executes
+    the run gets the same id; characters outside `[A-Za-z0-9_.-]` are mapped by `to_run_id`.
+    """
 
     run_id: str | None = None
     """Explicit id for exactly one `.run()`; a second run with it raises `ValueError`."""
@@ -90,6 +143,11 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
     _seq: int = field(default=0, init=False, repr=False)
     _snapshot_seq: int = field(default=0, init=False, repr=False)
     _unacked: list[Ack] = field(default_factory=list, init=False, repr=False)
+    _durable_engine: bool = field(default=False, init=False, repr=False)
+    _held: list[LogRecord] = field(default_factory=list, init=False, repr=False)
+    _attempt: Attempt | None = field(default=None, init=False, repr=False)
+    _context_run_id: str | None = field(default=None, init=False, repr=False)
+    _open_calls: set[str] = field(default_factory=set, init=False, repr=False)
     _deltas: DeltaTracker = field(default_factory=DeltaTracker, init=False, repr=False)
     _last_snapshot_step: int | None = field(default=None, init=False, repr=False)
     _live: tuple[list[ModelMessage], int] | None = field(default=None, init=False, repr=False)
@@ -134,7 +192,12 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         return self.run_id
 
     async def for_run(self, ctx: RunContext[AgentDepsT]) -> AbstractCapability[AgentDepsT]:
-        """Bind a copy to this `.run()`: resolve the run id, the parent and the agent name."""
+        """Bind a copy to this `.run()`: resolve the run id, the writer, the parent and the agent name.
+
+        The run id and the writer id are functions of the run context (and the explicit
+        `run_id`), never random, so that a run re-executed by a durable-execution engine is the
+        same run with the same writer.
+        """
         if self.run_id is not None:
             if self._explicit_run_id_used:
                 raise ValueError(
@@ -143,10 +206,10 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
                 )
             self._explicit_run_id_used = True
             run_id = self.run_id
-        elif self.agent_name is not None:
-            run_id = check_run_id(f'{self.agent_name}-{secrets.token_hex(4)}')
+        elif ctx.run_id is not None and self.agent_name is not None:
+            run_id = to_run_id(f'{self.agent_name}-{ctx.run_id}')
         elif ctx.run_id is not None:
-            run_id = check_run_id(ctx.run_id)
+            run_id = to_run_id(ctx.run_id)
         else:
             raise RuntimeError('StepPersistence needs a run id: set run_id= or agent_name=')
         parent = self.parent_run_id
@@ -157,24 +220,45 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         if agent_name is None and ctx.agent is not None:
             agent_name = ctx.agent.name
         bound = replace(self, run_id=run_id, parent_run_id=parent, agent_name=agent_name)
-        bound._writer_id = secrets.token_hex(8)
+        bound._writer_id = _writer_id(run_id, ctx.run_id)
+        bound._context_run_id = ctx.run_id
+        bound._durable_engine = ctx.in_durable_context
         return bound
 
     # -- appending ---------------------------------------------------------------------------
 
     def _envelope(self) -> dict[str, Any]:
-        seq = self._seq
-        self._seq += 1
+        """The run envelope of the next record; its `seq` is taken only once `_append` accepts it."""
         assert self.run_id is not None
         return {
             'run_id': self.run_id,
-            'seq': seq,
+            'seq': self._seq,
             'writer_id': self._writer_id,
             'timestamp': datetime.now(UTC),
             'agent_name': self.agent_name,
             'conversation_id': self._conversation_id,
             'parent_run_id': self.parent_run_id,
         }
+
+    async def _append(self, record: LogRecord) -> None:
+        """Take the record's `seq` once the log accepts it, then send it (or hold it for the engine).
+
+        Build the record with `_envelope()` right before calling this: nothing between them awaits,
+        so concurrent hooks of one run (parallel tool calls) never share a `seq`. A record the log
+        refuses (an id rule, `RecordTooLarge`) raises here and leaves no gap.
+        """
+        value = self.log.encode(record)
+        self._seq += 1
+        if self._durable_engine:
+            self._held.append(record)
+        else:
+            self._unacked.append(await self.log.send(record, value))
+
+    def _event_metadata(self) -> dict[str, str]:
+        attempt = self._attempt.next_write() if self._attempt is not None else _FIRST_ATTEMPT
+        if attempt.number == 1:
+            return self.metadata
+        return {**self.metadata, ATTEMPT_KEY: str(attempt.number)}
 
     async def _event(
         self,
@@ -194,11 +278,11 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
             tool_call_id=tool_call_id,
             tool_name=tool_name,
             error=error,
-            metadata=self.metadata,
+            metadata=self._event_metadata() if self._durable_engine else self.metadata,
             idempotency_key=f'{envelope["seq"]}:{ctx.run_step}:{kind}:{tool_call_id or ""}',
             snapshot=snapshot,
         )
-        self._unacked.append(await self.log.append(record))
+        await self._append(record)
 
     async def _effect(
         self,
@@ -218,12 +302,38 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
             effect_summary=effect_summary,
             error=error,
         )
-        self._unacked.append(await self.log.append(record))
+        await self._append(record)
 
-    async def _durable(self) -> None:
-        """A durability point: wait until everything this run appended is acknowledged."""
+    async def _durable(self, ctx: RunContext[AgentDepsT]) -> None:
+        """A durability point: wait until everything this run appended is acknowledged.
+
+        Under a durable-execution engine, the records held since the last point are written
+        here by one durable operation, so a recovered run does not write them again.
+        """
+        if self._durable_engine:
+            held, self._held = self._held, []
+            self._attempt = await self._write_durably(ctx, held, self._attempt)
+            return
         unacked, self._unacked = self._unacked, []
         await self.log.wait_acked(unacked)
+
+    @durable_operation('write')
+    async def _write_durably(
+        self,
+        ctx: RunContext[Any],
+        records: list[StepEvent | ToolEffectTransition],
+        previous: Attempt | None,
+    ) -> Attempt:
+        """Write `records` and wait for the broker: one durable operation of the engine.
+
+        Returns the attempt that did it. When the engine recovers the run, it returns the
+        journaled attempt instead of running this again, which is how the run learns that it is
+        a later attempt (`Attempt.next_write`). A partial write that is run again only repeats
+        records with the same `seq`, which the projector ignores.
+        """
+        acks = [await self.log.append(record) for record in records]
+        await self.log.wait_acked(acks)
+        return previous.next_write() if previous is not None else _FIRST_ATTEMPT
 
     async def _snapshot(
         self,
@@ -253,10 +363,10 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         else:
             tail = '[' + ','.join(m.decode() for m in tail_json) + ']'
         snapshot_seq = self._snapshot_seq
-        self._snapshot_seq += 1
         delta = SnapshotDelta(snapshot_seq=snapshot_seq, state=state, prefix_len=prefix_len, messages=tail)
         await self._event(ctx, 'snapshot_saved', snapshot=delta)
-        await self._durable()
+        self._snapshot_seq += 1  # only once the record is accepted, like its `seq`
+        await self._durable(ctx)
         self._deltas.commit(plan)
         self._last_snapshot_step = step_index
         assert self.run_id is not None
@@ -281,9 +391,19 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
             current_run.reset(token)
 
     async def before_run(self, ctx: RunContext[AgentDepsT]) -> None:
-        """Append `run_started` with the run's lineage and metadata."""
+        """Append `run_started` with the run's lineage and metadata, and wait for the broker.
+
+        A durability point, so that no later record of the run can reach the log without it (a
+        record the projector cannot place under a registered run stays invisible).
+        """
         self._conversation_id = ctx.conversation_id
         await self._event(ctx, 'run_started')
+        try:
+            await self._durable(ctx)
+        except Exception as error:
+            # Pydantic AI does not call `on_run_error` for a failure in `before_run`.
+            await self._record_failure(ctx, error, repr(error))
+            raise
 
     async def after_run(
         self, ctx: RunContext[AgentDepsT], *, result: AgentRunResult[Any]
@@ -292,24 +412,45 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         step = self._last_snapshot_step if self._last_snapshot_step is not None else ctx.run_step
         await self._snapshot(ctx, result.all_messages(), step, settled_only=True, changed_only=True)
         await self._event(ctx, 'run_completed')
-        await self._durable()
+        await self._durable(ctx)
         return result
 
     async def on_run_error(self, ctx: RunContext[AgentDepsT], *, error: BaseException) -> AgentRunResult[Any]:
-        """Save the live history at failure (if it holds a response), append `run_failed`, re-raise."""
-        try:
-            if self._live is not None:
-                live, step_index = self._live
-                messages = list(live)
-                has_response = any(isinstance(m, ModelResponse) for m in messages)
-                if has_response or (self.capture_frontier and messages):
+        """Save the live history at failure (if it holds a response), append `run_failed`, re-raise.
+
+        `run_failed` is appended even when the failure snapshot cannot be (S3 down, a record too
+        large): the run's end must be in the log. If the broker does not take it in time, the
+        `EventLog` keeps it and sends it once the broker is back; the run's own error wins either
+        way, with a note saying what could not be recorded.
+        """
+        reason = repr(error)
+        if self._live is not None:
+            live, step_index = self._live
+            messages = list(live)
+            has_response = any(isinstance(m, ModelResponse) for m in messages)
+            if has_response or (self.capture_frontier and messages):
+                try:
                     await self._snapshot(ctx, messages, step_index)
-            await self._event(ctx, 'run_failed', error=repr(error))
-            await self._durable()
-        except Exception as log_error:
-            # The run's own error wins; the reason its trail is incomplete rides along.
-            error.add_note(f'stepstream could not record the failure: {log_error}')
+                except Exception as snapshot_error:
+                    error.add_note(
+                        f'stepstream could not save or confirm the failure snapshot: {snapshot_error}'
+                    )
+                    reason = f'{reason} (failure snapshot: {snapshot_error!r})'
+        await self._record_failure(ctx, error, reason)
         raise error
+
+    async def _record_failure(self, ctx: RunContext[AgentDepsT], error: BaseException, reason: str) -> None:
+        """Append `run_failed`; if the broker does not confirm it in time, say so on `error`."""
+        if len(reason) > MAX_ERROR_CHARS:  # an error text must not make the failure record too large
+            reason = f'{reason[:MAX_ERROR_CHARS]}... ({len(reason) - MAX_ERROR_CHARS} more characters)'
+        try:
+            await self._event(ctx, 'run_failed', error=reason)
+            await self._durable(ctx)
+        except Exception as log_error:
+            error.add_note(
+                f'stepstream could not confirm the failure record ({log_error}); it is kept and sent again '
+                'while the EventLog stays open'
+            )
 
     # -- model requests ----------------------------------------------------------------------
 
@@ -345,7 +486,8 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         """Write ahead: the `started` transition is acknowledged before the tool body runs."""
         await self._effect(call, 'started')
         await self._event(ctx, 'tool_call_started', tool_call_id=call.tool_call_id, tool_name=call.tool_name)
-        await self._durable()
+        await self._durable(ctx)
+        self._open_calls.add(call.tool_call_id)
         return args
 
     async def after_tool_execute(
@@ -358,6 +500,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         result: Any,
     ) -> Any:
         """Append the `completed` transition and event (acknowledged with the next snapshot)."""
+        self._open_calls.discard(call.tool_call_id)
         await self._effect(call, 'completed')
         await self._event(
             ctx, 'tool_call_completed', tool_call_id=call.tool_call_id, tool_name=call.tool_name
@@ -374,6 +517,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         error: Exception,
     ) -> Any:
         """Append the `failed` transition and event, then re-raise."""
+        self._open_calls.discard(call.tool_call_id)
         await self._effect(call, 'failed', error=repr(error))
         await self._event(
             ctx,
@@ -385,15 +529,25 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         raise error
 
     async def annotate(
-        self, call: ToolCallPart, *, idempotency_key: str | None, effect_summary: str | None
-    ) -> None:
+        self,
+        ctx: RunContext[Any],
+        call: ToolCallPart,
+        *,
+        idempotency_key: str | None,
+        effect_summary: str | None,
+    ) -> bool:
         """Append an `annotated` transition for a call of this run (see `annotate_tool_effect`).
 
         A durability point: the annotation exists to guide recovery after a crash, so it is
-        acknowledged before the tool goes on to its side effect.
+        acknowledged before the tool goes on to its side effect. Returns False, writing nothing,
+        when `ctx` is not a tool call this run recorded as started (an agent without
+        `StepPersistence` running inside one of this run's tools has its own run and call ids).
         """
+        if ctx.run_id != self._context_run_id or call.tool_call_id not in self._open_calls:
+            return False
         await self._effect(call, 'annotated', idempotency_key=idempotency_key, effect_summary=effect_summary)
-        await self._durable()
+        await self._durable(ctx)
+        return True
 
     # -- graph nodes ---------------------------------------------------------------------------
 
@@ -431,10 +585,33 @@ async def annotate_tool_effect(
 
     Appends an `annotated` transition; the projection keeps both fields after the call's
     terminal transition, so an orchestrator sweeping `unknown_after_crash` effects can decide
-    whether a replay is safe. A no-op outside a persisted tool call.
+    whether a replay is safe. A no-op (logged at debug level, nothing written) outside a tool
+    call that a persisted run recorded as started, for example in the tool of an agent without
+    `StepPersistence` that runs inside a persisted agent's tool.
     """
     run = current_run.get()
-    if run is None or ctx.tool_call_id is None or ctx.tool_name is None:
-        return
-    call = ToolCallPart(tool_name=ctx.tool_name, tool_call_id=ctx.tool_call_id)
-    await run.annotate(call, idempotency_key=idempotency_key, effect_summary=effect_summary)
+    recorded = False
+    if run is not None and ctx.tool_call_id is not None and ctx.tool_name is not None:
+        call = ToolCallPart(tool_name=ctx.tool_name, tool_call_id=ctx.tool_call_id)
+        recorded = await run.annotate(
+            ctx, call, idempotency_key=idempotency_key, effect_summary=effect_summary
+        )
+    if not recorded:
+        logger.debug(
+            'stepstream: annotate_tool_effect(%r) outside a recorded tool call (tool_call_id=%r): '
+            'nothing written',
+            idempotency_key,
+            ctx.tool_call_id,
+        )
+
+
+def _writer_id(run_id: str, context_run_id: str | None) -> str:
+    """The writer of a run: the same for every execution of one run, different across runs.
+
+    Derived from the run id and the context's run id, which a durable-execution engine gives a
+    re-executed run again; two runs that reuse one explicit `run_id` (each `.run()` has its own
+    context run id) still show as two writers, i.e. as a conflict.
+    """
+    if context_run_id is None:
+        return secrets.token_hex(8)
+    return hashlib.sha256(f'{run_id}\x00{context_run_id}'.encode('utf-8', 'surrogatepass')).hexdigest()[:16]

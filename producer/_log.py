@@ -3,12 +3,20 @@
 It only appends. Records are batched by aiokafka (`linger_ms`) and kept in order per partition;
 callers that reach a durability point (a tool about to run, a snapshot, the end of a run) wait
 for the acknowledgements of exactly the records they wrote, with a timeout.
+
+A record the broker did not take (it was away, or the send expired) is not dropped: the log keeps
+it, holds every later record of the same run behind it, and sends them again, in `seq` order, as
+soon as the broker answers, for as long as the log is open. That is how a run that failed because
+the broker went away still ends with its `run_failed` once the broker is back.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
+import functools
+import logging
 from collections.abc import Iterable
 from types import TracebackType
 from typing import ClassVar, Self
@@ -30,6 +38,24 @@ Ack = asyncio.Future[RecordMetadata]
 
 MAX_RECORD_BYTES = 1024 * 1024
 """Kafka's default `message.max.bytes`; a record above it fails before it is sent."""
+
+RESEND_BACKOFF_S = 0.5
+"""How long the log waits before it tries again to send records the broker did not take."""
+
+logger = logging.getLogger('stepstream.producer')
+
+
+class _Kept:
+    """A record the broker has not taken yet, and the acknowledgement its writer may wait on."""
+
+    __slots__ = ('ack', 'record')
+
+    def __init__(self, record: LogRecord, ack: Ack) -> None:
+        self.record = record
+        self.ack = ack
+
+    def __lt__(self, other: _Kept) -> bool:
+        return self.record.seq < other.record.seq
 
 
 class EventLog:
@@ -77,7 +103,11 @@ class EventLog:
         self.enable_idempotence = enable_idempotence
         self._producer: AIOKafkaProducer | None = None
         self._written: Position = {}
-        self._pending: set[Ack] = set()
+        self._pending: dict[Ack, LogRecord] = {}
+        self._kept: dict[str, list[_Kept]] = {}
+        """Per run, in `seq` order: records to send again (see the module docstring)."""
+        self._kept_changed = asyncio.Event()
+        self._resender: asyncio.Task[None] | None = None
         self._started = False
         self._start_lock = asyncio.Lock()
         self._partition_count = 0
@@ -132,14 +162,36 @@ class EventLog:
             raise unavailable(self.settings, 'did not accept a producer connection', exc) from exc
         self._producer = producer
         self._started = True
+        self._resender = asyncio.create_task(self._resend_kept(), name='stepstream-resend')
 
     async def close(self) -> None:
-        """Flush what is buffered (best effort within the timeout) and disconnect."""
+        """Flush what is buffered (best effort within the timeout) and disconnect.
+
+        Records the broker has not taken by then (it is still away) are lost with the process;
+        a warning names their runs.
+        """
+        resender, self._resender = self._resender, None
+        if resender is not None:
+            if self._kept:
+                self._kept_changed.set()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._all_kept_sent(), self.settings.ack_timeout_s)
+            resender.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await resender
         producer, self._producer = self._producer, None
         self._started = False
         if producer is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(producer.stop(), self.settings.ack_timeout_s)
+        lost = {run_id: [k.record.seq for k in kept] for run_id, kept in self._kept.items() if kept}
+        if lost:
+            logger.warning(
+                'stepstream: Kafka at %s did not take %d record(s) before the log closed (run_id: seqs) %s',
+                self.settings.bootstrap_servers,
+                sum(len(seqs) for seqs in lost.values()),
+                lost,
+            )
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -154,13 +206,18 @@ class EventLog:
         """Queue one record; returns its acknowledgement without waiting for it.
 
         Records of one run go to one partition per topic (keyed by run_id), in call order.
-        Raises `ValueError` for an id the projector would refuse (`stepstream.ids`).
+        Raises `ValueError` for an id the projector would refuse (`stepstream.ids`) and
+        `RecordTooLarge` for a record above the limit, before anything is sent.
         """
-        if not self._started:
-            if self not in self._shared.values():
-                raise StepStreamError('EventLog is not started: use `async with EventLog(settings)` first')
-            await self.start()
-        assert self._producer is not None
+        return await self.send(record, self.encode(record))
+
+    def encode(self, record: LogRecord) -> bytes:
+        """The record's bytes, or the error that refuses it before it is sent.
+
+        Raises `ValueError` for an id the projector would refuse (`stepstream.ids`) and
+        `RecordTooLarge` for a record above the limit. Split from `send` so that a writer can
+        give a record its `seq` only once it is accepted (a refused record leaves no gap).
+        """
         check_record_ids(record)  # the projector applies the same rules; refuse here, not there
         value = encode(record)
         if len(value) > self.max_record_bytes:
@@ -169,6 +226,34 @@ class EventLog:
                 f'{record.seq} is {len(value)} bytes after encoding, above the {self.max_record_bytes}-byte '
                 'limit; large payloads must go to the media store (lower STEPSTREAM_MEDIA_THRESHOLD_BYTES)'
             )
+        return value
+
+    async def send(self, record: LogRecord, value: bytes) -> Ack:
+        """Send a record encoded by `encode`; returns its acknowledgement without waiting for it.
+
+        A record the broker does not take in time is kept and sent again (see the module
+        docstring): its acknowledgement resolves when it is taken, and a durability point that
+        waits for it longer than the timeout fails with `StepStreamUnavailable`.
+        """
+        if not self._started:
+            if self not in self._shared.values():
+                raise StepStreamError('EventLog is not started: use `async with EventLog(settings)` first')
+            await self.start()
+        assert self._producer is not None
+        if self._kept and record.run_id in self._kept:
+            return self._keep(record)  # behind the run's earlier records, never ahead of them
+        try:
+            # asyncio.timeout, not wait_for: no extra task per record on the hot path.
+            async with asyncio.timeout(self.settings.ack_timeout_s):
+                ack = await self._send(record, value)
+        except (KafkaError, TimeoutError):
+            return self._keep(record)
+        self._pending[ack] = record
+        ack.add_done_callback(self._on_ack)
+        return ack
+
+    async def _send(self, record: LogRecord, value: bytes) -> Ack:
+        assert self._producer is not None
         topic = (
             self.settings.step_events_topic
             if isinstance(record, StepEvent)
@@ -184,17 +269,63 @@ class EventLog:
             traceparent = f'00-{span.trace_id:032x}-{span.span_id:016x}-{int(span.trace_flags):02x}'
             headers.append(('traceparent', traceparent.encode()))
         key = record.run_id.encode()
-        try:
-            # asyncio.timeout, not wait_for: no extra task per record on the hot path.
-            async with asyncio.timeout(self.settings.ack_timeout_s):
-                ack: Ack = await self._producer.send(
-                    topic, value, key=key, headers=headers, partition=self._partition_of(key)
-                )
-        except (KafkaError, TimeoutError) as exc:
-            raise unavailable(self.settings, 'did not accept a record', exc) from exc
-        self._pending.add(ack)
-        ack.add_done_callback(self._on_ack)
+        partition = self._partition_of(key)
+        ack: Ack = await self._producer.send(topic, value, key=key, headers=headers, partition=partition)
         return ack
+
+    def _keep(self, record: LogRecord) -> Ack:
+        """Keep a record the broker did not take, in its run's `seq` order, and wake the resender."""
+        kept = self._kept.setdefault(record.run_id, [])
+        for other in kept:
+            if other.record.seq == record.seq and type(other.record) is type(record):
+                return other.ack
+        entry = _Kept(record, asyncio.get_running_loop().create_future())
+        bisect.insort(kept, entry)
+        self._kept_changed.set()
+        return entry.ack
+
+    async def _resend_kept(self) -> None:
+        """Send kept records again, run by run in `seq` order, until the broker takes them."""
+        while True:
+            await self._kept_changed.wait()
+            self._kept_changed.clear()
+            while self._kept:
+                if not await self._resend_once():
+                    await asyncio.sleep(RESEND_BACKOFF_S)
+
+    async def _resend_once(self) -> bool:
+        """One pass over the kept records, all runs at once; True when the broker took all of them."""
+        await asyncio.gather(*(self._resend_run(run_id) for run_id in list(self._kept)))
+        return not self._kept
+
+    async def _resend_run(self, run_id: str) -> None:
+        sent: list[Ack] = []
+        try:
+            async with asyncio.timeout(self.settings.ack_timeout_s):
+                for entry in list(self._kept.get(run_id, ())):
+                    ack = await self._send(entry.record, encode(entry.record))
+                    ack.add_done_callback(functools.partial(self._on_resent, entry))
+                    sent.append(ack)
+                if sent:
+                    await asyncio.wait(sent)
+        except (KafkaError, TimeoutError, OSError) as exc:
+            logger.debug('stepstream: resending records of run %r failed (%r); retrying', run_id, exc)
+
+    def _on_resent(self, entry: _Kept, ack: Ack) -> None:
+        if ack.cancelled() or ack.exception() is not None:
+            return  # still kept: the next pass sends it again
+        self._record_position(ack.result())
+        kept = self._kept.get(entry.record.run_id)
+        if kept is not None and entry in kept:
+            kept.remove(entry)
+            if not kept:
+                del self._kept[entry.record.run_id]
+        if not entry.ack.done():
+            entry.ack.set_result(ack.result())
+
+    async def _all_kept_sent(self) -> None:
+        while self._kept:
+            await asyncio.gather(*(k.ack for kept in list(self._kept.values()) for k in kept))
 
     def _partition_of(self, key: bytes) -> int:
         """The run's partition, the same number on both topics (Kafka's default murmur2 hash).
@@ -209,22 +340,26 @@ class EventLog:
         return partition
 
     def _on_ack(self, ack: Ack) -> None:
-        self._pending.discard(ack)
+        record = self._pending.pop(ack)
         if ack.cancelled() or ack.exception() is not None:
+            self._keep(record)
             return
-        meta = ack.result()
+        self._record_position(ack.result())
+
+    def _record_position(self, meta: RecordMetadata) -> None:
         tp = meta.topic_partition
         if meta.offset + 1 > self._written.get(tp, 0):
             self._written[tp] = meta.offset + 1
 
-    async def wait_acked(self, acks: Iterable[Ack]) -> None:
+    async def wait_acked(self, acks: Iterable[Ack], *, timeout: float | None = None) -> None:
         """Wait until the broker acknowledged every record in `acks`.
 
         Raises `StepStreamUnavailable` naming the servers and the timeout when it does not.
         """
         pending = [a for a in acks if not a.done()]
         if pending:
-            _done, not_done = await asyncio.wait(pending, timeout=self.settings.ack_timeout_s)
+            limit = self.settings.ack_timeout_s if timeout is None else timeout
+            _done, not_done = await asyncio.wait(pending, timeout=limit)
             if not_done:
                 raise unavailable(self.settings, f'did not acknowledge {len(not_done)} record(s)')
         for ack in acks:
@@ -234,12 +369,26 @@ class EventLog:
             if exc is not None:
                 raise unavailable(self.settings, 'rejected a record', exc) from exc
 
-    async def flush(self) -> Position:
-        """Wait for every record appended so far, then return the position written.
+    async def flush(self, *, timeout: float | None = None) -> Position:
+        """Wait until the broker took every record appended so far, then return the position written.
 
-        Pass the result to `Projector.wait_for` to read your own writes.
+        A record the broker did not take at first is being sent again: it is waited for too.
+        Pass the result to `Projector.wait_for` to read your own writes. `timeout` defaults to
+        `settings.ack_timeout_s`; after a broker outage, give the producer longer to reconnect.
+        Raises `StepStreamUnavailable` when the records are not all taken in time.
         """
-        await self.wait_acked(list(self._pending))
+        limit = self.settings.ack_timeout_s if timeout is None else timeout
+        try:
+            async with asyncio.timeout(limit):
+                while self._pending or self._kept:
+                    # A send that fails moves its record to the kept ones, so look again until none is left.
+                    await asyncio.wait(
+                        [*self._pending, *(k.ack for kept in self._kept.values() for k in kept)]
+                    )
+        except TimeoutError:
+            waiting = len(self._pending) + sum(len(kept) for kept in self._kept.values())
+            waited = '' if timeout is None else f' (waited {timeout:g}s)'
+            raise unavailable(self.settings, f'did not take {waiting} record(s){waited}') from None
         return dict(self._written)
 
     @property

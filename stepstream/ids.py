@@ -7,7 +7,8 @@ writer that follows them never has a record refused.
 Two rules:
 
 - Run ids (`run_id`, `parent_run_id`) end up in Kafka keys, media paths and file names: 1 to 200
-  characters from `[A-Za-z0-9_.-]`, and no `..`.
+  characters from `[A-Za-z0-9_.-]`, and no `..`. `to_run_id` maps any text to such an id,
+  deterministically, for ids derived from text the caller does not control (a context run id).
 - Every other id (`writer_id`, `tool_call_id`, `conversation_id`, `agent_name`, `tool_name`) may
   hold any text, because the projection's keys encode each component injectively
   (`stepstream.projector._keys`); it only has to be UTF-8 encodable and at most
@@ -16,10 +17,14 @@ Two rules:
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Any
 
 _RUN_ID = re.compile(r'[A-Za-z0-9_.-]{1,200}')
+_UNSAFE = re.compile(r'[^A-Za-z0-9_.-]')
+MAX_RUN_ID = 200
+_HASH_CHARS = 12
 
 MAX_ID_BYTES = 1024
 """The longest id (in UTF-8 bytes) other than a run id."""
@@ -69,3 +74,27 @@ def check_record_ids(record: Any) -> None:
         # The common case inline (this runs for every record on both sides); the rest in check_id.
         if value is not None and not (type(value) is str and len(value) <= MAX_ID_BYTES and value.isascii()):
             check_id(value, what=name)
+
+
+def to_run_id(text: str) -> str:
+    """Map any text to a run id, deterministically: the same text always gives the same id.
+
+    A text that already passes `check_run_id` is returned as it is. Otherwise every character
+    outside `[A-Za-z0-9_.-]` becomes `_`, each `..` becomes `._`, the result is cut to leave room, and
+    a `-` and the first 12 hex digits of the SHA-256 of the original text are
+    appended, so two texts that read alike after the mapping still get different ids.
+
+    ```python
+    to_run_id('librarian-0195f3a2')        # 'librarian-0195f3a2' (already safe)
+    to_run_id('tenant/caller-chosen')      # 'tenant_caller-chosen-<12 hex>'
+    to_run_id('wf-7:1')                    # 'wf-7_1-<12 hex>' (a DBOS run id)
+    ```
+    """
+    if _RUN_ID.fullmatch(text) and '..' not in text:
+        return text
+    digest = hashlib.sha256(text.encode('utf-8', 'surrogatepass')).hexdigest()[:_HASH_CHARS]
+    readable = _UNSAFE.sub('_', text)
+    while '..' in readable:
+        readable = readable.replace('..', '._')
+    readable = readable[: MAX_RUN_ID - _HASH_CHARS - 1].rstrip('.')
+    return check_run_id(f'{readable}-{digest}' if readable else digest)

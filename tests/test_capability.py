@@ -51,10 +51,10 @@ async def test_events_carry_lineage_metadata_and_step(event_log: EventLog, proje
     def lookup() -> str:
         return 'found'
 
-    await agent.run('find', conversation_id='conv-meta')
+    result = await agent.run('find', conversation_id='conv-meta')
     reader = await settle(event_log, projector)
     [run] = await reader.list_runs(conversation_id='conv-meta')
-    assert run.run_id.startswith('librarian-') and len(run.run_id) == len('librarian-') + 8
+    assert run.run_id == f'librarian-{result.run_id}'
     assert run.metadata == {'team': 'docs'}
     events = await reader.list_events(run.run_id)
     assert all(e.metadata == {'team': 'docs'} and e.agent_name == 'librarian' for e in events)
@@ -402,6 +402,35 @@ async def test_annotate_outside_a_persisted_tool_is_a_no_op(
     await agent.run('go')
     reader = await settle(event_log, projector)
     assert await reader.list_runs() == []
+
+
+async def test_annotate_in_an_unpersisted_agent_inside_a_persisted_tool_writes_nothing(
+    event_log: EventLog, projector: Projector, caplog: pytest.LogCaptureFixture
+) -> None:
+    inner = Agent(calls_then_answers('charge'))  # no StepPersistence; its call ids repeat the outer's
+
+    @inner.tool
+    async def charge(ctx: RunContext[None]) -> str:
+        await annotate_tool_effect(ctx, idempotency_key='inner-charge', effect_summary='charges a card')
+        return 'charged'
+
+    outer = Agent(
+        calls_then_answers('delegate'), capabilities=[StepPersistence(log=event_log, run_id='outer-1')]
+    )
+
+    @outer.tool_plain
+    async def delegate() -> str:
+        return (await inner.run('pay')).output
+
+    with caplog.at_level('DEBUG', logger='stepstream.producer'):
+        await outer.run('go')
+    reader = await settle(event_log, projector)
+    effect = await reader.get_tool_effect('outer-1', 'call-0')
+    assert effect is not None and effect.tool_name == 'delegate' and effect.status == 'completed'
+    assert (effect.idempotency_key, effect.effect_summary) == (None, None)
+    run = await reader.get_run('outer-1')
+    assert run is not None and run.gaps == [] and run.event_count == run.last_seq + 1
+    assert 'outside a recorded tool call' in caplog.text
 
 
 async def test_one_log_many_concurrent_runs_keep_per_run_order(

@@ -13,6 +13,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from stepstream import RecordTooLarge, Settings, StepStreamUnavailable
 from stepstream.embedded import EmbeddedStack
+from stepstream.ids import check_run_id, to_run_id
 from stepstream.producer import EventLog, StepPersistence, annotate_tool_effect
 from stepstream.projector import Projector
 from stepstream.schemas import ToolEffectTransition, decode
@@ -173,3 +174,65 @@ async def test_records_carry_the_active_trace(settings: Settings, event_log: Eve
     headers = [dict(m.headers) for batch in batches.values() for m in batch]
     assert headers and all(h['traceparent'] == f'00-{0xABC:032x}-{0x42:016x}-01'.encode() for h in headers)
     assert {h['stepstream-kind'] for h in headers} >= {b'run_started', b'run_completed'}
+
+
+@pytest.mark.parametrize(
+    'text', ['tenant/caller-chosen', 'wf-7:1', '', '..', 'a..b', 'é', 'x' * 300, 'tenant_caller-chosen']
+)
+def test_any_text_maps_to_a_valid_run_id_deterministically(text: str) -> None:
+    mapped = to_run_id(text)
+    assert check_run_id(mapped) == mapped == to_run_id(text)
+    if text and len(text) <= 200 and '..' not in text and text.isascii() and text.replace('_', '').isalnum():
+        assert mapped == text
+
+
+def test_texts_that_read_alike_after_mapping_get_different_ids() -> None:
+    alike = ['tenant/caller-chosen', 'tenant:caller-chosen', 'tenant_caller-chosen', 'tenant caller-chosen']
+    assert len({to_run_id(t) for t in alike}) == len(alike)
+    assert to_run_id('tenant/caller-chosen').startswith('tenant_caller-chosen-')
+    assert len({to_run_id('x' * 300 + c) for c in 'ab'}) == 2
+
+
+async def test_an_unsafe_context_run_id_is_mapped_not_rejected(
+    event_log: EventLog, projector: Projector
+) -> None:
+    plain = Agent(answers(), capabilities=[StepPersistence(log=event_log)])
+    named = Agent(answers(), capabilities=[StepPersistence(log=event_log, agent_name='librarian')])
+    await plain.run('hi', run_id='tenant/caller-chosen', conversation_id='conv-unsafe')
+    await named.run('hi', run_id='tenant/caller-chosen', conversation_id='conv-unsafe')
+    await projector.wait_for(await event_log.flush())
+    runs = await projector.reader().list_runs(conversation_id='conv-unsafe')
+    assert [r.run_id for r in runs] == [
+        to_run_id('tenant/caller-chosen'),
+        to_run_id('librarian-tenant/caller-chosen'),
+    ]
+    assert all(r.status == 'completed' and r.conflicting_writers == [] for r in runs)
+
+
+async def test_a_re_executed_run_keeps_its_id_and_writer(event_log: EventLog, projector: Projector) -> None:
+    # What a durable-execution engine does on recovery: the same run context runs again.
+    agent = Agent(
+        calls_then_answers('lookup'), capabilities=[StepPersistence(log=event_log, agent_name='re')]
+    )
+
+    @agent.tool_plain
+    def lookup() -> str:
+        return 'found'
+
+    first = await agent.run('go', run_id='ctx-run-1', conversation_id='conv-re')
+    again = await agent.run('go', run_id='ctx-run-1', conversation_id='conv-re')
+    await projector.wait_for(await event_log.flush())
+    [run] = await projector.reader().list_runs(conversation_id='conv-re')
+    assert run.run_id == f're-{first.run_id}' == f're-{again.run_id}'
+    assert run.conflicting_writers == [] and run.gaps == [] and run.status == 'completed'
+    assert projector.duplicates_ignored == run.event_count  # the second execution repeated each record
+
+
+async def test_two_runs_reusing_one_explicit_run_id_are_two_writers(
+    event_log: EventLog, projector: Projector
+) -> None:
+    for _ in range(2):  # e.g. two processes configured with the same run_id
+        await Agent(answers(), capabilities=[StepPersistence(log=event_log, run_id='reused')]).run('hi')
+    await projector.wait_for(await event_log.flush())
+    run = await projector.reader().get_run('reused')
+    assert run is not None and len(run.conflicting_writers) == 1
