@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint format run bench clean lock
+.PHONY: install test test-tansu test-kafka lint format run bench clean lock
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -17,8 +17,15 @@ $(STAMP): $(BIN)/python pyproject.toml requirements.lock
 
 install: $(STAMP)
 
-test: $(STAMP)
-	$(BIN)/python -m pytest -q
+# The whole suite on both embedded brokers: Tansu (the default) and Apache Kafka (a JVM; its jars
+# are fetched once from Maven Central into ~/.cache/stepstream).
+test: test-tansu test-kafka
+
+test-tansu: $(STAMP)
+	STEPSTREAM_EMBEDDED_BROKER=tansu $(BIN)/python -m pytest -q
+
+test-kafka: $(STAMP)
+	STEPSTREAM_EMBEDDED_BROKER=kafka $(BIN)/python -m pytest -q
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -31,7 +31,7 @@ from stepstream.ids import check_record_ids
 from stepstream.media import MediaStore, S3MediaStore
 from stepstream.schemas import LogRecord, StepEvent, encode, schema_of
 from stepstream.settings import Settings
-from stepstream.topics import Position, ensure_topics, murmur2_partition, unavailable
+from stepstream.topics import Position, ensure_topics, murmur2_partition, supports_idempotence, unavailable
 
 Ack = asyncio.Future[RecordMetadata]
 """Resolves when the broker acknowledged one record (acks=all)."""
@@ -75,15 +75,16 @@ class EventLog:
         *,
         create_topics: bool = True,
         linger_ms: int = 0,
-        enable_idempotence: bool = False,
+        enable_idempotence: bool | None = None,
         max_record_bytes: int = MAX_RECORD_BYTES,
         media_store: MediaStore | None = None,
         compression_type: str | None = 'gzip',
     ) -> None:
         """Configure the log; nothing connects until `start()` (or `async with`).
 
-        `enable_idempotence` is off by default because Tansu has no idempotent producer;
-        turn it on against real Kafka. `compression_type` (default 'gzip', the codec that needs no
+        `enable_idempotence` (default None: on when the cluster grants producer ids, as Apache
+        Kafka does and Tansu does not) makes the broker drop the duplicates a retried send would
+        otherwise write. `compression_type` (default 'gzip', the codec that needs no
         extra package; 'lz4'/'zstd'/'snappy' with theirs; None for none) compresses each batch
         on the wire and in the log, which is kept forever (docs/decisions/0007-compression.md).
         Payloads at or above `settings.media_threshold_bytes` go to `media_store` (default: the
@@ -144,6 +145,8 @@ class EventLog:
     async def _start(self) -> None:
         layout = await ensure_topics(self.settings, create=self.create_topics)
         self._partition_count = layout.partitions
+        if self.enable_idempotence is None:
+            self.enable_idempotence = await supports_idempotence(self.settings)
         # aiokafka binds a producer to the running loop, so it is made here, not in __init__.
         producer = AIOKafkaProducer(
             bootstrap_servers=self.settings.bootstrap_servers,

@@ -6,7 +6,7 @@ import asyncio
 from dataclasses import dataclass
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
 from aiokafka.partitioner import murmur2
 from aiokafka.structs import TopicPartition
 
@@ -124,3 +124,38 @@ def unavailable(settings: Settings, what: str, exc: BaseException | None = None)
         'Check that the broker is running and reachable (STEPSTREAM_BOOTSTRAP_SERVERS), '
         'or raise STEPSTREAM_ACK_TIMEOUT_S.'
     )
+
+
+async def supports_idempotence(settings: Settings) -> bool:
+    """Whether the cluster grants producer ids (InitProducerId), so idempotent producing works.
+
+    Asked with the standard request rather than inferred from the broker's name or version:
+    Apache Kafka grants one; Tansu answers with an error (it has no idempotent producer).
+    """
+    from aiokafka.client import AIOKafkaClient
+    from aiokafka.protocol.transaction import InitProducerIdRequest
+
+    client = AIOKafkaClient(
+        bootstrap_servers=settings.bootstrap_servers,
+        request_timeout_ms=int(settings.ack_timeout_s * 1000),
+    )
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + settings.ack_timeout_s
+    try:
+        await asyncio.wait_for(client.bootstrap(), settings.ack_timeout_s)
+        node = next(iter(client.cluster.brokers())).nodeId
+        while True:
+            response = await asyncio.wait_for(
+                client.send(node, InitProducerIdRequest(None, 60_000)),
+                settings.ack_timeout_s,
+            )
+            if response.error_code == 0:
+                return True
+            # A broker that has just started answers "not yet" (a retriable error) for a moment.
+            if not for_code(response.error_code).retriable or loop.time() > deadline:
+                return False
+            await asyncio.sleep(0.2)
+    except (KafkaError, OSError, TimeoutError, StopIteration):
+        return False
+    finally:
+        await client.close()

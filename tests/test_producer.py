@@ -225,7 +225,9 @@ async def test_a_re_executed_run_keeps_its_id_and_writer(event_log: EventLog, pr
     [run] = await projector.reader().list_runs(conversation_id='conv-re')
     assert run.run_id == f're-{first.run_id}' == f're-{again.run_id}'
     assert run.conflicting_writers == [] and run.gaps == [] and run.status == 'completed'
-    assert projector.duplicates_ignored == run.event_count  # the second execution repeated each record
+    # Without an engine the second execution writes each seq again with new timestamps: the first
+    # records stand and the repeats go to the DLQ as duplicate_seq (decision 0010), counted on the run.
+    assert run.rejected == {'duplicate_seq': run.event_count}
 
 
 async def test_two_runs_reusing_one_explicit_run_id_are_two_writers(

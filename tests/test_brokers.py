@@ -1,0 +1,97 @@
+"""What differs between the embedded brokers, and the embedded Apache Kafka's own failure paths."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaConsumer
+from aiokafka.client import AIOKafkaClient
+from aiokafka.protocol.produce import ProduceRequest
+from aiokafka.protocol.transaction import InitProducerIdRequest
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
+from aiokafka.structs import TopicPartition
+
+from stepstream import Settings
+from stepstream.embedded import EmbeddedStack, EmbeddedStackError
+from stepstream.producer import EventLog
+from stepstream.topics import ensure_topics, supports_idempotence
+
+from brokers import BROKER, kafka_only
+
+
+async def test_the_event_log_is_idempotent_where_the_broker_allows_it(settings: Settings) -> None:
+    async with EventLog(settings) as log:
+        # Apache Kafka grants producer ids; Tansu refuses InitProducerId, so the log goes without.
+        assert log.enable_idempotence is (BROKER == 'kafka')
+    assert await supports_idempotence(settings) is (BROKER == 'kafka')
+
+
+def batch(value: bytes, producer_id: int = -1, epoch: int = -1, sequence: int = -1) -> bytes:
+    builder = DefaultRecordBatchBuilder(2, 0, 0, producer_id, epoch, sequence, 1024 * 1024)
+    builder.append(0, None, b'k', value, [])
+    return bytes(builder.build())
+
+
+@kafka_only('has no idempotent producer (InitProducerId is refused), so it cannot drop a resent batch')
+async def test_a_resent_batch_is_written_once_only_by_an_idempotent_producer(settings: Settings) -> None:
+    """A retry resends the very same batch: the broker drops it only when it carries a producer id."""
+    await ensure_topics(settings)
+    topic = settings.step_events_topic
+    client = AIOKafkaClient(bootstrap_servers=settings.bootstrap_servers)
+    await client.bootstrap()
+    try:
+        await client._metadata_update(client.cluster, [topic])
+        leader = client.cluster.leader_for_partition(TopicPartition(topic, 0))
+        assert leader is not None
+        granted = await client.send(leader, InitProducerIdRequest(None, 60_000))  # type: ignore[arg-type]
+        assert granted.error_code == 0
+        idempotent = batch(b'idempotent', granted.producer_id, granted.producer_epoch, 0)
+        plain = batch(b'plain')
+        for payload in (idempotent, idempotent, plain, plain):  # each sent, then "retried"
+            response = await client.send(leader, ProduceRequest(None, -1, 10_000, [(topic, [(0, payload)])]))
+            [(_, [partition_response])] = response.topics
+            assert partition_response[1] == 0, partition_response  # no error: the resend is acknowledged
+    finally:
+        await client.close()
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, auto_offset_reset='earliest')
+    await consumer.start()
+    try:
+        consumer.assign([TopicPartition(topic, 0)])
+        values: list[bytes] = []
+        while len(values) < 3:
+            for messages in (await consumer.getmany(timeout_ms=2000)).values():
+                values += [m.value for m in messages if m.value is not None]
+        assert sorted(values) == [b'idempotent', b'plain', b'plain']
+    finally:
+        await consumer.stop()
+
+
+def test_kafka_without_a_jvm_or_maven_says_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv('PATH', str(tmp_path))
+    with pytest.raises(EmbeddedStackError, match=r'`java` is not on PATH.*JDK 17\+ and Maven') as err:
+        EmbeddedStack(broker='kafka').start()
+    assert err.value.service == 'broker' and 'STEPSTREAM_EMBEDDED_BROKER=tansu' in str(err.value)
+
+    java = tmp_path / 'java'
+    java.write_text('#!/bin/sh\nexit 0\n')
+    java.chmod(0o755)
+    monkeypatch.setenv('STEPSTREAM_KAFKA_CACHE', str(tmp_path / 'empty-cache'))
+    with pytest.raises(EmbeddedStackError, match=r'`mvn` is not on PATH, and the Kafka jars are not in'):
+        EmbeddedStack(broker='kafka').start()
+
+
+def test_an_unknown_broker_is_refused_before_starting() -> None:
+    with pytest.raises(ValueError, match=r"broker must be one of \('tansu', 'kafka'\)"):
+        EmbeddedStack(broker='redpanda')
+
+
+@kafka_only('reports the same cluster id (tansu_cluster) for every broker')
+async def test_each_kafka_cluster_has_its_own_id(stack: EmbeddedStack) -> None:
+    async with EmbeddedStack(broker='kafka') as other:
+        ours, theirs = await asyncio.gather(ensure_topics(stack.settings), ensure_topics(other.settings))
+    assert ours.cluster != theirs.cluster and not ours.cluster.startswith('servers:')
