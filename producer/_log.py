@@ -187,7 +187,12 @@ class EventLog:
         if producer is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(producer.stop(), self.settings.ack_timeout_s)
-        lost = {run_id: [k.record.seq for k in kept] for run_id, kept in self._kept.items() if kept}
+        # Records still kept for a resend, and (an idempotent producer retries on its own, so its
+        # sends never fail) records whose sends were still open when the producer stopped.
+        lost: dict[str, list[int]] = {}
+        for record in [*self._pending.values(), *(k.record for kept in self._kept.values() for k in kept)]:
+            lost.setdefault(record.run_id, []).append(record.seq)
+        lost = {run_id: sorted(set(seqs)) for run_id, seqs in lost.items()}
         if lost:
             logger.warning(
                 'stepstream: Kafka at %s did not take %d record(s) before the log closed (run_id: seqs) %s',

@@ -56,6 +56,14 @@ async def ensure_topics(settings: Settings, *, create: bool = True) -> TopicLayo
             if missing:
                 await _create(admin, settings, missing)
         counts = await _partition_counts(admin, log_topics)
+        # Apache Kafka creates topics asynchronously: a topic just created can be missing from the
+        # next metadata answer for a moment, so look again until it shows (or the timeout).
+        deadline = asyncio.get_running_loop().time() + settings.ack_timeout_s
+        while create and not all(counts.get(t) for t in log_topics):
+            if asyncio.get_running_loop().time() > deadline:
+                break
+            await asyncio.sleep(0.1)
+            counts = await _partition_counts(admin, log_topics)
         described = await admin.describe_cluster()
     finally:
         await admin.close()

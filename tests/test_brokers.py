@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -16,9 +17,12 @@ from aiokafka.structs import TopicPartition
 from stepstream import Settings
 from stepstream.embedded import EmbeddedStack, EmbeddedStackError
 from stepstream.producer import EventLog
+from stepstream.schemas import StepEvent, decode
 from stepstream.topics import ensure_topics, supports_idempotence
 
 from brokers import BROKER, kafka_only
+
+NOW = datetime(2026, 11, 30, tzinfo=UTC)
 
 
 async def test_the_event_log_is_idempotent_where_the_broker_allows_it(settings: Settings) -> None:
@@ -95,3 +99,49 @@ async def test_each_kafka_cluster_has_its_own_id(stack: EmbeddedStack) -> None:
     async with EmbeddedStack(broker='kafka') as other:
         ours, theirs = await asyncio.gather(ensure_topics(stack.settings), ensure_topics(other.settings))
     assert ours.cluster != theirs.cluster and not ours.cluster.startswith('servers:')
+
+
+async def test_a_confluent_kafka_consumer_group_reads_the_topics(settings: Settings) -> None:
+    """Outside tools: librdkafka's group consumer (what kcat and confluent-kafka use) reads the log."""
+    from confluent_kafka import Consumer
+    from confluent_kafka import TopicPartition as ConfluentPartition
+
+    written = []
+    async with EventLog(settings) as log:
+        for seq, kind in enumerate(['run_started', 'model_request_started', 'run_completed']):
+            record = StepEvent(run_id='outside', seq=seq, writer_id='w', timestamp=NOW, kind=kind)  # type: ignore[arg-type]
+            await log.append(record)
+            written.append(record)
+        position = await log.flush()
+
+    def consume() -> tuple[list[StepEvent], list[int]]:
+        consumer = Consumer(
+            {
+                'bootstrap.servers': settings.bootstrap_servers,
+                'group.id': f'{settings.topic_prefix}.analytics',
+                'auto.offset.reset': 'earliest',
+                'enable.auto.commit': False,
+            }
+        )
+        try:
+            consumer.subscribe([settings.step_events_topic])
+            seen: list[StepEvent] = []
+            for _ in range(120):
+                message = consumer.poll(1.0)
+                if message is None or message.error():
+                    continue
+                record = decode(message.value())
+                assert isinstance(record, StepEvent) and message.key() == b'outside'
+                seen.append(record)
+                if len(seen) == len(written):
+                    break
+            consumer.commit(asynchronous=False)
+            partitions = [ConfluentPartition(tp.topic, tp.partition) for tp in position]
+            committed = [p.offset for p in consumer.committed(partitions, timeout=10)]
+            return seen, committed
+        finally:
+            consumer.close()
+
+    seen, committed = await asyncio.to_thread(consume)
+    assert seen == written
+    assert committed == list(position.values())
