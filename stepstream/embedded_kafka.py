@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 
 KAFKA_VERSION = '4.1.1'
@@ -30,12 +31,9 @@ INSTALL_HINT = (
     'broker, Tansu (STEPSTREAM_EMBEDDED_BROKER=tansu), which needs neither.'
 )
 
-BROKER_CONFIG = {
+BROKER_SETTINGS = {
     # One node that is broker and controller; everything replicated once.
     'process.roles': 'broker,controller',
-    'controller.listener.names': 'CONTROLLER',
-    'listener.security.protocol.map': 'PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT',
-    'inter.broker.listener.name': 'PLAINTEXT',
     'num.partitions': '1',
     'offsets.topic.replication.factor': '1',
     'offsets.topic.num.partitions': '5',
@@ -45,10 +43,19 @@ BROKER_CONFIG = {
     'share.coordinator.state.topic.min.isr': '1',
     # Consumers join at once instead of waiting 3 s for more members.
     'group.initial.rebalance.delay.ms': '0',
+    # stepstream creates its topics itself, with the partition count and configs it needs.
+    'auto.create.topics.enable': 'false',
     # Larger than Kafka's 1 MiB default so tests can write poison records of about 1 MiB.
     'message.max.bytes': str(8 * 1024 * 1024),
 }
-"""The broker settings of the embedded Apache Kafka (compose/ uses the same ones)."""
+"""The broker settings of the embedded Apache Kafka; compose/docker-compose.yml sets the same ones
+(a test checks), so the compose path runs what the tests run. Listeners are per deployment."""
+
+_LISTENERS = {
+    'controller.listener.names': 'CONTROLLER',
+    'listener.security.protocol.map': 'PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT',
+    'inter.broker.listener.name': 'PLAINTEXT',
+}
 
 
 class KafkaUnavailable(Exception):
@@ -131,15 +138,30 @@ def new_cluster_id() -> str:
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b'=').decode()
 
 
-def server_properties(*, host: str, port: int, controller_port: int, log_dir: Path, node_id: int = 1) -> str:
-    """The `server.properties` of a one-node KRaft cluster on `host`."""
+def server_properties(
+    *,
+    host: str,
+    port: int,
+    controller_port: int,
+    log_dir: Path,
+    node_id: int = 1,
+    voters: str | None = None,
+    overrides: Mapping[str, str] | None = None,
+) -> str:
+    """The `server.properties` of a KRaft node on `host` that is broker and controller.
+
+    Alone by default; `voters` (`1@host:port,2@host:port,...`) makes it one node of a cluster, and
+    `overrides` changes broker settings (replication factors of a cluster, for instance).
+    """
     values = {
-        **BROKER_CONFIG,
+        **BROKER_SETTINGS,
+        **_LISTENERS,
         'node.id': str(node_id),
-        'controller.quorum.voters': f'{node_id}@{host}:{controller_port}',
+        'controller.quorum.voters': voters or f'{node_id}@{host}:{controller_port}',
         'listeners': f'PLAINTEXT://{host}:{port},CONTROLLER://{host}:{controller_port}',
         'advertised.listeners': f'PLAINTEXT://{host}:{port}',
         'log.dirs': str(log_dir),
+        **(overrides or {}),
     }
     return ''.join(f'{k}={v}\n' for k, v in values.items())
 
@@ -162,7 +184,10 @@ def _java(java: str, lib: Path, main: str, *args: str) -> list[str]:
 
 def format_command(java: str, lib: Path, properties: Path, cluster_id: str) -> list[str]:
     """Formats the log directory of a new node (once, before its first start)."""
-    return _java(java, lib, 'kafka.tools.StorageTool', 'format', '-t', cluster_id, '-c', str(properties))
+    # `--cluster-id=ID`, not `-t ID`: an id may begin with '-', which would read as an option.
+    return _java(
+        java, lib, 'kafka.tools.StorageTool', 'format', f'--cluster-id={cluster_id}', '-c', str(properties)
+    )
 
 
 def broker_command(java: str, lib: Path, properties: Path) -> list[str]:

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from stepstream.embedded_kafka import BROKER_SETTINGS, KAFKA_VERSION
 from stepstream.settings import ENV_PREFIX, Settings
 
 yaml = pytest.importorskip('yaml', reason='PyYAML is needed to read the compose file (dev extra)')
@@ -76,6 +77,18 @@ def test_kafka_is_kraft_and_reachable_from_host_and_network(compose: dict[str, A
     assert set(advertised) <= set(listeners) and env['KAFKA_INTER_BROKER_LISTENER_NAME'] in advertised
     assert 'localhost:9092' in advertised.values()
     assert '9092:9092' in kafka['ports']
+
+
+def test_kafka_runs_what_the_tests_run(compose: dict[str, Any]) -> None:
+    """The broker settings and version are the embedded Apache Kafka's, which the suite runs on."""
+    kafka = compose['services']['kafka']
+    env = env_of(kafka)
+    for name, value in BROKER_SETTINGS.items():
+        variable = 'KAFKA_' + name.upper().replace('.', '_')
+        assert env.get(variable) == value, (variable, env.get(variable), value)
+    assert kafka['image'] == f'apache/kafka:{KAFKA_VERSION}'
+    pom = (Path(__file__).resolve().parent.parent / 'stepstream' / 'kafka' / 'pom.xml').read_text()
+    assert f'<kafka.version>{KAFKA_VERSION}</kafka.version>' in pom
 
 
 def test_projector_env_is_settings(compose: dict[str, Any]) -> None:
