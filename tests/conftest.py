@@ -17,6 +17,8 @@ from stepstream.embedded import EmbeddedStack
 from stepstream.producer import EventLog
 from stepstream.projector import Projector
 
+from brokers import BROKER
+
 
 @pytest.fixture(scope='session')
 def stack() -> Iterator[EmbeddedStack]:
@@ -48,3 +50,17 @@ def db_path(tmp_path: Path) -> Path:
 async def projector(settings: Settings, db_path: Path) -> AsyncIterator[Projector]:
     async with Projector(settings, db_path=db_path) as running:
         yield running
+
+
+BROKER_INDEPENDENT = {'test_apply_properties', 'test_settings', 'test_compose', 'test_media'}
+"""Modules that never talk to Kafka: run once, in the Tansu pass, not again on Apache Kafka."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if BROKER != 'kafka':
+        return
+    skip = pytest.mark.skip(reason='does not touch the broker: it runs in the Tansu pass')
+    for item in items:
+        module = getattr(item, 'module', None)
+        if module is not None and module.__name__ in BROKER_INDEPENDENT:
+            item.add_marker(skip)
