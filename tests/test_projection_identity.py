@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from test_cli import cli, cli_env, orchestrate
+from test_hostile_log import start_projector
 
 from stepstream import ProjectionInUse, ProjectionMismatch, Settings, UsageError
 from stepstream.producer import EventLog
@@ -41,17 +42,8 @@ async def test_paths_that_are_not_projections_are_refused_and_left_alone(
 
 async def test_a_second_projector_is_told_who_holds_the_directory(settings: Settings, tmp_path: Path) -> None:
     db_path = tmp_path / 'busy'
-    service = await asyncio.create_subprocess_exec(
-        sys.executable,
-        '-m',
-        'stepstream.cli',
-        'projector',
-        env=cli_env(settings, db_path),
-        stdout=asyncio.subprocess.PIPE,
-    )
+    service = await start_projector(settings, db_path)
     try:
-        assert service.stdout is not None
-        assert b'projector:' in await asyncio.wait_for(service.stdout.readline(), 60)
         code, _, err = await cli(settings, db_path, 'projector')
         assert code == 2 and f'in use by another projector (pid {service.pid})' in err
         with pytest.raises(ProjectionInUse, match=str(service.pid)):
