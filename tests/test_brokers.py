@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer
 from aiokafka.client import AIOKafkaClient
+from aiokafka.errors import for_code
 from aiokafka.protocol.produce import ProduceRequest
 from aiokafka.protocol.transaction import InitProducerIdRequest
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
@@ -49,13 +50,27 @@ async def test_a_resent_batch_is_written_once_only_by_an_idempotent_producer(set
         await client._metadata_update(client.cluster, [topic])
         leader = client.cluster.leader_for_partition(TopicPartition(topic, 0))
         assert leader is not None
-        granted = await client.send(leader, InitProducerIdRequest(None, 60_000))  # type: ignore[arg-type]
+        for _ in range(100):  # a broker that has just started answers "not yet" for a moment
+            granted = await client.send(leader, InitProducerIdRequest(None, 60_000))  # type: ignore[arg-type]
+            if not for_code(granted.error_code).retriable:
+                break
+            await asyncio.sleep(0.1)
         assert granted.error_code == 0
         idempotent = batch(b'idempotent', granted.producer_id, granted.producer_epoch, 0)
         plain = batch(b'plain')
         for payload in (idempotent, idempotent, plain, plain):  # each sent, then "retried"
-            response = await client.send(leader, ProduceRequest(None, -1, 10_000, [(topic, [(0, payload)])]))
-            [(_, [partition_response])] = response.topics
+            for _ in range(100):
+                response = await client.send(
+                    leader, ProduceRequest(None, -1, 10_000, [(topic, [(0, payload)])])
+                )
+                [(_, [partition_response])] = response.topics
+                if not for_code(partition_response[1]).retriable:
+                    break
+                # The partition of a topic just created may not have its leader yet (nothing was
+                # appended): ask again, as a producer does.
+                await asyncio.sleep(0.1)
+                await client._metadata_update(client.cluster, [topic])
+                leader = client.cluster.leader_for_partition(TopicPartition(topic, 0)) or leader
             assert partition_response[1] == 0, partition_response  # no error: the resend is acknowledged
     finally:
         await client.close()
