@@ -24,6 +24,7 @@ from stepstream.projector._keys import (
     DLQ_COUNTS,
     EFFECT,
     EVENT,
+    PARKED,
     PROGRESS,
     RUN,
     RUNS,
@@ -394,6 +395,7 @@ class ProjectionReader:
             progress = json.loads(self._db.get(PROGRESS) or b'{}')
             dlq: dict[str, int] = json.loads(self._db.get(DLQ_COUNTS) or b'{}')
             conflicts = {CONFLICT.parse(k)[0] for k, _ in scan(self._db, CONFLICT.prefix())}
+            parked = sum(1 for _ in scan(self._db, PARKED.prefix()))
             identity = read_identity(self._db)
             return ProjectionStatus(
                 offsets=offsets,
@@ -402,6 +404,7 @@ class ProjectionReader:
                 dead_lettered=sum(dlq.values()),
                 dead_lettered_by_reason=dict(sorted(dlq.items())),
                 conflicting_runs=len(conflicts),
+                parked_records=parked,
                 state=identity.state if identity is not None else None,
                 topic_prefix=identity.topic_prefix if identity is not None else None,
                 max_snapshots_per_run=identity.max_snapshots_per_run if identity is not None else None,
@@ -518,6 +521,8 @@ class ProjectionStatus:
     dead_lettered: int
     dead_lettered_by_reason: dict[str, int]
     conflicting_runs: int
+    parked_records: int
+    """Records waiting for their run's `run_started`, which has not arrived (in no other view)."""
     state: str | None
     """`live`, `rebuilding` (an unfinished rebuild: resume it) or `rebuilt`; None before the first start."""
     topic_prefix: str | None

@@ -207,6 +207,8 @@ async def _status(args: argparse.Namespace, settings: Settings) -> int:
     reasons = ', '.join(f'{reason} {count}' for reason, count in status.dead_lettered_by_reason.items())
     print(f'dead-lettered: {status.dead_lettered}' + (f' ({reasons})' if reasons else ''))
     print(f'runs with conflicting writers: {status.conflicting_runs}')
+    if status.parked_records:
+        print(f'records waiting for a run_started that has not arrived: {status.parked_records}')
     if status.state == 'rebuilding':
         resume = f'stepstream rebuild --into {settings.db_path}'
         print(f'this projection is an unfinished rebuild: resume it with `{resume}`')

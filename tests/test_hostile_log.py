@@ -335,6 +335,7 @@ async def test_hostile_records_cannot_stop_split_or_change_the_projection(
     try:
         status = await reader.status()
         assert status.dead_lettered >= len(attacker.refused)
+        assert status.parked_records == 20  # h-parked-*: a transition each, no run_started ever
         for reason in ('not_a_record', 'unknown_version', 'tombstone', 'no_key', 'wrong_key'):
             assert status.dead_lettered_by_reason.get(reason), reason
         for reason in (
