@@ -112,7 +112,6 @@ class EventLog:
         self._started = False
         self._start_lock = asyncio.Lock()
         self._partition_count = 0
-        self._partitions: dict[bytes, int] = {}
 
     _shared: ClassVar[dict[tuple[str, str], EventLog]] = {}
 
@@ -338,14 +337,9 @@ class EventLog:
     def _partition_of(self, key: bytes) -> int:
         """The run's partition, the same number on both topics (Kafka's default murmur2 hash).
 
-        Computed once per run instead of by aiokafka's pure-Python partitioner on every record.
+        Computed here (cached per run) instead of by aiokafka's pure-Python partitioner on every record.
         """
-        partition = self._partitions.get(key)
-        if partition is None:
-            if len(self._partitions) > 100_000:
-                self._partitions.clear()
-            partition = self._partitions[key] = murmur2_partition(key, self._partition_count)
-        return partition
+        return murmur2_partition(key, self._partition_count)
 
     def _on_ack(self, ack: Ack) -> None:
         record = self._pending.pop(ack)

@@ -45,6 +45,7 @@ from stepstream.projector._keys import (
     TRANSITION,
     UNRESOLVED,
     UNRESOLVED_RUN,
+    decode_int,
     encode_int,
 )
 from stepstream.projector._state import EffectState, RunState, SnapshotEntry, dumps, ranges_add, ranges_hold
@@ -161,7 +162,6 @@ class Applier:
         self.partitions = partitions
         self.max_snapshots = max_snapshots_per_run
         self.max_seq_jump = max_seq_jump
-        self._partitions: dict[bytes, int] = {}
         self._current: SourceRecord | None = None
         self._outcome = BatchOutcome()
         self._poisoned: Mapping[tuple[int, int, int], str] = {}
@@ -258,7 +258,7 @@ class Applier:
             raise Rejected(
                 'wrong_key', f'record key {source.key[:300]!r} is not its run_id {record.run_id!r}'
             )
-        home = self._partition_of(source.key)
+        home = murmur2_partition(source.key, self.partitions)
         if home != source.partition:
             raise Rejected(
                 'wrong_partition',
@@ -274,15 +274,6 @@ class Applier:
                 'unknown_version', f'unknown tool effect status {record.status!r} (a newer writer?)'
             )
         return record
-
-    def _partition_of(self, key: bytes) -> int:
-        """The run's partition by the producer's partitioner, once per run (murmur2 is pure Python)."""
-        home = self._partitions.get(key)
-        if home is None:
-            if len(self._partitions) > 100_000:
-                self._partitions.clear()
-            home = self._partitions[key] = murmur2_partition(key, self.partitions)
-        return home
 
     # -- registration, ownership ---------------------------------------------------------------
 
@@ -404,7 +395,6 @@ class Applier:
                 state=snap.state,
                 step_index=event.step_index,
                 prefix_len=snap.prefix_len,
-                tail_len=len(json.loads(snap.messages)),
                 timestamp=ts,
                 idempotency_key=event.idempotency_key,
             )
@@ -451,7 +441,7 @@ class Applier:
         """A step event took this seq: its transition stops counting and goes to the DLQ."""
         stored = txn.get(TRANSITION.key(run.run_id, seq))
         assert stored is not None
-        offset = int.from_bytes(stored[:8], 'big') - (1 << 63)
+        offset = decode_int(stored[:8])
         t = decode(stored[8:])
         assert isinstance(t, ToolEffectTransition)
         effect_key = EFFECT.key(run.run_id, t.tool_call_id)

@@ -56,6 +56,11 @@ def encode_int(value: int) -> bytes:
     return (value + _INT_BIAS).to_bytes(8, 'big')
 
 
+def decode_int(encoded: bytes) -> int:
+    """The inverse of `encode_int`."""
+    return int.from_bytes(encoded, 'big') - _INT_BIAS
+
+
 @dataclass(frozen=True, slots=True)
 class Keyspace:
     """A named family of keys: a prefix byte and the kinds of its components."""
@@ -90,7 +95,7 @@ class Keyspace:
         at = 1
         for kind in self.parts:
             if kind == 'int':
-                values.append(int.from_bytes(key[at : at + 8], 'big') - _INT_BIAS)
+                values.append(decode_int(key[at : at + 8]))
                 at += 8
                 continue
             chunks = []

@@ -188,7 +188,6 @@ class SnapshotEntry(_Json):
     state: str
     step_index: int
     prefix_len: int
-    tail_len: int
     timestamp: int
     idempotency_key: str | None
     retained: bool = True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from dataclasses import dataclass
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -119,8 +120,13 @@ async def _partition_counts(admin: AIOKafkaAdminClient, topics: list[str]) -> di
     return counts
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def murmur2_partition(key: bytes, partitions: int) -> int:
-    """The partition Kafka's default partitioner picks for `key` (murmur2, positive, modulo)."""
+    """The partition Kafka's default partitioner picks for `key` (murmur2, positive, modulo).
+
+    Cached: aiokafka's murmur2 is pure Python, and both the producer and the projector ask for
+    the same run's partition on every record of the run.
+    """
     return (murmur2(key) & 0x7FFFFFFF) % partitions
 
 
