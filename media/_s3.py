@@ -158,6 +158,11 @@ class S3MediaStore:
         )
 
     @property
+    def object_store(self) -> S3Store:
+        """The obstore client of the bucket, for stepstream's other objects (shard checkpoints)."""
+        return self._store
+
+    @property
     def location(self) -> str:
         """Where the objects live, as error messages name it."""
         where = self.endpoint or 'AWS S3'

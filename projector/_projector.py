@@ -9,17 +9,20 @@ import hashlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Collection
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, ConsumerRecord
+from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.errors import KafkaError, MessageSizeTooLargeError
 from aiokafka.structs import TopicPartition
+from rocksdict import Rdict
 
-from stepstream.errors import ProjectionMismatch, StepStreamError
+from stepstream.errors import ProjectionInUse, ProjectionMismatch, StepStreamError, UsageError
 from stepstream.media import MediaStore, S3MediaStore
 from stepstream.projector._apply import (
     EFFECTS,
@@ -30,10 +33,22 @@ from stepstream.projector._apply import (
     SourceRecord,
     micros,
 )
+from stepstream.projector._checkpoints import Checkpoints
 from stepstream.projector._keys import PROGRESS
 from stepstream.projector._reader import ProjectionReader
 from stepstream.projector._state import Identity, dumps
-from stepstream.projector._store import open_db, read_identity, stored_offsets, write_identity
+from stepstream.projector._store import (
+    BatchTxn,
+    check_projection,
+    create_shard,
+    open_db,
+    read_identity,
+    read_projection_identity,
+    shard_path,
+    shard_paths,
+    stored_offsets,
+    write_identity,
+)
 from stepstream.settings import Settings
 from stepstream.topics import Position, TopicLayout, ensure_topics, unavailable
 
@@ -46,8 +61,45 @@ DLQ_HEAD_BYTES = 1024
 log = logging.getLogger('stepstream.projector')
 
 
+SHARD_HANDOFF_TIMEOUT_S = 30.0
+"""How long a member waits for a shard's previous owner (same directory) to close it."""
+
+
+@dataclass(eq=False)
+class _Shard:
+    """One open shard: its partition number, its RocksDB and its recent apply rate."""
+
+    partition: int
+    db: Rdict
+    recent: deque[tuple[float, int]] = field(default_factory=deque)
+
+    def progress_figures(self, consumed: int) -> dict[str, float | int]:
+        """Records per second over the last ten seconds, for `stepstream status`."""
+        now = time.monotonic()
+        self.recent.append((now, consumed))
+        while self.recent and self.recent[0][0] < now - 10:
+            self.recent.popleft()
+        span = max(now - self.recent[0][0], 1.0)
+        return {'rate': round(sum(n for _, n in self.recent) / span, 1), 'at': micros(datetime.now(UTC))}
+
+
+class _Rebalance(ConsumerRebalanceListener):
+    """Hands a member's assignment changes to its projector."""
+
+    def __init__(self, projector: Projector) -> None:
+        self.projector = projector
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        """Close the shards moving away (after the batch in hand)."""
+        await self.projector._revoked(revoked)
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        """Open, restore or create the shards of the new assignment."""
+        await self.projector._assigned(assigned)
+
+
 class Projector:
-    """Materializes the log into a RocksDB projection, exactly once per record.
+    """Materializes the log into a sharded RocksDB projection, exactly once per record.
 
     ```python
     async with Projector(settings, db_path='proj') as projector:
@@ -55,10 +107,16 @@ class Projector:
         run = await projector.reader().get_run('librarian-1a2b3c4d')
     ```
 
-    Each batch from `getmany` is applied in one `WriteBatch` together with the next offset of
-    every partition in it; on start the consumer seeks to those stored offsets, so a crash at
-    any instant neither loses nor repeats a record. The group offsets committed to Kafka are
-    only there for standard lag tooling; the stored offsets are the truth.
+    The projection is one shard per partition number (decision 0013). Each batch from
+    `getmany` is split by partition and applied to each shard in one `WriteBatch` together with
+    that partition's next offsets; on start (or on assignment) the consumer seeks to those stored
+    offsets, so a crash at any instant neither loses nor repeats a record.
+
+    Without `group`, one projector owns every partition (or the `partitions` given, as a
+    parallel rebuild's workers do) and commits offsets to a consumer group only for standard
+    lag tooling. With `group`, it joins that consumer group as a member: it opens the shards
+    of the partitions the group assigns it, closes them when they are revoked, and several
+    members (on one host sharing `db_path`, or on several hosts) split the work.
     """
 
     def __init__(
@@ -67,6 +125,8 @@ class Projector:
         *,
         db_path: str | Path | None = None,
         group_id: str | None = None,
+        group: str | None = None,
+        partitions: Collection[int] | None = None,
         create_topics: bool = True,
         max_batch_records: int = 5000,
         poll_timeout_ms: int = 100,
@@ -75,21 +135,28 @@ class Projector:
         media_store: MediaStore | None = None,
         send_dead_letters: bool = True,
         rebuilding: bool = False,
+        checkpoints: Checkpoints | None = None,
     ) -> None:
-        """Open (or create) the projection; nothing connects until `start()` (or `async with`).
+        """Check the projection directory; nothing connects until `start()` (or `async with`).
 
         `max_snapshots_per_run` keeps the newest N snapshots of each run readable, plus the
         newest complete and the newest overall; it is part of what the projection is, so an
         existing projection keeps the value it was built with (None: take it from there) and a
         different one is refused. `commit_group_offsets=False` and `send_dead_letters=False` are
         for rebuilds, which neither show up in lag tooling nor repeat the DLQ; `rebuilding` marks
-        the projection incomplete until `mark_rebuilt()`.
+        the projection incomplete until `mark_rebuilt()`. `group` makes this projector a member
+        of that consumer group; `checkpoints` uploads its shards to S3 and restores shards it is
+        assigned but does not hold.
         """
         if max_snapshots_per_run is not None and max_snapshots_per_run < 1:
             raise ValueError(f'max_snapshots_per_run must be at least 1, got {max_snapshots_per_run}')
+        if group is not None and partitions is not None:
+            raise UsageError('a group member owns the partitions its group assigns; give group or partitions')
         self.settings = settings
-        self.db_path = Path(db_path if db_path is not None else settings.db_path)
-        self.group_id = group_id or f'{settings.topic_prefix}.projector'
+        self.db_path = check_projection(db_path if db_path is not None else settings.db_path, create=True)
+        self.group = group
+        self.group_id = group or group_id or f'{settings.topic_prefix}.projector'
+        self.only = frozenset(partitions) if partitions is not None else None
         self.create_topics = create_topics
         self.max_batch_records = max_batch_records
         self.poll_timeout_ms = poll_timeout_ms
@@ -97,36 +164,52 @@ class Projector:
         self.commit_group_offsets = commit_group_offsets
         self.send_dead_letters = send_dead_letters
         self.rebuilding = rebuilding
+        self.checkpoints = checkpoints
         self.media_store: MediaStore = media_store or S3MediaStore.from_settings(settings)
-        self._recent: deque[tuple[float, int]] = deque()
         self._uncommitted: Position = {}
         self._last_group_commit = 0.0
-        self._db = open_db(self.db_path)
         self._topics = (settings.step_events_topic, settings.tool_effects_topic)
         self._topic_index = {settings.step_events_topic: EVENTS, settings.tool_effects_topic: EFFECTS}
         self._applier: Applier | None = None
+        self._layout: TopicLayout | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._dlq: AIOKafkaProducer | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self._failure: BaseException | None = None
         self._progress = asyncio.Condition()
-        self._applied: Position = stored_offsets(self._db)
-        self.identity: Identity | None = read_identity(self._db)
+        self._batch_lock = asyncio.Lock()
+        self._shards: dict[int, _Shard] = {}
+        self._dbs: dict[int, Rdict] = {}
+        """The open shards' databases, shared (and kept current) with `reader()`."""
+        self._applied: Position = {}
+        self.identity: Identity | None = None
         self.records_applied = 0
         self.duplicates_ignored = 0
         self.dead_lettered = 0
+        self.restored_from_checkpoint: dict[int, int] = {}
+        """Partition -> records the shard's restored checkpoint held, for shards restored so far."""
+        if group is None:
+            # Open the shards that exist now, so a second writer is refused before connecting.
+            try:
+                for partition, path in shard_paths(self.db_path).items():
+                    if self.only is None or partition in self.only:
+                        self._adopt(partition, open_db(path, create=False))
+            except BaseException:
+                self.close()
+                raise
 
     # -- lifecycle -----------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Check the projection is of these topics, seek to its offsets and consume in the background."""
         layout = await ensure_topics(self.settings, create=self.create_topics)
-        self._claim_identity(layout)
+        self._layout = layout
+        for shard in list(self._shards.values()):
+            self._claim_identity(shard, layout)
         self._applier = Applier(
             self._topics, partitions=layout.partitions, max_snapshots_per_run=self.max_snapshots_per_run
         )
-        partitions = [TopicPartition(t, p) for t in self._topics for p in range(layout.partitions)]
         consumer = AIOKafkaConsumer(
             bootstrap_servers=self.settings.bootstrap_servers,
             group_id=self.group_id,
@@ -135,6 +218,9 @@ class Projector:
             auto_offset_reset='earliest',
             fetch_max_wait_ms=50,
             request_timeout_ms=max(5000, int(self.settings.ack_timeout_s * 1000)),
+            # Range assignment gives a member the same partition numbers of both topics, which
+            # are co-partitioned by run_id: one member owns every record of a shard.
+            partition_assignment_strategy=(RangePartitionAssignor,),
         )
         dlq = AIOKafkaProducer(
             bootstrap_servers=self.settings.bootstrap_servers,
@@ -148,95 +234,200 @@ class Projector:
             await consumer.stop()
             await dlq.stop()
             raise unavailable(self.settings, 'did not accept the projector', exc) from exc
-        # Every projector owns a whole projection, so it reads every partition itself.
-        consumer.assign(partitions)
-        for tp in partitions:
-            offset = self._applied.get(tp)
-            if offset is None:
-                await consumer.seek_to_beginning(tp)
-            else:
-                consumer.seek(tp, offset)
         self._consumer, self._dlq = consumer, dlq
+        if self.group is None:
+            mine = [p for p in range(layout.partitions) if self.only is None or p in self.only]
+            for partition in mine:
+                if partition not in self._shards:
+                    await self._open_shard(partition)
+            assigned = {TopicPartition(t, p) for t in self._topics for p in mine}
+            consumer.assign(sorted(assigned))
+            await self._seek(assigned)
+        else:
+            consumer.subscribe(list(self._topics), listener=_Rebalance(self))
         self._stopping = False
         self._task = asyncio.create_task(self._consume(), name='stepstream-projector')
 
-    def _claim_identity(self, layout: TopicLayout) -> None:
-        """Record what this projection is built from, or refuse when it was built from something else."""
-        stored = self.identity
-        where = self.db_path
-        if stored is None:
-            if self._applied or next(iter(self._db.keys()), None) is not None:
-                raise ProjectionMismatch(
-                    f'{where} holds a projection made by an older stepstream (no identity record); '
-                    f'rebuild it with `stepstream rebuild --into NEW_DIR`'
-                )
-            stored = Identity(
-                format=Identity.FORMAT,
-                topic_prefix=self.settings.topic_prefix,
-                cluster=layout.cluster,
-                max_snapshots_per_run=self.max_snapshots_per_run,
-                state='rebuilding' if self.rebuilding else 'live',
+    async def _open_shard(self, partition: int) -> _Shard:
+        """Open the shard of `partition` here, restoring it from a checkpoint or making it new."""
+        assert self._layout is not None
+        path = shard_path(self.db_path, partition)
+        if not (path / 'CURRENT').exists() and self.checkpoints is not None:
+            restored = await self.checkpoints.restore(self.db_path, partition, self._layout.partitions)
+            if restored is not None:
+                self.restored_from_checkpoint[partition] = restored
+        if (path / 'CURRENT').exists():
+            db = await self._open_when_free(path)
+            shard = self._adopt(partition, db)
+            self._claim_identity(shard, self._layout)
+            return shard
+        identity = Identity(
+            format=Identity.FORMAT,
+            topic_prefix=self.settings.topic_prefix,
+            cluster=self._layout.cluster,
+            max_snapshots_per_run=self._options_from_shards(),
+            state='rebuilding' if self.rebuilding else 'live',
+            partitions=self._layout.partitions,
+            partition=partition,
+        )
+        shard = self._adopt(
+            partition, await asyncio.to_thread(create_shard, self.db_path, partition, identity)
+        )
+        if self.identity is None:
+            self.identity = identity
+        return shard
+
+    async def _open_when_free(self, path: Path) -> Rdict:
+        """Open a shard for writing; in a group, wait a while for its previous owner to let go."""
+        deadline = time.monotonic() + (SHARD_HANDOFF_TIMEOUT_S if self.group is not None else 0)
+        while True:
+            try:
+                return await asyncio.to_thread(open_db, path, create=False)
+            except ProjectionInUse:
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(0.2)
+
+    def _options_from_shards(self) -> int | None:
+        """`max_snapshots_per_run` for a new shard: the one asked for, or the existing shards'."""
+        if self.max_snapshots_per_run is None:
+            existing = read_projection_identity(self.db_path)
+            if existing is not None:
+                self.max_snapshots_per_run = existing.max_snapshots_per_run
+        return self.max_snapshots_per_run
+
+    def _adopt(self, partition: int, db: Rdict) -> _Shard:
+        shard = _Shard(partition, db)
+        self._shards[partition] = shard
+        self._dbs[partition] = db
+        self._applied.update(stored_offsets(db))
+        if self.identity is None:
+            self.identity = read_identity(db)
+        return shard
+
+    async def _seek(self, assigned: Collection[TopicPartition]) -> None:
+        assert self._consumer is not None
+        for tp in assigned:
+            offset = self._applied.get(tp)
+            if offset is None:
+                await self._consumer.seek_to_beginning(tp)
+            else:
+                self._consumer.seek(tp, offset)
+
+    async def _assigned(self, assigned: set[TopicPartition]) -> None:
+        """The group gave this member partitions: open (or restore) their shards and seek."""
+        numbers = {tp.partition for tp in assigned}
+        lopsided = sorted(
+            p for p in numbers if any(TopicPartition(t, p) not in assigned for t in self._topics)
+        )
+        if lopsided:
+            raise StepStreamError(
+                f'the group {self.group!r} assigned partition(s) {lopsided} of one log topic '
+                'without the other; '
+                'every member must be a stepstream projector (range assignment keeps a shard together)'
             )
-            write_identity(self._db, stored)
-            self.identity = stored
-            return
-        if stored.format != Identity.FORMAT:
+        async with self._batch_lock:
+            for partition in sorted(numbers - self._shards.keys()):
+                await self._open_shard(partition)
+            await self._seek(assigned)
+        log.info('member of %s: owns partitions %s', self.group, sorted(self._shards))
+
+    async def _revoked(self, revoked: set[TopicPartition]) -> None:
+        """Partitions are moving away: finish the batch in hand, then flush and close their shards."""
+        async with self._batch_lock:
+            for partition in sorted({tp.partition for tp in revoked}):
+                self._release(partition)
+
+    def _release(self, partition: int) -> None:
+        shard = self._shards.pop(partition, None)
+        self._dbs.pop(partition, None)
+        for topic in self._topics:
+            self._applied.pop(TopicPartition(topic, partition), None)
+        if shard is not None:
+            shard.db.flush()
+            shard.db.close()
+
+    def _claim_identity(self, shard: _Shard, layout: TopicLayout) -> None:
+        """Check a shard was built from these topics and options, or refuse it."""
+        stored = read_identity(shard.db)
+        where = shard_path(self.db_path, shard.partition)
+        if stored is None or stored.format != Identity.FORMAT:
+            found = 'no identity record' if stored is None else f'format {stored.format}'
             raise ProjectionMismatch(
-                f'{where} is a projection of format {stored.format}; this stepstream reads format '
-                f'{Identity.FORMAT}. Rebuild it with `stepstream rebuild --into NEW_DIR`'
+                f'{where} holds a projection made by another stepstream version ({found}); this one reads '
+                f'format {Identity.FORMAT}. Rebuild it with `stepstream rebuild --into NEW_DIR`'
             )
         if stored.topic_prefix != self.settings.topic_prefix:
             raise ProjectionMismatch(
-                f'{where} was built from the topics {stored.topic_prefix}.*, '
+                f'{self.db_path} was built from the topics {stored.topic_prefix}.*, '
                 f'not {self.settings.topic_prefix}.*: set STEPSTREAM_TOPIC_PREFIX (--topic-prefix) '
                 'to match, or use another --db-path'
             )
         if stored.cluster != layout.cluster:
             raise ProjectionMismatch(
-                f'{where} was built from Kafka cluster {stored.cluster!r}, '
+                f'{self.db_path} was built from Kafka cluster {stored.cluster!r}, '
                 f'but {self.settings.bootstrap_servers} is cluster {layout.cluster!r}: point '
                 'STEPSTREAM_BOOTSTRAP_SERVERS at the cluster it was built from, or use another --db-path'
+            )
+        if stored.partitions != layout.partitions or stored.partition != shard.partition:
+            raise ProjectionMismatch(
+                f'{where} is shard {stored.partition} of {stored.partitions} partitions, but the topics '
+                f'now have {layout.partitions}: runs moved between partitions, so rebuild the projection '
+                'with `stepstream rebuild --into NEW_DIR`'
             )
         wanted = self.max_snapshots_per_run
         if wanted is not None and wanted != stored.max_snapshots_per_run:
             raise ProjectionMismatch(
-                f'{where} was built with max_snapshots_per_run={stored.max_snapshots_per_run}, not {wanted}: '
+                f'{self.db_path} was built with '
+                f'max_snapshots_per_run={stored.max_snapshots_per_run}, not {wanted}: '
                 'leave the option out (it is kept), or rebuild into a new directory with the new value'
             )
         self.max_snapshots_per_run = stored.max_snapshots_per_run
+        if self._applier is not None:
+            self._applier.max_snapshots = stored.max_snapshots_per_run
         if stored.state == 'rebuilding' and not self.rebuilding:
             stored.state = 'live'  # a live projector carries an interrupted rebuild on to the end
-            write_identity(self._db, stored)
+            write_identity(shard.db, stored)
+        self.identity = stored
 
     def mark_rebuilt(self) -> None:
-        """Record that a rebuild reached the end it was after: the projection is complete."""
-        if self.identity is not None:
-            self.identity.state = 'rebuilt'
-            write_identity(self._db, self.identity)
+        """Record that a rebuild reached the end it was after: its shards are complete."""
+        for shard in self._shards.values():
+            identity = read_identity(shard.db)
+            if identity is not None:
+                identity.state = 'rebuilt'
+                write_identity(shard.db, identity)
+                self.identity = identity
 
     async def stop(self) -> None:
-        """Finish the batch in hand, then disconnect and close the projection."""
+        """Finish the batch in hand, then disconnect and flush the shards."""
         self._stopping = True
         if self._task is not None:
             with contextlib.suppress(Exception):  # kept in self._failure, raised by __aexit__
                 await self._task
             self._task = None
         if self._consumer is not None:
-            await self._consumer.stop()
+            await self._consumer.stop()  # a member's shards are revoked (and closed) here
             self._consumer = None
         if self._dlq is not None:
             await self._dlq.stop()
             self._dlq = None
-        self._db.flush()
+        for shard in self._shards.values():
+            shard.db.flush()
 
     def close(self) -> None:
-        """Close the RocksDB handle (after `stop()`)."""
-        self._db.close()
+        """Close the shards' RocksDB handles (after `stop()`)."""
+        for partition in list(self._shards):
+            self._release(partition)
 
     async def __aenter__(self) -> Self:
         try:
             await self.start()
         except BaseException:
+            if self._consumer is not None:
+                await self._consumer.stop()
+            if self._dlq is not None:
+                await self._dlq.stop()
             self.close()
             raise
         return self
@@ -257,8 +448,18 @@ class Projector:
     # -- reading your writes ---------------------------------------------------------------------
 
     def reader(self) -> ProjectionReader:
-        """A reader over this projector's RocksDB (same process, always current)."""
-        return ProjectionReader(self._db, media_store=self.media_store)
+        """A reader over the shards this projector holds open (same process, always current).
+
+        A group member holds only its own shards; `ProjectionReader.open(db_path)` reads every
+        shard in the directory, whichever member writes it.
+        """
+        partitions = self._layout.partitions if self._layout is not None else max(self._dbs, default=-1) + 1
+        return ProjectionReader(self._dbs, partitions=partitions, media_store=self.media_store)
+
+    @property
+    def partitions(self) -> list[int]:
+        """The partition numbers whose shards this projector holds now."""
+        return sorted(self._shards)
 
     @property
     def applied(self) -> Position:
@@ -289,7 +490,7 @@ class Projector:
                     continue
 
     async def end_position(self) -> Position:
-        """The end of every log partition right now (what `catch_up` waits for)."""
+        """The end of every partition this projector owns right now (what `catch_up` waits for)."""
         if self._consumer is None:
             raise StepStreamError('the projector is not started')
         ends = await self._consumer.end_offsets(list(self._consumer.assignment()))
@@ -317,7 +518,10 @@ class Projector:
                     timeout_ms=self.poll_timeout_ms, max_records=self.max_batch_records
                 )
                 if batches:
-                    await self._apply_batch(batches)
+                    async with self._batch_lock:
+                        await self._apply_batch(batches)
+                if self.checkpoints is not None:
+                    await self.checkpoints.maybe_upload(self)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -330,47 +534,51 @@ class Projector:
     async def _apply_batch(self, batches: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]) -> None:
         assert self._applier is not None
         applier = self._applier
-        records = [
-            SourceRecord(self._topic_index[tp.topic], tp.partition, m.offset, m.key, m.value)
-            for tp, messages in batches.items()
-            for m in messages
-        ]
+        by_shard: dict[int, list[SourceRecord]] = {}
+        for tp, messages in batches.items():
+            if tp.partition not in self._shards:
+                continue  # revoked meanwhile: its next owner reads these from the shard's offsets
+            topic = self._topic_index[tp.topic]
+            by_shard.setdefault(tp.partition, []).extend(
+                SourceRecord(topic, tp.partition, m.offset, m.key, m.value) for m in messages
+            )
+        if not by_shard:
+            return
         send = self.send_dead_letters
+        shards = self._shards
 
-        def stage_and_commit() -> tuple[Callable[[], int], BatchOutcome]:
-            txn, outcome = applier.stage(self._db, records)
-            txn.put(PROGRESS, dumps(self._progress_figures(len(records))))
-            if not (outcome.dead and send):  # the common case: one hop to the worker thread, not two
-                txn.commit()
-            return txn.commit, outcome
+        def stage_and_commit() -> tuple[list[BatchTxn], list[BatchOutcome], bool]:
+            txns, outcomes = [], []
+            for partition, records in by_shard.items():
+                shard = shards[partition]
+                txn, outcome = applier.stage(shard.db, records)
+                txn.put(PROGRESS, dumps(shard.progress_figures(len(records))))
+                txns.append(txn)
+                outcomes.append(outcome)
+            held = send and any(o.dead for o in outcomes)
+            if not held:  # the common case: one hop to the worker thread, not two
+                for txn in txns:
+                    txn.commit()
+            return txns, outcomes, held
 
-        commit, outcome = await asyncio.to_thread(stage_and_commit)
+        txns, outcomes, held = await asyncio.to_thread(stage_and_commit)
         # Dead letters are acknowledged by the DLQ before the batch (and its offsets) commits:
         # a crash in between repeats them in the DLQ on restart, and never loses one.
-        if outcome.dead and send:
-            if not await self._dead_letter(outcome.dead):
+        if held:
+            if not await self._dead_letter([d for o in outcomes for d in o.dead]):
                 return  # stopping while the DLQ was unreachable: the batch is applied on restart
-            await asyncio.to_thread(commit)
-        self.records_applied += outcome.applied
-        self.duplicates_ignored += outcome.duplicates
-        self.dead_lettered += len(outcome.dead)
-        next_offsets = {
-            TopicPartition(self._topics[topic], partition): offset
-            for (topic, partition), offset in outcome.next_offsets.items()
-        }
+            await asyncio.to_thread(lambda: [txn.commit() for txn in txns])
+        next_offsets: Position = {}
+        for outcome in outcomes:
+            self.records_applied += outcome.applied
+            self.duplicates_ignored += outcome.duplicates
+            self.dead_lettered += len(outcome.dead)
+            for (topic, partition), offset in outcome.next_offsets.items():
+                next_offsets[TopicPartition(self._topics[topic], partition)] = offset
         async with self._progress:
             self._applied.update(next_offsets)
             self._progress.notify_all()
         await self._commit_group_offsets(next_offsets)
-
-    def _progress_figures(self, consumed: int) -> dict[str, float | int]:
-        """Records per second over the last ten seconds, for `stepstream status`."""
-        now = time.monotonic()
-        self._recent.append((now, consumed))
-        while self._recent and self._recent[0][0] < now - 10:
-            self._recent.popleft()
-        span = max(now - self._recent[0][0], 1.0)
-        return {'rate': round(sum(n for _, n in self._recent) / span, 1), 'at': micros(datetime.now(UTC))}
 
     async def _dead_letter(self, dead: list[DeadLetter]) -> bool:
         """Send dead letters until the DLQ acknowledges them all; False if stopped meanwhile.

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import heapq
 import json
 import tempfile
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TypeVar
@@ -33,7 +34,15 @@ from stepstream.projector._keys import (
     UNRESOLVED_RUN,
 )
 from stepstream.projector._state import EffectState, RunState, SnapshotEntry
-from stepstream.projector._store import open_secondary, read_identity, scan, stored_offsets
+from stepstream.projector._store import (
+    check_projection,
+    combined_state,
+    open_secondary,
+    read_identity,
+    scan,
+    shard_paths,
+    stored_offsets,
+)
 from stepstream.schemas import (
     ContinuableSnapshot,
     RunRecord,
@@ -41,6 +50,7 @@ from stepstream.schemas import (
     ToolEffectRecord,
     decode,
 )
+from stepstream.topics import murmur2_partition
 
 T = TypeVar('T')
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -75,50 +85,87 @@ def _ts(micros: int | None) -> datetime | None:
     return None if micros is None else _EPOCH + timedelta(microseconds=micros)
 
 
+class ShardUnavailable(StepStreamError):
+    """A read needs a shard this reader cannot see (moving to another member, or on another host)."""
+
+
 class ProjectionReader:
     """Async queries over a projection: runs, lineage, events, snapshots, tool effects.
 
     From the projector's process use `projector.reader()`; from any other process
-    `ProjectionReader.open(path)`, which opens RocksDB as a secondary instance and catches up
-    with the projector before every query.
+    `ProjectionReader.open(path)`, which opens every shard as a RocksDB secondary instance and
+    catches up with the writers before every query. A run's own reads go to its shard (the
+    producer's partitioner decides which); lists merge the shards in key order. A read that
+    needs a shard the reader cannot see raises `ShardUnavailable` naming the partition, never
+    a partial answer.
     """
 
     def __init__(
         self,
-        db: Rdict,
+        db: Rdict | Mapping[int, Rdict],
         *,
+        partitions: int | None = None,
         secondary: bool = False,
         owns_db: bool = False,
         media_store: MediaStore | None = None,
     ) -> None:
-        """Wrap an open projection database; `media_store` restores offloaded payloads."""
-        self._db = db
+        """Wrap open shards (`{partition: db}` with the topics' `partitions`), or one unsharded db.
+
+        `media_store` restores offloaded payloads.
+        """
+        self._shards: Mapping[int, Rdict] = {0: db} if isinstance(db, Rdict) else db
+        self._partitions = partitions
+        """None: one db holds every partition's runs (tests and benchmarks)."""
         self.media_store = media_store
         self._secondary = secondary
         self._owns_db = owns_db
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        self._root: Path | None = None
 
     @classmethod
     def open(cls, path: str | Path, *, media_store: MediaStore | None = None) -> ProjectionReader:
-        """Open a projection that a projector (maybe in another process) is writing.
+        """Open a projection that projectors (maybe in other processes) are writing.
 
         Give `media_store` (e.g. `S3MediaStore.from_settings(settings)`) to read snapshots whose
         large payloads were offloaded.
         """
+        root = check_projection(path, create=False)
         tmp = tempfile.TemporaryDirectory(prefix='stepstream-reader-')
+        reader = cls({}, secondary=True, owns_db=True, media_store=media_store)
+        reader._tmp, reader._root = tmp, root
         try:
-            db = open_secondary(path, tmp.name)
+            reader._open_new_shards()
         except BaseException:
-            tmp.cleanup()
+            reader.close()
             raise
-        reader = cls(db, secondary=True, owns_db=True, media_store=media_store)
-        reader._tmp = tmp
         return reader
 
+    def _open_new_shards(self) -> None:
+        """Open shards that appeared under the directory since the last query."""
+        assert self._root is not None and self._tmp is not None and isinstance(self._shards, dict)
+        for partition, path in shard_paths(self._root).items():
+            if partition in self._shards:
+                continue
+            db = open_secondary(path, Path(self._tmp.name) / path.name)
+            identity = read_identity(db)
+            assert identity is not None  # open_secondary checked it
+            if self._partitions is not None and identity.partitions != self._partitions:
+                db.close()
+                raise StepStreamError(
+                    f'{path} is a shard of {identity.partitions} partitions, '
+                    f'the others of {self._partitions}: '
+                    'the directory mixes two projections; rebuild it'
+                )
+            self._partitions = identity.partitions
+            self._shards[partition] = db
+
     def close(self) -> None:
-        """Release the database handle if this reader opened it."""
+        """Release the database handles if this reader opened them."""
         if self._owns_db:
-            self._db.close()
+            for db in self._shards.values():
+                db.close()
+            if isinstance(self._shards, dict):
+                self._shards.clear()
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
@@ -126,10 +173,47 @@ class ProjectionReader:
     async def _query(self, fn: Callable[[], T]) -> T:
         def run() -> T:
             if self._secondary:
-                self._db.try_catch_up_with_primary()
+                if self._root is not None:
+                    self._open_new_shards()
+                for db in self._shards.values():
+                    db.try_catch_up_with_primary()
             return fn()
 
         return await asyncio.to_thread(run)
+
+    def _db(self, run_id: str) -> Rdict:
+        """The shard holding `run_id`'s records."""
+        if self._partitions is None:
+            return self._shards[0]
+        partition = murmur2_partition(run_id.encode(), self._partitions)
+        db = self._shards.get(partition)
+        if db is None:
+            raise ShardUnavailable(self._missing_message([partition]))
+        return db
+
+    def _all(self) -> list[Rdict]:
+        """Every shard, or `ShardUnavailable` naming those missing."""
+        if self._partitions is None:
+            return list(self._shards.values())
+        missing = [p for p in range(self._partitions) if p not in self._shards]
+        if missing:
+            raise ShardUnavailable(self._missing_message(missing))
+        return [self._shards[p] for p in range(self._partitions)]
+
+    def _missing_message(self, partitions: list[int]) -> str:
+        where = f' under {self._root}' if self._root is not None else ' in this process'
+        return (
+            f'the shard of partition(s) {partitions} is not readable{where}: it is moving to another '
+            'group member, held by a member on another host, or not made yet; try again, or read '
+            'a directory that holds every shard'
+        )
+
+    def _scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """Every shard's keys under `prefix`, merged in key order (a k-way merge, not a sort)."""
+        shards = self._all()
+        if len(shards) == 1:
+            return scan(shards[0], prefix)
+        return heapq.merge(*(scan(db, prefix) for db in shards), key=lambda item: item[0])
 
     # -- runs ------------------------------------------------------------------------------------
 
@@ -154,7 +238,7 @@ class ProjectionReader:
             else:
                 index, prefix = RUNS, RUNS.prefix()
             runs = []
-            for k, _ in scan(self._db, prefix):
+            for k, _ in self._scan(prefix):
                 run = self._run(index.last_str(k))
                 if run is None:
                     continue
@@ -173,7 +257,7 @@ class ProjectionReader:
         """Runs whose run_id was claimed by more than one writer, in the order they started."""
 
         def query() -> list[RunRecord]:
-            run_ids = {CONFLICT.parse(k)[0] for k, _ in scan(self._db, CONFLICT.prefix())}
+            run_ids = {CONFLICT.parse(k)[0] for k, _ in self._scan(CONFLICT.prefix())}
             runs = [r for r in (self._run(str(run_id)) for run_id in run_ids) if r is not None]
             return sorted(runs, key=lambda r: (r.started_at or _EPOCH, r.run_id))
 
@@ -214,11 +298,11 @@ class ProjectionReader:
 
     def _children(self, run_id: str) -> list[RunRecord]:
         """The runs naming `run_id` as parent: the same index `list_runs(parent_run_id=)` reads."""
-        children = (self._run(CHILDREN.last_str(k)) for k, _ in scan(self._db, CHILDREN.prefix(run_id)))
+        children = (self._run(CHILDREN.last_str(k)) for k, _ in self._scan(CHILDREN.prefix(run_id)))
         return [c for c in children if c is not None and c.parent_run_id == run_id]
 
     def _run(self, run_id: str) -> RunRecord | None:
-        raw = self._db.get(RUN.key(run_id))
+        raw = self._db(run_id).get(RUN.key(run_id))
         if raw is None:
             return None
         state = RunState.decode(raw)
@@ -247,7 +331,7 @@ class ProjectionReader:
 
         def query() -> list[StepEvent]:
             events = []
-            for _, raw in scan(self._db, EVENT.prefix(run_id)):
+            for _, raw in scan(self._db(run_id), EVENT.prefix(run_id)):
                 event = decode(raw)
                 assert isinstance(event, StepEvent)
                 events.append(event)
@@ -320,7 +404,7 @@ class ProjectionReader:
         return (await self._materialize(run_id, entries, {snapshot_seq}))[0]
 
     def _snapshot_entries(self, run_id: str) -> list[SnapshotEntry]:
-        return [SnapshotEntry.decode(v) for _, v in scan(self._db, SNAPSHOT.prefix(run_id))]
+        return [SnapshotEntry.decode(v) for _, v in scan(self._db(run_id), SNAPSHOT.prefix(run_id))]
 
     async def _materialize(
         self, run_id: str, entries: list[SnapshotEntry], wanted: set[int]
@@ -370,7 +454,7 @@ class ProjectionReader:
                     f'run {run_id!r}: snapshot {expected} is missing from the projection (a gap in the log), '
                     f'so snapshot {entry.snapshot_seq} cannot be reconstructed'
                 )
-            raw = self._db.get(EVENT.key(run_id, entry.seq))
+            raw = self._db(run_id).get(EVENT.key(run_id, entry.seq))
             if raw is None:
                 raise StepStreamError(f'run {run_id!r}: the event of snapshot {expected} is missing')
             event = decode(raw)
@@ -391,23 +475,43 @@ class ProjectionReader:
         """Where the projection stands: applied offsets, apply rate, DLQ and conflict counts."""
 
         def query() -> ProjectionStatus:
-            offsets = {(tp.topic, tp.partition): offset for tp, offset in stored_offsets(self._db).items()}
-            progress = json.loads(self._db.get(PROGRESS) or b'{}')
-            dlq: dict[str, int] = json.loads(self._db.get(DLQ_COUNTS) or b'{}')
-            conflicts = {CONFLICT.parse(k)[0] for k, _ in scan(self._db, CONFLICT.prefix())}
-            parked = sum(1 for _ in scan(self._db, PARKED.prefix()))
-            identity = read_identity(self._db)
+            offsets: dict[tuple[str, int], int] = {}
+            dlq: dict[str, int] = {}
+            rate, updated, conflicts, parked = 0.0, None, 0, 0
+            identities = []
+            for db in self._shards.values():
+                offsets.update(
+                    {(tp.topic, tp.partition): offset for tp, offset in stored_offsets(db).items()}
+                )
+                progress = json.loads(db.get(PROGRESS) or b'{}')
+                rate += float(progress.get('rate', 0.0))
+                if progress.get('at') is not None:
+                    updated = max(updated or 0, int(progress['at']))
+                for reason, count in json.loads(db.get(DLQ_COUNTS) or b'{}').items():
+                    dlq[reason] = dlq.get(reason, 0) + count
+                conflicts += len({CONFLICT.parse(k)[0] for k, _ in scan(db, CONFLICT.prefix())})
+                parked += sum(1 for _ in scan(db, PARKED.prefix()))
+                identities.append(read_identity(db))
+            identity = next((i for i in identities if i is not None), None)
+            missing = (
+                []
+                if self._partitions is None
+                else [p for p in range(self._partitions) if p not in self._shards]
+            )
+            state = combined_state({i.state for i in identities if i is not None}, missing=bool(missing))
             return ProjectionStatus(
-                offsets=offsets,
-                applied_per_second=float(progress.get('rate', 0.0)),
-                updated_at=_ts(progress.get('at')),
+                offsets=dict(sorted(offsets.items())),
+                applied_per_second=rate,
+                updated_at=_ts(updated),
                 dead_lettered=sum(dlq.values()),
                 dead_lettered_by_reason=dict(sorted(dlq.items())),
-                conflicting_runs=len(conflicts),
+                conflicting_runs=conflicts,
                 parked_records=parked,
-                state=identity.state if identity is not None else None,
+                state=state,
                 topic_prefix=identity.topic_prefix if identity is not None else None,
                 max_snapshots_per_run=identity.max_snapshots_per_run if identity is not None else None,
+                shards=sorted(self._shards),
+                missing_shards=missing,
             )
 
         return await self._query(query)
@@ -420,7 +524,7 @@ class ProjectionReader:
         """Every tool effect of the run, in the order the calls started."""
 
         def query() -> list[ToolEffectRecord]:
-            calls = [EFFECT.last_str(k) for k, _ in scan(self._db, EFFECT.prefix(run_id))]
+            calls = [EFFECT.last_str(k) for k, _ in scan(self._db(run_id), EFFECT.prefix(run_id))]
             effects = [e for e in (self._effect(run_id, c) for c in calls) if e is not None]
             effects.sort(key=lambda e: (e.started_at or _EPOCH, e.tool_call_id))
             return effects
@@ -439,12 +543,12 @@ class ProjectionReader:
             if run_id is not None:
                 ids = [
                     (run_id, UNRESOLVED_RUN.last_str(k))
-                    for k, _ in scan(self._db, UNRESOLVED_RUN.prefix(run_id))
+                    for k, _ in scan(self._db(run_id), UNRESOLVED_RUN.prefix(run_id))
                 ]
             else:
                 ids = [
                     (str(run), str(call))
-                    for _, run, call in (UNRESOLVED.parse(k) for k, _ in scan(self._db, UNRESOLVED.prefix()))
+                    for _, run, call in (UNRESOLVED.parse(k) for k, _ in self._scan(UNRESOLVED.prefix()))
                 ]
             for run, call in ids:
                 effect = self._effect(run, call)
@@ -456,7 +560,7 @@ class ProjectionReader:
         return await self._query(query)
 
     def _effect(self, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
-        raw = self._db.get(EFFECT.key(run_id, tool_call_id))
+        raw = self._db(run_id).get(EFFECT.key(run_id, tool_call_id))
         if raw is None:
             return None
         state = EffectState.decode(raw)
@@ -527,6 +631,10 @@ class ProjectionStatus:
     """`live`, `rebuilding` (an unfinished rebuild: resume it) or `rebuilt`; None before the first start."""
     topic_prefix: str | None
     max_snapshots_per_run: int | None
+    shards: list[int] = field(default_factory=list)
+    """The partition numbers whose shards this reader sees."""
+    missing_shards: list[int] = field(default_factory=list)
+    """Partitions with no shard here (moving, on another host's member, or not made yet)."""
 
 
 @dataclass(kw_only=True)

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import multiprocessing
+import queue
+import sys
+from collections.abc import Callable, Collection
 from pathlib import Path
+from typing import Any
 
-from stepstream.errors import UsageError
+from aiokafka.structs import TopicPartition
+
+from stepstream.errors import StepStreamError, UsageError
 from stepstream.projector._projector import Projector
-from stepstream.projector._store import check_directory, read_identity_file
+from stepstream.projector._store import check_projection, read_projection_identity, shard_paths
 from stepstream.settings import Settings
-from stepstream.topics import Position
+from stepstream.topics import Position, ensure_topics
 
 Progress = Callable[[int, int], None]
 """Called with (records consumed, records to consume) as the rebuild advances."""
@@ -24,15 +30,21 @@ async def rebuild(
     like: str | Path | None = None,
     on_progress: Progress | None = None,
     timeout: float = 3600.0,
+    jobs: int = 1,
+    partitions: Collection[int] | None = None,
 ) -> Position:
     """Replay both topics from offset zero into `into`; returns the end reached.
 
     `into` must be new or empty, or an unfinished rebuild, which is resumed. Until the rebuild
     reaches the log's end (taken when it starts; records appended later are not waited for) the
     projection says it is `rebuilding`. `like` copies the options of an existing projection.
+    `jobs` rebuilds the shards in that many processes (each takes every `jobs`-th partition);
+    `partitions` rebuilds only those shards (what each job does).
     """
+    if jobs < 1:
+        raise UsageError(f'--jobs must be at least 1, got {jobs}')
     if like is not None:
-        identity = await asyncio.to_thread(read_identity_file, check_directory(like, create=False))
+        identity = await asyncio.to_thread(read_projection_identity, check_projection(like, create=False))
         if identity is None:
             raise UsageError(f'{like} is not a stepstream projection, so there are no options to copy')
         if max_snapshots_per_run is not None and max_snapshots_per_run != identity.max_snapshots_per_run:
@@ -41,14 +53,19 @@ async def rebuild(
                 f'but {max_snapshots_per_run} was given: give one or the other'
             )
         max_snapshots_per_run = identity.max_snapshots_per_run
-    target = check_directory(into, create=True)
-    if (target / 'CURRENT').exists():
-        existing = await asyncio.to_thread(read_identity_file, target)
+    target = check_projection(into, create=True)
+    if partitions is None and shard_paths(target):
+        existing = await asyncio.to_thread(read_projection_identity, target)
         if existing is None or existing.state != 'rebuilding':
             raise UsageError(f'{target} is not empty: rebuild into a new directory, then swap it in')
+    if jobs > 1:
+        return await _rebuild_in_processes(
+            settings, target, jobs, max_snapshots_per_run, on_progress, timeout
+        )
     async with Projector(
         settings,
         db_path=target,
+        partitions=partitions,
         create_topics=False,
         commit_group_offsets=False,
         send_dead_letters=False,
@@ -78,9 +95,92 @@ async def rebuild(
                 continue
 
 
+async def _rebuild_in_processes(
+    settings: Settings,
+    target: Path,
+    jobs: int,
+    max_snapshots_per_run: int | None,
+    on_progress: Progress | None,
+    timeout: float,
+) -> Position:
+    """Run one rebuild per share of the partitions in its own process; one combined progress."""
+    layout = await ensure_topics(settings, create=False)
+    shares = [list(range(job, layout.partitions, jobs)) for job in range(min(jobs, layout.partitions))]
+    context = multiprocessing.get_context('spawn')  # no forked event loop or RocksDB handles
+    reports: Any = context.Queue()
+    workers = [
+        context.Process(
+            target=_rebuild_worker,
+            args=(job, settings, str(target), share, max_snapshots_per_run, timeout, reports),
+            name=f'stepstream-rebuild-{job}',
+        )
+        for job, share in enumerate(shares)
+    ]
+    for worker in workers:
+        worker.start()
+    progress = {job: (0, 0) for job in range(len(workers))}
+    ends: dict[int, list[tuple[str, int, int]]] = {}
+    try:
+        while len(ends) < len(workers):
+            try:
+                job, kind, payload = await asyncio.to_thread(reports.get, True, 0.5)
+            except queue.Empty:
+                dead = [w for w in workers if w.exitcode not in (None, 0)]
+                if dead:
+                    raise StepStreamError(
+                        f'rebuild job {dead[0].name} ended with exit code {dead[0].exitcode}; '
+                        'run the rebuild again to resume it'
+                    ) from None
+                continue
+            if kind == 'progress':
+                progress[job] = payload
+                if on_progress is not None:
+                    on_progress(sum(d for d, _ in progress.values()), sum(t for _, t in progress.values()))
+            elif kind == 'error':
+                raise StepStreamError(f'rebuild job {job} failed: {payload}')
+            else:
+                ends[job] = payload
+    finally:
+        for worker in workers:
+            if worker.is_alive() and len(ends) < len(workers):
+                worker.terminate()
+            await asyncio.to_thread(worker.join)
+    return {TopicPartition(t, p): offset for end in ends.values() for t, p, offset in end}
+
+
+def _rebuild_worker(
+    job: int,
+    settings: Settings,
+    target: str,
+    share: list[int],
+    max_snapshots_per_run: int | None,
+    timeout: float,
+    reports: Any,
+) -> None:
+    """One process of a parallel rebuild: rebuild `share` and report progress and the end."""
+
+    def progress(done: int, total: int) -> None:
+        reports.put((job, 'progress', (done, total)))
+
+    try:
+        end = asyncio.run(
+            rebuild(
+                settings,
+                target,
+                partitions=share,
+                max_snapshots_per_run=max_snapshots_per_run,
+                on_progress=progress,
+                timeout=timeout,
+            )
+        )
+    except Exception as exc:
+        reports.put((job, 'error', f'{type(exc).__name__}: {exc}'))
+        sys.exit(1)
+    reports.put((job, 'end', [(tp.topic, tp.partition, offset) for tp, offset in end.items()]))
+
+
 def progress_bar(width: int = 40) -> Progress:
     """A `Progress` callback that draws a bar on stderr."""
-    import sys
 
     def draw(done: int, total: int) -> None:
         share = done / total if total else 1.0

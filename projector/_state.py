@@ -197,7 +197,8 @@ class SnapshotEntry(_Json):
 class Identity(_Json):
     """What a projection was built from, and how (docs/decisions/0011-projection-identity.md)."""
 
-    FORMAT: ClassVar[int] = 2
+    FORMAT: ClassVar[int] = 3
+    """3: a directory of shards, one RocksDB per partition (decision 0013); 2: one RocksDB."""
 
     format: int
     topic_prefix: str
@@ -206,6 +207,10 @@ class Identity(_Json):
     max_snapshots_per_run: int | None
     state: str = 'live'
     """`live` (a projector's), `rebuilding` (a rebuild that has not reached its end) or `rebuilt`."""
+    partitions: int = 0
+    """How many partitions each topic had when the shard was made (which shard holds a run)."""
+    partition: int = -1
+    """The partition number whose records this shard holds."""
 
     def options(self) -> dict[str, Any]:
         """What must match for two projections of one log to be equal."""
@@ -213,4 +218,5 @@ class Identity(_Json):
             'topic_prefix': self.topic_prefix,
             'cluster': self.cluster,
             'max_snapshots_per_run': self.max_snapshots_per_run,
+            'partitions': self.partitions,
         }

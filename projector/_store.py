@@ -1,14 +1,19 @@
-"""The projection's RocksDB store: opening it safely, and the batch transaction that writes it.
+"""The projection's files: a directory of shards, opening them safely, and the batch transaction.
 
-Keys come from `_keys` and state records from `_state`; this module owns the files. Everything
-a batch changes, offsets included, goes to RocksDB in one `WriteBatch`, so a crash leaves all of
-a batch or none of it.
+A projection is a directory holding one shard per partition number (`shard-0000`, ...), each a
+RocksDB store with every view of the runs of that partition and the partition's offsets of both
+topics (docs/decisions/0013-partitioned-projection.md). Keys come from `_keys` and state records
+from `_state`; this module owns the files. Everything a batch changes in a shard, offsets
+included, goes to RocksDB in one `WriteBatch`, so a crash leaves all of a batch or none of it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
+import re
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TypeVar
@@ -16,7 +21,7 @@ from typing import TypeVar
 from aiokafka.structs import TopicPartition
 from rocksdict import AccessType, Options, Rdict, WriteBatch, WriteOptions
 
-from stepstream.errors import ProjectionInUse, UsageError
+from stepstream.errors import ProjectionInUse, ProjectionMismatch, UsageError
 from stepstream.projector._keys import IDENTITY, OFFSET
 from stepstream.projector._state import Identity, _Json
 
@@ -26,21 +31,59 @@ PID_FILE = 'stepstream-projector.pid'
 """Written by the process holding a projection open for writing, to name it in errors."""
 
 
-def check_directory(path: str | Path, *, create: bool) -> Path:
-    """Refuse a path that is not a projection before anything is written to it.
+SHARD_NAME = re.compile(r'shard-(\d{4,})')
+"""A shard's directory name: `shard-` and its partition number, four digits at least."""
+
+
+def shard_path(root: Path, partition: int) -> Path:
+    """Where the shard of `partition` lives under a projection directory."""
+    return root / f'shard-{partition:04d}'
+
+
+def shard_paths(root: Path) -> dict[int, Path]:
+    """The shards present under a projection directory, by partition number."""
+    found = {}
+    if root.is_dir():
+        for child in root.iterdir():
+            match = SHARD_NAME.fullmatch(child.name)
+            if match and (child / 'CURRENT').exists():
+                found[int(match.group(1))] = child
+    return dict(sorted(found.items()))
+
+
+def check_projection(path: str | Path, *, create: bool) -> Path:
+    """Refuse a path that is not a projection directory before anything is written to it.
 
     With `create`, a missing or empty directory is fine (it becomes a projection); otherwise a
-    projection must be there already.
+    projection must be there already. Names starting with `.` (a restore in progress) are ignored.
     """
+    target = Path(path)
+    if target.exists() and not target.is_dir():
+        raise UsageError(f'{target} is a file, not a projection directory: give --db-path a directory')
+    if (target / 'CURRENT').exists():
+        raise ProjectionMismatch(
+            f'{target} is a projection of format 2 (one RocksDB for every partition); this stepstream '
+            'keeps one shard per partition. Rebuild it with `stepstream rebuild --into NEW_DIR`'
+        )
+    entries = [c for c in target.iterdir() if not c.name.startswith('.')] if target.is_dir() else []
+    if any(not SHARD_NAME.fullmatch(c.name) for c in entries):
+        raise UsageError(
+            f'{target} is not empty and is not a projection; refusing to write into it. '
+            'Give --db-path a new or empty directory'
+        )
+    if not entries and not create:
+        raise UsageError(f'no projection at {target}: run `stepstream projector --db-path {target}` first')
+    return target
+
+
+def check_directory(path: str | Path, *, create: bool) -> Path:
+    """Refuse a shard path that is not a RocksDB store (or, with `create`, a new or empty one)."""
     target = Path(path)
     if target.exists() and not target.is_dir():
         raise UsageError(f'{target} is a file, not a projection directory: give --db-path a directory')
     has_files = target.is_dir() and any(target.iterdir())
     if has_files and not (target / 'CURRENT').exists():
-        raise UsageError(
-            f'{target} is not empty and is not a projection; refusing to write into it. '
-            'Give --db-path a new or empty directory'
-        )
+        raise UsageError(f'{target} is not empty and is not a projection shard; refusing to write into it')
     if not has_files and not create:
         raise UsageError(f'no projection at {target}: run `stepstream projector --db-path {target}` first')
     return target
@@ -71,12 +114,35 @@ def open_db(path: str | Path, *, create: bool = True) -> Rdict:
     return db
 
 
+def create_shard(root: Path, partition: int, identity: Identity) -> Rdict:
+    """Make the shard of `partition` with its identity, then open it for writing.
+
+    It is built in a hidden directory and renamed into place, so a crash never leaves a
+    half-made shard where a projector or reader would trip over it.
+    """
+    final = shard_path(root, partition)
+    staging = root / f'.new-{final.name}-{os.getpid()}'
+    if staging.exists():
+        import shutil
+
+        shutil.rmtree(staging)
+    db = open_db(staging)
+    try:
+        write_identity(db, identity)
+    finally:
+        db.close()
+    (staging / PID_FILE).unlink(missing_ok=True)
+    os.rename(staging, final)
+    return open_db(final, create=False)
+
+
 def open_secondary(path: str | Path, scratch: str | Path) -> Rdict:
-    """Open a projection read-only as a secondary instance (catches up with its writer)."""
+    """Open one shard read-only as a secondary instance (catches up with its writer)."""
     target = check_directory(path, create=False)
-    if read_identity_file(target) is None:
-        raise UsageError(
-            f'{target} is a RocksDB directory but not a stepstream projection of this version: '
+    identity = read_identity_file(target)
+    if identity is None or identity.format != Identity.FORMAT:
+        raise ProjectionMismatch(
+            f'{target} is a RocksDB directory but not a stepstream projection shard of this version: '
             f'rebuild it with `stepstream rebuild --into NEW_DIR`'
         )
     options = Options(raw_mode=True)
@@ -85,9 +151,7 @@ def open_secondary(path: str | Path, scratch: str | Path) -> Rdict:
 
 
 def read_identity_file(path: Path) -> Identity | None:
-    """The identity of the projection at `path`, read without taking its lock (None if absent)."""
-    import tempfile
-
+    """The identity of one RocksDB store at `path`, read without taking its lock (None if absent)."""
     with tempfile.TemporaryDirectory(prefix='stepstream-identity-') as scratch:
         options = Options(raw_mode=True)
         db = Rdict(str(path), options, access_type=AccessType.secondary(scratch))
@@ -96,6 +160,34 @@ def read_identity_file(path: Path) -> Identity | None:
             return read_identity(db)
         finally:
             db.close()
+
+
+def read_projection_identity(root: str | Path) -> Identity | None:
+    """The identity of a projection directory: its shards' options, and one state for them all.
+
+    `rebuilding` while any shard is (or while a rebuild's shards are missing), `rebuilt` when
+    every shard is, else `live`; None when there is no shard yet.
+    """
+    target = check_projection(root, create=True)
+    identities = [i for i in map(read_identity_file, shard_paths(target).values()) if i is not None]
+    if not identities:
+        return None
+    first = identities[0]
+    state = combined_state({i.state for i in identities}, missing=len(identities) < first.partitions)
+    return dataclasses.replace(first, state=state or 'live', partition=-1)
+
+
+def combined_state(states: set[str], *, missing: bool) -> str | None:
+    """One state for a set of shards (None without shards).
+
+    `rebuilding` while any shard is (or while a rebuild's shards are missing), `rebuilt` when
+    every shard is, `live` otherwise.
+    """
+    if not states:
+        return None
+    if 'rebuilding' in states or (missing and 'rebuilt' in states):
+        return 'rebuilding'
+    return 'rebuilt' if states == {'rebuilt'} else 'live'
 
 
 def read_identity(db: Rdict) -> Identity | None:

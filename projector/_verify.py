@@ -17,7 +17,7 @@ from pathlib import Path
 from rocksdict import Rdict
 
 from stepstream.projector._keys import APART, EVENT, PARKED, PROCESS_LOCAL, TRANSITION, render_key
-from stepstream.projector._store import open_secondary, read_identity
+from stepstream.projector._store import check_projection, open_secondary, read_identity, shard_paths
 from stepstream.schemas import decode
 
 
@@ -88,18 +88,38 @@ def compare(left: Rdict, right: Rdict) -> tuple[int, Difference | None]:
 
 
 def verify_paths(left: str | Path, right: str | Path) -> tuple[int, Difference | None]:
-    """Compare two projection directories (opened read-only as secondary instances)."""
-    with tempfile.TemporaryDirectory() as tmp_a, tempfile.TemporaryDirectory() as tmp_b:
-        db_a = open_secondary(left, tmp_a)
-        try:
-            db_b = open_secondary(right, tmp_b)
-        except BaseException:
-            db_a.close()
-            raise
-        try:
-            db_a.try_catch_up_with_primary()
-            db_b.try_catch_up_with_primary()
-            return compare(db_a, db_b)
-        finally:
-            db_a.close()
-            db_b.close()
+    """Compare two projection directories shard by shard (each opened read-only as a secondary).
+
+    The options are compared first (all shards of a projection share them); then each partition's
+    shards, in partition order, key by key. A shard on one side only is the first difference.
+    """
+    roots = check_projection(left, create=False), check_projection(right, create=False)
+    shards = shard_paths(roots[0]), shard_paths(roots[1])
+    equal = 0
+    with tempfile.TemporaryDirectory() as scratch:
+        for partition in sorted(shards[0].keys() | shards[1].keys()):
+            left_path, right_path = shards[0].get(partition), shards[1].get(partition)
+            if left_path is None or right_path is None:
+                return equal, Difference(
+                    f'shard {partition}',
+                    'present' if left_path else 'missing',
+                    'present' if right_path else 'missing',
+                )
+            paths = left_path, right_path
+            dbs: list[Rdict] = []
+            try:
+                for side, path in (('a', paths[0]), ('b', paths[1])):
+                    dbs.append(open_secondary(path, Path(scratch) / f'{side}{partition}'))
+                    dbs[-1].try_catch_up_with_primary()
+                count, difference = compare(dbs[0], dbs[1])
+            finally:
+                for db in dbs:
+                    db.close()
+            equal += count
+            if difference is not None:
+                if not difference.key.startswith(('options', 'identity')):
+                    difference = Difference(
+                        f'shard {partition}: {difference.key}', difference.left, difference.right
+                    )
+                return equal, difference
+    return equal, None

@@ -16,7 +16,7 @@ from test_hostile_log import start_projector
 from stepstream import ProjectionInUse, ProjectionMismatch, Settings, UsageError
 from stepstream.producer import EventLog
 from stepstream.projector import ProjectionReader, Projector, rebuild, verify_paths
-from stepstream.projector._store import read_identity_file
+from stepstream.projector._store import read_projection_identity
 
 
 async def test_paths_that_are_not_projections_are_refused_and_left_alone(
@@ -112,7 +112,7 @@ async def test_a_killed_rebuild_says_it_is_incomplete_and_resumes(
     )
     out, _ = await child.communicate()
     assert child.returncode == -signal.SIGKILL and b'applied' in out
-    identity = read_identity_file(target)
+    identity = read_projection_identity(target)
     assert identity is not None and identity.state == 'rebuilding'
     reader = ProjectionReader.open(target)
     try:
@@ -125,10 +125,10 @@ async def test_a_killed_rebuild_says_it_is_incomplete_and_resumes(
     assert difference is not None and 'unfinished rebuild' in str(difference.left)
 
     await rebuild(settings, target)  # resumes where it was killed
-    identity = read_identity_file(target)
+    identity = read_projection_identity(target)
     assert identity is not None and identity.state == 'rebuilt'
     await rebuild(settings, tmp_path / 'fresh')
     assert verify_paths(target, tmp_path / 'fresh')[1] is None
     with pytest.raises(UsageError, match='not empty'):
         await rebuild(settings, target)
-    assert os.path.exists(target / 'CURRENT')
+    assert os.path.exists(target / 'shard-0000' / 'CURRENT')
