@@ -24,11 +24,19 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import freshness, harness_env, per_step, producer_throughput, projector_throughput, report
+from bench import (
+    freshness,
+    harness_env,
+    partitioned,
+    per_step,
+    producer_throughput,
+    projector_throughput,
+    report,
+)
 from bench.common import REPO, Scale, say
 from stepstream.embedded import EmbeddedStack
 
-WORKLOADS = ('per-step', 'producer', 'projector', 'freshness')
+WORKLOADS = ('per-step', 'producer', 'projector', 'freshness', 'partitioned')
 
 
 def _flag(name: str) -> bool:
@@ -74,6 +82,8 @@ async def _run(args: argparse.Namespace, scale: Scale, workdir: Path) -> dict[st
          lambda s: freshness.raw_ceiling(s.settings, scale)),
         ('projector', 'workload 3, projector throughput and rebuild',
          lambda s: projector_throughput.run(s.settings, scale, workdir)),
+        ('partitioned', 'workload 7, partitioned projection: rebuild jobs, members, failover',
+         lambda s: partitioned.run(s.settings, scale, workdir)),
     ]  # fmt: skip
     for name, title, workload in steps:
         if name.removesuffix('-raw') in only:

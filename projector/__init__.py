@@ -1,10 +1,12 @@
 """The read side: the `Projector` that materializes the log, and the queries over it."""
 
+from stepstream.projector._checkpoints import Checkpoints
 from stepstream.projector._projector import Projector
 from stepstream.projector._reader import (
     ProjectionReader,
     ProjectionStatus,
     RecoveryReport,
+    ShardUnavailable,
     continue_run,
     fork_run,
     inspect_recovery,
@@ -13,11 +15,13 @@ from stepstream.projector._rebuild import progress_bar, rebuild
 from stepstream.projector._verify import Difference, verify_paths
 
 __all__ = [
+    'Checkpoints',
     'Difference',
     'ProjectionReader',
     'ProjectionStatus',
     'Projector',
     'RecoveryReport',
+    'ShardUnavailable',
     'continue_run',
     'fork_run',
     'inspect_recovery',

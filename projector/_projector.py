@@ -9,7 +9,7 @@ import hashlib
 import logging
 import time
 from collections import deque
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -107,7 +107,7 @@ class Projector:
         run = await projector.reader().get_run('librarian-1a2b3c4d')
     ```
 
-    The projection is one shard per partition number (decision 0013). Each batch from
+    The projection is one shard per partition number (decision 0016). Each batch from
     `getmany` is split by partition and applied to each shard in one `WriteBatch` together with
     that partition's next offsets; on start (or on assignment) the consumer seeks to those stored
     offsets, so a crash at any instant neither loses nor repeats a record.
@@ -136,6 +136,8 @@ class Projector:
         send_dead_letters: bool = True,
         rebuilding: bool = False,
         checkpoints: Checkpoints | None = None,
+        session_timeout_ms: int = 10_000,
+        on_assignment: Callable[[list[int]], None] | None = None,
     ) -> None:
         """Check the projection directory; nothing connects until `start()` (or `async with`).
 
@@ -146,7 +148,9 @@ class Projector:
         for rebuilds, which neither show up in lag tooling nor repeat the DLQ; `rebuilding` marks
         the projection incomplete until `mark_rebuilt()`. `group` makes this projector a member
         of that consumer group; `checkpoints` uploads its shards to S3 and restores shards it is
-        assigned but does not hold.
+        assigned but does not hold; `session_timeout_ms` is how long the group waits for a
+        silent member before its partitions move; `on_assignment` is called with the partitions
+        a member holds after every change.
         """
         if max_snapshots_per_run is not None and max_snapshots_per_run < 1:
             raise ValueError(f'max_snapshots_per_run must be at least 1, got {max_snapshots_per_run}')
@@ -165,6 +169,8 @@ class Projector:
         self.send_dead_letters = send_dead_letters
         self.rebuilding = rebuilding
         self.checkpoints = checkpoints
+        self.session_timeout_ms = session_timeout_ms
+        self.on_assignment = on_assignment
         self.media_store: MediaStore = media_store or S3MediaStore.from_settings(settings)
         self._uncommitted: Position = {}
         self._last_group_commit = 0.0
@@ -221,6 +227,8 @@ class Projector:
             # Range assignment gives a member the same partition numbers of both topics, which
             # are co-partitioned by run_id: one member owns every record of a shard.
             partition_assignment_strategy=(RangePartitionAssignor,),
+            session_timeout_ms=self.session_timeout_ms,
+            heartbeat_interval_ms=max(100, self.session_timeout_ms // 3),
         )
         dlq = AIOKafkaProducer(
             bootstrap_servers=self.settings.bootstrap_servers,
@@ -330,13 +338,17 @@ class Projector:
             for partition in sorted(numbers - self._shards.keys()):
                 await self._open_shard(partition)
             await self._seek(assigned)
-        log.info('member of %s: owns partitions %s', self.group, sorted(self._shards))
+        log.info('member of %s: owns partitions %s', self.group, self.partitions)
+        if self.on_assignment is not None:
+            self.on_assignment(self.partitions)
 
     async def _revoked(self, revoked: set[TopicPartition]) -> None:
         """Partitions are moving away: finish the batch in hand, then flush and close their shards."""
         async with self._batch_lock:
             for partition in sorted({tp.partition for tp in revoked}):
                 self._release(partition)
+        if self.on_assignment is not None and revoked:
+            self.on_assignment(self.partitions)
 
     def _release(self, partition: int) -> None:
         shard = self._shards.pop(partition, None)

@@ -198,7 +198,7 @@ class Identity(_Json):
     """What a projection was built from, and how (docs/decisions/0011-projection-identity.md)."""
 
     FORMAT: ClassVar[int] = 3
-    """3: a directory of shards, one RocksDB per partition (decision 0013); 2: one RocksDB."""
+    """3: a directory of shards, one RocksDB per partition (decision 0016); 2: one RocksDB."""
 
     format: int
     topic_prefix: str

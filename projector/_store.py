@@ -2,7 +2,7 @@
 
 A projection is a directory holding one shard per partition number (`shard-0000`, ...), each a
 RocksDB store with every view of the runs of that partition and the partition's offsets of both
-topics (docs/decisions/0013-partitioned-projection.md). Keys come from `_keys` and state records
+topics (docs/decisions/0016-partitioned-projection.md). Keys come from `_keys` and state records
 from `_state`; this module owns the files. Everything a batch changes in a shard, offsets
 included, goes to RocksDB in one `WriteBatch`, so a crash leaves all of a batch or none of it.
 """

@@ -64,6 +64,25 @@ def _parser() -> argparse.ArgumentParser:
     projector = command('projector', _projector, 'Run the projector service until SIGTERM or Ctrl-C.')
     projector.add_argument('--max-batch-records', type=int, default=5000)
     projector.add_argument('--max-snapshots-per-run', type=int, default=None)
+    projector.add_argument(
+        '--group',
+        metavar='NAME',
+        help='join this consumer group as a member: own the shards of the partitions it assigns',
+    )
+    projector.add_argument(
+        '--checkpoint-interval',
+        type=float,
+        default=60.0,
+        metavar='SECONDS',
+        help='with --group: upload each owned shard to S3 this often (0: never), restore from there',
+    )
+    projector.add_argument(
+        '--session-timeout',
+        type=float,
+        default=10.0,
+        metavar='SECONDS',
+        help='with --group: how long the group waits for a silent member before moving its partitions',
+    )
 
     rebuild = command(
         'rebuild', _rebuild, 'Replay both topics from offset zero into a new projection directory.'
@@ -73,6 +92,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     rebuild.add_argument('--max-snapshots-per-run', type=int, default=None)
     rebuild.add_argument('--like', metavar='PATH', help='copy the options of the projection at PATH')
+    rebuild.add_argument('--jobs', type=int, default=1, metavar='N', help='rebuild the shards in N processes')
 
     verify = command('verify', _verify, 'Compare two projections; print the first difference.')
     verify.add_argument('left')
@@ -124,18 +144,39 @@ async def _demo_delegate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _projector(args: argparse.Namespace, settings: Settings) -> int:
-    from stepstream.projector import Projector
+    from stepstream.projector import Checkpoints, Projector
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    checkpoints = None
+    if args.group is not None and args.checkpoint_interval > 0:
+        checkpoints = Checkpoints.from_settings(
+            settings, group=args.group, interval_s=args.checkpoint_interval
+        )
     projector_settings = {
         'max_batch_records': args.max_batch_records,
         'max_snapshots_per_run': args.max_snapshots_per_run,
+        'group': args.group,
+        'checkpoints': checkpoints,
+        'session_timeout_ms': int(args.session_timeout * 1000),
     }
-    async with Projector(settings, **projector_settings) as projector:
-        print(f'projector: {settings.bootstrap_servers} -> {projector.db_path}', flush=True)
+    told: set[int] = set()
+
+    def tell(owned: list[int]) -> None:
+        for partition, records in sorted(projector.restored_from_checkpoint.items()):
+            if partition not in told:
+                told.add(partition)
+                print(
+                    f'projector: restored shard {partition} from a checkpoint of {records} records',
+                    flush=True,
+                )
+        print(f'projector: owns partitions {owned}', flush=True)
+
+    async with Projector(settings, **projector_settings, on_assignment=tell) as projector:
+        member = f' (member of {args.group})' if args.group else ''
+        print(f'projector: {settings.bootstrap_servers} -> {projector.db_path}{member}', flush=True)
         stopping = asyncio.create_task(stop.wait())
         running = asyncio.create_task(projector.join())
         await asyncio.wait([stopping, running], return_when=asyncio.FIRST_COMPLETED)
@@ -156,6 +197,7 @@ async def _rebuild(args: argparse.Namespace, settings: Settings) -> int:
         max_snapshots_per_run=args.max_snapshots_per_run,
         like=args.like,
         on_progress=progress_bar(),
+        jobs=args.jobs,
     )
     print(f'rebuilt {sum(end.values())} records into {args.into}')
     return 0

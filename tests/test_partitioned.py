@@ -1,0 +1,299 @@
+"""The partitioned projection: shards per partition, group members, checkpoints, reads across
+shards and parallel rebuilds, each checked against a clean single-process rebuild."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import obstore
+import pytest
+from test_cli import cli, orchestrate
+
+from stepstream import Settings
+from stepstream.producer import EventLog
+from stepstream.projector import (
+    Checkpoints,
+    ProjectionReader,
+    Projector,
+    ShardUnavailable,
+    rebuild,
+    verify_paths,
+)
+from stepstream.topics import murmur2_partition
+
+from brokers import BROKER, kafka_only
+
+
+async def until(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    """Wait for a condition that other tasks make true (assignment, catch-up)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        if asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError(f'waited {timeout:g}s for {what}')
+        await asyncio.sleep(0.05)
+
+
+async def write_runs(log: EventLog, prefix: str, count: int) -> None:
+    for i in range(count):
+        await orchestrate(log, f'{prefix}-{i}')
+
+
+async def test_two_members_share_a_directory_and_hand_shards_over(
+    settings: Settings, event_log: EventLog, tmp_path: Path
+) -> None:
+    shared = tmp_path / 'shared'
+    await write_runs(event_log, 'before', 4)
+    end = await event_log.flush()
+    group = f'{settings.topic_prefix}.members'
+    a = Projector(settings, db_path=shared, group=group, session_timeout_ms=6000)
+    b = Projector(settings, db_path=shared, group=group, session_timeout_ms=6000)
+    async with a, b:
+        await until(
+            lambda: sorted(a.partitions + b.partitions) == [0, 1, 2] and bool(a.partitions and b.partitions),
+            'the group to split three partitions between two members',
+        )
+        assert not set(a.partitions) & set(b.partitions)
+        await until(lambda: _both(a, b, end), 'both members to catch up')
+
+        reader = ProjectionReader.open(shared)  # every shard, whichever member writes it
+        try:
+            runs = await reader.list_runs()
+            assert len(runs) == 8 and {r.status for r in runs} == {'completed'}
+            [boss] = await reader.list_runs(conversation_id='before-0')
+            assert [r.agent_name for r in await reader.run_tree(boss.run_id)] == ['boss', 'worker']
+            # A member's own reader sees only its shards, and says which one it lacks.
+            other = next(r for r in runs if murmur2_partition(r.run_id.encode(), 3) in b.partitions)
+            with pytest.raises(ShardUnavailable, match=r'partition\(s\) \['):
+                await a.reader().get_run(other.run_id)
+            with pytest.raises(ShardUnavailable):
+                await a.reader().list_runs()
+        finally:
+            reader.close()
+
+        await b.stop()  # b leaves the group: a is assigned its shards, in the same directory
+        b.close()
+        await until(lambda: a.partitions == [0, 1, 2], 'the remaining member to own every partition')
+        await write_runs(event_log, 'after', 3)
+        end = await event_log.flush()
+        await a.wait_for(end)
+    await rebuild(settings, tmp_path / 'clean')
+    assert verify_paths(shared, tmp_path / 'clean')[1] is None
+
+
+def _both(a: Projector, b: Projector, end: dict) -> bool:
+    return all(
+        (a.applied.get(tp, 0) >= offset) or (b.applied.get(tp, 0) >= offset) for tp, offset in end.items()
+    )
+
+
+async def test_a_late_member_restores_shards_from_checkpoints(
+    settings: Settings, event_log: EventLog, tmp_path: Path
+) -> None:
+    group = f'{settings.topic_prefix}.restore'
+    checkpoints = Checkpoints.from_settings(settings, group=group, interval_s=3600)
+    await write_runs(event_log, 'early', 4)
+    end = await event_log.flush()
+    async with Projector(settings, db_path=tmp_path / 'first', group=group, checkpoints=checkpoints) as first:
+        await until(lambda: first.partitions == [0, 1, 2], 'the only member to own every partition')
+        await first.wait_for(end)
+        uploaded = await checkpoints.upload_all(first)
+    assert sorted(c.key.split('/')[-2] for c in uploaded) == ['0000', '0001', '0002']
+    held = {int(c.key.split('/')[-2]): c.records for c in uploaded}
+
+    # The newest checkpoint of partition 0 is corrupt: the member falls back to the older one.
+    good = (await checkpoints.list(0))[-1]
+    corrupt_key = good.key.rsplit('/', 1)[0] + f'/{good.records + 1:020d}-{good.sha256}.tar'
+    await obstore.put_async(checkpoints.store.object_store, corrupt_key, b'not a tar at all')
+
+    await write_runs(event_log, 'late', 2)
+    end = await event_log.flush()
+    restorer = Checkpoints.from_settings(settings, group=group, interval_s=3600)
+    async with Projector(settings, db_path=tmp_path / 'second', group=group, checkpoints=restorer) as second:
+        await until(lambda: second.partitions == [0, 1, 2], 'the new member to own every partition')
+        assert second.restored_from_checkpoint == held  # restored, not replayed from offset zero
+        await second.wait_for(end)
+    await rebuild(settings, tmp_path / 'clean')
+    assert verify_paths(tmp_path / 'second', tmp_path / 'clean')[1] is None
+
+
+async def test_parallel_rebuild_equals_one_process_and_partial_reads_refuse(
+    settings: Settings, event_log: EventLog, tmp_path: Path
+) -> None:
+    await write_runs(event_log, 'jobs', 5)
+    await event_log.flush()
+    code, _, err = await cli(
+        settings, tmp_path / 'unused', 'rebuild', '--into', str(tmp_path / 'two'), '--jobs', '2'
+    )
+    assert code == 0, err
+    await rebuild(settings, tmp_path / 'one')
+    assert verify_paths(tmp_path / 'one', tmp_path / 'two')[1] is None
+    code, out, _ = await cli(
+        settings, tmp_path / 'two', 'verify', str(tmp_path / 'one'), str(tmp_path / 'two')
+    )
+    assert code == 0 and 'identical' in out
+
+    # A directory with only some shards answers for their runs and names what it lacks.
+    await rebuild(settings, tmp_path / 'part', partitions=[0])
+    _, difference = verify_paths(tmp_path / 'one', tmp_path / 'part')
+    assert difference is not None and difference.key == 'shard 1' and difference.right == 'missing'
+    reader = ProjectionReader.open(tmp_path / 'part')
+    full = ProjectionReader.open(tmp_path / 'one')
+    try:
+        runs = await full.list_runs()
+        for run in runs:
+            if murmur2_partition(run.run_id.encode(), 3) == 0:
+                assert await reader.get_run(run.run_id) == run
+            else:
+                with pytest.raises(ShardUnavailable, match=r'partition\(s\) \[[12]\]'):
+                    await reader.get_run(run.run_id)
+        with pytest.raises(ShardUnavailable, match=r'partition\(s\) \[1, 2\]'):
+            await reader.list_unresolved_tool_effects()
+        status = await reader.status()
+        assert status.shards == [0] and status.missing_shards == [1, 2] and status.state == 'rebuilding'
+    finally:
+        reader.close()
+        full.close()
+
+
+# -- members killed at random ------------------------------------------------------------------
+
+KILLS = int(os.environ.get('STEPSTREAM_SOAK_KILLS', '10'))
+"""How many times the chaos test SIGKILLs a member (raise it for a soak run)."""
+
+
+class Member:
+    """A `stepstream projector --group` process, in a directory of its own (a host of its own)."""
+
+    def __init__(self, settings: Settings, group: str, db_path: Path) -> None:
+        self.settings, self.group, self.db_path = settings, group, db_path
+        self.process: asyncio.subprocess.Process | None = None
+        self.owned: list[int] = []
+        self.lines: list[str] = []
+        self._reader: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        env = {**os.environ, **self.settings.replace(db_path=str(self.db_path)).to_env()}
+        self.process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            '-m',
+            'stepstream.cli',
+            'projector',
+            '--group',
+            self.group,
+            '--checkpoint-interval',
+            '0.5',
+            '--session-timeout',
+            '6',
+            '--max-batch-records',
+            '50',
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        self._reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        assert self.process is not None and self.process.stdout is not None
+        async for raw in self.process.stdout:
+            line = raw.decode(errors='replace').rstrip()
+            self.lines.append(line)
+            print(f'[{self.db_path.name}] {line}', flush=True)
+            if line.startswith('projector: owns partitions '):
+                self.owned = [int(p) for p in line.split('[', 1)[1].rstrip(']').split(',') if p.strip()]
+
+    async def kill(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGKILL)
+        await self.process.wait()
+        if self._reader is not None:
+            await self._reader
+        self.owned = []
+
+    async def stop(self) -> int:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            code = await asyncio.wait_for(self.process.wait(), 60)
+        except TimeoutError:
+            self.process.send_signal(signal.SIGKILL)
+            await self.process.wait()
+            raise AssertionError(
+                f'{self.db_path.name} did not stop on SIGTERM:\n' + '\n'.join(self.lines[-30:])
+            ) from None
+        if self._reader is not None:
+            await self._reader
+        return code
+
+
+@kafka_only(
+    'the chaos run (about 100 s) runs once, on the broker production uses; the two-member '
+    'handoff and the checkpoint restore above run on both brokers'
+)
+@pytest.mark.timeout(600)
+async def test_members_killed_at_random_lose_nothing_and_restore_from_checkpoints(
+    settings: Settings, event_log: EventLog, tmp_path: Path
+) -> None:
+    group = f'{settings.topic_prefix}.chaos'
+    rng = random.Random(12)
+    generation = 0
+
+    def fresh_dir() -> Path:
+        nonlocal generation
+        generation += 1
+        return tmp_path / f'host-{generation}'
+
+    members = [Member(settings, group, fresh_dir()) for _ in range(3)]
+    for member in members:
+        await member.start()
+    writing = asyncio.create_task(write_runs(event_log, 'chaos', 10_000))
+    try:
+        await until(
+            lambda: sorted(p for m in members for p in m.owned) == [0, 1, 2], 'a first assignment', 90
+        )
+        for _ in range(KILLS):
+            victim = rng.randrange(len(members))
+            if rng.random() < 0.5:  # sometimes right after it was assigned (mid-restore), else later
+                await until(lambda v=victim: bool(members[v].owned), 'the victim to own a shard', 90)
+            print(f'kill member {victim}; owned: {[m.owned for m in members]}', flush=True)
+            await members[victim].kill()
+            members[victim] = Member(settings, group, fresh_dir())  # a replacement host: empty disk
+            await members[victim].start()
+            await until(
+                lambda: sorted(p for m in members for p in m.owned) == [0, 1, 2], 'the group to settle', 90
+            )
+    finally:
+        writing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await writing
+    end = await event_log.flush()
+    for member in members:
+        assert await member.stop() == 0, '\n'.join(member.lines[-20:])
+        assert not any('in use by another projector' in line for line in member.lines)
+    restores = sum('restored shard' in line for m in members for line in m.lines)
+
+    # A last member on an empty disk takes every shard from the checkpoints the chaos left behind
+    # and catches up: the result equals a clean rebuild, so nothing was lost or applied twice.
+    async with Projector(
+        settings,
+        db_path=tmp_path / 'last',
+        group=group,
+        checkpoints=Checkpoints.from_settings(settings, group=group, interval_s=3600),
+    ) as last:
+        await until(lambda: last.partitions == [0, 1, 2], 'the last member to own every partition', 90)
+        assert len(last.restored_from_checkpoint) == 3
+        await last.wait_for(end, timeout=120)
+        reader = last.reader()
+        runs = await reader.list_runs()
+        assert runs
+        for run in runs:  # every genuine run reads whole: its completed runs resume from a snapshot
+            if run.status == 'completed':
+                assert await reader.latest_snapshot(run.run_id) is not None
+    await rebuild(settings, tmp_path / 'clean')
+    assert verify_paths(tmp_path / 'last', tmp_path / 'clean')[1] is None
+    print(f'{KILLS} kills on {BROKER}; {restores} restores logged by the chaos members')
