@@ -28,6 +28,7 @@ from opentelemetry import trace
 
 from stepstream.errors import RecordTooLarge, StepStreamError
 from stepstream.ids import check_record_ids
+from stepstream.kafka_client import AUTHORIZATION_ERRORS, access_denied, client_options, connection_error
 from stepstream.media import MediaStore, S3MediaStore
 from stepstream.schemas import LogRecord, StepEvent, encode, schema_of
 from stepstream.settings import Settings
@@ -112,6 +113,8 @@ class EventLog:
         self._started = False
         self._start_lock = asyncio.Lock()
         self._partition_count = 0
+        self._denied: StepStreamError | None = None
+        """Set when the broker refused a write for lack of an ACL; raised by every later wait."""
 
     _shared: ClassVar[dict[tuple[str, str], EventLog]] = {}
 
@@ -142,13 +145,13 @@ class EventLog:
                 await self._start()
 
     async def _start(self) -> None:
-        layout = await ensure_topics(self.settings, create=self.create_topics)
+        layout = await ensure_topics(self.settings, create=self.create_topics, dlq=False)
         self._partition_count = layout.partitions
         if self.enable_idempotence is None:
             self.enable_idempotence = await supports_idempotence(self.settings)
         # aiokafka binds a producer to the running loop, so it is made here, not in __init__.
         producer = AIOKafkaProducer(
-            bootstrap_servers=self.settings.bootstrap_servers,
+            **client_options(self.settings),
             acks='all',
             linger_ms=self.linger_ms,
             compression_type=self.compression_type,
@@ -161,7 +164,7 @@ class EventLog:
             await asyncio.wait_for(producer.start(), self.settings.ack_timeout_s)
         except (KafkaError, OSError, TimeoutError) as exc:
             await producer.stop()
-            raise unavailable(self.settings, 'did not accept a producer connection', exc) from exc
+            raise await connection_error(self.settings, 'did not accept a producer connection', exc) from exc
         self._producer = producer
         self._started = True
         self._resender = asyncio.create_task(self._resend_kept(), name='stepstream-resend')
@@ -247,6 +250,8 @@ class EventLog:
                 raise StepStreamError('EventLog is not started: use `async with EventLog(settings)` first')
             await self.start()
         assert self._producer is not None
+        if self._denied is not None:
+            raise self._denied
         if self._kept and record.run_id in self._kept:
             return self._keep(record)  # behind the run's earlier records, never ahead of them
         try:
@@ -343,6 +348,10 @@ class EventLog:
 
     def _on_ack(self, ack: Ack) -> None:
         record = self._pending.pop(ack)
+        if not ack.cancelled() and isinstance(ack.exception(), AUTHORIZATION_ERRORS):
+            # No ACL to write: sending again cannot help. Every later wait raises this.
+            self._denied = self._denied or self._no_write(ack.exception())
+            return
         if ack.cancelled() or ack.exception() is not None:
             self._keep(record)
             return
@@ -368,8 +377,20 @@ class EventLog:
             if ack.cancelled():
                 raise unavailable(self.settings, 'did not acknowledge a cancelled send')
             exc = ack.exception()
+            if isinstance(exc, AUTHORIZATION_ERRORS):
+                raise self._no_write(exc) from exc
             if exc is not None:
                 raise unavailable(self.settings, 'rejected a record', exc) from exc
+
+    def _no_write(self, exc: BaseException | None) -> StepStreamError:
+        assert exc is not None
+        topics = f'{self.settings.step_events_topic} and {self.settings.tool_effects_topic}'
+        return access_denied(
+            self.settings,
+            f'write to {topics}',
+            exc,
+            fix=f'grant it WRITE on {topics} (the producer ACL), or use the producer principal',
+        )
 
     async def flush(self, *, timeout: float | None = None) -> Position:
         """Wait until the broker took every record appended so far, then return the position written.
@@ -391,6 +412,8 @@ class EventLog:
             waiting = len(self._pending) + sum(len(kept) for kept in self._kept.values())
             waited = '' if timeout is None else f' (waited {timeout:g}s)'
             raise unavailable(self.settings, f'did not take {waiting} record(s){waited}') from None
+        if self._denied is not None:
+            raise self._denied
         return dict(self._written)
 
     @property

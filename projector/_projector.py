@@ -18,11 +18,12 @@ from typing import Self
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, ConsumerRecord
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
-from aiokafka.errors import KafkaError, MessageSizeTooLargeError
+from aiokafka.errors import GroupAuthorizationFailedError, KafkaError, MessageSizeTooLargeError
 from aiokafka.structs import TopicPartition
 from rocksdict import Rdict
 
 from stepstream.errors import ProjectionInUse, ProjectionMismatch, StepStreamError, UsageError
+from stepstream.kafka_client import AUTHORIZATION_ERRORS, access_denied, client_options, connection_error
 from stepstream.media import MediaStore, S3MediaStore
 from stepstream.projector._apply import (
     EFFECTS,
@@ -217,7 +218,7 @@ class Projector:
             self._topics, partitions=layout.partitions, max_snapshots_per_run=self.max_snapshots_per_run
         )
         consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.settings.bootstrap_servers,
+            **client_options(self.settings),
             group_id=self.group_id,
             client_id='stepstream-projector',
             enable_auto_commit=False,
@@ -231,7 +232,7 @@ class Projector:
             heartbeat_interval_ms=max(100, self.session_timeout_ms // 3),
         )
         dlq = AIOKafkaProducer(
-            bootstrap_servers=self.settings.bootstrap_servers,
+            **client_options(self.settings),
             acks='all',
             client_id='stepstream-projector-dlq',
         )
@@ -241,7 +242,7 @@ class Projector:
         except (KafkaError, OSError, TimeoutError) as exc:
             await consumer.stop()
             await dlq.stop()
-            raise unavailable(self.settings, 'did not accept the projector', exc) from exc
+            raise await connection_error(self.settings, 'did not accept the projector', exc) from exc
         self._consumer, self._dlq = consumer, dlq
         if self.group is None:
             mine = [p for p in range(layout.partitions) if self.only is None or p in self.only]
@@ -250,11 +251,31 @@ class Projector:
                     await self._open_shard(partition)
             assigned = {TopicPartition(t, p) for t in self._topics for p in mine}
             consumer.assign(sorted(assigned))
-            await self._seek(assigned)
+            try:
+                # Asks the group coordinator once, so a missing group ACL fails here at once (a
+                # seek would wait out the request timeout first).
+                if assigned:
+                    await consumer.committed(min(assigned))
+                await self._seek(assigned)
+            except AUTHORIZATION_ERRORS as exc:
+                self._consumer = self._dlq = None
+                await consumer.stop()
+                await dlq.stop()
+                raise self._may_not_read(exc) from exc
         else:
             consumer.subscribe(list(self._topics), listener=_Rebalance(self))
         self._stopping = False
         self._task = asyncio.create_task(self._consume(), name='stepstream-projector')
+
+    def _may_not_read(self, exc: BaseException) -> StepStreamError:
+        """The error for a principal without the projector's READ rights (on its group or topics)."""
+        if isinstance(exc, GroupAuthorizationFailedError):
+            what, grant = f'use the consumer group {self.group_id}', f'READ on group {self.group_id}'
+        else:
+            topics = ' and '.join(self._topics)
+            what, grant = f'read {topics}', f'READ on {topics}'
+        fix = f'grant it {grant} (the projector ACL), or use the projector principal'
+        return access_denied(self.settings, what, exc, fix=fix)
 
     async def _open_shard(self, partition: int) -> _Shard:
         """Open the shard of `partition` here, restoring it from a checkpoint or making it new."""
@@ -536,6 +557,12 @@ class Projector:
                     await self.checkpoints.maybe_upload(self)
         except asyncio.CancelledError:
             raise
+        except AUTHORIZATION_ERRORS as exc:
+            self._failure = self._may_not_read(exc)
+            log.error('projector stopped: %s', self._failure)
+            async with self._progress:
+                self._progress.notify_all()
+            raise self._failure from exc
         except Exception as exc:
             log.exception('projector stopped')
             self._failure = exc
@@ -603,6 +630,13 @@ class Projector:
             try:
                 await self._send_dead_letters(dead)
                 return True
+            except AUTHORIZATION_ERRORS as exc:  # no ACL to write the DLQ: retrying cannot help
+                raise access_denied(
+                    self.settings,
+                    f'write dead letters to {self.settings.dlq_topic}',
+                    exc,
+                    fix=f'grant it WRITE on {self.settings.dlq_topic} (the projector ACL)',
+                ) from exc
             except (KafkaError, TimeoutError, OSError) as exc:
                 if self._stopping:
                     return False
@@ -635,6 +669,8 @@ class Projector:
             acks.append(ack)
         try:
             await asyncio.wait_for(asyncio.gather(*acks), self.settings.ack_timeout_s)
+        except AUTHORIZATION_ERRORS:
+            raise
         except (KafkaError, TimeoutError) as exc:
             raise unavailable(self.settings, 'did not acknowledge dead-lettered records', exc) from exc
 

@@ -218,6 +218,7 @@ async def _status(args: argparse.Namespace, settings: Settings) -> int:
     from aiokafka import AIOKafkaConsumer
     from aiokafka.structs import TopicPartition
 
+    from stepstream.kafka_client import client_options
     from stepstream.render import table, to_json
     from stepstream.topics import ensure_topics
 
@@ -229,7 +230,7 @@ async def _status(args: argparse.Namespace, settings: Settings) -> int:
         for t in (settings.step_events_topic, settings.tool_effects_topic)
         for p in range(layout.partitions)
     ]
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(**client_options(settings), enable_auto_commit=False)
     await consumer.start()
     try:
         ends = await consumer.end_offsets(partitions)

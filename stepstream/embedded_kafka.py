@@ -183,11 +183,29 @@ def _java(java: str, lib: Path, main: str, *args: str) -> list[str]:
     ]
 
 
-def format_command(java: str, lib: Path, properties: Path, cluster_id: str) -> list[str]:
-    """Formats the log directory of a new node (once, before its first start)."""
+def format_command(
+    java: str, lib: Path, properties: Path, cluster_id: str, *, scram_users: Mapping[str, str] | None = None
+) -> list[str]:
+    """Formats the log directory of a new node (once, before its first start).
+
+    `scram_users` (name -> password) get SCRAM-SHA-256 and SCRAM-SHA-512 credentials in the
+    node's first metadata, so they can authenticate from the first start on.
+    """
+    scram = [
+        f'--add-scram={mechanism}=[name={name},password={password}]'
+        for name, password in (scram_users or {}).items()
+        for mechanism in ('SCRAM-SHA-256', 'SCRAM-SHA-512')
+    ]
     # `--cluster-id=ID`, not `-t ID`: an id may begin with '-', which would read as an option.
     return _java(
-        java, lib, 'kafka.tools.StorageTool', 'format', f'--cluster-id={cluster_id}', '-c', str(properties)
+        java,
+        lib,
+        'kafka.tools.StorageTool',
+        'format',
+        f'--cluster-id={cluster_id}',
+        '-c',
+        str(properties),
+        *scram,
     )
 
 

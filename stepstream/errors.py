@@ -47,3 +47,17 @@ class ProjectionInUse(UsageError):
 
 class ProjectionMismatch(UsageError):
     """A projection was built from other topics, another cluster or with other options."""
+
+
+class SecureConnectionError(StepStreamError):
+    """Kafka refused the connection's security; the message names the setting to fix.
+
+    An untrusted certificate, a refused password, a TLS client on a plaintext listener or the reverse.
+    """
+
+
+class AccessDenied(StepStreamError):
+    """The broker's ACLs do not let this principal do what it asked (create, write, read, commit).
+
+    The message names the principal, what was refused and the ACL or command that fixes it.
+    """

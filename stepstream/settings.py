@@ -12,9 +12,17 @@ import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
+from pydantic import SecretStr
+
 ENV_PREFIX = 'STEPSTREAM_'
+FILE_SUFFIX = '_FILE'
+"""`STEPSTREAM_<SECRET>_FILE` names a file that holds a secret (a mounted Kubernetes or docker secret)."""
+
+SECURITY_PROTOCOLS = ('PLAINTEXT', 'SSL', 'SASL_PLAINTEXT', 'SASL_SSL')
+SASL_MECHANISMS = ('PLAIN', 'SCRAM-SHA-256', 'SCRAM-SHA-512', 'OAUTHBEARER')
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,6 +54,22 @@ class Settings:
     replication_factor: int = 1
     ack_timeout_s: float = 10.0
     """How long a durability point waits for the broker's acknowledgement before the run fails."""
+    security_protocol: str = 'PLAINTEXT'
+    """How clients talk to Kafka: `PLAINTEXT`, `SSL` (TLS), `SASL_PLAINTEXT` or `SASL_SSL`."""
+    sasl_mechanism: str | None = None
+    """`PLAIN`, `SCRAM-SHA-256`, `SCRAM-SHA-512` or `OAUTHBEARER`; needed with a `SASL_*` protocol."""
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = field(default=None, repr=False)
+    """Read from `STEPSTREAM_SASL_PASSWORD` or the file `STEPSTREAM_SASL_PASSWORD_FILE`, never a flag."""
+    sasl_oauth_token_provider: str | None = None
+    """`module:attribute` of an aiokafka `AbstractTokenProvider` (an instance, or a class or
+    factory called with no arguments) that hands out OAUTHBEARER tokens (MSK IAM, an OIDC client)."""
+    ssl_cafile: str | None = None
+    """PEM file of the CA(s) that signed the brokers' certificates; the system's CAs when unset."""
+    ssl_certfile: str | None = None
+    """PEM client certificate (chain) for mutual TLS; may also hold the key."""
+    ssl_keyfile: str | None = None
+    """PEM private key of `ssl_certfile`, when it is not in that file."""
 
     def __post_init__(self) -> None:
         if not self.topic_prefix or any(c not in _TOPIC_CHARS for c in self.topic_prefix):
@@ -59,6 +83,58 @@ class Settings:
             raise ValueError(f'partitions must be positive, got {self.partitions}')
         if self.ack_timeout_s <= 0:
             raise ValueError(f'ack_timeout_s must be positive, got {self.ack_timeout_s}')
+        self._check_security()
+
+    def _check_security(self) -> None:
+        """Refuse a security setup that cannot work, naming the variable to change."""
+        protocol = self.security_protocol.upper()
+        object.__setattr__(self, 'security_protocol', protocol)
+        if isinstance(self.sasl_password, str):  # a plain string from Python code: hide it too
+            object.__setattr__(self, 'sasl_password', SecretStr(self.sasl_password))
+        if protocol not in SECURITY_PROTOCOLS:
+            choices = ', '.join(SECURITY_PROTOCOLS)
+            raise ValueError(f'{_name("security_protocol")} must be one of {choices}, got {protocol!r}')
+        mechanism = self.sasl_mechanism.upper() if self.sasl_mechanism else None
+        object.__setattr__(self, 'sasl_mechanism', mechanism)
+        if protocol.startswith('SASL_'):
+            if mechanism is None:
+                raise ValueError(
+                    f'{_name("security_protocol")}={protocol} needs {_name("sasl_mechanism")}: '
+                    f'one of {", ".join(SASL_MECHANISMS)}'
+                )
+            if mechanism not in SASL_MECHANISMS:
+                choices = ', '.join(SASL_MECHANISMS)
+                raise ValueError(f'{_name("sasl_mechanism")} must be one of {choices}, got {mechanism!r}')
+            if mechanism == 'OAUTHBEARER':
+                if not self.sasl_oauth_token_provider:
+                    raise ValueError(
+                        f'{_name("sasl_mechanism")}=OAUTHBEARER needs {_name("sasl_oauth_token_provider")} '
+                        '(module:attribute of an aiokafka AbstractTokenProvider)'
+                    )
+            elif not self.sasl_username or self.sasl_password is None:
+                raise ValueError(
+                    f'{_name("sasl_mechanism")}={mechanism} needs {_name("sasl_username")} and '
+                    f'{ENV_PREFIX}SASL_PASSWORD (or {ENV_PREFIX}SASL_PASSWORD{FILE_SUFFIX}, a file '
+                    'holding it)'
+                )
+        elif mechanism is not None or self.sasl_username is not None:
+            raise ValueError(
+                f'SASL credentials are set but {_name("security_protocol")} is {protocol}: '
+                'use SASL_SSL (or SASL_PLAINTEXT), or drop the SASL settings'
+            )
+        tls = (self.ssl_cafile, self.ssl_certfile, self.ssl_keyfile)
+        if protocol not in ('SSL', 'SASL_SSL') and any(tls):
+            raise ValueError(
+                f'TLS files are set but {_name("security_protocol")} is {protocol}: use SSL or SASL_SSL, '
+                'or drop the STEPSTREAM_SSL_* settings'
+            )
+        if self.ssl_keyfile and not self.ssl_certfile:
+            raise ValueError(f'{_name("ssl_keyfile")} is set without {_name("ssl_certfile")}')
+
+    @property
+    def uses_tls(self) -> bool:
+        """Whether clients talk TLS to Kafka (`SSL` or `SASL_SSL`)."""
+        return self.security_protocol in ('SSL', 'SASL_SSL')
 
     # Topic names live here so that producer, projector and CLI cannot disagree on them.
     @property
@@ -87,6 +163,8 @@ class Settings:
         values: dict[str, Any] = {}
         for f in fields(cls):
             raw = env.get(ENV_PREFIX + f.name.upper())
+            if f.name in SECRET_FIELDS:
+                raw = _secret(f.name, raw, env.get(ENV_PREFIX + f.name.upper() + FILE_SUFFIX))
             if raw is not None and raw != '':
                 values[f.name] = _parse(f, raw)
         values.update({k: v for k, v in overrides.items() if v is not None})
@@ -94,17 +172,25 @@ class Settings:
 
     def to_env(self) -> dict[str, str]:
         """The `STEPSTREAM_*` variables that `from_env` turns back into these settings."""
-        return {
-            ENV_PREFIX + f.name.upper(): str(getattr(self, f.name))
-            for f in fields(self)
-            if getattr(self, f.name) is not None
-        }
+        env: dict[str, str] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, SecretStr):
+                value = value.get_secret_value()  # a child process needs the secret itself
+            if value is not None:
+                env[ENV_PREFIX + f.name.upper()] = str(value)
+        return env
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        """Add one `--flag` per field; unset flags fall back to the environment."""
+        """Add one `--flag` per field but secrets; unset flags fall back to the environment.
+
+        Secrets (`sasl_password`) have no flag: a command line shows in `ps` and shell history.
+        """
         group = parser.add_argument_group('settings (flags override STEPSTREAM_* variables)')
         for f in fields(cls):
+            if f.name in SECRET_FIELDS:
+                continue
             group.add_argument(
                 '--' + f.name.replace('_', '-'),
                 dest=f.name,
@@ -115,10 +201,13 @@ class Settings:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Settings:
         """Settings from parsed CLI flags over the environment."""
-        flags = {f.name: getattr(args, f.name, None) for f in fields(cls)}
+        flags = {f.name: getattr(args, f.name, None) for f in fields(cls) if f.name not in SECRET_FIELDS}
         parsed = {name: _parse(_field(name), raw) for name, raw in flags.items() if raw is not None}
         return cls.from_env(**parsed)
 
+
+SECRET_FIELDS = frozenset({'sasl_password'})
+"""Fields read only from the environment or a file, hidden from `repr`, and never a CLI flag."""
 
 _TOPIC_CHARS = frozenset('abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-')
 
@@ -127,8 +216,28 @@ def _field(name: str) -> dataclasses.Field[Any]:
     return next(f for f in fields(Settings) if f.name == name)
 
 
+def _name(field_name: str) -> str:
+    """How a user sets a field: its variable and its flag."""
+    return f'{ENV_PREFIX}{field_name.upper()} (--{field_name.replace("_", "-")})'
+
+
+def _secret(name: str, raw: str | None, file: str | None) -> str | None:
+    """A secret from its variable or from the file its `_FILE` variable names (not both)."""
+    variable = ENV_PREFIX + name.upper()
+    if not file:
+        return raw
+    if raw:
+        raise ValueError(f'set {variable} or {variable}{FILE_SUFFIX}, not both')
+    try:
+        return Path(file).read_text().rstrip('\r\n')
+    except OSError as exc:
+        raise ValueError(f'{variable}{FILE_SUFFIX}={file!r} cannot be read: {exc.strerror}') from None
+
+
 def _parse(f: dataclasses.Field[Any], raw: str) -> Any:
     kind = str(f.type)
+    if kind.startswith('SecretStr'):
+        return SecretStr(raw)
     try:
         if kind.startswith('int'):
             return int(raw)

@@ -11,8 +11,25 @@ from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
 from aiokafka.partitioner import murmur2
 from aiokafka.structs import TopicPartition
 
-from stepstream.errors import StepStreamError, StepStreamUnavailable
+from stepstream.errors import StepStreamError
+from stepstream.kafka_client import (
+    AUTHORIZATION_ERRORS,
+    access_denied,
+    client_options,
+    connection_error,
+    unavailable,
+)
 from stepstream.settings import Settings
+
+__all__ = [
+    'LOG_TOPIC_CONFIGS',
+    'Position',
+    'TopicLayout',
+    'ensure_topics',
+    'murmur2_partition',
+    'supports_idempotence',
+    'unavailable',
+]
 
 # The log is the system of record: nothing is ever deleted by retention.
 LOG_TOPIC_CONFIGS = {'retention.ms': '-1', 'retention.bytes': '-1', 'cleanup.policy': 'delete'}
@@ -34,26 +51,29 @@ class TopicLayout:
     """
 
 
-async def ensure_topics(settings: Settings, *, create: bool = True) -> TopicLayout:
-    """Create the log topics and the DLQ if they are missing, then check they are co-partitioned.
+async def ensure_topics(settings: Settings, *, create: bool = True, dlq: bool = True) -> TopicLayout:
+    """Create the log topics (and the DLQ with `dlq`) if they are missing, then check they are co-partitioned.
 
     Idempotent: existing topics are left as they are. Both log topics must have the same
-    partition count, because a run's records live in the same partition number of each.
+    partition count, because a run's records live in the same partition number of each. The
+    producer passes `dlq=False`: it never writes the DLQ, and a least-privilege producer
+    principal may not even see it.
     """
     admin = AIOKafkaAdminClient(
-        bootstrap_servers=settings.bootstrap_servers,
+        **client_options(settings),
         request_timeout_ms=int(settings.ack_timeout_s * 1000),
     )
     try:
         await asyncio.wait_for(admin.start(), settings.ack_timeout_s)
     except (KafkaError, OSError, TimeoutError) as exc:
         await admin.close()
-        raise unavailable(settings, 'could not connect to create or check topics', exc) from exc
+        raise await connection_error(settings, 'could not connect to create or check topics', exc) from exc
     try:
         log_topics = [settings.step_events_topic, settings.tool_effects_topic]
         existing = set(await admin.list_topics())
         if create:
-            missing = [t for t in [*log_topics, settings.dlq_topic] if t not in existing]
+            wanted = [*log_topics, settings.dlq_topic] if dlq else log_topics
+            missing = [t for t in wanted if t not in existing]
             if missing:
                 await _create(admin, settings, missing)
         counts = await _partition_counts(admin, log_topics)
@@ -71,8 +91,9 @@ async def ensure_topics(settings: Settings, *, create: bool = True) -> TopicLayo
     missing_topics = [t for t in log_topics if not counts.get(t)]
     if missing_topics:
         raise StepStreamError(
-            f'topics {missing_topics} do not exist on {settings.bootstrap_servers}; '
-            'create them with `stepstream topics ensure` or allow creation'
+            f'topics {missing_topics} do not exist on {settings.bootstrap_servers}, or this principal '
+            'may not describe them; create them with `stepstream topics ensure` (an admin principal) '
+            'or allow creation'
         )
     if len(set(counts.values())) != 1:
         raise StepStreamError(
@@ -100,10 +121,24 @@ async def _create(admin: AIOKafkaAdminClient, settings: Settings, topics: list[s
         response = await admin.create_topics(new)
     except TopicAlreadyExistsError:
         return
+    except AUTHORIZATION_ERRORS as exc:
+        raise _may_not_create(settings, topics, exc) from exc
     for topic, code, message in _topic_errors(response):
         # 36 = TOPIC_ALREADY_EXISTS: another process created it first, which is fine.
+        if code in (29, 31):  # TOPIC_/CLUSTER_AUTHORIZATION_FAILED: no CREATE for this principal
+            raise _may_not_create(settings, topics, for_code(code)())
         if code not in (0, 36):
             raise StepStreamError(f'could not create topic {topic!r}: error {code} {message or ""}'.strip())
+
+
+def _may_not_create(settings: Settings, topics: list[str], exc: BaseException) -> StepStreamError:
+    return access_denied(
+        settings,
+        f'create the missing topics {topics}',
+        exc,
+        fix='run `stepstream topics ensure` once with an admin principal (one allowed to create '
+        'topics), then start this role again; or grant this principal CREATE',
+    )
 
 
 def _topic_errors(response: object) -> list[tuple[str, int, str | None]]:
@@ -130,16 +165,6 @@ def murmur2_partition(key: bytes, partitions: int) -> int:
     return (murmur2(key) & 0x7FFFFFFF) % partitions
 
 
-def unavailable(settings: Settings, what: str, exc: BaseException | None = None) -> StepStreamUnavailable:
-    """The error for a Kafka cluster that does not answer, naming the servers and the timeout."""
-    cause = f': {exc!r}' if exc is not None else ''
-    return StepStreamUnavailable(
-        f'Kafka at {settings.bootstrap_servers} {what} within {settings.ack_timeout_s:g}s{cause}. '
-        'Check that the broker is running and reachable (STEPSTREAM_BOOTSTRAP_SERVERS), '
-        'or raise STEPSTREAM_ACK_TIMEOUT_S.'
-    )
-
-
 async def supports_idempotence(settings: Settings) -> bool:
     """Whether the cluster grants producer ids (InitProducerId), so idempotent producing works.
 
@@ -150,7 +175,7 @@ async def supports_idempotence(settings: Settings) -> bool:
     from aiokafka.protocol.transaction import InitProducerIdRequest
 
     client = AIOKafkaClient(
-        bootstrap_servers=settings.bootstrap_servers,
+        **client_options(settings),
         request_timeout_ms=int(settings.ack_timeout_s * 1000),
     )
     loop = asyncio.get_running_loop()

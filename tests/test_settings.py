@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
+from pydantic import SecretStr
 
 from stepstream import Settings
 
@@ -64,3 +66,83 @@ def test_flags_override_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert settings.topic_prefix == 'from-flag'
     assert settings.media_threshold_bytes == 4096
     assert settings.s3_bucket == 'env-bucket'
+
+
+def test_security_settings_round_trip_and_hide_the_password(tmp_path: Path) -> None:
+    secret_file = tmp_path / 'kafka-password'
+    secret_file.write_text('s3cr3t\n')  # as a mounted secret often ends
+    env = {
+        'STEPSTREAM_SECURITY_PROTOCOL': 'sasl_ssl',
+        'STEPSTREAM_SASL_MECHANISM': 'scram-sha-512',
+        'STEPSTREAM_SASL_USERNAME': 'producer',
+        'STEPSTREAM_SASL_PASSWORD_FILE': str(secret_file),
+        'STEPSTREAM_SSL_CAFILE': '/etc/kafka/ca.pem',
+    }
+    settings = Settings.from_env(env)
+    assert settings.security_protocol == 'SASL_SSL' and settings.sasl_mechanism == 'SCRAM-SHA-512'
+    assert settings.sasl_password is not None and settings.sasl_password.get_secret_value() == 's3cr3t'
+    assert 's3cr3t' not in repr(settings) and 's3cr3t' not in str(settings.sasl_password)
+    # A child process is handed the secret itself, and reads back the same settings.
+    assert settings.to_env()['STEPSTREAM_SASL_PASSWORD'] == 's3cr3t'
+    assert Settings.from_env(settings.to_env()) == settings
+
+
+def test_the_password_has_no_flag_and_one_source() -> None:
+    parser = argparse.ArgumentParser()
+    Settings.add_arguments(parser)
+    assert '--sasl-password' not in parser.format_help()
+    assert '--sasl-username' in parser.format_help()
+    with pytest.raises(ValueError, match='not both'):
+        Settings.from_env({'STEPSTREAM_SASL_PASSWORD': 'a', 'STEPSTREAM_SASL_PASSWORD_FILE': '/x'})
+    with pytest.raises(ValueError, match=r'STEPSTREAM_SASL_PASSWORD_FILE=.*cannot be read'):
+        Settings.from_env({'STEPSTREAM_SASL_PASSWORD_FILE': '/nonexistent/password'})
+
+
+@pytest.mark.parametrize(
+    ('fields', 'message'),
+    [
+        ({'security_protocol': 'TLS'}, 'STEPSTREAM_SECURITY_PROTOCOL .* must be one of'),
+        ({'security_protocol': 'SASL_SSL'}, 'needs STEPSTREAM_SASL_MECHANISM'),
+        ({'security_protocol': 'SASL_SSL', 'sasl_mechanism': 'GSSAPI'}, r'STEPSTREAM_SASL_MECHANISM .* one'),
+        ({'security_protocol': 'SASL_SSL', 'sasl_mechanism': 'PLAIN'}, 'needs STEPSTREAM_SASL_USERNAME'),
+        (
+            {'security_protocol': 'SASL_SSL', 'sasl_mechanism': 'OAUTHBEARER'},
+            'needs STEPSTREAM_SASL_OAUTH_TOKEN_PROVIDER',
+        ),
+        ({'sasl_mechanism': 'PLAIN', 'sasl_username': 'u'}, 'SASL credentials are set but'),
+        ({'ssl_cafile': '/ca.pem'}, 'TLS files are set but'),
+        ({'security_protocol': 'SSL', 'ssl_keyfile': '/k.pem'}, 'STEPSTREAM_SSL_KEYFILE .* without'),
+    ],
+)
+def test_a_security_setup_that_cannot_work_is_refused_naming_the_variable(
+    fields: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        Settings(**fields)  # type: ignore[arg-type]
+
+
+def test_one_place_builds_every_kafka_client_s_options(tmp_path: Path) -> None:
+    from aiokafka.abc import AbstractTokenProvider
+
+    from stepstream.kafka_client import client_options
+
+    plain = client_options(Settings())
+    assert plain == {'bootstrap_servers': '127.0.0.1:9092', 'security_protocol': 'PLAINTEXT'}
+    scram = client_options(
+        Settings(
+            security_protocol='SASL_SSL',
+            sasl_mechanism='SCRAM-SHA-256',
+            sasl_username='u',
+            sasl_password=SecretStr('p'),
+        )
+    )
+    assert scram['sasl_plain_username'] == 'u' and scram['sasl_plain_password'] == 'p'
+    assert scram['ssl_context'].check_hostname  # hostname verification stays on
+    oauth = client_options(
+        Settings(
+            security_protocol='SASL_SSL',
+            sasl_mechanism='OAUTHBEARER',
+            sasl_oauth_token_provider='secure_kafka:ProducerToken',
+        )
+    )
+    assert isinstance(oauth['sasl_oauth_token_provider'], AbstractTokenProvider)

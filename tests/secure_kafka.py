@@ -1,0 +1,377 @@
+"""A secured Apache Kafka for the security tests: a CA made at test time, SCRAM users, ACLs.
+
+One KRaft node (the embedded Apache Kafka's jars and broker settings) with four listeners:
+
+- `SASL_SSL`: TLS with a broker certificate the test CA signed, SASL SCRAM-SHA-256/512, PLAIN
+  and (unsecured, test-only) OAUTHBEARER;
+- `SSL`: mutual TLS, a client certificate signed by the test CA required; the principal is the
+  certificate's CN (`ssl.principal.mapping.rules`);
+- `PLAINTEXT`: the loopback admin and inter-broker listener, whose anonymous principal is a
+  super user, used by the tests to set up ACLs;
+- `CONTROLLER`: KRaft.
+
+`StandardAuthorizer` is on and nothing is allowed without an ACL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import ipaddress
+import json
+import shlex
+import signal
+import socket
+import subprocess
+import time
+from base64 import urlsafe_b64encode
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiokafka.abc import AbstractTokenProvider
+from aiokafka.admin import AIOKafkaAdminClient
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from stepstream import embedded_kafka
+
+HOST = '127.0.0.1'
+USERS = {name: f'{name}-secret' for name in ('admin', 'producer', 'projector', 'analyst', 'stranger')}
+"""SCRAM users (SHA-256 and SHA-512) and PLAIN users; ACLs decide what each may do."""
+
+DOCS_SECURITY = Path(__file__).resolve().parent.parent / 'docs' / 'security.md'
+
+
+# -- certificates -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Issued:
+    cert: Path
+    key: Path
+
+
+def _name(common_name: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+
+def _write_key(key: ec.EllipticCurvePrivateKey, path: Path) -> None:
+    path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+
+
+class TestCA:
+    """A certificate authority made for one test session: issues server and client certificates."""
+
+    def __init__(self, directory: Path, name: str = 'stepstream test CA') -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.directory = directory
+        self.key = ec.generate_private_key(ec.SECP256R1())
+        now = datetime.datetime.now(datetime.UTC)
+        self.cert = (
+            x509.CertificateBuilder()
+            .subject_name(_name(name))
+            .issuer_name(_name(name))
+            .public_key(self.key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(hours=1))
+            .not_valid_after(now + datetime.timedelta(days=2))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(self.key.public_key()), critical=False)
+            .sign(self.key, hashes.SHA256())
+        )
+        self.cafile = directory / 'ca.pem'
+        self.cafile.write_bytes(self.cert.public_bytes(serialization.Encoding.PEM))
+
+    def issue(self, common_name: str, *, server: bool = False) -> Issued:
+        """A certificate and key for `common_name`; a server one names 127.0.0.1 and localhost."""
+        key = ec.generate_private_key(ec.SECP256R1())
+        now = datetime.datetime.now(datetime.UTC)
+        usages = [ExtendedKeyUsageOID.CLIENT_AUTH] + ([ExtendedKeyUsageOID.SERVER_AUTH] if server else [])
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(_name(common_name))
+            .issuer_name(self.cert.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(hours=1))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+            .add_extension(
+                x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()), critical=False
+            )
+        )
+        if server:
+            names = [x509.IPAddress(ipaddress.ip_address(HOST)), x509.DNSName('localhost')]
+            builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+        cert = builder.sign(self.key, hashes.SHA256())
+        issued = Issued(self.directory / f'{common_name}.crt', self.directory / f'{common_name}.key')
+        issued.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        _write_key(key, issued.key)
+        return issued
+
+
+# -- OAUTHBEARER ------------------------------------------------------------------------------
+
+
+def unsecured_jwt(subject: str) -> str:
+    """An unsigned JWT (`alg: none`), what Kafka's test-only unsecured OAUTHBEARER validator takes."""
+
+    def part(value: dict[str, object]) -> str:
+        return urlsafe_b64encode(json.dumps(value).encode()).rstrip(b'=').decode()
+
+    now = int(time.time())
+    return f'{part({"alg": "none"})}.{part({"sub": subject, "iat": now, "exp": now + 3600})}.'
+
+
+class ProducerToken(AbstractTokenProvider):
+    """The token provider the OAUTHBEARER test names in its settings: tokens for `producer`."""
+
+    async def token(self) -> str:
+        """A fresh unsecured token whose subject is the producer principal."""
+        return unsecured_jwt('producer')
+
+
+# -- the broker -------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+class SecureKafka:
+    """One secured Apache Kafka node; `start()` returns once its admin listener answers."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.ca = TestCA(directory / 'ca')
+        self.broker_cert = self.ca.issue('broker', server=True)
+        self.clients = {name: self.ca.issue(name) for name in ('producer', 'projector')}
+        self.other_ca = TestCA(directory / 'other-ca', 'some other CA')
+        self.stranger_cert = self.other_ca.issue('producer')  # right name, wrong CA
+        keystore = directory / 'broker-keystore.pem'  # Kafka's PEM key store: key, then chain
+        keystore.write_bytes(self.broker_cert.key.read_bytes() + self.broker_cert.cert.read_bytes())
+        self.plaintext_port, self.sasl_ssl_port, self.ssl_port = _free_port(), _free_port(), _free_port()
+        controller = _free_port()
+        jaas = {
+            'scram-sha-256': 'org.apache.kafka.common.security.scram.ScramLoginModule required;',
+            'scram-sha-512': 'org.apache.kafka.common.security.scram.ScramLoginModule required;',
+            'plain': 'org.apache.kafka.common.security.plain.PlainLoginModule required '
+            + ' '.join(f'user_{name}="{password}"' for name, password in USERS.items())
+            + ';',
+            'oauthbearer': 'org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required;',
+        }
+        overrides = {
+            'listeners': (
+                f'PLAINTEXT://{HOST}:{self.plaintext_port},CONTROLLER://{HOST}:{controller},'
+                f'SASL_SSL://{HOST}:{self.sasl_ssl_port},SSL://{HOST}:{self.ssl_port}'
+            ),
+            'advertised.listeners': (
+                f'PLAINTEXT://{HOST}:{self.plaintext_port},SASL_SSL://{HOST}:{self.sasl_ssl_port},'
+                f'SSL://{HOST}:{self.ssl_port}'
+            ),
+            'listener.security.protocol.map': (
+                'PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_SSL:SASL_SSL,SSL:SSL'
+            ),
+            'sasl.enabled.mechanisms': 'SCRAM-SHA-256,SCRAM-SHA-512,PLAIN,OAUTHBEARER',
+            **{f'listener.name.sasl_ssl.{m}.sasl.jaas.config': config for m, config in jaas.items()},
+            'ssl.keystore.type': 'PEM',
+            'ssl.keystore.location': str(keystore),
+            'ssl.truststore.type': 'PEM',
+            'ssl.truststore.location': str(self.ca.cafile),
+            'listener.name.ssl.ssl.client.auth': 'required',
+            'ssl.principal.mapping.rules': 'RULE:^CN=([^,]+)$/$1/,DEFAULT',
+            'authorizer.class.name': 'org.apache.kafka.metadata.authorizer.StandardAuthorizer',
+            'super.users': 'User:ANONYMOUS',
+            'allow.everyone.if.no.acl.found': 'false',
+        }
+        self.java = embedded_kafka.java_binary()
+        self.lib = embedded_kafka.resolve_jars()
+        self.properties = directory / 'server.properties'
+        self.properties.write_text(
+            embedded_kafka.server_properties(
+                host=HOST,
+                port=self.plaintext_port,
+                controller_port=controller,
+                log_dir=directory / 'log',
+                overrides=overrides,
+            )
+        )
+        self.log = directory / 'kafka.log'
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def admin_bootstrap(self) -> str:
+        """The plaintext listener; its anonymous principal is a super user (for test setup only)."""
+        return f'{HOST}:{self.plaintext_port}'
+
+    @property
+    def sasl_ssl_bootstrap(self) -> str:
+        return f'{HOST}:{self.sasl_ssl_port}'
+
+    @property
+    def ssl_bootstrap(self) -> str:
+        return f'{HOST}:{self.ssl_port}'
+
+    async def start(self, timeout: float = 90) -> None:
+        subprocess.run(
+            embedded_kafka.format_command(
+                self.java, self.lib, self.properties, embedded_kafka.new_cluster_id(), scram_users=USERS
+            ),
+            check=True,
+            capture_output=True,
+        )
+        with open(self.log, 'ab') as log:
+            self.process = subprocess.Popen(
+                embedded_kafka.broker_command(self.java, self.lib, self.properties),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(f'the secured broker exited: see {self.log}')
+            with contextlib.suppress(Exception):
+                admin = AIOKafkaAdminClient(bootstrap_servers=self.admin_bootstrap, request_timeout_ms=3000)
+                await asyncio.wait_for(admin.start(), 5)
+                try:
+                    if (await asyncio.wait_for(admin.describe_cluster(), 5))['brokers']:
+                        return
+                finally:
+                    await admin.close()
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError(f'the secured broker did not answer within {timeout}s: see {self.log}')
+            await asyncio.sleep(0.3)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+# -- ACLs, as docs/security.md writes them ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AclRule:
+    """One `kafka-acls.sh --add` command of docs/security.md: a principal, operations, resources."""
+
+    principal: str
+    operations: tuple[str, ...]
+    topics: tuple[str, ...] = ()
+    groups: tuple[str, ...] = ()
+    cluster: bool = False
+    prefixed: bool = False
+
+
+def documented_acl_rules() -> Iterator[AclRule]:
+    """The `kafka-acls.sh ... --add` commands in the code blocks of docs/security.md."""
+    text = DOCS_SECURITY.read_text()
+    for block in text.split('```sh')[1:]:
+        code = block.split('```')[0].replace('\\\n', ' ')
+        for line in code.splitlines():
+            words = shlex.split(line, comments=True)
+            if not words or not words[0].endswith('kafka-acls.sh') or '--add' not in words:
+                continue
+            values: dict[str, list[str]] = {}
+            flags = set()
+            it = iter(words[1:])
+            for word in it:
+                if word in ('--add', '--cluster'):
+                    flags.add(word)
+                elif word.startswith('--'):
+                    values.setdefault(word, []).append(next(it))
+            yield AclRule(
+                principal=values['--allow-principal'][0],
+                operations=tuple(values['--operation']),
+                topics=tuple(values.get('--topic', ())),
+                groups=tuple(values.get('--group', ())),
+                cluster='--cluster' in flags,
+                prefixed=values.get('--resource-pattern-type', ['literal'])[0] == 'prefixed',
+            )
+
+
+def grant(admin_bootstrap: str, rules: list[AclRule], *, topic_prefix: str) -> None:
+    """Create the ACLs of `rules` with the `stepstream` topic prefix replaced, and wait until they apply.
+
+    Through librdkafka's admin client (aiokafka has no ACL API), over the super-user listener.
+    """
+    from confluent_kafka.admin import (
+        AclBinding,
+        AclBindingFilter,
+        AclOperation,
+        AclPermissionType,
+        AdminClient,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    def renamed(name: str) -> str:
+        return topic_prefix + name[len('stepstream') :] if name.startswith('stepstream') else name
+
+    bindings = []
+    for rule in rules:
+        pattern = ResourcePatternType.PREFIXED if rule.prefixed else ResourcePatternType.LITERAL
+        resources = [(ResourceType.TOPIC, renamed(t)) for t in rule.topics]
+        resources += [(ResourceType.GROUP, renamed(g)) for g in rule.groups]
+        if rule.cluster:
+            resources.append((ResourceType.BROKER, 'kafka-cluster'))
+        for kind, name in resources:
+            for operation in rule.operations:
+                bindings.append(
+                    AclBinding(
+                        kind,
+                        name,
+                        ResourcePatternType.LITERAL if kind == ResourceType.BROKER else pattern,
+                        rule.principal,
+                        '*',
+                        AclOperation[operation.upper()],
+                        AclPermissionType.ALLOW,
+                    )
+                )
+    admin = AdminClient({'bootstrap.servers': admin_bootstrap})
+    for future in admin.create_acls(bindings).values():
+        future.result(timeout=30)
+    everything = AclBindingFilter(
+        ResourceType.ANY,
+        None,
+        ResourcePatternType.ANY,
+        None,
+        None,
+        AclOperation.ANY,
+        AclPermissionType.ANY,
+    )
+    deadline = time.monotonic() + 30
+    while not set(bindings) <= set(admin.describe_acls(everything).result(timeout=30)):
+        if time.monotonic() > deadline:
+            raise TimeoutError('the ACLs did not show up within 30s')
