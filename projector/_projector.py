@@ -344,7 +344,21 @@ class Projector:
                 self._consumer.seek(tp, offset)
 
     async def _assigned(self, assigned: set[TopicPartition]) -> None:
-        """The group gave this member partitions: open (or restore) their shards and seek."""
+        """The group gave this member partitions: open (or restore) their shards and seek.
+
+        A shard that cannot be opened stops the member (its partitions must not be consumed
+        with nowhere to apply them): the error is raised by `join()` and `__aexit__`.
+        """
+        try:
+            await self._take(assigned)
+        except Exception as exc:
+            log.error('member of %s cannot take its partitions: %s', self.group, exc)
+            self._failure = exc
+            self._stopping = True
+            async with self._progress:
+                self._progress.notify_all()
+
+    async def _take(self, assigned: set[TopicPartition]) -> None:
         numbers = {tp.partition for tp in assigned}
         lopsided = sorted(
             p for p in numbers if any(TopicPartition(t, p) not in assigned for t in self._topics)
@@ -555,6 +569,8 @@ class Projector:
                         await self._apply_batch(batches)
                 if self.checkpoints is not None:
                     await self.checkpoints.maybe_upload(self)
+            if self._failure is not None:  # set by a failed assignment
+                raise self._failure
         except asyncio.CancelledError:
             raise
         except AUTHORIZATION_ERRORS as exc:

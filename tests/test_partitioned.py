@@ -15,7 +15,7 @@ import obstore
 import pytest
 from test_cli import cli, orchestrate
 
-from stepstream import Settings
+from stepstream import ProjectionMismatch, Settings
 from stepstream.producer import EventLog
 from stepstream.projector import (
     Checkpoints,
@@ -314,3 +314,17 @@ async def test_members_killed_at_random_lose_nothing_and_restore_from_checkpoint
     await rebuild(settings, tmp_path / 'clean')
     assert verify_paths(tmp_path / 'last', tmp_path / 'clean')[1] is None
     print(f'{KILLS} kills on {BROKER}; {restores} restores logged by the chaos members')
+
+
+async def test_a_member_that_cannot_open_its_shards_stops_with_the_reason(
+    settings: Settings, event_log: EventLog, tmp_path: Path
+) -> None:
+    await write_runs(event_log, 'kept', 1)
+    await event_log.flush()
+    await rebuild(settings, tmp_path / 'proj', max_snapshots_per_run=2)
+    member = Projector(
+        settings, db_path=tmp_path / 'proj', group=f'{settings.topic_prefix}.strict', max_snapshots_per_run=5
+    )
+    with pytest.raises(ProjectionMismatch, match='max_snapshots_per_run=2, not 5'):
+        async with member:
+            await member.join()  # never consumes partitions it has nowhere to apply
