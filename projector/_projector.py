@@ -453,12 +453,17 @@ class Projector:
             with contextlib.suppress(Exception):  # kept in self._failure, raised by __aexit__
                 await self._task
             self._task = None
-        if self._consumer is not None:
-            await self._consumer.stop()  # a member's shards are revoked (and closed) here
-            self._consumer = None
-        if self._dlq is not None:
-            await self._dlq.stop()
-            self._dlq = None
+        # A member's shards are revoked (and closed) as its consumer leaves the group. With the
+        # broker gone, leaving cannot finish: give up after the ack timeout, since the shards'
+        # offsets are stored with their state and `close()` closes them all the same.
+        for client in (self._consumer, self._dlq):
+            if client is None:
+                continue
+            try:
+                await asyncio.wait_for(client.stop(), self.settings.ack_timeout_s)
+            except TimeoutError:
+                log.warning('the broker did not answer while the projector disconnected; stopping anyway')
+        self._consumer = self._dlq = None
         for shard in self._shards.values():
             shard.db.flush()
 
