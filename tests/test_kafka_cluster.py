@@ -178,8 +178,14 @@ async def test_three_brokers_killed_one_at_a_time_lose_no_acknowledged_record(
         for run_id in completed:  # every record of every acknowledged run is in the log, in order
             run = runs[run_id]
             assert run.status == 'completed' and run.gaps == [] and run.event_count == run.last_seq + 1
-        for run_id, _ in traffic.unavailable:  # and failed runs say so, once the cluster is back
-            assert runs[run_id].status == 'failed', runs[run_id]
+        for run_id, _ in traffic.unavailable:  # and failed runs say so, once the cluster is back,
+            run = runs[run_id]
+            # unless the wait that timed out was for records that landed after all: the
+            # idempotent producer goes on retrying a send its caller stopped waiting for, so a run
+            # told "unavailable" at its last durability point can be whole and completed in the log.
+            assert run.status == 'failed' or (
+                run.status == 'completed' and run.gaps == [] and run.event_count == run.last_seq + 1
+            ), run
         assert all(r.status != 'running' for r in runs.values())
 
         await rebuild(settings, tmp_path / 'clean', timeout=300)
