@@ -14,6 +14,7 @@ zero when there is none) and then to that partition's shard being caught up.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import signal
 import statistics
@@ -81,15 +82,21 @@ class _Member:
 
 
 async def _until(condition: Any, timeout: float = 600.0) -> float:
+    """Wait for `condition()` (a bool, or an awaitable of one) to hold; returns the seconds waited."""
     t0 = time.perf_counter()
-    while not condition():
+    while not await _holds(condition):
         if time.perf_counter() - t0 > timeout:
             raise TimeoutError('the benchmark waited too long')
         await asyncio.sleep(0.02)
     return time.perf_counter() - t0
 
 
-def _applied(path: Path) -> Position:
+async def _holds(condition: Any) -> bool:
+    result = condition()
+    return bool(await result) if inspect.isawaitable(result) else bool(result)
+
+
+def _applied(path: Path) -> dict[tuple[str, int], int]:
     try:
         reader = ProjectionReader.open(path)
     except Exception:  # no shard yet
@@ -98,7 +105,7 @@ def _applied(path: Path) -> Position:
         status = asyncio.run(reader.status())
     finally:
         reader.close()
-    return {tp: offset for tp, offset in status.offsets.items()}  # type: ignore[misc]
+    return dict(status.offsets)
 
 
 def _reached(applied: dict[Any, int], position: Position) -> bool:
@@ -110,18 +117,25 @@ async def members(settings: Settings, count: int, position: Position, workdir: P
     group = f'{settings.topic_prefix}.m{count}'
     path = Path(tempfile.mkdtemp(prefix=f'members{count}-', dir=workdir))
     crew = [_Member(settings, group, path, 0) for _ in range(count)]
-    t0 = time.perf_counter()
     for member in crew:
         await member.start()
-    total = sum(position.values())
-    cpu: list[float] = []
+    # Timed from the moment the group has settled (every partition owned, each member with a
+    # share), so process start and group joins are not counted; records applied before it are.
+    partitions = sorted({tp.partition for tp in position})
+    await _until(
+        lambda: sorted(p for m in crew for p in m.owned) == partitions and all(m.owned for m in crew)
+    )
+    t0 = time.perf_counter()
+    cpu0 = [m.cpu() for m in crew]
+    before = sum((await asyncio.to_thread(_applied, path)).values())
     while True:
         applied = await asyncio.to_thread(_applied, path)
         if _reached(applied, position):
             elapsed = time.perf_counter() - t0
-            cpu = [m.cpu() for m in crew]
+            cpu = [m.cpu() - c for m, c in zip(crew, cpu0, strict=True)]
             break
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.05)
+    total = sum(position.values()) - before
     for member in crew:
         await member.end()
     return {
@@ -130,7 +144,9 @@ async def members(settings: Settings, count: int, position: Position, workdir: P
     }  # fmt: skip
 
 
-async def failover(settings: Settings, trials: int, checkpoints: bool, workdir: Path) -> dict[str, Any]:
+async def failover(
+    settings: Settings, position: Position, trials: int, checkpoints: bool, workdir: Path
+) -> dict[str, Any]:
     """Kill one of two members (each with its own directory) and time until its partitions are
     owned again (and caught up)."""
     group = f'{settings.topic_prefix}.f{int(checkpoints)}'
@@ -157,7 +173,8 @@ async def failover(settings: Settings, trials: int, checkpoints: bool, workdir: 
         await _until(lambda lost=lost, s=survivor: set(lost) <= set(s.owned))
         owned_again.append(time.perf_counter() - t0)
         # Caught up: the survivor's shards reach the end of the log.
-        await _until(lambda s=survivor, lost=lost: _partitions_caught_up(s.db_path, lost))
+        wanted = {tp: offset for tp, offset in position.items() if tp.partition in lost}
+        await _until(lambda s=survivor, w=wanted: _caught_up(s.db_path, w))
         caught_up.append(time.perf_counter() - t0)
         replacement = new_member()
         await replacement.start()
@@ -175,13 +192,8 @@ async def failover(settings: Settings, trials: int, checkpoints: bool, workdir: 
     }
 
 
-def _partitions_caught_up(path: Path, partitions: list[int]) -> bool:
-    reader = ProjectionReader.open(path)
-    try:
-        status = asyncio.run(reader.status())
-    finally:
-        reader.close()
-    return set(partitions) <= set(status.shards)
+async def _caught_up(path: Path, position: Position) -> bool:
+    return _reached(await asyncio.to_thread(_applied, path), position)
 
 
 def _percentiles(values: list[float]) -> dict[str, float]:
@@ -211,10 +223,10 @@ async def run(settings: Settings, scale: Scale, workdir: Path) -> dict[str, Any]
         say(f'  {count} member(s)          {rate:10,.0f} records/s, CPU s per member: {cpu}')
     trials = 3 if scale.quick else 8
     small = fresh(settings, 'w7f')
-    await fill(small, 20_000)
+    _, small_end, _ = await fill(small, 20_000)
     out['failover'] = []
     for checkpoints in (False, True):
-        result = await failover(small, trials, checkpoints, workdir)
+        result = await failover(small, small_end, trials, checkpoints, workdir)
         out['failover'].append(result)
         say(
             f'  failover ({"with" if checkpoints else "no"} checkpoint)  owned again p50 '
