@@ -281,8 +281,8 @@ async def test_members_killed_at_random_lose_nothing_and_restore_from_checkpoint
             await members[victim].kill()
             members[victim] = Member(settings, group, fresh_dir())  # a replacement host: empty disk
             await members[victim].start()
-            await until(
-                lambda: sorted(p for m in members for p in m.owned) == [0, 1, 2], 'the group to settle', 90
+            await until(  # three members, three partitions: settled when each holds one
+                lambda: all(len(m.owned) == 1 for m in members), 'the group to settle', 90
             )
     finally:
         writing.cancel()
