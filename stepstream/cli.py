@@ -123,6 +123,12 @@ def _parser() -> argparse.ArgumentParser:
     for p in (runs, tree, events, snapshot, unresolved, conflicts, status):
         p.add_argument('--json', action='store_true', help='machine-readable output')
 
+    serve = command('serve', _serve, 'Serve the projection over HTTP: a JSON API and the run explorer.')
+    serve.add_argument(
+        '--host', default='127.0.0.1', help='address to bind (beyond loopback: needs STEPSTREAM_SERVE_TOKEN)'
+    )
+    serve.add_argument('--port', type=int, default=8321)
+
     delegate = command('_demo-delegate', _demo_delegate, 'internal: the demo child process', hidden=True)
     delegate.add_argument('--run-id', required=True)
     delegate.add_argument('--parent-run-id', required=True)
@@ -185,6 +191,24 @@ async def _projector(args: argparse.Namespace, settings: Settings) -> int:
             return 1
         print(f'projector: stopping after {projector.records_applied} records', flush=True)
     running.cancel()
+    return 0
+
+
+async def _serve(args: argparse.Namespace, settings: Settings) -> int:
+    try:
+        from stepstream.serve import app_for, check_binding, running
+    except ImportError as exc:
+        raise UsageError(
+            f"stepstream serve needs its extra: pip install 'stepstream[serve]' ({exc})"
+        ) from None
+
+    check_binding(args.host, settings)
+    async with running(app_for(settings), host=args.host, port=args.port) as served:
+        print(
+            f'stepstream serve: explorer at {served.url}/ (API under /api, schema at /openapi.json)',
+            flush=True,
+        )
+        await served.wait()
     return 0
 
 
