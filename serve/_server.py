@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import uvicorn
 from fastapi import FastAPI
@@ -55,16 +55,29 @@ def app_for(
     return create_app(Source(settings, reader, store), token=token, on_close=reader.close if owned else None)
 
 
-class Served:
-    """A running service: its base URL, and a way to wait until uvicorn stops (SIGINT, SIGTERM)."""
+class _Server(uvicorn.Server):
+    """Uvicorn without its signal handling: the caller decides what a signal means (see `Served.stop`)."""
 
-    def __init__(self, url: str, task: asyncio.Task[None]) -> None:
-        """Wrap the uvicorn task serving at `url`."""
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class Served:
+    """A running service: its base URL, a way to stop it, and a way to wait until it stops."""
+
+    def __init__(self, url: str, server: uvicorn.Server, task: asyncio.Task[None]) -> None:
+        """Wrap the uvicorn `server` whose `task` serves at `url`."""
         self.url = url
+        self._server = server
         self._task = task
 
+    def stop(self) -> None:
+        """Finish the requests in flight and stop (safe to call from a signal handler)."""
+        self._server.should_exit = True
+
     async def wait(self) -> None:
-        """Until the server stops by itself (uvicorn ends on SIGINT and SIGTERM)."""
+        """Until the server has stopped."""
         await asyncio.shield(self._task)
 
 
@@ -82,7 +95,7 @@ async def running(
     ```
     """
     config = uvicorn.Config(app, host=host, port=port, log_level='warning', lifespan='on', access_log=False)
-    server = uvicorn.Server(config)
+    server = _Server(config)
     task = asyncio.create_task(server.serve())
     while not server.started:  # uvicorn offers no event for this; it takes a few milliseconds
         if task.done():
@@ -92,7 +105,7 @@ async def running(
     bound_host, bound_port = server.servers[0].sockets[0].getsockname()[:2]
     shown = f'[{bound_host}]' if ':' in bound_host else bound_host
     try:
-        yield Served(f'http://{shown}:{bound_port}', task)
+        yield Served(f'http://{shown}:{bound_port}', server, task)
     finally:
         server.should_exit = True
         await task

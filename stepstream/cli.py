@@ -60,6 +60,9 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument(
         '--data-dir', default='.stepstream', help='where the stack keeps the log and projection'
     )
+    demo.add_argument(
+        '--serve', action='store_true', help='then serve the run explorer on 127.0.0.1:8321 until Ctrl-C'
+    )
 
     projector = command('projector', _projector, 'Run the projector service until SIGTERM or Ctrl-C.')
     projector.add_argument('--max-batch-records', type=int, default=5000)
@@ -138,7 +141,7 @@ def _parser() -> argparse.ArgumentParser:
 async def _demo(args: argparse.Namespace, settings: Settings) -> int:
     from stepstream.demo import run_demo
 
-    await run_demo(args.data_dir)
+    await run_demo(args.data_dir, serve_port=8321 if args.serve else None)
     return 0
 
 
@@ -204,6 +207,8 @@ async def _serve(args: argparse.Namespace, settings: Settings) -> int:
 
     check_binding(args.host, settings)
     async with running(app_for(settings), host=args.host, port=args.port) as served:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            asyncio.get_running_loop().add_signal_handler(sig, served.stop)
         print(
             f'stepstream serve: explorer at {served.url}/ (API under /api, schema at /openapi.json)',
             flush=True,

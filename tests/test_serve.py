@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
+import re
+import signal
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -238,3 +242,33 @@ def test_serving_beyond_loopback_needs_a_token(
     with pytest.raises(SystemExit):
         main(['serve', '--serve-token', 'x'])  # a secret is never a flag
     assert Settings.from_env({'STEPSTREAM_SERVE_TOKEN': 't'}).serve_token is not None
+
+
+@in_module_loop
+async def test_the_serve_command_serves_a_projection_directory(served: Served) -> None:
+    env = {**os.environ, **served.settings.to_env(), 'STEPSTREAM_DB_PATH': str(served.projector.db_path)}
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        '-m',
+        'stepstream.cli',
+        'serve',
+        '--port',
+        '0',
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert child.stdout is not None
+        line = (await asyncio.wait_for(child.stdout.readline(), 60)).decode()
+        url = re.search(r'explorer at (http://127\.0\.0\.1:\d+)/', line)
+        assert url is not None, line
+        async with httpx.AsyncClient(base_url=url.group(1)) as client:
+            run = (await client.get(f'/api/runs/{served.crashed_run}')).json()
+            assert run['status'] == 'failed'
+            assert 'publisher-crash' in (await client.get('/unresolved')).text
+        child.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(child.wait(), 30) == 0
+    finally:
+        if child.returncode is None:
+            child.kill()
+            await child.wait()
