@@ -221,10 +221,14 @@ class Source:
         )
 
     async def _partitions(self, consumer: AIOKafkaConsumer, topic: str) -> list[TopicPartition]:
-        """The topic's partitions (none if it does not exist)."""
-        if topic not in await consumer.topics():
-            return []
-        return [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        """The topic's partitions (none if it does not exist), from fresh cluster metadata.
+
+        `consumer.partitions_for_topic` only knows topics the consumer already asked about (on
+        Apache Kafka a new consumer knows none), so this asks the broker for all of them, as
+        `consumer.topics()` does.
+        """
+        cluster = await consumer._client.fetch_all_metadata()
+        return [TopicPartition(topic, p) for p in sorted(cluster.partitions_for_topic(topic) or ())]
 
     async def _log_ends(self) -> dict[TopicPartition, int]:
         """The end offset of every partition of both log topics."""
