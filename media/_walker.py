@@ -13,24 +13,32 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from pydantic_ai.messages import (
+    AudioUrl,
     BaseToolReturnPart,
     BinaryContent,
+    DocumentUrl,
     FilePart,
+    FileUrl,
+    ImageUrl,
     ModelMessage,
     SpeechPart,
     TextContent,
     TextPart,
     ThinkingPart,
     UserPromptPart,
+    VideoUrl,
 )
 
 from stepstream.media._types import MediaContext, MediaStore, is_media_uri, media_uri_for
 
-__all__ = ['DEFAULT_THRESHOLD_BYTES', 'REFERENCE_PREFIX', 'externalize_media', 'restore_media']
+LinkFor = Callable[[str, str], Awaitable[str]]
+"""`(uri, media_type) -> URL` at which a reader of a linked history fetches that payload."""
+
+__all__ = ['DEFAULT_THRESHOLD_BYTES', 'REFERENCE_PREFIX', 'externalize_media', 'link_media', 'restore_media']
 
 DEFAULT_THRESHOLD_BYTES = 64 * 1024
 """Payloads of at least this many bytes (UTF-8 for text) move to the media store."""
@@ -116,6 +124,35 @@ async def restore_media(messages: Sequence[ModelMessage], store: MediaStore) -> 
     return [_message(m, restorer) for m in messages]
 
 
+async def link_media(
+    messages: Sequence[ModelMessage], store: MediaStore, link_for: LinkFor
+) -> list[ModelMessage]:
+    """A lean history (references in place) made readable without shipping its large binaries.
+
+    Each offloaded `BinaryContent` in a user prompt or a tool return becomes the URL part of its
+    kind (`ImageUrl`, `AudioUrl`, `VideoUrl`, else `DocumentUrl`) at `link_for(uri, media_type)`,
+    so the history is still valid Pydantic AI JSON and a browser fetches the bytes itself.
+    Offloaded text, and binaries of file and speech parts (whose field admits no URL), are
+    restored from `store` as `restore_media` does, hash-checked. Give it a history exactly as
+    the log holds it (`reader.list_snapshots(..., restore=False)`), never a restored one.
+    """
+    collector = _Linker(fetched=None, links={})
+    for m in messages:
+        _message(m, collector)
+    keys = list(collector.wanted)
+    fetched = dict(
+        zip(
+            keys,
+            await _gather([store.get(uri, MediaContext(media_type=media_type)) for uri, media_type in keys]),
+            strict=True,
+        )
+    )
+    link_keys = list(collector.linked)
+    links = dict(zip(link_keys, await _gather([link_for(*key) for key in link_keys]), strict=True))
+    linker = _Linker(fetched=fetched, links=links)
+    return [_message(m, linker) for m in messages]
+
+
 # -- payload rules ------------------------------------------------------------------------------
 
 
@@ -127,6 +164,10 @@ class _Payloads:
 
     def binary(self, content: BinaryContent) -> BinaryContent:
         raise NotImplementedError
+
+    def content_binary(self, content: BinaryContent) -> BinaryContent | FileUrl:
+        """A binary item of a user prompt or tool return, where a URL part may stand instead."""
+        return self.binary(content)
 
 
 class _Externalizer(_Payloads):
@@ -201,6 +242,39 @@ class _Restorer(_Payloads):
         return restored if restored.identifier == identifier else _replace(restored, identifier=identifier)
 
 
+class _Linker(_Restorer):
+    """Restores text and part-level binaries; turns content binaries into URL parts.
+
+    With `fetched=None` it only collects what the second pass needs: payloads to fetch
+    (`wanted`) and references to link (`linked`).
+    """
+
+    def __init__(self, fetched: dict[_Key, bytes] | None, links: dict[_Key, str]) -> None:
+        super().__init__(fetched)
+        self.links = links
+        self.linked: dict[_Key, None] = {}
+
+    def content_binary(self, content: BinaryContent) -> BinaryContent | FileUrl:
+        data = content.data
+        uri = data[len(_PREFIX_BYTES) :].decode('ascii', 'replace') if data.startswith(_PREFIX_BYTES) else ''
+        if not is_media_uri(uri):
+            return self.binary(content)  # inline, or an escaped value: unescape it
+        key = (uri, content.media_type)
+        if self.fetched is None:
+            self.linked[key] = None
+            return content
+        url_part: type[FileUrl] = (
+            ImageUrl
+            if content.is_image
+            else AudioUrl
+            if content.is_audio
+            else VideoUrl
+            if content.is_video
+            else DocumentUrl
+        )
+        return url_part(url=self.links[key], media_type=content.media_type, identifier=content.identifier)
+
+
 # -- where payloads are -------------------------------------------------------------------------
 
 
@@ -242,7 +316,7 @@ def _item(item: Any, payloads: _Payloads) -> Any:
     if isinstance(item, str):
         return payloads.text(item)
     if isinstance(item, BinaryContent):
-        return payloads.binary(item)
+        return payloads.content_binary(item)
     if type(item) is TextContent:  # not StructuredContent, whose text is rendered from its value
         text = payloads.text(item.content)
         return item if text is item.content else _replace(item, content=text)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import itertools
 import json
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
@@ -227,8 +228,22 @@ class ProjectionReader:
         parent_run_id: str | None = None,
         status: str | None = None,
         agent_name: str | None = None,
+        *,
+        newest_first: bool = False,
+        after: str | None = None,
+        limit: int | None = None,
     ) -> list[RunRecord]:
-        """Runs matching every given filter, in the order they started."""
+        """Runs matching every given filter, in the order they started (`newest_first` reverses it).
+
+        Page with `limit` and `after` (the run_id of the last run of the previous page: only
+        runs past it in this order). A page reads the index keys up to its end but decodes only
+        the runs it looks at.
+
+        ```python
+        page = await reader.list_runs(newest_first=True, limit=50)
+        more = await reader.list_runs(newest_first=True, limit=50, after=page[-1].run_id)
+        ```
+        """
 
         def query() -> list[RunRecord]:
             if conversation_id is not None:
@@ -237,9 +252,18 @@ class ProjectionReader:
                 index, prefix = CHILDREN, CHILDREN.prefix(parent_run_id)
             else:
                 index, prefix = RUNS, RUNS.prefix()
-            runs = []
-            for k, _ in self._scan(prefix):
-                run = self._run(index.last_str(k))
+            run_ids: Iterator[str] = (index.last_str(k) for k, _ in self._scan(prefix))
+            if newest_first:
+                run_ids = reversed(list(run_ids))
+            if after is not None:
+                run_ids = itertools.dropwhile(lambda run_id: run_id != after, run_ids)
+                if next(run_ids, None) is None:
+                    raise LookupError(f'after={after!r} is not a run of this listing')
+            runs: list[RunRecord] = []
+            for run_id in run_ids:
+                if limit is not None and len(runs) >= limit:
+                    break
+                run = self._run(run_id)
                 if run is None:
                     continue
                 if parent_run_id is not None and run.parent_run_id != parent_run_id:
@@ -363,13 +387,16 @@ class ProjectionReader:
         *,
         after: int | None = None,
         limit: int | None = None,
+        restore: bool = True,
     ) -> list[ContinuableSnapshot]:
         """Retained snapshots of the run, oldest first, each with its full history.
 
         Page with `after` (a `snapshot_seq`: only later ones) and `limit`. The histories are
         rebuilt in one pass over the deltas, so a page costs what its deltas cost, not the
         square of the run's length; snapshots of one call share their unchanged message
-        objects (copy one before changing it in place).
+        objects (copy one before changing it in place). `restore=False` leaves offloaded media
+        as the references the log holds (no store round trip; `stepstream.media.link_media`
+        turns them into links).
         """
 
         def query() -> tuple[list[SnapshotEntry], set[int]]:
@@ -387,10 +414,12 @@ class ProjectionReader:
             return [e for e in entries if e.snapshot_seq <= last], set(wanted)
 
         entries, wanted = await self._query(query)
-        return await self._materialize(run_id, entries, wanted)
+        return await self._materialize(run_id, entries, wanted, restore=restore)
 
-    async def get_snapshot(self, run_id: str, snapshot_seq: int) -> ContinuableSnapshot | None:
-        """One snapshot by its `snapshot_seq`, of any state, or None."""
+    async def get_snapshot(
+        self, run_id: str, snapshot_seq: int, *, restore: bool = True
+    ) -> ContinuableSnapshot | None:
+        """One snapshot by its `snapshot_seq`, of any state, or None (`restore` as in `list_snapshots`)."""
 
         def query() -> list[SnapshotEntry]:
             entries = self._snapshot_entries(run_id)
@@ -401,13 +430,13 @@ class ProjectionReader:
         entries = await self._query(query)
         if not entries:
             return None
-        return (await self._materialize(run_id, entries, {snapshot_seq}))[0]
+        return (await self._materialize(run_id, entries, {snapshot_seq}, restore=restore))[0]
 
     def _snapshot_entries(self, run_id: str) -> list[SnapshotEntry]:
         return [SnapshotEntry.decode(v) for _, v in scan(self._db(run_id), SNAPSHOT.prefix(run_id))]
 
     async def _materialize(
-        self, run_id: str, entries: list[SnapshotEntry], wanted: set[int]
+        self, run_id: str, entries: list[SnapshotEntry], wanted: set[int], *, restore: bool = True
     ) -> list[ContinuableSnapshot]:
         """Replay the deltas in order: each snapshot is the previous one's prefix plus its tail.
 
@@ -425,7 +454,7 @@ class ProjectionReader:
                     f'history of {len(history)}; the log holds a corrupt delta'
                 )
             del history[entry.prefix_len :]
-            history.extend(await restore_media(tail, store))
+            history.extend(await restore_media(tail, store) if restore else tail)
             if entry.snapshot_seq in wanted:
                 out.append(
                     ContinuableSnapshot(

@@ -60,6 +60,9 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument(
         '--data-dir', default='.stepstream', help='where the stack keeps the log and projection'
     )
+    demo.add_argument(
+        '--serve', action='store_true', help='then serve the run explorer on 127.0.0.1:8321 until Ctrl-C'
+    )
 
     projector = command('projector', _projector, 'Run the projector service until SIGTERM or Ctrl-C.')
     projector.add_argument('--max-batch-records', type=int, default=5000)
@@ -123,6 +126,12 @@ def _parser() -> argparse.ArgumentParser:
     for p in (runs, tree, events, snapshot, unresolved, conflicts, status):
         p.add_argument('--json', action='store_true', help='machine-readable output')
 
+    serve = command('serve', _serve, 'Serve the projection over HTTP: a JSON API and the run explorer.')
+    serve.add_argument(
+        '--host', default='127.0.0.1', help='address to bind (beyond loopback: needs STEPSTREAM_SERVE_TOKEN)'
+    )
+    serve.add_argument('--port', type=int, default=8321)
+
     delegate = command('_demo-delegate', _demo_delegate, 'internal: the demo child process', hidden=True)
     delegate.add_argument('--run-id', required=True)
     delegate.add_argument('--parent-run-id', required=True)
@@ -132,7 +141,7 @@ def _parser() -> argparse.ArgumentParser:
 async def _demo(args: argparse.Namespace, settings: Settings) -> int:
     from stepstream.demo import run_demo
 
-    await run_demo(args.data_dir)
+    await run_demo(args.data_dir, serve_port=8321 if args.serve else None)
     return 0
 
 
@@ -185,6 +194,26 @@ async def _projector(args: argparse.Namespace, settings: Settings) -> int:
             return 1
         print(f'projector: stopping after {projector.records_applied} records', flush=True)
     running.cancel()
+    return 0
+
+
+async def _serve(args: argparse.Namespace, settings: Settings) -> int:
+    try:
+        from stepstream.serve import app_for, check_binding, running
+    except ImportError as exc:
+        raise UsageError(
+            f"stepstream serve needs its extra: pip install 'stepstream[serve]' ({exc})"
+        ) from None
+
+    check_binding(args.host, settings)
+    async with running(app_for(settings), host=args.host, port=args.port) as served:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            asyncio.get_running_loop().add_signal_handler(sig, served.stop)
+        print(
+            f'stepstream serve: explorer at {served.url}/ (API under /api, schema at /openapi.json)',
+            flush=True,
+        )
+        await served.wait()
     return 0
 
 

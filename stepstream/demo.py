@@ -92,8 +92,12 @@ async def _publish_in_child(settings: Settings, reader: ProjectionReader, parent
     return f'publisher {run_id} was killed in the middle of send_announcement'
 
 
-async def run_demo(data_dir: str | Path = '.stepstream') -> None:
-    """Run the demo on a durable stack under `data_dir` and print the lineage, events and effects."""
+async def run_demo(data_dir: str | Path = '.stepstream', *, serve_port: int | None = None) -> None:
+    """Run the demo on a durable stack under `data_dir` and print the lineage, events and effects.
+
+    With `serve_port`, then serve the run explorer over the demo's projection on that loopback
+    port, with the stack still up (lag, DLQ and media need it), until Ctrl-C.
+    """
     data = Path(data_dir)
     print(f'starting Tansu + SeaweedFS under {data} ...', flush=True)
     async with EmbeddedStack(data / 'stack', durable=True, partitions=3) as stack:
@@ -148,3 +152,11 @@ async def run_demo(data_dir: str | Path = '.stepstream') -> None:
             print(
                 f'\nlog and projection persist under {data}; run `make run` again to see this history grow.'
             )
+            if serve_port is not None:
+                from stepstream.serve import app_for, running
+
+                async with running(app_for(settings, reader=reader), port=serve_port) as served:
+                    for sig in (signal.SIGTERM, signal.SIGINT):
+                        asyncio.get_running_loop().add_signal_handler(sig, served.stop)
+                    print(f'\nrun explorer at {served.url}/ (Ctrl-C stops it and the stack)', flush=True)
+                    await served.wait()

@@ -70,6 +70,9 @@ class Settings:
     """PEM client certificate (chain) for mutual TLS; may also hold the key."""
     ssl_keyfile: str | None = None
     """PEM private key of `ssl_certfile`, when it is not in that file."""
+    serve_token: SecretStr | None = field(default=None, repr=False)
+    """Bearer token `stepstream serve` requires (from `STEPSTREAM_SERVE_TOKEN` or its `_FILE`, never
+    a flag); needed to serve on anything but loopback, and enforced on every request when set."""
 
     def __post_init__(self) -> None:
         if not self.topic_prefix or any(c not in _TOPIC_CHARS for c in self.topic_prefix):
@@ -89,8 +92,9 @@ class Settings:
         """Refuse a security setup that cannot work, naming the variable to change."""
         protocol = self.security_protocol.upper()
         object.__setattr__(self, 'security_protocol', protocol)
-        if isinstance(self.sasl_password, str):  # a plain string from Python code: hide it too
-            object.__setattr__(self, 'sasl_password', SecretStr(self.sasl_password))
+        for secret in SECRET_FIELDS:  # a plain string from Python code: hide it too
+            if isinstance(getattr(self, secret), str):
+                object.__setattr__(self, secret, SecretStr(getattr(self, secret)))
         if protocol not in SECURITY_PROTOCOLS:
             choices = ', '.join(SECURITY_PROTOCOLS)
             raise ValueError(f'{_name("security_protocol")} must be one of {choices}, got {protocol!r}')
@@ -206,7 +210,7 @@ class Settings:
         return cls.from_env(**parsed)
 
 
-SECRET_FIELDS = frozenset({'sasl_password'})
+SECRET_FIELDS = frozenset({'sasl_password', 'serve_token'})
 """Fields read only from the environment or a file, hidden from `repr`, and never a CLI flag."""
 
 _TOPIC_CHARS = frozenset('abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-')

@@ -52,8 +52,9 @@ async def projector(settings: Settings, db_path: Path) -> AsyncIterator[Projecto
         yield running
 
 
-BROKER_INDEPENDENT = {'test_apply_properties', 'test_settings', 'test_compose', 'test_media'}
-"""Modules that never talk to Kafka: run once, in the Tansu pass, not again on Apache Kafka."""
+BROKER_INDEPENDENT = {'test_apply_properties', 'test_settings', 'test_compose', 'test_media', 'test_explorer'}
+"""Modules that never talk to Kafka, and the explorer's browser tests (what a page shows does not
+depend on the broker; test_serve checks the API on both): run once, in the Tansu pass."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

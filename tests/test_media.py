@@ -25,7 +25,9 @@ from pydantic_ai import ModelMessagesTypeAdapter
 from pydantic_ai.messages import (
     BinaryContent,
     BinaryImage,
+    DocumentUrl,
     FilePart,
+    ImageUrl,
     ModelMessage,
     ModelRequest,
     ModelResponse,
@@ -50,6 +52,7 @@ from stepstream.media import (
     MediaStore,
     S3MediaStore,
     externalize_media,
+    link_media,
     make_static_public_url,
     media_uri_for,
     parse_media_uri,
@@ -467,6 +470,34 @@ async def test_messages_below_threshold_are_the_same_objects(tmp_path: Path) -> 
     lean = await externalize_media(history, store, threshold_bytes=150 * KIB)
     assert [new is old for new, old in zip(lean, history, strict=True)] == [False, True, False, True, False]
     assert lean[4].parts[0] is history[4].parts[0]
+
+
+async def test_link_media_turns_offloaded_binaries_into_links_and_restores_text(tmp_path: Path) -> None:
+    store = DiskMediaStore(tmp_path / 'media')
+    history = big_history()
+    lean = await externalize_media(history, store, threshold_bytes=64 * KIB)
+
+    async def link_for(uri: str, media_type: str) -> str:
+        return f'/media/{parse_media_uri(uri)}?type={media_type}'
+
+    linked = await link_media(
+        ModelMessagesTypeAdapter.validate_json(ModelMessagesTypeAdapter.dump_json(lean)), store, link_for
+    )
+    image, pdf = linked[0].parts[0].content[1], linked[4].parts[1].content[1]  # type: ignore[union-attr,index]
+    assert image == ImageUrl(
+        f'/media/{hashlib.sha256(IMAGE).hexdigest()}?type=image/png',
+        media_type='image/png',
+        identifier=image.identifier,
+    )
+    assert isinstance(pdf, DocumentUrl) and pdf.identifier == 'doc-1' and pdf.media_type == 'application/pdf'
+    # Text and a model's file part (which admits no URL) are the originals again.
+    restored = json_round_trip(history)
+    assert linked[1] == restored[1] and linked[2] == restored[2] and linked[3] == restored[3]
+    assert linked[4].parts[1].content[0] == TOOL_OUTPUT  # type: ignore[union-attr,index]
+    # Still Pydantic AI's JSON, and small.
+    dumped = ModelMessagesTypeAdapter.dump_json(linked)
+    assert ModelMessagesTypeAdapter.validate_json(dumped) == linked
+    assert len(dumped) < len(ModelMessagesTypeAdapter.dump_json(history)) - len(IMAGE)
 
 
 async def test_user_text_that_looks_like_a_reference_is_not_misread(tmp_path: Path) -> None:

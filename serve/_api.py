@@ -1,0 +1,187 @@
+"""The JSON API: one route per read of the projection, each answering a model of `_models`."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Path, Query, Request
+from fastapi.responses import Response
+
+from stepstream.serve._models import (
+    DeadLetters,
+    Event,
+    Lineage,
+    Problem,
+    Run,
+    RunPage,
+    Snapshot,
+    SnapshotPage,
+    Status,
+    ToolEffect,
+)
+from stepstream.serve._source import Source
+
+NOT_FOUND: dict[int | str, dict[str, Any]] = {
+    404: {'model': Problem, 'description': 'No such run or snapshot in the projection.'}
+}
+UNAVAILABLE: dict[int | str, dict[str, Any]] = {
+    503: {'model': Problem, 'description': 'A shard this read needs is not readable here (ShardUnavailable).'}
+}
+RunId = Annotated[str, Path(description='The run_id.')]
+SAFE_MEDIA_TYPES = ('image/', 'audio/', 'video/')
+"""Media types served as themselves; anything else is a download, never rendered in our origin."""
+
+router = APIRouter(prefix='/api', responses=UNAVAILABLE)
+
+
+def source(request: Request) -> Source:
+    """The service's `Source` (set by `create_app`)."""
+    found: Source = request.app.state.source
+    return found
+
+
+@router.get('/runs', response_model=RunPage, summary='List runs', responses=NOT_FOUND)
+async def list_runs(
+    request: Request,
+    conversation_id: str | None = None,
+    parent_run_id: str | None = None,
+    status: Literal['running', 'completed', 'failed', 'cancelled'] | None = None,
+    agent_name: str | None = None,
+    order: Annotated[Literal['started', '-started'], Query(description='-started: newest first')] = 'started',
+    after: Annotated[str | None, Query(description="The previous page's next_after.")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+) -> RunPage:
+    """Runs matching every filter, in the order they started (`order=-started`: newest first)."""
+    return await source(request).runs(
+        conversation_id=conversation_id,
+        parent_run_id=parent_run_id,
+        status=status,
+        agent_name=agent_name,
+        newest_first=order == '-started',
+        after=after,
+        limit=limit,
+    )
+
+
+@router.get('/runs/{run_id}', response_model=Run, summary='One run', responses=NOT_FOUND)
+async def get_run(request: Request, run_id: RunId) -> Run:
+    """A run's lineage and status."""
+    return await source(request).run(run_id)
+
+
+@router.get(
+    '/runs/{run_id}/events', response_model=list[Event], summary='Events of a run', responses=NOT_FOUND
+)
+async def list_events(request: Request, run_id: RunId) -> list[Event]:
+    """The run's step events in seq order."""
+    return await source(request).events(run_id)
+
+
+@router.get(
+    '/runs/{run_id}/tool-effects',
+    response_model=list[ToolEffect],
+    summary='Tool effects of a run',
+    responses=NOT_FOUND,
+)
+async def list_tool_effects(request: Request, run_id: RunId) -> list[ToolEffect]:
+    """Every tool effect of the run, in the order the calls started."""
+    return await source(request).effects(run_id)
+
+
+@router.get(
+    '/runs/{run_id}/snapshots', response_model=SnapshotPage, summary='Snapshots of a run', responses=NOT_FOUND
+)
+async def list_snapshots(
+    request: Request,
+    run_id: RunId,
+    after: Annotated[
+        int | None, Query(ge=-1, description='Only snapshots with a later snapshot_seq.')
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> SnapshotPage:
+    """The run's retained snapshots (complete and interrupted), oldest first, without messages."""
+    return await source(request).snapshots(run_id, after=after, limit=limit)
+
+
+@router.get(
+    '/runs/{run_id}/snapshots/latest', response_model=Snapshot, summary='Latest snapshot', responses=NOT_FOUND
+)
+async def latest_snapshot(request: Request, run_id: RunId) -> Snapshot:
+    """The newest snapshot of any state, with its messages."""
+    return await source(request).snapshot_json(run_id)
+
+
+@router.get(
+    '/runs/{run_id}/snapshots/{snapshot_seq}',
+    response_model=Snapshot,
+    summary='One snapshot',
+    responses=NOT_FOUND,
+)
+async def get_snapshot(request: Request, run_id: RunId, snapshot_seq: Annotated[int, Path(ge=0)]) -> Snapshot:
+    """One retained snapshot with its messages (Pydantic AI's JSON, media as links)."""
+    return await source(request).snapshot_json(run_id, snapshot_seq)
+
+
+@router.get('/runs/{run_id}/lineage', response_model=Lineage, summary='Lineage of a run', responses=NOT_FOUND)
+async def lineage(request: Request, run_id: RunId) -> Lineage:
+    """The root of the run's lineage and the whole tree under it."""
+    return await source(request).lineage(run_id)
+
+
+@router.get('/unresolved', response_model=list[ToolEffect], summary='Unresolved tool effects')
+async def unresolved(request: Request) -> list[ToolEffect]:
+    """Every tool effect in `unknown_after_crash`, across all runs, oldest first."""
+    return await source(request).unresolved()
+
+
+@router.get('/conflicts', response_model=list[Run], summary='Run id conflicts')
+async def conflicts(request: Request) -> list[Run]:
+    """Runs whose run_id was claimed by more than one writer."""
+    return await source(request).conflicts()
+
+
+@router.get('/dlq', response_model=DeadLetters, summary='Dead letters')
+async def dead_letters(request: Request, limit: Annotated[int, Query(ge=1, le=1000)] = 50) -> DeadLetters:
+    """The newest records of the `{prefix}.dlq` topic, with why each was dead-lettered."""
+    return await source(request).dead_letters(limit)
+
+
+@router.get('/status', response_model=Status, summary='Projection status and lag')
+async def status(request: Request) -> Status:
+    """Applied offsets, lag per partition, apply rate, DLQ and conflict counts, shards."""
+    return await source(request).status()
+
+
+@router.get(
+    '/media/{sha256}',
+    summary='Offloaded media',
+    response_class=Response,
+    responses={
+        200: {
+            'content': {'application/octet-stream': {}},
+            'description': 'The bytes, checked against sha256.',
+        },
+        **NOT_FOUND,
+        422: {'model': Problem, 'description': 'Not a SHA-256.'},
+    },
+)
+async def media(
+    request: Request,
+    sha256: Annotated[str, Path(pattern='^[0-9a-f]{64}$')],
+    media_type: Annotated[str, Query(max_length=200)] = 'application/octet-stream',
+) -> Response:
+    """The payload whose SHA-256 this is, verified before it is sent.
+
+    Images, audio and video are sent as their type; anything else as a download, so a payload
+    cannot run as a page of this origin.
+    """
+    data = await source(request).media(sha256, media_type)
+    safe = media_type.startswith(SAFE_MEDIA_TYPES) and media_type != 'image/svg+xml'
+    headers = {
+        'X-Content-Type-Options': 'nosniff',
+        'Content-Security-Policy': "sandbox; default-src 'none'",
+        'Cache-Control': 'private, max-age=31536000, immutable',
+    }
+    if not safe:
+        headers['Content-Disposition'] = f'attachment; filename="{sha256[:16]}.bin"'
+    return Response(data, media_type=media_type if safe else 'application/octet-stream', headers=headers)

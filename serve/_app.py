@@ -1,0 +1,97 @@
+"""The ASGI application: the JSON API, the run explorer, and the bearer-token gate in front of both."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from urllib.parse import quote
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+
+from stepstream.errors import StepStreamError
+from stepstream.projector import ShardUnavailable
+from stepstream.serve import _api, _explorer
+from stepstream.serve._auth import authorized
+from stepstream.serve._source import NotFound, Source
+
+PUBLIC_PATHS = ('/login', '/static/')
+PAGE_POLICY = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src * data:; media-src * data:; "
+    "frame-ancestors 'none'; form-action 'self'; base-uri 'none'"
+)
+
+
+def create_app(
+    source: Source, *, token: str | None = None, on_close: Callable[[], None] | None = None
+) -> FastAPI:
+    """The service over `source`: JSON under `/api`, the explorer at `/`, the schema at `/openapi.json`.
+
+    With `token`, every request must carry `Authorization: Bearer <token>` (or the cookie
+    `/login` sets); `on_close` runs when the application shuts down.
+    """
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            if on_close is not None:
+                on_close()
+
+    app = FastAPI(
+        title='stepstream',
+        summary='The read model of a stepstream projection: runs, lineage, events, snapshots, tool effects.',
+        version='1',
+        docs_url=None,  # Swagger UI loads its assets from a CDN; the schema is at /openapi.json
+        redoc_url=None,
+        lifespan=lifespan,
+    )
+    app.state.source = source
+    app.state.token = token
+    app.include_router(_api.router)
+    app.include_router(_explorer.router)
+    app.mount('/static', StaticFiles(directory=Path(__file__).parent / 'static'), name='static')
+
+    @app.exception_handler(NotFound)
+    async def not_found(request: Request, exc: NotFound) -> Response:
+        return _problem(request, 404, str(exc))
+
+    @app.exception_handler(ShardUnavailable)
+    async def shard_unavailable(request: Request, exc: ShardUnavailable) -> Response:
+        return _problem(request, 503, str(exc))
+
+    @app.exception_handler(StepStreamError)
+    async def broken(request: Request, exc: StepStreamError) -> Response:
+        return _problem(request, 500, str(exc))
+
+    @app.middleware('http')
+    async def gate(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        if (
+            token is not None
+            and not request.url.path.startswith(PUBLIC_PATHS)
+            and not authorized(request, token)
+        ):
+            if request.url.path.startswith('/api') or request.url.path == '/openapi.json':
+                return JSONResponse(
+                    {'detail': 'a bearer token is required: Authorization: Bearer <STEPSTREAM_SERVE_TOKEN>'},
+                    status_code=401,
+                    headers={'WWW-Authenticate': 'Bearer'},
+                )
+            target = request.url.path + (f'?{request.url.query}' if request.url.query else '')
+            return RedirectResponse(f'/login?next={quote(target)}', status_code=303)
+        response = await call_next(request)
+        response.headers.setdefault('Content-Security-Policy', PAGE_POLICY)
+        response.headers.setdefault('X-Content-Type-Options', 'nosniff')
+        response.headers.setdefault('Referrer-Policy', 'no-referrer')
+        return response
+
+    return app
+
+
+def _problem(request: Request, status: int, detail: str) -> Response:
+    if request.url.path.startswith('/api'):
+        return JSONResponse({'detail': detail}, status_code=status)
+    return _explorer.error_page(request, status, detail)

@@ -1,0 +1,185 @@
+"""The run explorer: server-rendered pages over the same `Source` the JSON API reads.
+
+No build step: Jinja templates and one small script and stylesheet, committed beside this file.
+Every page is a plain GET, so a link to it can be shared; the only form that posts is `/login`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import parse_qs, urlencode
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
+
+from stepstream.serve._auth import TOKEN_COOKIE, token_matches
+from stepstream.serve._source import NotFound, Source
+from stepstream.serve._views import diff, message_views
+
+templates = Jinja2Templates(directory=Path(__file__).parent / 'templates')
+router = APIRouter(include_in_schema=False, default_response_class=HTMLResponse)
+STATUSES = ('running', 'completed', 'failed', 'cancelled')
+
+
+def _source(request: Request) -> Source:
+    found: Source = request.app.state.source
+    return found
+
+
+def _page(request: Request, name: str, code: int = 200, **context: Any) -> HTMLResponse:
+    return templates.TemplateResponse(request, name, context, status_code=code)
+
+
+def error_page(request: Request, status_code: int, detail: str) -> Response:
+    """The explorer's page for a failed read (no such run, a shard not readable here, ...)."""
+    return _page(request, 'error.html', status_code, status_code=status_code, detail=detail)
+
+
+@router.get('/')
+async def runs(
+    request: Request,
+    conversation_id: str = '',
+    agent_name: str = '',
+    status: str = '',
+    parent_run_id: str = '',
+    after: str = '',
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    rows: bool = False,
+) -> Response:
+    """The runs, newest first, with filters; `rows=1` gives only the table body (live refresh)."""
+    filters = {
+        'conversation_id': conversation_id,
+        'agent_name': agent_name,
+        'status': status if status in STATUSES else '',
+        'parent_run_id': parent_run_id,
+    }
+    page = await _source(request).runs(
+        **{k: v or None for k, v in filters.items()}, newest_first=True, after=after or None, limit=limit
+    )
+    query = {k: v for k, v in filters.items() if v}
+    more = f'/?{urlencode({**query, "after": page.next_after})}' if page.next_after else None
+    live = f'/?{urlencode({**query, "rows": 1, **({"after": after} if after else {})})}'
+    name = '_runs_rows.html' if rows else 'runs.html'
+    return _page(request, name, page=page, filters=filters, statuses=STATUSES, more=more, live=live)
+
+
+@router.get('/runs/{run_id}')
+async def run(request: Request, run_id: str) -> Response:
+    """A run: status, lineage, the timeline of its steps and effects, its snapshots."""
+    source = _source(request)
+    record = await source.run(run_id)
+    lineage = await source.lineage(run_id)
+    children = (await source.runs(parent_run_id=run_id, limit=1000)).runs
+    siblings = []
+    if record.conversation_id is not None:
+        conversation = await source.runs(conversation_id=record.conversation_id, limit=1000)
+        siblings = [r for r in conversation.runs if r.run_id != run_id]
+    parent = None
+    if record.parent_run_id is not None:
+        parent = next((n.run for n in lineage.tree if n.run.run_id == record.parent_run_id), None)
+    effects = await source.effects(run_id)
+    events = await source.events(run_id)
+    snapshots = (await source.snapshots(run_id, limit=1000)).snapshots
+    latest = None
+    if snapshots:
+        snap = await source.snapshot(run_id, snapshots[-1].snapshot_seq)
+        latest = message_views(snap.messages)
+    return _page(
+        request,
+        'run.html',
+        run=record,
+        lineage=lineage,
+        parent=parent,
+        children=children,
+        siblings=siblings,
+        events=events,
+        effects={e.tool_call_id: e for e in effects},
+        unknown=[e for e in effects if e.unknown_after_crash],
+        snapshots=snapshots,
+        latest=latest,
+    )
+
+
+@router.get('/runs/{run_id}/snapshots/{snapshot_seq}')
+async def snapshot(request: Request, run_id: str, snapshot_seq: int) -> Response:
+    """One snapshot's history, rendered."""
+    source = _source(request)
+    record = await source.run(run_id)
+    snap = await source.snapshot(run_id, snapshot_seq)
+    summaries = (await source.snapshots(run_id, limit=1000)).snapshots
+    return _page(
+        request,
+        'snapshot.html',
+        run=record,
+        snapshot=snap,
+        messages=message_views(snap.messages),
+        snapshots=summaries,
+    )
+
+
+@router.get('/runs/{run_id}/diff')
+async def snapshot_diff(
+    request: Request, run_id: str, a: int | None = None, b: int | None = None
+) -> Response:
+    """Two snapshots of a run side by side: what stayed, what changed, what was added."""
+    source = _source(request)
+    record = await source.run(run_id)
+    summaries = (await source.snapshots(run_id, limit=1000)).snapshots
+    if not summaries:
+        raise NotFound(f'run {run_id!r} has no snapshots to compare')
+    seqs = [s.snapshot_seq for s in summaries]
+    b = seqs[-1] if b is None else b
+    a = (seqs[-2] if len(seqs) > 1 else seqs[-1]) if a is None else a
+    left, right = await source.snapshot(run_id, a), await source.snapshot(run_id, b)
+    return _page(
+        request, 'diff.html', run=record, a=a, b=b, seqs=seqs, rows=diff(left.messages, right.messages)
+    )
+
+
+@router.get('/unresolved')
+async def unresolved(request: Request) -> Response:
+    """Every tool effect in `unknown_after_crash`, across runs."""
+    return _page(request, 'unresolved.html', effects=await _source(request).unresolved())
+
+
+@router.get('/status')
+async def status(request: Request, rows: bool = False) -> Response:
+    """Lag per partition, apply rate, DLQ counts and the newest dead letters."""
+    source = _source(request)
+    name = '_status_body.html' if rows else 'status.html'
+    return _page(
+        request,
+        name,
+        status=await source.status(),
+        dlq=await source.dead_letters(50),
+        conflicts=await source.conflicts(),
+    )
+
+
+@router.get('/login')
+async def login_form(request: Request, next: str = '/') -> Response:
+    """Asks for the service's bearer token (kept in a cookie for the explorer's pages)."""
+    return _page(request, 'login.html', next=_local(next), failed=False)
+
+
+@router.post('/login')
+async def login(request: Request) -> Response:
+    """Checks the token; on success sets the cookie and goes where the person was going."""
+    form = parse_qs((await request.body()).decode('utf-8', 'replace'))
+    given, target = form.get('token', [''])[0], _local(form.get('next', ['/'])[0])
+    token: str | None = request.app.state.token
+    if token is None:
+        return RedirectResponse(target, status_code=303)
+    if not token_matches(given, token):
+        return _page(request, 'login.html', 401, next=target, failed=True)
+    response = RedirectResponse(target, status_code=303)
+    response.set_cookie(TOKEN_COOKIE, given, httponly=True, samesite='strict', path='/')
+    return response
+
+
+def _local(target: str) -> str:
+    """Only a path of this service: `/login?next=` must never send a person elsewhere."""
+    local = target.startswith('/') and not target.startswith('//') and '\\' not in target
+    return target if local else '/'

@@ -1,0 +1,268 @@
+"""The API's response models: what every JSON endpoint returns, and so what its OpenAPI schema says.
+
+They are Pydantic models built from the read-side records (`RunRecord`, `StepEvent`,
+`ToolEffectRecord`, ...) rather than those dataclasses themselves, so the wire shape of the API
+is written down here and does not change when a record grows an internal field.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from stepstream.projector import ProjectionStatus
+from stepstream.schemas import RunRecord, StepEvent, ToolEffectRecord
+
+
+class Run(BaseModel):
+    """Lineage and status of one run."""
+
+    run_id: str
+    conversation_id: str | None
+    parent_run_id: str | None
+    agent_name: str | None
+    metadata: dict[str, str]
+    started_at: datetime | None
+    registration_id: str | None = Field(description='The writer_id that registered the run.')
+    status: str = Field(description='running | completed | failed | cancelled')
+    ended_at: datetime | None
+    error: str | None
+    event_count: int
+    last_seq: int
+    gaps: list[tuple[int, int]] = Field(description='Inclusive ranges of seq that never arrived.')
+    conflicting_writers: list[str]
+    rejected: dict[str, int] = Field(description="This run's records that went to the DLQ, by reason.")
+
+    @classmethod
+    def of(cls, run: RunRecord) -> Run:
+        """The API shape of a `RunRecord`."""
+        return cls(
+            run_id=run.run_id,
+            conversation_id=run.conversation_id,
+            parent_run_id=run.parent_run_id,
+            agent_name=run.agent_name,
+            metadata=run.metadata,
+            started_at=run.started_at,
+            registration_id=run.registration_id,
+            status=run.status,
+            ended_at=run.ended_at,
+            error=run.error,
+            event_count=run.event_count,
+            last_seq=run.last_seq,
+            gaps=run.gaps,
+            conflicting_writers=run.conflicting_writers,
+            rejected=run.rejected,
+        )
+
+
+class RunPage(BaseModel):
+    """One page of runs and the cursor of the next."""
+
+    runs: list[Run]
+    next_after: str | None = Field(
+        description='Pass as `after` for the next page; null when this page is the last.'
+    )
+
+
+class Event(BaseModel):
+    """One step event; a `snapshot_saved` event names its snapshot but does not carry its messages."""
+
+    run_id: str
+    seq: int
+    writer_id: str
+    timestamp: datetime
+    kind: str
+    step_index: int
+    agent_name: str | None
+    conversation_id: str | None
+    parent_run_id: str | None
+    tool_call_id: str | None
+    tool_name: str | None
+    error: str | None
+    metadata: dict[str, str]
+    idempotency_key: str | None
+    snapshot_seq: int | None = Field(description='For snapshot_saved: the snapshot it saved.')
+    snapshot_state: str | None = Field(description='For snapshot_saved: complete | interrupted.')
+
+    @classmethod
+    def of(cls, event: StepEvent) -> Event:
+        """The API shape of a `StepEvent`."""
+        return cls(
+            run_id=event.run_id,
+            seq=event.seq,
+            writer_id=event.writer_id,
+            timestamp=event.timestamp,
+            kind=event.kind,
+            step_index=event.step_index,
+            agent_name=event.agent_name,
+            conversation_id=event.conversation_id,
+            parent_run_id=event.parent_run_id,
+            tool_call_id=event.tool_call_id,
+            tool_name=event.tool_name,
+            error=event.error,
+            metadata=event.metadata,
+            idempotency_key=event.idempotency_key,
+            snapshot_seq=event.snapshot.snapshot_seq if event.snapshot else None,
+            snapshot_state=event.snapshot.state if event.snapshot else None,
+        )
+
+
+class ToolEffect(BaseModel):
+    """The merged state of one tool call's side effect."""
+
+    run_id: str
+    tool_call_id: str
+    tool_name: str
+    status: str = Field(description='started | annotated | completed | failed')
+    unknown_after_crash: bool = Field(
+        description='No terminal transition: the side effect may or may not have happened.'
+    )
+    started_at: datetime | None
+    ended_at: datetime | None
+    idempotency_key: str | None
+    effect_summary: str | None
+    error: str | None
+    last_seq: int
+
+    @classmethod
+    def of(cls, effect: ToolEffectRecord) -> ToolEffect:
+        """The API shape of a `ToolEffectRecord`."""
+        return cls(
+            run_id=effect.run_id,
+            tool_call_id=effect.tool_call_id,
+            tool_name=effect.tool_name,
+            status=effect.status,
+            unknown_after_crash=effect.unknown_after_crash,
+            started_at=effect.started_at,
+            ended_at=effect.ended_at,
+            idempotency_key=effect.idempotency_key,
+            effect_summary=effect.effect_summary,
+            error=effect.error,
+            last_seq=effect.last_seq,
+        )
+
+
+class SnapshotSummary(BaseModel):
+    """A retained snapshot, without its messages."""
+
+    run_id: str
+    snapshot_seq: int
+    seq: int
+    step_index: int
+    state: str = Field(description='complete | interrupted')
+    timestamp: datetime | None
+    idempotency_key: str | None
+    message_count: int
+
+
+class Snapshot(SnapshotSummary):
+    """A snapshot with its full message history."""
+
+    messages: list[dict[str, Any]] = Field(
+        description=(
+            "Pydantic AI's JSON of the history (`ModelMessagesTypeAdapter.validate_python` reads it "
+            'back). Offloaded binaries are URL parts (`image-url`, `document-url`, ...) whose `url` is '
+            "this service's `/api/media/{sha256}` or the media store's public URL."
+        )
+    )
+
+
+class SnapshotPage(BaseModel):
+    """One page of a run's snapshots, oldest first."""
+
+    snapshots: list[SnapshotSummary]
+    next_after: int | None = Field(description='Pass as `after` for the next page; null on the last.')
+
+
+class TreeNode(BaseModel):
+    """A run in a lineage tree, with its depth below the tree's top."""
+
+    depth: int
+    run: Run
+
+
+class Lineage(BaseModel):
+    """A run's place in its lineage: the root of it, and the whole tree under that root."""
+
+    root: Run
+    tree: list[TreeNode] = Field(description='Depth first, children in the order they started.')
+
+
+class DeadLetter(BaseModel):
+    """A record the projector could not apply, as it sits in the `{prefix}.dlq` topic."""
+
+    partition: int
+    offset: int
+    timestamp: datetime | None
+    reason: str | None
+    detail: str | None
+    source_topic: str | None
+    source_partition: int | None
+    source_offset: int | None
+    key: str | None = Field(description='The source record key (the run_id) when it is UTF-8.')
+    value_bytes: int
+    envelope: bool = Field(description='The record was too large: the value is a JSON summary of it.')
+
+
+class DeadLetters(BaseModel):
+    """The newest dead letters of every DLQ partition, newest first."""
+
+    entries: list[DeadLetter]
+    total: int = Field(description='Records the DLQ topic holds (its end offsets minus its start).')
+    error: str | None = Field(description='Why the DLQ could not be read, if it could not.')
+
+
+class PartitionLag(BaseModel):
+    """How far one partition's shard is behind its topic."""
+
+    topic: str
+    partition: int
+    applied: int = Field(description='The next offset the projection will apply.')
+    end: int | None = Field(description='The topic partition end offset; null if the broker did not answer.')
+    lag: int | None
+
+
+class Status(BaseModel):
+    """Where the projection stands."""
+
+    state: str | None = Field(description='live | rebuilding | rebuilt; null before the first start.')
+    topic_prefix: str | None
+    partitions: list[PartitionLag]
+    total_lag: int | None
+    applied_per_second: float
+    updated_at: datetime | None
+    dead_lettered: int
+    dead_lettered_by_reason: dict[str, int]
+    conflicting_runs: int
+    parked_records: int
+    shards: list[int]
+    missing_shards: list[int]
+    broker_error: str | None = Field(description='Why the end offsets are missing, when they are.')
+
+    @classmethod
+    def of(cls, status: ProjectionStatus, partitions: list[PartitionLag], broker_error: str | None) -> Status:
+        """The API shape of a `ProjectionStatus` with the lag the broker told."""
+        lags = [p.lag for p in partitions]
+        return cls(
+            state=status.state,
+            topic_prefix=status.topic_prefix,
+            partitions=partitions,
+            total_lag=None if not lags or None in lags else sum(lag for lag in lags if lag is not None),
+            applied_per_second=status.applied_per_second,
+            updated_at=status.updated_at,
+            dead_lettered=status.dead_lettered,
+            dead_lettered_by_reason=status.dead_lettered_by_reason,
+            conflicting_runs=status.conflicting_runs,
+            parked_records=status.parked_records,
+            shards=status.shards,
+            missing_shards=status.missing_shards,
+            broker_error=broker_error,
+        )
+
+
+class Problem(BaseModel):
+    """Why a request failed."""
+
+    detail: str

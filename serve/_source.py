@@ -1,0 +1,338 @@
+"""What the service reads: the projection, the media store, and what only the broker knows.
+
+The projection is read through `ProjectionReader` only; the broker gives end offsets (for the
+lag) and the DLQ's records.
+
+The API and the explorer both call this one class, so a page and its JSON twin cannot disagree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer
+from aiokafka.errors import KafkaError
+from aiokafka.structs import TopicPartition
+from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
+
+from stepstream.errors import StepStreamError
+from stepstream.kafka_client import client_options
+from stepstream.media import MediaContext, MediaStore, link_media, media_uri_for, parse_media_uri
+from stepstream.projector import ProjectionReader
+from stepstream.schemas import ContinuableSnapshot, RunRecord
+from stepstream.serve._models import (
+    DeadLetter,
+    DeadLetters,
+    Event,
+    Lineage,
+    PartitionLag,
+    Run,
+    RunPage,
+    Snapshot,
+    SnapshotPage,
+    SnapshotSummary,
+    Status,
+    ToolEffect,
+    TreeNode,
+)
+from stepstream.settings import Settings
+
+MEDIA_PATH = '/api/media/'
+"""Where the service serves offloaded media by SHA-256, after checking the bytes against it."""
+
+
+class NotFound(LookupError):
+    """The projection has no such run or snapshot (an HTTP 404)."""
+
+
+class Source:
+    """The read model of one service: a `ProjectionReader`, a media store, and the broker."""
+
+    def __init__(self, settings: Settings, reader: ProjectionReader, media_store: MediaStore | None) -> None:
+        """Serve `reader`'s projection; `media_store` serves offloaded media (None: links fail)."""
+        self.settings = settings
+        self.reader = reader
+        self.media_store = media_store
+
+    # -- runs --------------------------------------------------------------------------------------
+
+    async def runs(
+        self,
+        *,
+        conversation_id: str | None = None,
+        parent_run_id: str | None = None,
+        status: str | None = None,
+        agent_name: str | None = None,
+        newest_first: bool = False,
+        after: str | None = None,
+        limit: int = 50,
+    ) -> RunPage:
+        """One page of runs matching the filters."""
+        try:
+            runs = await self.reader.list_runs(
+                conversation_id=conversation_id,
+                parent_run_id=parent_run_id,
+                status=status,
+                agent_name=agent_name,
+                newest_first=newest_first,
+                after=after,
+                limit=limit + 1,
+            )
+        except LookupError as exc:
+            raise NotFound(str(exc)) from None
+        page = runs[:limit]
+        return RunPage(
+            runs=[Run.of(r) for r in page], next_after=page[-1].run_id if len(runs) > limit else None
+        )
+
+    async def run_record(self, run_id: str) -> RunRecord:
+        """The run, or `NotFound`."""
+        run = await self.reader.get_run(run_id)
+        if run is None:
+            raise NotFound(f'no run {run_id!r} in the projection')
+        return run
+
+    async def run(self, run_id: str) -> Run:
+        """The run, or `NotFound`."""
+        return Run.of(await self.run_record(run_id))
+
+    async def events(self, run_id: str) -> list[Event]:
+        """The run's step events in seq order."""
+        await self.run_record(run_id)
+        return [Event.of(e) for e in await self.reader.list_events(run_id)]
+
+    async def effects(self, run_id: str) -> list[ToolEffect]:
+        """The run's tool effects in the order the calls started."""
+        await self.run_record(run_id)
+        return [ToolEffect.of(e) for e in await self.reader.list_tool_effects(run_id)]
+
+    async def lineage(self, run_id: str) -> Lineage:
+        """The root of the run's lineage and the tree under it."""
+        root = await self.reader.root_of(run_id)
+        if root is None:
+            raise NotFound(f'no run {run_id!r} in the projection')
+        tree = await self.reader.run_tree(root.run_id)
+        depth = {root.run_id: 0}
+        nodes = []
+        for run in tree:
+            depth.setdefault(run.run_id, depth.get(run.parent_run_id or '', -1) + 1)
+            nodes.append(TreeNode(depth=depth[run.run_id], run=Run.of(run)))
+        return Lineage(root=Run.of(root), tree=nodes)
+
+    async def unresolved(self) -> list[ToolEffect]:
+        """Every effect in `unknown_after_crash`, across all runs, oldest first."""
+        return [ToolEffect.of(e) for e in await self.reader.list_unresolved_tool_effects()]
+
+    async def conflicts(self) -> list[Run]:
+        """Runs whose run_id more than one writer claimed."""
+        return [Run.of(r) for r in await self.reader.list_conflicts()]
+
+    # -- snapshots ---------------------------------------------------------------------------------
+
+    async def snapshots(self, run_id: str, *, after: int | None = None, limit: int = 100) -> SnapshotPage:
+        """A page of the run's retained snapshots (any state), without their messages."""
+        await self.run_record(run_id)
+        found = await self.reader.list_snapshots(
+            run_id, include_interrupted=True, after=after, limit=limit + 1, restore=False
+        )
+        page = found[:limit]
+        return SnapshotPage(
+            snapshots=[_summary(s) for s in page],
+            next_after=page[-1].snapshot_seq if len(found) > limit else None,
+        )
+
+    async def snapshot(self, run_id: str, snapshot_seq: int | None = None) -> ContinuableSnapshot:
+        """One snapshot (the latest of any state without `snapshot_seq`), media as links."""
+        if snapshot_seq is None:
+            latest = await self.reader.list_snapshots(run_id, include_interrupted=True, restore=False)
+            found = latest[-1] if latest else None
+        else:
+            found = await self.reader.get_snapshot(run_id, snapshot_seq, restore=False)
+        if found is None:
+            which = 'any snapshot' if snapshot_seq is None else f'snapshot {snapshot_seq}'
+            raise NotFound(f'run {run_id!r} has no {which} in the projection')
+        if self.media_store is None:
+            return found
+        found.messages = await link_media(found.messages, self.media_store, self._link)
+        return found
+
+    async def snapshot_json(self, run_id: str, snapshot_seq: int | None = None) -> Snapshot:
+        """`snapshot` in the API's shape: the messages as Pydantic AI's JSON."""
+        snap = await self.snapshot(run_id, snapshot_seq)
+        return Snapshot(**_summary(snap).model_dump(), messages=messages_json(snap.messages))
+
+    async def _link(self, uri: str, media_type: str) -> str:
+        assert self.media_store is not None
+        public = await self.media_store.public_url(uri, MediaContext(media_type=media_type))
+        if public is not None:
+            return public
+        return f'{MEDIA_PATH}{parse_media_uri(uri)}?media_type={media_type}'
+
+    async def media(self, sha256: str, media_type: str) -> bytes:
+        """The bytes whose SHA-256 is `sha256`, from the media store, checked against it."""
+        if self.media_store is None:
+            raise NotFound('this service has no media store')
+        uri = 'media+sha256://' + sha256
+        parse_media_uri(uri)  # ValueError for anything but 64 lowercase hex digits
+        try:
+            data = await self.media_store.get(uri, MediaContext(media_type=media_type))
+        except LookupError as exc:
+            raise NotFound(str(exc)) from None
+        if media_uri_for(data) != uri:  # the store checks too; a link is only served verified
+            raise StepStreamError(f'the media store returned other bytes for {uri}')
+        return data
+
+    # -- the broker --------------------------------------------------------------------------------
+
+    async def status(self) -> Status:
+        """The projection's status with each partition's lag (end offsets from the broker)."""
+        status = await self.reader.status()
+        applied = status.offsets
+        ends: dict[TopicPartition, int] = {}
+        error = None
+        try:
+            ends = await asyncio.wait_for(self._log_ends(), self.settings.ack_timeout_s * 2)
+        except (KafkaError, OSError, TimeoutError) as exc:
+            error = f'the broker at {self.settings.bootstrap_servers} did not give end offsets: {exc!r}'
+        keys = sorted({*applied, *((tp.topic, tp.partition) for tp in ends)})
+        partitions = []
+        for topic, partition in keys:
+            done, end = applied.get((topic, partition), 0), ends.get(TopicPartition(topic, partition))
+            partitions.append(
+                PartitionLag(
+                    topic=topic,
+                    partition=partition,
+                    applied=done,
+                    end=end,
+                    lag=None if end is None else max(end - done, 0),
+                )
+            )
+        return Status.of(status, partitions, error)
+
+    def _consumer(self) -> AIOKafkaConsumer:
+        timeout_ms = int(self.settings.ack_timeout_s * 1000)
+        return AIOKafkaConsumer(
+            **client_options(self.settings),
+            enable_auto_commit=False,
+            request_timeout_ms=max(timeout_ms, 5000),
+            client_id='stepstream-serve',
+        )
+
+    async def _partitions(self, consumer: AIOKafkaConsumer, topic: str) -> list[TopicPartition]:
+        """The topic's partitions (none if it does not exist), from fresh cluster metadata.
+
+        `consumer.partitions_for_topic` only knows topics the consumer already asked about (on
+        Apache Kafka a new consumer knows none), so this asks the broker for all of them, as
+        `consumer.topics()` does.
+        """
+        cluster = await consumer._client.fetch_all_metadata()
+        return [TopicPartition(topic, p) for p in sorted(cluster.partitions_for_topic(topic) or ())]
+
+    async def _log_ends(self) -> dict[TopicPartition, int]:
+        """The end offset of every partition of both log topics."""
+        consumer = self._consumer()
+        await consumer.start()
+        try:
+            tps = [
+                tp
+                for topic in (self.settings.step_events_topic, self.settings.tool_effects_topic)
+                for tp in await self._partitions(consumer, topic)
+            ]
+            ends: dict[TopicPartition, int] = await consumer.end_offsets(tps) if tps else {}
+            return ends
+        finally:
+            await consumer.stop()
+
+    async def dead_letters(self, limit: int = 50) -> DeadLetters:
+        """The newest `limit` records of the DLQ topic, newest first, read by a short-lived consumer."""
+        try:
+            return await asyncio.wait_for(self._read_dlq(limit), self.settings.ack_timeout_s * 2)
+        except (KafkaError, OSError, TimeoutError) as exc:
+            return DeadLetters(
+                entries=[], total=0, error=f'{self.settings.dlq_topic} could not be read: {exc!r}'
+            )
+
+    async def _read_dlq(self, limit: int) -> DeadLetters:
+        consumer = self._consumer()
+        await consumer.start()
+        try:
+            tps = await self._partitions(consumer, self.settings.dlq_topic)
+            if not tps:
+                return DeadLetters(entries=[], total=0, error=None)
+            starts = await consumer.beginning_offsets(tps)
+            ends = await consumer.end_offsets(tps)
+            consumer.assign(tps)
+            wanted = {}
+            for tp in tps:
+                first = max(starts[tp], ends[tp] - limit)
+                if first < ends[tp]:
+                    consumer.seek(tp, first)
+                    wanted[tp] = ends[tp]
+            entries: list[DeadLetter] = []
+            while wanted:
+                batches = await consumer.getmany(*wanted, timeout_ms=1000)
+                for tp, records in batches.items():
+                    entries.extend(_dead_letter(r) for r in records if r.offset < wanted.get(tp, 0))
+                for tp in list(wanted):
+                    if await consumer.position(tp) >= wanted[tp]:
+                        del wanted[tp]
+                        consumer.pause(tp)
+            entries.sort(
+                key=lambda e: (e.timestamp or datetime.min.replace(tzinfo=UTC), e.offset), reverse=True
+            )
+            return DeadLetters(
+                entries=entries[:limit], total=sum(ends[tp] - starts[tp] for tp in tps), error=None
+            )
+        finally:
+            await consumer.stop()
+
+
+def messages_json(messages: list[ModelMessage]) -> list[dict[str, Any]]:
+    """Pydantic AI's own JSON of a history, as Python values."""
+    dumped: list[dict[str, Any]] = ModelMessagesTypeAdapter.dump_python(messages, mode='json')
+    return dumped
+
+
+def _summary(snap: ContinuableSnapshot) -> SnapshotSummary:
+    return SnapshotSummary(
+        run_id=snap.run_id,
+        snapshot_seq=snap.snapshot_seq,
+        seq=snap.seq,
+        step_index=snap.step_index,
+        state=snap.state,
+        timestamp=snap.timestamp,
+        idempotency_key=snap.idempotency_key,
+        message_count=len(snap.messages),
+    )
+
+
+def _dead_letter(record: Any) -> DeadLetter:
+    headers = {k: v for k, v in record.headers}
+
+    def text(name: str) -> str | None:
+        value = headers.get(name)
+        return None if value is None else value.decode('utf-8', 'replace')
+
+    def number(name: str) -> int | None:
+        value = text(name)
+        return int(value) if value is not None and value.isdigit() else None
+
+    try:
+        key = record.key.decode() if record.key is not None else None
+    except UnicodeDecodeError:
+        key = None
+    return DeadLetter(
+        partition=record.partition,
+        offset=record.offset,
+        timestamp=datetime.fromtimestamp(record.timestamp / 1000, UTC) if record.timestamp >= 0 else None,
+        reason=text('stepstream-dlq-reason'),
+        detail=text('stepstream-dlq-detail'),
+        source_topic=text('stepstream-source-topic'),
+        source_partition=number('stepstream-source-partition'),
+        source_offset=number('stepstream-source-offset'),
+        key=key,
+        value_bytes=len(record.value or b''),
+        envelope=headers.get('stepstream-dlq-envelope') == b'1',
+    )

@@ -1,0 +1,153 @@
+"""What the explorer's templates draw: messages as parts a person reads, and the diff of two histories.
+
+Templates stay free of Pydantic AI's types: each message becomes a `MessageView` of `PartView`s
+(text, an image, a tool call with its arguments, ...), built here once.
+"""
+
+from __future__ import annotations
+
+import base64
+import difflib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic_ai.messages import (
+    BaseToolCallPart,
+    BaseToolReturnPart,
+    BinaryContent,
+    FilePart,
+    FileUrl,
+    ImageUrl,
+    ModelMessage,
+    ModelMessagesTypeAdapter,
+    ModelRequest,
+    RetryPromptPart,
+    SystemPromptPart,
+    TextPart,
+    ThinkingPart,
+    UserPromptPart,
+)
+
+
+@dataclass
+class ItemView:
+    """One piece of a part's content: text, an image, a link to media, or JSON."""
+
+    kind: str
+    """`text`, `image`, `media` or `json`."""
+    text: str = ''
+    src: str = ''
+    media_type: str = ''
+
+
+@dataclass
+class PartView:
+    """One part of a message, as the explorer shows it."""
+
+    kind: str
+    """Pydantic AI's `part_kind` (`user-prompt`, `text`, `tool-call`, `tool-return`, ...)."""
+    title: str
+    items: list[ItemView] = field(default_factory=list)
+    tool_call_id: str | None = None
+
+
+@dataclass
+class MessageView:
+    """One request or response of a history."""
+
+    index: int
+    kind: str
+    """`request` or `response`."""
+    parts: list[PartView]
+
+
+def message_views(messages: list[ModelMessage], start: int = 0) -> list[MessageView]:
+    """The history as the explorer draws it, message `i` numbered `start + i`."""
+    return [
+        MessageView(
+            index=start + i,
+            kind='request' if isinstance(m, ModelRequest) else 'response',
+            parts=[_part(p) for p in m.parts],
+        )
+        for i, m in enumerate(messages)
+    ]
+
+
+def _part(part: Any) -> PartView:
+    kind = getattr(part, 'part_kind', type(part).__name__)
+    if isinstance(part, SystemPromptPart):
+        return PartView(kind, 'system prompt', [ItemView('text', part.content)])
+    if isinstance(part, UserPromptPart):
+        return PartView(kind, 'user', _items(part.content))
+    if isinstance(part, TextPart):
+        return PartView(kind, 'text', [ItemView('text', part.content)])
+    if isinstance(part, ThinkingPart):
+        return PartView(kind, 'thinking', [ItemView('text', part.content)])
+    if isinstance(part, BaseToolCallPart):
+        return PartView(
+            kind,
+            f'tool call: {part.tool_name}',
+            [ItemView('json', _pretty(part.args_as_dict()))],
+            part.tool_call_id,
+        )
+    if isinstance(part, BaseToolReturnPart):
+        return PartView(kind, f'tool return: {part.tool_name}', _items(part.content), part.tool_call_id)
+    if isinstance(part, RetryPromptPart):
+        content = part.content if isinstance(part.content, str) else _pretty(part.content)
+        return PartView(
+            kind, f'retry: {part.tool_name or "output"}', [ItemView('text', content)], part.tool_call_id
+        )
+    if isinstance(part, FilePart):
+        return PartView(kind, 'file', [_item(part.content)])
+    dumped = ModelMessagesTypeAdapter.dump_python([ModelRequest(parts=[part])], mode='json')[0]['parts'][0]
+    return PartView(kind, kind, [ItemView('json', _pretty(dumped))])
+
+
+def _items(content: Any) -> list[ItemView]:
+    if isinstance(content, list | tuple):
+        return [_item(c) for c in content]
+    return [_item(content)]
+
+
+def _item(item: Any) -> ItemView:
+    if isinstance(item, str):
+        return ItemView('text', item)
+    if isinstance(item, BinaryContent):
+        if item.is_image:
+            encoded = base64.b64encode(item.data).decode()
+            return ItemView(
+                'image', src=f'data:{item.media_type};base64,{encoded}', media_type=item.media_type
+            )
+        return ItemView('text', f'[{item.media_type}, {len(item.data)} bytes inline]')
+    if isinstance(item, FileUrl):
+        kind = 'image' if isinstance(item, ImageUrl) else 'media'
+        return ItemView(kind, src=item.url, media_type=item.media_type)
+    return ItemView('json', _pretty(item))
+
+
+def _pretty(value: Any) -> str:
+    try:
+        return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+@dataclass
+class DiffRow:
+    """A stretch of two histories: the same messages, or what one has in place of the other's."""
+
+    op: str
+    """`equal`, `replace`, `delete` (only in the left) or `insert` (only in the right)."""
+    left: list[MessageView]
+    right: list[MessageView]
+
+
+def diff(left: list[ModelMessage], right: list[ModelMessage]) -> list[DiffRow]:
+    """The two histories aligned message by message (messages compared as Pydantic AI's JSON)."""
+    a = [ModelMessagesTypeAdapter.dump_json([m]) for m in left]
+    b = [ModelMessagesTypeAdapter.dump_json([m]) for m in right]
+    rows = []
+    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+        rows.append(DiffRow(op, message_views(left[i1:i2], i1), message_views(right[j1:j2], j1)))
+    return rows

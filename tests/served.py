@@ -1,0 +1,163 @@
+"""A projection built from real agent runs, served by `stepstream serve` in the test's event loop.
+
+The API tests and the browser tests read the same runs: an orchestrator with two delegates
+(lineage), a run whose prompt holds an image the log offloaded to S3, a publisher cancelled in
+the middle of its tool (an effect left `unknown_after_crash`), and a record the projector
+dead-lettered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import struct
+import zlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.structs import TopicPartition
+from pydantic_ai import Agent, RunContext
+from pydantic_ai.messages import BinaryContent
+
+from stepstream import Settings
+from stepstream.media import S3MediaStore
+from stepstream.producer import EventLog, StepPersistence, annotate_tool_effect
+from stepstream.projector import ProjectionReader, Projector
+from stepstream.serve import app_for, running
+
+from agents import answers, calls_then_answers
+
+
+def png(width: int = 48, height: int = 48, seed: int = 7) -> bytes:
+    """A real PNG of random pixels (so it does not compress below the media threshold)."""
+    rng = random.Random(seed)
+    raw = b''.join(b'\x00' + bytes(rng.randrange(256) for _ in range(width * 3)) for _ in range(height))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack('>I', len(data)) + kind + data + struct.pack('>I', zlib.crc32(kind + data))
+
+    header = struct.pack('>IIBBBBB', width, height, 8, 2, 0, 0, 0)
+    return (
+        b'\x89PNG\r\n\x1a\n'
+        + chunk(b'IHDR', header)
+        + chunk(b'IDAT', zlib.compress(raw))
+        + chunk(b'IEND', b'')
+    )
+
+
+IMAGE = png()
+
+
+@dataclass
+class Served:
+    """The served projection and the handles a test needs to add to it."""
+
+    url: str
+    settings: Settings
+    log: EventLog
+    projector: Projector
+    orchestrator_run: str
+    delegate_runs: list[str]
+    image_run: str
+    crashed_run: str = 'publisher-crash'
+
+    async def settle(self) -> None:
+        """Wait until the projection holds everything written so far."""
+        await self.projector.wait_for(await self.log.flush())
+
+    async def add_run(self, conversation_id: str, agent_name: str = 'latecomer') -> str:
+        """One more finished run, applied before this returns; its run_id."""
+        agent = Agent(answers('late'), capabilities=[StepPersistence(log=self.log, agent_name=agent_name)])
+        await agent.run('hello', conversation_id=conversation_id)
+        await self.settle()
+        runs = await self.projector.reader().list_runs(conversation_id=conversation_id)
+        return runs[-1].run_id
+
+
+async def _write_runs(log: EventLog) -> None:
+    researcher = Agent(
+        calls_then_answers('search'), capabilities=[StepPersistence(log=log, agent_name='researcher')]
+    )
+
+    @researcher.tool_plain
+    def search() -> str:
+        return 'found 3 documents'
+
+    orchestrator = Agent(
+        calls_then_answers('research', calls=2),
+        capabilities=[StepPersistence(log=log, agent_name='orchestrator')],
+    )
+
+    @orchestrator.tool_plain
+    async def research() -> str:
+        return (await researcher.run('look it up', conversation_id='conv-serve')).output
+
+    await orchestrator.run('plan the release', conversation_id='conv-serve')
+
+    viewer = Agent(answers('a square of noise'), capabilities=[StepPersistence(log=log, agent_name='viewer')])
+    await viewer.run(
+        ['what is in this image?', BinaryContent(IMAGE, media_type='image/png')], conversation_id='conv-image'
+    )
+
+    publisher = Agent(
+        calls_then_answers('send_announcement'),
+        capabilities=[StepPersistence(log=log, agent_name='publisher', run_id='publisher-crash')],
+    )
+    entered = asyncio.Event()
+
+    @publisher.tool
+    async def send_announcement(ctx: RunContext[Any]) -> str:
+        await annotate_tool_effect(ctx, idempotency_key='announce:#releases', effect_summary='posts to Slack')
+        entered.set()
+        await asyncio.sleep(3600)  # cancelled here, in the middle of the side effect
+        return 'posted'
+
+    task = asyncio.create_task(publisher.run('announce the release', conversation_id='conv-crash'))
+    await asyncio.wait_for(entered.wait(), 30)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+async def _poison(settings: Settings) -> dict[TopicPartition, int]:
+    """A record that is no stepstream record; the position just past it."""
+    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
+    await producer.start()
+    try:
+        sent = await producer.send_and_wait(
+            settings.step_events_topic, b'not an avro record', key=b'poison-run'
+        )
+    finally:
+        await producer.stop()
+    return {TopicPartition(sent.topic, sent.partition): sent.offset + 1}
+
+
+@contextlib.asynccontextmanager
+async def served_projection(settings: Settings, db_path: Path) -> AsyncIterator[Served]:
+    """Write the runs, project them, and serve the projection on a free loopback port."""
+    async with EventLog(settings) as log, Projector(settings, db_path=db_path) as projector:
+        await _write_runs(log)
+        await projector.wait_for(await log.flush())
+        await projector.wait_for(await _poison(settings))
+        reader = projector.reader()
+        [orchestrator] = await reader.list_runs(agent_name='orchestrator')
+        delegates = [r.run_id for r in await reader.list_runs(parent_run_id=orchestrator.run_id)]
+        [image_run] = await reader.list_runs(agent_name='viewer')
+        opened = ProjectionReader.open(db_path, media_store=S3MediaStore.from_settings(settings))
+        try:
+            async with running(app_for(settings, reader=opened), port=0) as server:
+                yield Served(
+                    url=server.url,
+                    settings=settings,
+                    log=log,
+                    projector=projector,
+                    orchestrator_run=orchestrator.run_id,
+                    delegate_runs=delegates,
+                    image_run=image_run.run_id,
+                )
+        finally:
+            opened.close()

@@ -1,0 +1,178 @@
+"""The run explorer in a real Chromium (Debian's, driven by Playwright; no browser is downloaded).
+
+Each test looks at what a person sees: the run listed, the lineage tree, the unknown effect
+highlighted, the image drawn, the diff, the lag and the DLQ. Screenshots go to the test's tmp dir.
+`make test-explorer` runs this module alone.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from stepstream.embedded import EmbeddedStack
+
+from served import Served, served_projection
+
+CHROMIUM = os.environ.get('STEPSTREAM_CHROMIUM') or shutil.which('chromium') or '/usr/bin/chromium'
+LAUNCH_FLAGS = [
+    '--headless',
+    '--no-sandbox',
+    '--disable-gpu',
+    '--disable-quic',
+    '--no-first-run',
+    '--disable-background-networking',
+    '--disable-component-update',
+    '--disable-sync',
+]
+
+pytestmark = [
+    pytest.mark.asyncio(loop_scope='module'),
+    pytest.mark.skipif(
+        not Path(CHROMIUM).exists(),
+        reason=f"no Chromium at {CHROMIUM}: `make test` installs Debian's chromium (apt) when it can",
+    ),
+]
+
+if Path(CHROMIUM).exists():
+    from playwright.async_api import Browser, Locator, Page, async_playwright, expect
+
+
+@pytest_asyncio.fixture(scope='module', loop_scope='module')
+async def served(stack: EmbeddedStack, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Served]:
+    settings = stack.settings.replace(
+        topic_prefix=f'test-{uuid.uuid4().hex[:12]}', partitions=3, media_threshold_bytes=2048
+    )
+    async with served_projection(settings, tmp_path_factory.mktemp('explorer') / 'projection') as s:
+        yield s
+
+
+@pytest_asyncio.fixture(scope='module', loop_scope='module')
+async def browser() -> AsyncIterator[Browser]:
+    async with async_playwright() as playwright:
+        chromium = await playwright.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_FLAGS)
+        try:
+            yield chromium
+        finally:
+            await chromium.close()
+
+
+@pytest_asyncio.fixture(loop_scope='module')
+async def page(browser: Browser, served: Served) -> AsyncIterator[Page]:
+    context = await browser.new_context(base_url=served.url, viewport={'width': 1280, 'height': 900})
+    opened = await context.new_page()
+    errors: list[str] = []
+    opened.on('pageerror', lambda exc: errors.append(str(exc)))
+    opened.on('console', lambda msg: errors.append(msg.text) if msg.type == 'error' else None)
+    try:
+        yield opened
+    finally:
+        await context.close()
+    assert not errors, errors  # no script error, no resource the page policy refused
+
+
+async def shot(page: Page, tmp_path: Path, name: str) -> None:
+    path = tmp_path / f'{name}.png'
+    await page.screenshot(path=str(path), full_page=True)
+    assert path.stat().st_size > 0
+
+
+async def test_runs_are_listed_filtered_and_refreshed_live(
+    served: Served, page: Page, tmp_path: Path
+) -> None:
+    await page.goto('/')
+    rows = page.locator('tr.run-row')
+
+    def row(run_id: str) -> Locator:
+        return page.locator(f'tr.run-row[data-run-id="{run_id}"]')
+
+    await expect(row(served.crashed_run)).to_be_visible()
+    await expect(row(served.orchestrator_run)).to_contain_text('completed')
+    await expect(row(served.crashed_run)).to_contain_text('failed')
+    await shot(page, tmp_path, 'runs')
+
+    late = await served.add_run('conv-live')  # written after the page loaded: live refresh shows it
+    await expect(row(late)).to_be_visible(timeout=15_000)
+    await expect(rows.first).to_have_attribute('data-run-id', late)  # newest first
+
+    await page.fill('input[name=agent_name]', 'viewer')
+    await page.click('button[type=submit]')
+    await expect(rows).to_have_count(1)
+    await expect(rows).to_contain_text(served.image_run)
+
+
+async def test_run_page_shows_lineage_and_timeline(served: Served, page: Page, tmp_path: Path) -> None:
+    first, second = served.delegate_runs
+    await page.goto(f'/runs/{first}')
+    tree = page.locator('ul.tree li.tree-node')
+    await expect(tree).to_have_count(3)
+    await expect(tree.nth(0)).to_have_attribute('data-run-id', served.orchestrator_run)
+    await expect(tree.nth(1)).to_have_class('tree-node depth-1 current')
+    await expect(tree.nth(2)).to_have_attribute('data-run-id', second)
+    await expect(page.locator('dd.parent')).to_contain_text(served.orchestrator_run)
+    await expect(page.locator('dd.siblings')).to_contain_text(second)
+    await expect(page.locator('.timeline tr.kind-tool_call_started')).to_contain_text('search')
+    await expect(page.locator('.timeline tr.kind-tool_call_started .badge')).to_have_text('completed')
+    await expect(page.locator('.snapshots .part-tool-return').first).to_contain_text('found 3 documents')
+    await shot(page, tmp_path, 'run')
+
+    await page.click(f'ul.tree a:text("{served.orchestrator_run}")')
+    await expect(page.locator('dd.children')).to_contain_text(second)
+
+
+async def test_a_crashed_run_highlights_its_unknown_effect(
+    served: Served, page: Page, tmp_path: Path
+) -> None:
+    await page.goto(f'/runs/{served.crashed_run}')
+    unknown = page.locator('section.unknown .unknown-effect')
+    await expect(unknown).to_be_visible()
+    await expect(unknown.locator('.idempotency-key')).to_have_text('announce:#releases')
+    await expect(unknown.locator('.effect-summary')).to_have_text('posts to Slack')
+    started = page.locator('.timeline tr.event.unknown-row')
+    await expect(started).to_contain_text('send_announcement')
+    await expect(started.locator('.effect-unknown')).to_have_text('unknown_after_crash')
+    color = await unknown.evaluate("e => getComputedStyle(e.closest('section')).borderTopColor")
+    assert color == 'rgb(179, 38, 30)'  # drawn in the alarm colour, not just present in the DOM
+    await shot(page, tmp_path, 'crashed-run')
+
+    await page.click('nav a:text("Unresolved")')
+    row = page.locator(f'table.unresolved tr[data-run-id="{served.crashed_run}"]')
+    await expect(row).to_contain_text('announce:#releases')
+    await shot(page, tmp_path, 'unresolved')
+
+
+async def test_an_offloaded_image_is_drawn(served: Served, page: Page, tmp_path: Path) -> None:
+    await page.goto(f'/runs/{served.image_run}')
+    image = page.locator('img.media-image')
+    await expect(image).to_be_visible()
+    assert (await image.get_attribute('src') or '').startswith('/api/media/')
+    await page.wait_for_function("() => document.querySelector('img.media-image').complete")
+    assert await image.evaluate('img => img.naturalWidth') == 48
+    await shot(page, tmp_path, 'image')
+
+
+async def test_two_snapshots_are_compared(served: Served, page: Page, tmp_path: Path) -> None:
+    await page.goto(f'/runs/{served.orchestrator_run}')
+    await page.click('a.diff-link')
+    await expect(page.locator('.diff-equal')).to_contain_text('the same')
+    changed = page.locator('.diff-row:not(.diff-equal)')
+    await expect(changed.last.locator('.diff-right')).to_contain_text('answered after 2 tool calls')
+    await expect(changed.last.locator('.diff-left')).not_to_contain_text('answered after 2 tool calls')
+    await shot(page, tmp_path, 'diff')
+
+
+async def test_status_shows_lag_per_partition_and_the_dlq(served: Served, page: Page, tmp_path: Path) -> None:
+    await served.settle()
+    await page.goto('/status')
+    await expect(page.locator('table.lag tbody tr')).to_have_count(6)
+    await expect(page.locator('.total-lag')).to_have_text('0')
+    letter = page.locator('table.dlq tr.dead-letter')
+    await expect(letter).to_have_count(1)
+    await expect(letter.locator('.reason')).to_have_text('not_a_record')
+    await shot(page, tmp_path, 'status')

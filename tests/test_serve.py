@@ -1,0 +1,274 @@
+"""`stepstream serve`: the JSON API over a projection of real agent runs, its auth, and its schema."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import re
+import signal
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+import pytest_asyncio
+from pydantic_ai.messages import ModelMessagesTypeAdapter
+
+from stepstream import Settings
+from stepstream.cli import main
+from stepstream.embedded import EmbeddedStack
+from stepstream.projector import ProjectionReader
+from stepstream.serve import app_for, running
+
+from served import IMAGE, Served, served_projection
+
+in_module_loop = pytest.mark.asyncio(loop_scope='module')
+"""The tests share one served projection, so they run in the module's event loop."""
+
+
+@pytest_asyncio.fixture(scope='module', loop_scope='module')
+async def served(stack: EmbeddedStack, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Served]:
+    settings = stack.settings.replace(
+        topic_prefix=f'test-{uuid.uuid4().hex[:12]}', partitions=3, media_threshold_bytes=2048
+    )
+    async with served_projection(settings, tmp_path_factory.mktemp('serve') / 'projection') as s:
+        yield s
+
+
+@pytest_asyncio.fixture(loop_scope='module')
+async def api(served: Served) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=served.url, timeout=30) as client:
+        yield client
+
+
+@in_module_loop
+async def test_runs_filter_page_and_order(served: Served, api: httpx.AsyncClient) -> None:
+    everything = (await api.get('/api/runs', params={'limit': 1000})).json()
+    started = [r['started_at'] for r in everything['runs']]
+    assert started == sorted(started) and everything['next_after'] is None
+    ids = [r['run_id'] for r in everything['runs']]
+    assert {served.orchestrator_run, *served.delegate_runs, served.image_run, served.crashed_run} <= set(ids)
+
+    newest = (await api.get('/api/runs', params={'order': '-started', 'limit': 2})).json()
+    assert [r['run_id'] for r in newest['runs']] == ids[::-1][:2]
+    rest = await api.get(
+        '/api/runs', params={'order': '-started', 'limit': 1000, 'after': newest['next_after']}
+    )
+    assert [r['run_id'] for r in newest['runs'] + rest.json()['runs']] == ids[::-1]
+
+    conversation = (await api.get('/api/runs', params={'conversation_id': 'conv-serve'})).json()['runs']
+    assert [r['agent_name'] for r in conversation] == ['orchestrator', 'researcher', 'researcher']
+    children = (await api.get('/api/runs', params={'parent_run_id': served.orchestrator_run})).json()['runs']
+    assert [r['run_id'] for r in children] == served.delegate_runs
+    failed = (await api.get('/api/runs', params={'status': 'failed'})).json()['runs']
+    assert [r['run_id'] for r in failed] == [served.crashed_run]
+    viewer = (await api.get('/api/runs', params={'agent_name': 'viewer'})).json()['runs']
+    assert [r['run_id'] for r in viewer] == [served.image_run]
+
+    unknown_cursor = await api.get('/api/runs', params={'after': 'no-such-run'})
+    assert unknown_cursor.status_code == 404 and 'no-such-run' in unknown_cursor.json()['detail']
+
+
+@in_module_loop
+async def test_one_run_its_events_effects_and_lineage(served: Served, api: httpx.AsyncClient) -> None:
+    run = (await api.get(f'/api/runs/{served.crashed_run}')).json()
+    assert run['status'] == 'failed' and 'CancelledError' in run['error']
+    events = (await api.get(f'/api/runs/{served.crashed_run}/events')).json()
+    assert [e['seq'] for e in events] == sorted(e['seq'] for e in events)
+    assert events[0]['kind'] == 'run_started' and 'tool_call_started' in [e['kind'] for e in events]
+    [effect] = (await api.get(f'/api/runs/{served.crashed_run}/tool-effects')).json()
+    assert effect['unknown_after_crash'] and effect['status'] == 'started'
+    assert (effect['idempotency_key'], effect['effect_summary']) == ('announce:#releases', 'posts to Slack')
+
+    lineage = (await api.get(f'/api/runs/{served.delegate_runs[1]}/lineage')).json()
+    assert lineage['root']['run_id'] == served.orchestrator_run
+    assert [(n['depth'], n['run']['run_id']) for n in lineage['tree']] == [
+        (0, served.orchestrator_run),
+        *((1, d) for d in served.delegate_runs),
+    ]
+    for path in (
+        '',
+        '/events',
+        '/tool-effects',
+        '/snapshots',
+        '/snapshots/latest',
+        '/lineage',
+        '/snapshots/0',
+    ):
+        missing = await api.get(f'/api/runs/no-such-run{path}')
+        assert missing.status_code == 404, path
+        assert 'no-such-run' in missing.json()['detail']
+
+
+@in_module_loop
+async def test_snapshots_are_pydantic_ai_json_with_media_as_checked_links(
+    served: Served, api: httpx.AsyncClient
+) -> None:
+    page = (await api.get(f'/api/runs/{served.orchestrator_run}/snapshots', params={'limit': 1})).json()
+    assert [s['snapshot_seq'] for s in page['snapshots']] == [0] and page['next_after'] == 0
+    rest = (await api.get(f'/api/runs/{served.orchestrator_run}/snapshots', params={'after': 0})).json()
+    counts = [s['message_count'] for s in page['snapshots'] + rest['snapshots']]
+    assert counts == sorted(counts) and len(counts) >= 3
+
+    latest = (await api.get(f'/api/runs/{served.image_run}/snapshots/latest')).json()
+    messages = ModelMessagesTypeAdapter.validate_python(latest['messages'])
+    prompt = messages[0].parts[-1].content  # type: ignore[union-attr]
+    assert prompt[0] == 'what is in this image?'
+    image = prompt[1]
+    assert image.kind == 'image-url' and image.media_type == 'image/png'
+    sha = hashlib.sha256(IMAGE).hexdigest()
+    assert image.url == f'/api/media/{sha}?media_type=image/png'
+    fetched = await api.get(image.url)
+    assert fetched.status_code == 200 and fetched.content == IMAGE
+    assert (
+        fetched.headers['content-type'] == 'image/png'
+        and fetched.headers['x-content-type-options'] == 'nosniff'
+    )
+
+    # Anything but images, audio and video is a download, never a page of this origin.
+    as_html = await api.get(f'/api/media/{sha}', params={'media_type': 'text/html'})
+    assert as_html.headers['content-type'] == 'application/octet-stream'
+    assert as_html.headers['content-disposition'].startswith('attachment')
+    assert (await api.get(f'/api/media/{"0" * 64}')).status_code == 404
+    assert (await api.get('/api/media/not-a-hash')).status_code == 422
+
+
+@in_module_loop
+async def test_unresolved_conflicts_dlq_and_status(served: Served, api: httpx.AsyncClient) -> None:
+    unresolved = (await api.get('/api/unresolved')).json()
+    assert [(e['run_id'], e['tool_name']) for e in unresolved] == [(served.crashed_run, 'send_announcement')]
+    assert (await api.get('/api/conflicts')).json() == []
+
+    dlq = (await api.get('/api/dlq')).json()
+    assert dlq['error'] is None and dlq['total'] == 1
+    [letter] = dlq['entries']
+    assert (letter['reason'], letter['key'], letter['source_topic']) == (
+        'not_a_record',
+        'poison-run',
+        served.settings.step_events_topic,
+    )
+
+    await served.settle()
+    status = (await api.get('/api/status')).json()
+    assert status['state'] == 'live' and status['broker_error'] is None
+    assert status['dead_lettered_by_reason'] == {'not_a_record': 1}
+    topics = {(p['topic'], p['partition']) for p in status['partitions']}
+    assert topics == {
+        (t, p)
+        for t in (served.settings.step_events_topic, served.settings.tool_effects_topic)
+        for p in range(3)
+    }
+    assert all(p['lag'] == 0 and p['end'] == p['applied'] for p in status['partitions'])
+    assert status['total_lag'] == 0 and status['shards'] == [0, 1, 2] and status['missing_shards'] == []
+
+
+@in_module_loop
+@pytest.mark.filterwarnings('ignore::hypothesis.errors.HypothesisDeprecationWarning')
+async def test_every_response_matches_the_openapi_schema(served: Served, api: httpx.AsyncClient) -> None:
+    """Schemathesis generates requests from the schema and checks every answer against it."""
+    import schemathesis
+    from hypothesis import HealthCheck, given, settings
+
+    schema = schemathesis.openapi.from_dict((await api.get('/openapi.json')).json())
+    operations = [result.ok() for result in schema.get_all_operations()]
+    assert {op.path for op in operations} >= {
+        '/api/runs',
+        '/api/runs/{run_id}/snapshots/{snapshot_seq}',
+        '/api/media/{sha256}',
+        '/api/status',
+        '/api/dlq',
+    }
+
+    def check_all() -> list[str]:
+        failures = []
+        for operation in operations:
+            if operation.path in ('/api/dlq', '/api/status'):
+                continue  # each call asks the broker: checked once above, not fuzzed
+
+            @settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+            @given(case=operation.as_strategy())
+            def check(case: schemathesis.Case) -> None:
+                case.call_and_validate(base_url=served.url)
+
+            try:
+                check()
+            except Exception as exc:  # every operation's failure, then fail once
+                failures.append(f'{operation.method.upper()} {operation.path}: {exc}')
+        return failures
+
+    failures = await asyncio.to_thread(check_all)  # the server answers from this test's event loop
+    assert not failures, '\n\n'.join(failures)
+
+
+@in_module_loop
+async def test_a_token_guards_the_api_and_the_explorer(served: Served, tmp_path: Path) -> None:
+    settings = served.settings.replace(serve_token='s3cret-token')
+    assert 's3cret-token' not in repr(settings)
+    reader = ProjectionReader.open(served.projector.db_path)
+    try:
+        async with (
+            running(app_for(settings, reader=reader), port=0) as server,
+            httpx.AsyncClient(base_url=server.url) as client,
+        ):
+            refused = await client.get('/api/runs')
+            assert refused.status_code == 401 and refused.headers['www-authenticate'] == 'Bearer'
+            assert (await client.get('/openapi.json')).status_code == 401
+            wrong = await client.get('/api/runs', headers={'Authorization': 'Bearer nope'})
+            assert wrong.status_code == 401
+            ok = await client.get('/api/runs', headers={'Authorization': 'Bearer s3cret-token'})
+            assert ok.status_code == 200 and ok.json()['runs']
+            page = await client.get('/unresolved')
+            assert page.status_code == 303 and page.headers['location'] == '/login?next=/unresolved'
+            failed = await client.post('/login', data={'token': 'nope', 'next': '/unresolved'})
+            assert failed.status_code == 401 and 'not the token' in failed.text
+            signed = await client.post(
+                '/login', data={'token': 's3cret-token', 'next': '//elsewhere.example'}
+            )
+            assert signed.status_code == 303 and signed.headers['location'] == '/'
+            assert 'send_announcement' in (await client.get('/unresolved')).text  # the cookie
+    finally:
+        reader.close()
+
+
+def test_serving_beyond_loopback_needs_a_token(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv('STEPSTREAM_SERVE_TOKEN', raising=False)
+    assert main(['serve', '--host', '0.0.0.0']) == 2
+    assert 'STEPSTREAM_SERVE_TOKEN' in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(['serve', '--serve-token', 'x'])  # a secret is never a flag
+    assert Settings.from_env({'STEPSTREAM_SERVE_TOKEN': 't'}).serve_token is not None
+
+
+@in_module_loop
+async def test_the_serve_command_serves_a_projection_directory(served: Served) -> None:
+    env = {**os.environ, **served.settings.to_env(), 'STEPSTREAM_DB_PATH': str(served.projector.db_path)}
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        '-m',
+        'stepstream.cli',
+        'serve',
+        '--port',
+        '0',
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert child.stdout is not None
+        line = (await asyncio.wait_for(child.stdout.readline(), 60)).decode()
+        url = re.search(r'explorer at (http://127\.0\.0\.1:\d+)/', line)
+        assert url is not None, line
+        async with httpx.AsyncClient(base_url=url.group(1)) as client:
+            run = (await client.get(f'/api/runs/{served.crashed_run}')).json()
+            assert run['status'] == 'failed'
+            assert 'publisher-crash' in (await client.get('/unresolved')).text
+        child.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(child.wait(), 30) == 0
+    finally:
+        if child.returncode is None:
+            child.kill()
+            await child.wait()
