@@ -210,9 +210,10 @@ def _ids_plainly_valid(fields: Fields, keys: _RunKeys) -> bool:
     The run id is checked against the key. A run's records share their envelope, so it is
     checked once per key and batch, and again only where it changes.
     """
-    envelope = tuple([fields[name] for name in _ENVELOPE_IDS])
+    writer_id, conversation_id = fields['writer_id'], fields['conversation_id']
+    agent_name, parent = fields['agent_name'], fields['parent_run_id']
+    envelope = (writer_id, conversation_id, agent_name, parent)
     if envelope != keys.envelope:
-        writer_id, conversation_id, agent_name, parent = envelope
         if not (
             _plain_id(writer_id)
             and _plain_id(conversation_id)
@@ -221,7 +222,8 @@ def _ids_plainly_valid(fields: Fields, keys: _RunKeys) -> bool:
         ):
             return False
         keys.envelope = envelope
-    return _plain_id(fields['tool_call_id']) and _plain_id(fields['tool_name'])
+    call, tool = fields['tool_call_id'], fields['tool_name']
+    return (call is None or _plain_id(call)) and (tool is None or _plain_id(tool))
 
 
 # -- a batch ------------------------------------------------------------------------------------
@@ -522,11 +524,25 @@ class Applier:
     def _apply_registered(
         self, txn: BatchTxn, keys: _RunKeys, run: RunState, source: SourceRecord, record: Fields
     ) -> None:
+        """Apply one record of a registered run: the owner's by the seq rules, others' apart."""
         if record['writer_id'] != run.owner:
             self._keep_apart(txn, run, source, record)
             return
+        seq, topic = record['seq'], source.topic
+        high = run.highs[topic]
         try:
-            applied = self._apply_owned(txn, keys, run, source, record)
+            if seq > high + self.max_seq_jump:
+                raise Rejected(
+                    'seq_jump',
+                    f'seq {seq} of run {run.run_id!r} is more than {self.max_seq_jump} above the highest '
+                    f'seq accepted on its topic ({high})',
+                )
+            if seq > high:
+                run.highs[topic] = seq
+            if topic == EVENTS:
+                applied = self._apply_event(txn, keys, run, source, record)
+            else:
+                applied = self._apply_transition(txn, keys, run, source, record)
         except Rejected as rejected:
             run.count_rejected(rejected.reason)
             self._dead_letter(source, rejected.reason, rejected.detail)
@@ -552,25 +568,7 @@ class Applier:
             run.conflicting_writers = sorted([*run.conflicting_writers, writer_id])
         self._outcome.applied += 1
 
-    # -- the owner's records -------------------------------------------------------------------
-
-    def _apply_owned(
-        self, txn: BatchTxn, keys: _RunKeys, run: RunState, source: SourceRecord, record: Fields
-    ) -> bool:
-        """Apply one record of the run's owner; False for a duplicate, `Rejected` for the DLQ."""
-        seq, topic = record['seq'], source.topic
-        high = run.highs[topic]
-        if seq > high + self.max_seq_jump:
-            raise Rejected(
-                'seq_jump',
-                f'seq {seq} of run {run.run_id!r} is more than {self.max_seq_jump} above the highest '
-                f'seq accepted on its topic ({high})',
-            )
-        if seq > high:
-            run.highs[topic] = seq
-        if topic == EVENTS:
-            return self._apply_event(txn, keys, run, source, record)
-        return self._apply_transition(txn, keys, run, source, record)
+    # -- the owner's records: False for a duplicate, `Rejected` for the DLQ ----------------------
 
     def _apply_event(
         self, txn: BatchTxn, keys: _RunKeys, run: RunState, source: SourceRecord, event: Fields
@@ -643,14 +641,17 @@ class Applier:
         txn.put(transition_key, encode_int(source.offset) + source.value)
         effect_key = keys.effect(t['tool_call_id'])
         effect = txn.get_state(effect_key, EffectState)
-        if effect_key not in keys.effects:
+        first = effect_key not in keys.effects
+        if first:
             keys.effects[effect_key] = _unresolved_keys(effect)
         if effect is None:
             effect = EffectState(
                 run_id=run.run_id, tool_call_id=t['tool_call_id'], tool_name=t['tool_name'], tool_name_seq=seq
             )
+            txn.put_state(effect_key, effect)
+        elif first:  # staged once per batch; later changes are to the staged object
+            txn.put_state(effect_key, effect)
         _merge(effect, t)
-        txn.put_state(effect_key, effect)
         return True
 
     def _withdraw_transition(

@@ -100,6 +100,8 @@ class Keyspace:
         if len(leading) != len(self.parts) - 1:
             raise TypeError(f'{self.name} keys take {len(self.parts) - 1} leading parts, got {len(leading)}')
         head = self.prefix(*leading)
+        if self.parts[-1] == 'int':  # a seq: `encode_int` inline, since this runs for every record
+            return lambda value: head + (value + _INT_BIAS).to_bytes(8, 'big')
         last = self._encoders[-1]
         return lambda value: head + last(value)
 

@@ -142,11 +142,18 @@ class RunState(_Json):
 
     def holds(self, seq: int) -> bool:
         """Whether `seq` holds a record already."""
-        return ranges_hold(self.seqs, seq)
+        seqs = self.seqs
+        if not seqs or seq > seqs[-1][1]:  # the common case inline: it runs for every record
+            return False
+        return ranges_hold(seqs, seq)
 
     def claim(self, seq: int) -> None:
         """Record that `seq` holds a record now (it did not before)."""
-        ranges_add(self.seqs, seq)
+        seqs = self.seqs
+        if seqs and seq == seqs[-1][1] + 1:  # the common case inline: the next seq
+            seqs[-1][1] = seq
+            return
+        ranges_add(seqs, seq)
 
     def count_rejected(self, reason: str) -> None:
         """Mark the run: one more of its records went to the DLQ for `reason`."""
