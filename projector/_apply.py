@@ -84,6 +84,9 @@ EVENTS, EFFECTS = 0, 1
 MAX_SEQ_JUMP = 1_000_000
 """How far above the highest seq accepted in its topic a run's next record may be."""
 
+PARKED_DECODED = 16_384
+"""How many parked records an `Applier` keeps decoded for their registration."""
+
 TERMINAL_KINDS = {'run_completed': 'completed', 'run_failed': 'failed'}
 
 DLQ_REASONS = (
@@ -350,8 +353,13 @@ class Applier:
         self._outcome = BatchOutcome()
         self._dead: list[tuple[int, DeadLetter]] = []
         self._poisoned: Mapping[tuple[int, int, int], str] = {}
-        self._parked: dict[bytes, Fields] = {}
-        """Records parked by this batch, decoded: a registration later in it applies them."""
+        self._parked: dict[bytes, tuple[bytes, Fields]] = {}
+        """Recently parked records, decoded, by their parked key (with their bytes, to be sure).
+
+        A registration applies them without decoding them again, in this batch or a later one
+        (the usual case live: transitions are fetched ahead of their run's `run_started`). The
+        oldest are dropped beyond `PARKED_DECODED`; a dropped one is decoded when drained.
+        """
 
     def stage(self, db: Rdict, records: Sequence[SourceRecord]) -> tuple[BatchTxn, BatchOutcome]:
         """Stage a batch (state, DLQ counts and next offsets) in one transaction, not committed.
@@ -376,7 +384,6 @@ class Applier:
         self._outcome = outcome = BatchOutcome()
         self._dead = []
         self._poisoned = poisoned
-        self._parked = {}
         next_offsets = outcome.next_offsets
         by_key: dict[bytes | None, list[tuple[int, SourceRecord]]] = {}
         for index, source in enumerate(records):
@@ -427,7 +434,9 @@ class Applier:
                 if not (source.topic == EVENTS and record['kind'] == 'run_started'):
                     parked = PARKED.key(keys.run_id, source.topic, source.partition, source.offset)
                     txn.put(parked, source.value)
-                    self._parked[parked] = record
+                    self._parked[parked] = (source.value, record)
+                    if len(self._parked) > PARKED_DECODED:
+                        del self._parked[next(iter(self._parked))]
                     continue
                 run = self._register(txn, record)
                 self._apply_registered(txn, keys, run, source, record)
@@ -516,10 +525,9 @@ class Applier:
             if failure is not None:
                 self._dead_letter(source, 'apply_error', f'applying the record raised {failure}')
                 continue
-            record = self._parked.pop(k, None)
-            self._apply_registered(
-                txn, keys, run, source, record if record is not None else _read_stored(value)
-            )
+            decoded = self._parked.pop(k, None)
+            record = decoded[1] if decoded is not None and decoded[0] == value else _read_stored(value)
+            self._apply_registered(txn, keys, run, source, record)
 
     def _apply_registered(
         self, txn: BatchTxn, keys: _RunKeys, run: RunState, source: SourceRecord, record: Fields

@@ -298,14 +298,18 @@ def interleave(log: dict[tuple[int, int], list[SourceRecord]], rng: random.Rando
 
 
 def apply_in_batches(
-    path: str, records: list[SourceRecord], sizes: list[int]
+    path: str, records: list[SourceRecord], sizes: list[int], *, one_applier: bool
 ) -> tuple[list[tuple[bytes, bytes]], list[tuple[str, tuple[int, int, int], str]], int, int]:
-    """Every key and value of the store, with the batches' dead letters and counts, in order."""
+    """Every key and value of the store, with the batches' dead letters and counts, in order.
+
+    With `one_applier` every batch goes to one `Applier` (as in a projector), else each batch
+    to a new one (as after restarts)."""
     db = open_db(path)
     dead, applied, duplicates, at = [], 0, 0, 0
+    shared = applier()
     try:
         for size in sizes:
-            txn, outcome = applier().stage(db, records[at : at + size])
+            txn, outcome = (shared if one_applier else applier()).stage(db, records[at : at + size])
             txn.commit()
             at += size
             dead += [(d.reason, d.source.coordinates, d.detail) for d in outcome.dead]
@@ -318,9 +322,10 @@ def apply_in_batches(
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(generated=logs(), seed=st.integers(0, 2**32), one_partition=st.booleans())
 def test_batch_cuts_change_nothing_in_the_store(generated: list[Op], seed: int, one_partition: bool) -> None:
-    """The same records applied one per batch and in batches of random sizes: the stores are
-    equal byte for byte (offsets and DLQ counts included), and so are the dead letters. Either
-    the partitions mixed, or each batch from one partition number (a shard's batches)."""
+    """The same records applied one per batch (a new `Applier` each) and in batches of random
+    sizes (one `Applier`): the stores are equal byte for byte (offsets and DLQ counts included),
+    and so are the dead letters. Either the partitions mixed, or each batch from one partition
+    number (a shard's batches)."""
     rng = random.Random(seed)
     log = make_log(generated)
     if one_partition:
@@ -334,8 +339,8 @@ def test_batch_cuts_change_nothing_in_the_store(generated: list[Op], seed: int, 
             sizes.append(min(left, rng.choice([1, 2, 3, 5, 8, 13, len(part)])))
             left -= sizes[-1]
     with tempfile.TemporaryDirectory() as one, tempfile.TemporaryDirectory() as other:
-        single = apply_in_batches(one, records, [1] * len(records))
-        batched = apply_in_batches(other, records, sizes)
+        single = apply_in_batches(one, records, [1] * len(records), one_applier=False)
+        batched = apply_in_batches(other, records, sizes, one_applier=True)
     assert batched == single
 
 
