@@ -43,7 +43,7 @@ from fastavro import parse_schema, schemaless_reader
 from rocksdict import Rdict
 
 from stepstream.errors import SchemaError
-from stepstream.ids import MAX_ID_BYTES, OTHER_ID_FIELDS, check_record_ids, check_run_id
+from stepstream.ids import MAX_ID_BYTES, MAX_RUN_ID, OTHER_ID_FIELDS, check_record_ids, check_run_id
 from stepstream.projector._keys import (
     APART,
     CHILDREN,
@@ -85,7 +85,9 @@ MAX_SEQ_JUMP = 1_000_000
 """How far above the highest seq accepted in its topic a run's next record may be."""
 
 PARKED_DECODED = 16_384
-"""How many parked records an `Applier` keeps decoded for their registration."""
+PARKED_DECODED_BYTES = 32 << 20
+"""How many parked records an `Applier` keeps decoded for their registration, and how many of
+their bytes: records may be up to the broker's message size, and anyone can park them."""
 
 TERMINAL_KINDS = {'run_completed': 'completed', 'run_failed': 'failed'}
 
@@ -189,8 +191,13 @@ def _read_stored(value: bytes) -> Fields:
     return (read if read is not None else plain_fields(decode(value)))[1]
 
 
-@functools.lru_cache(maxsize=1 << 14)
 def _is_run_id(value: str) -> bool:
+    """Whether `check_run_id` takes `value`; cached, and only ids short enough to pass are."""
+    return len(value) <= MAX_RUN_ID and _passes_run_id_rule(value)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _passes_run_id_rule(value: str) -> bool:
     try:
         check_run_id(value)
     except ValueError:
@@ -358,8 +365,10 @@ class Applier:
 
         A registration applies them without decoding them again, in this batch or a later one
         (the usual case live: transitions are fetched ahead of their run's `run_started`). The
-        oldest are dropped beyond `PARKED_DECODED`; a dropped one is decoded when drained.
+        oldest are dropped beyond `PARKED_DECODED` records or `PARKED_DECODED_BYTES`; a dropped
+        one is decoded when drained.
         """
+        self._parked_bytes = 0
 
     def stage(self, db: Rdict, records: Sequence[SourceRecord]) -> tuple[BatchTxn, BatchOutcome]:
         """Stage a batch (state, DLQ counts and next offsets) in one transaction, not committed.
@@ -434,9 +443,7 @@ class Applier:
                 if not (source.topic == EVENTS and record['kind'] == 'run_started'):
                     parked = PARKED.key(keys.run_id, source.topic, source.partition, source.offset)
                     txn.put(parked, source.value)
-                    self._parked[parked] = (source.value, record)
-                    if len(self._parked) > PARKED_DECODED:
-                        del self._parked[next(iter(self._parked))]
+                    self._keep_decoded(parked, source.value, record)
                     continue
                 run = self._register(txn, record)
                 self._apply_registered(txn, keys, run, source, record)
@@ -513,6 +520,25 @@ class Applier:
             txn.put(CHILDREN.key(run.parent_run_id, run.started_at, run.run_id), b'')
         return run
 
+    def _keep_decoded(self, parked: bytes, value: bytes, record: Fields) -> None:
+        """Keep a parked record's fields for its registration, within the bounds."""
+        self._forget_decoded(parked)
+        self._parked[parked] = (value, record)
+        self._parked_bytes += len(value)
+        while self._parked_bytes > PARKED_DECODED_BYTES or len(self._parked) > PARKED_DECODED:
+            self._forget_decoded(next(iter(self._parked)))
+
+    def _forget_decoded(self, parked: bytes) -> tuple[bytes, Fields] | None:
+        kept = self._parked.pop(parked, None)
+        if kept is not None:
+            self._parked_bytes -= len(kept[0])
+        return kept
+
+    def _take_decoded(self, parked: bytes, value: bytes) -> Fields:
+        """A parked record's fields: the kept ones if they are of these bytes, else decoded."""
+        kept = self._forget_decoded(parked)
+        return kept[1] if kept is not None and kept[0] == value else _read_stored(value)
+
     def _drain_parked(self, txn: BatchTxn, keys: _RunKeys, run: RunState) -> None:
         """Apply what waited for the registration: step events first, each topic in log order."""
         for k, value in txn.scan(PARKED.prefix(run.run_id)):
@@ -525,8 +551,7 @@ class Applier:
             if failure is not None:
                 self._dead_letter(source, 'apply_error', f'applying the record raised {failure}')
                 continue
-            decoded = self._parked.pop(k, None)
-            record = decoded[1] if decoded is not None and decoded[0] == value else _read_stored(value)
+            record = self._take_decoded(k, value)
             self._apply_registered(txn, keys, run, source, record)
 
     def _apply_registered(

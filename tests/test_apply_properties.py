@@ -22,7 +22,9 @@ import random
 import tempfile
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
+import pytest
 from fastavro import parse_schema, schemaless_writer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -31,6 +33,7 @@ from pydantic_ai.messages import ModelMessagesTypeAdapter, ModelRequest, UserPro
 from stepstream.errors import SchemaError, StepStreamError
 from stepstream.ids import MAX_ID_BYTES
 from stepstream.projector import ProjectionReader, inspect_recovery
+from stepstream.projector import _apply as apply_module
 from stepstream.projector._apply import (
     DLQ_REASONS,
     EFFECTS,
@@ -393,6 +396,41 @@ async def check_views(reader: ProjectionReader) -> None:
         with contextlib.suppress(StepStreamError):
             await reader.list_snapshots(run.run_id, include_interrupted=True)
     assert per_run_unresolved == every_unresolved
+
+
+def test_parked_records_are_kept_decoded_within_bounds(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A run's transitions parked over many batches stay decoded only within the byte bound,
+    and its registration applies every one of them, the kept and the dropped alike."""
+    monkeypatch.setattr(apply_module, 'PARKED_DECODED_BYTES', 2_000)
+    run_id = 'run-a'
+    partition = murmur2_partition(run_id.encode(), PARTITIONS)
+    transitions = [
+        SourceRecord(EFFECTS, partition, seq - 1, run_id.encode(), encode(ToolEffectTransition(
+            run_id=run_id, seq=seq, writer_id='owner', timestamp=T0, tool_call_id=f'c{seq}',
+            tool_name='tool', status='started', error='e' * 200,
+        )))
+        for seq in range(1, 41)
+    ]  # fmt: skip
+    started = SourceRecord(EVENTS, partition, 0, run_id.encode(), encode(StepEvent(
+        run_id=run_id, seq=0, writer_id='owner', timestamp=T0, kind='run_started'
+    )))  # fmt: skip
+    one = applier()
+    db = open_db(tmp_path / 'projection')
+    try:
+        for at in range(0, len(transitions), 7):
+            txn, _ = one.stage(db, transitions[at : at + 7])
+            txn.commit()
+            assert 0 < one._parked_bytes <= 2_000
+        txn, outcome = one.stage(db, [started])
+        txn.commit()
+        assert (outcome.applied, outcome.dead) == (41, [])
+        assert one._parked_bytes == 0 and not one._parked
+        unresolved = asyncio.run(ProjectionReader(db).list_unresolved_tool_effects(run_id))
+        assert len(unresolved) == 40
+    finally:
+        db.close()
 
 
 def _long_timestamps(node: object) -> object:
