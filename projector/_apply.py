@@ -16,19 +16,34 @@ so are in docs/decisions/0010-conflict-rules.md; in short:
   (`seq_jump`); gaps are kept as ranges.
 - Each derived field is a max/min over the records that hold it (the terminal event with the
   highest seq, an effect's status from its highest-seq transition), so arrival order is moot.
+
+How a batch is applied is a matter of speed only. Its records are grouped by run (the Kafka
+key), each run's records kept in batch order, and each run is applied in one go: its key
+checks are done once, its keys are built once, its state is loaded once and staged once. Runs
+share no keys, so applying them one after another gives what applying the batch in its order
+gives, and the dead letters are still reported in batch order. Each record is decoded once, into
+plain values (`read_plain`), parked ones included; the record types are built only for what that
+reader leaves to `stepstream.schemas.decode` (another schema version, anything malformed), so
+every reason and message for a record that does not decode comes from `decode` itself.
 """
 
 from __future__ import annotations
 
+import functools
+import io
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from operator import itemgetter
+from types import SimpleNamespace
+from typing import Any
 
+from fastavro import parse_schema, schemaless_reader
 from rocksdict import Rdict
 
 from stepstream.errors import SchemaError
-from stepstream.ids import check_record_ids
+from stepstream.ids import MAX_ID_BYTES, MAX_RUN_ID, OTHER_ID_FIELDS, check_record_ids, check_run_id
 from stepstream.projector._keys import (
     APART,
     CHILDREN,
@@ -52,12 +67,15 @@ from stepstream.projector._state import EffectState, RunState, SnapshotEntry, du
 from stepstream.projector._store import BatchTxn
 from stepstream.schemas import (
     EVENT_KINDS,
+    STEP_EVENT_SCHEMA,
+    TOOL_EFFECT_SCHEMA,
     TOOL_EFFECT_STATUSES,
     LogRecord,
+    SchemaVersion,
     StepEvent,
-    ToolEffectTransition,
     decode,
 )
+from stepstream.schemas._codec import MAGIC
 from stepstream.topics import murmur2_partition
 
 EVENTS, EFFECTS = 0, 1
@@ -65,6 +83,11 @@ EVENTS, EFFECTS = 0, 1
 
 MAX_SEQ_JUMP = 1_000_000
 """How far above the highest seq accepted in its topic a run's next record may be."""
+
+PARKED_DECODED = 16_384
+PARKED_DECODED_BYTES = 32 << 20
+"""How many parked records an `Applier` keeps decoded for their registration, and how many of
+their bytes: records may be up to the broker's message size, and anyone can park them."""
 
 TERMINAL_KINDS = {'run_completed': 'completed', 'run_failed': 'failed'}
 
@@ -93,6 +116,127 @@ _MICROSECOND = timedelta(microseconds=1)
 def micros(ts: datetime) -> int:
     """A timestamp as exact integer microseconds since the epoch (how the log carries it)."""
     return (ts - _EPOCH) // _MICROSECOND
+
+
+# -- reading records into plain values ---------------------------------------------------------
+
+Fields = dict[str, Any]
+"""A log record's fields as plain values: what the Avro body holds, `timestamp` in micros."""
+
+_RECORD_TYPES = ('StepEvent', 'ToolEffectTransition')
+"""The record type of each topic index, as `wrong_topic` names it."""
+
+_MIN_TIMESTAMP = micros(datetime.min.replace(tzinfo=UTC))
+_MAX_TIMESTAMP = micros(datetime.max.replace(tzinfo=UTC))
+"""The timestamps `decode` can turn into a `datetime`; it calls a record outside them corrupt."""
+
+
+def _without_timestamp_type(node: Any) -> Any:
+    if isinstance(node, list):
+        return [_without_timestamp_type(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    if node.get('logicalType') not in (None, 'timestamp-micros'):
+        raise ValueError(f'the plain reader knows no logical type {node["logicalType"]!r}')
+    return {k: _without_timestamp_type(v) for k, v in node.items() if k != 'logicalType'}
+
+
+def _plain_schema(version: SchemaVersion) -> Any:
+    """The version's writer schema with `timestamp-micros` read as the long it is on the wire."""
+    return parse_schema(_without_timestamp_type(json.loads(version.path.read_text())), named_schemas={})
+
+
+_PLAIN_READERS = {
+    MAGIC + STEP_EVENT_SCHEMA.fingerprint: (EVENTS, _plain_schema(STEP_EVENT_SCHEMA)),
+    MAGIC + TOOL_EFFECT_SCHEMA.fingerprint: (EFFECTS, _plain_schema(TOOL_EFFECT_SCHEMA)),
+}
+"""Single-object header -> (topic index, plain schema), for the current schema versions."""
+_HEADER = len(MAGIC) + len(STEP_EVENT_SCHEMA.fingerprint)
+
+
+def read_plain(value: bytes) -> tuple[int, Fields] | None:
+    """The topic index and plain fields of a current-version record; None for anything else.
+
+    It accepts exactly what `decode` accepts of the current versions (the same bodies, and the
+    timestamps a `datetime` can hold), without building the record types and the timestamp's
+    `datetime`. None leaves the record to `decode`: an older version, or one it refuses.
+    """
+    reader = _PLAIN_READERS.get(value[:_HEADER])
+    if reader is None:
+        return None
+    topic, schema = reader
+    try:
+        fields = schemaless_reader(io.BytesIO(value[_HEADER:]), schema, None)
+    except Exception:  # fastavro raises several types for garbled bodies; `decode` names it
+        return None
+    if type(fields) is not dict or not _MIN_TIMESTAMP <= fields['timestamp'] <= _MAX_TIMESTAMP:
+        return None
+    return topic, fields
+
+
+def plain_fields(record: LogRecord) -> tuple[int, Fields]:
+    """A decoded record as `read_plain` gives it: its topic index and its plain fields."""
+    fields = {name: getattr(record, name) for name in record.__slots__}
+    fields['timestamp'] = micros(record.timestamp)
+    if not isinstance(record, StepEvent):
+        return EFFECTS, fields
+    if record.snapshot is not None:
+        fields['snapshot'] = {name: getattr(record.snapshot, name) for name in record.snapshot.__slots__}
+    return EVENTS, fields
+
+
+def _read_stored(value: bytes) -> Fields:
+    """The fields of a record the projection accepted before (parked or a transition)."""
+    read = read_plain(value)
+    return (read if read is not None else plain_fields(decode(value)))[1]
+
+
+def _is_run_id(value: str) -> bool:
+    """Whether `check_run_id` takes `value`; cached, and only ids short enough to pass are."""
+    return len(value) <= MAX_RUN_ID and _passes_run_id_rule(value)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _passes_run_id_rule(value: str) -> bool:
+    try:
+        check_run_id(value)
+    except ValueError:
+        return False
+    return True
+
+
+_ENVELOPE_IDS = ('writer_id', 'conversation_id', 'agent_name', 'parent_run_id')
+_CALL_IDS = ('tool_call_id', 'tool_name')
+assert {*_ENVELOPE_IDS, *_CALL_IDS} == {*OTHER_ID_FIELDS, 'parent_run_id'}
+
+
+def _plain_id(value: Any) -> bool:
+    return value is None or (type(value) is str and len(value) <= MAX_ID_BYTES and value.isascii())
+
+
+def _ids_plainly_valid(fields: Fields, keys: _RunKeys) -> bool:
+    """The common case of `check_record_ids` (short ASCII ids), without raising; False if unsure.
+
+    The run id is checked against the key. A run's records share their envelope, so it is
+    checked once per key and batch, and again only where it changes.
+    """
+    writer_id, conversation_id = fields['writer_id'], fields['conversation_id']
+    agent_name, parent = fields['agent_name'], fields['parent_run_id']
+    envelope = (writer_id, conversation_id, agent_name, parent)
+    if envelope != keys.envelope:
+        if not (
+            _plain_id(writer_id)
+            and _plain_id(conversation_id)
+            and _plain_id(agent_name)
+            and (parent is None or _is_run_id(parent))
+        ):
+            return False
+        keys.envelope = envelope
+    call, tool = fields['tool_call_id'], fields['tool_name']
+    return (call is None or _plain_id(call)) and (tool is None or _plain_id(tool))
+
+
+# -- a batch ------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +285,54 @@ class Rejected(Exception):
         self.detail = detail
 
 
+class _RunKeys:
+    """One Kafka key's records in a batch: what is checked once per key, and the run's keys."""
+
+    __slots__ = (
+        'effect',
+        'effects',
+        'envelope',
+        'event',
+        'home',
+        'key',
+        'run',
+        'run_id',
+        'snapshot',
+        'transition',
+        'valid',
+    )
+
+    def __init__(self, key: bytes | None, partitions: int) -> None:
+        self.key = key
+        self.run_id: str | None = None
+        """The key as text, when it is UTF-8: every accepted record's run_id equals it."""
+        self.valid = False
+        """Whether the key is a valid run id (so records whose run_id is the key may be)."""
+        self.home = -1
+        self.effects: dict[bytes, tuple[bytes, ...]] = {}
+        """The calls whose effect changed in the batch, with their unresolved keys before it."""
+        self.envelope: tuple[Any, ...] = ()
+        """The last envelope ids found plainly valid (`_ids_plainly_valid`)."""
+        if key is None:
+            return
+        self.home = murmur2_partition(key, partitions)
+        try:
+            self.run_id = key.decode()
+        except UnicodeDecodeError:
+            return
+        self.valid = _is_run_id(self.run_id)
+        if not self.valid:
+            return
+        self.run = RUN.key(self.run_id)
+        self.event: Callable[[int], bytes] = EVENT.under(self.run_id)
+        self.transition: Callable[[int], bytes] = TRANSITION.under(self.run_id)
+        self.effect: Callable[[str], bytes] = EFFECT.under(self.run_id)
+        self.snapshot: Callable[[int], bytes] = SNAPSHOT.under(self.run_id)
+
+
+_by_index = itemgetter(0)
+
+
 class Applier:
     """Applies batches of source records to a projection store.
 
@@ -163,10 +355,20 @@ class Applier:
         self.max_snapshots = max_snapshots_per_run
         self.max_seq_jump = max_seq_jump
         self._current: SourceRecord | None = None
+        self._index = 0
+        """The batch position of the record being applied: dead letters are reported in it."""
         self._outcome = BatchOutcome()
+        self._dead: list[tuple[int, DeadLetter]] = []
         self._poisoned: Mapping[tuple[int, int, int], str] = {}
+        self._parked: dict[bytes, tuple[bytes, Fields]] = {}
+        """Recently parked records, decoded, by their parked key (with their bytes, to be sure).
 
-    # -- a batch -------------------------------------------------------------------------------
+        A registration applies them without decoding them again, in this batch or a later one
+        (the usual case live: transitions are fetched ahead of their run's `run_started`). The
+        oldest are dropped beyond `PARKED_DECODED` records or `PARKED_DECODED_BYTES`; a dropped
+        one is decoded when drained.
+        """
+        self._parked_bytes = 0
 
     def stage(self, db: Rdict, records: Sequence[SourceRecord]) -> tuple[BatchTxn, BatchOutcome]:
         """Stage a batch (state, DLQ counts and next offsets) in one transaction, not committed.
@@ -189,13 +391,23 @@ class Applier:
         self, txn: BatchTxn, records: Sequence[SourceRecord], poisoned: Mapping[tuple[int, int, int], str]
     ) -> BatchOutcome:
         self._outcome = outcome = BatchOutcome()
+        self._dead = []
         self._poisoned = poisoned
-        for source in records:
-            self._current = source
-            self._apply_source(txn, source)
-            outcome.next_offsets[(source.topic, source.partition)] = source.offset + 1
+        next_offsets = outcome.next_offsets
+        by_key: dict[bytes | None, list[tuple[int, SourceRecord]]] = {}
+        for index, source in enumerate(records):
+            next_offsets[(source.topic, source.partition)] = source.offset + 1
+            same_key = by_key.get(source.key)
+            if same_key is None:
+                by_key[source.key] = [(index, source)]
+            else:
+                same_key.append((index, source))
+        for key, items in by_key.items():
+            self._apply_run(txn, _RunKeys(key, self.partitions), items)
         self._current = None
-        for (topic, partition), offset in outcome.next_offsets.items():
+        self._dead.sort(key=_by_index)  # stable: within one record's turn, in the order they came
+        outcome.dead = [dead for _, dead in self._dead]
+        for (topic, partition), offset in next_offsets.items():
             txn.put(OFFSET.key(self.topics[topic], partition), str(offset).encode())
         if outcome.dead:
             counts: dict[str, int] = json.loads(txn.get(DLQ_COUNTS) or b'{}')
@@ -205,87 +417,101 @@ class Applier:
         return outcome
 
     def _dead_letter(self, source: SourceRecord, reason: str, detail: str) -> None:
-        self._outcome.dead.append(DeadLetter(source, reason, detail))
+        self._dead.append((self._index, DeadLetter(source, reason, detail)))
 
-    def _apply_source(self, txn: BatchTxn, source: SourceRecord) -> None:
-        failure = self._poisoned.get(source.coordinates)
-        if failure is not None:
-            self._dead_letter(source, 'apply_error', f'applying the record raised {failure}')
-            return
-        try:
-            record = self.check(source)
-        except Rejected as rejected:
-            self._dead_letter(source, rejected.reason, rejected.detail)
-            return
-        assert source.value is not None
-        run_key = RUN.key(record.run_id)
-        run = txn.get_state(run_key, RunState)
-        if run is None:
-            if not (isinstance(record, StepEvent) and record.kind == 'run_started'):
-                txn.put(
-                    PARKED.key(record.run_id, source.topic, source.partition, source.offset), source.value
+    def _apply_run(self, txn: BatchTxn, keys: _RunKeys, items: list[tuple[int, SourceRecord]]) -> None:
+        """Apply one key's records of the batch, in order; the run's state is staged once."""
+        poisoned = self._poisoned
+        run: RunState | None = None
+        loaded = False
+        for index, source in items:
+            self._current, self._index = source, index
+            if poisoned and source.coordinates in poisoned:
+                self._dead_letter(
+                    source, 'apply_error', f'applying the record raised {poisoned[source.coordinates]}'
                 )
-                return
-            run = self._register(txn, record)
-            self._apply_registered(txn, run, source, record)
-            self._drain_parked(txn, run)
-        else:
-            self._apply_registered(txn, run, source, record)
-        txn.put_state(run_key, run)
+                continue
+            try:
+                record = self._check(source, keys)
+            except Rejected as rejected:
+                self._dead_letter(source, rejected.reason, rejected.detail)
+                continue
+            assert source.value is not None and keys.run_id is not None
+            if not loaded:
+                run, loaded = txn.get_state(keys.run, RunState), True
+            if run is None:
+                if not (source.topic == EVENTS and record['kind'] == 'run_started'):
+                    parked = PARKED.key(keys.run_id, source.topic, source.partition, source.offset)
+                    txn.put(parked, source.value)
+                    self._keep_decoded(parked, source.value, record)
+                    continue
+                run = self._register(txn, record)
+                self._apply_registered(txn, keys, run, source, record)
+                self._drain_parked(txn, keys, run)
+            else:
+                self._apply_registered(txn, keys, run, source, record)
+        if run is not None:
+            txn.put_state(keys.run, run)
+        for effect_key, before in keys.effects.items():
+            _reindex_effect(txn, before, _unresolved_keys(txn.get_state(effect_key, EffectState)))
 
     # -- record-level rules (no state) ---------------------------------------------------------
 
-    def check(self, source: SourceRecord) -> LogRecord:
-        """The decoded record, or `Rejected` when it cannot apply whatever the state."""
+    def check(self, source: SourceRecord) -> Fields:
+        """The record's plain fields, or `Rejected` when it cannot apply whatever the state."""
+        return self._check(source, _RunKeys(source.key, self.partitions))
+
+    def _check(self, source: SourceRecord, keys: _RunKeys) -> Fields:
         if source.value is None:
             raise Rejected('tombstone', 'a record with no value (a tombstone) on a log topic')
         if source.key is None:
             raise Rejected('no_key', 'a record with no key: log records are keyed by their run_id')
-        try:
-            record = decode(source.value)
-        except SchemaError as exc:
-            raise Rejected(exc.reason, str(exc)) from None
-        expected = StepEvent if source.topic == EVENTS else ToolEffectTransition
-        if not isinstance(record, expected):
+        read = read_plain(source.value)
+        if read is None:
+            try:
+                read = plain_fields(decode(source.value))
+            except SchemaError as exc:
+                raise Rejected(exc.reason, str(exc)) from None
+        topic, record = read
+        if topic != source.topic:
             raise Rejected(
-                'wrong_topic', f'a {type(record).__name__} on the {self.topics[source.topic]} topic'
+                'wrong_topic', f'a {_RECORD_TYPES[topic]} on the {self.topics[source.topic]} topic'
             )
-        try:
-            check_record_ids(record)
-        except ValueError as exc:
-            raise Rejected('invalid_id', str(exc)) from None
-        if source.key != record.run_id.encode():
-            raise Rejected(
-                'wrong_key', f'record key {source.key[:300]!r} is not its run_id {record.run_id!r}'
-            )
-        home = murmur2_partition(source.key, self.partitions)
-        if home != source.partition:
+        run_id = record['run_id']
+        if not (keys.valid and run_id == keys.run_id and _ids_plainly_valid(record, keys)):
+            try:
+                check_record_ids(SimpleNamespace(**record))
+            except ValueError as exc:
+                raise Rejected('invalid_id', str(exc)) from None
+        if run_id != keys.run_id:  # the key is UTF-8 of its run_id exactly when it decodes to it
+            raise Rejected('wrong_key', f'record key {source.key[:300]!r} is not its run_id {run_id!r}')
+        if keys.home != source.partition:
             raise Rejected(
                 'wrong_partition',
-                f'run {record.run_id!r} belongs in partition {home} of {self.partitions}, '
+                f'run {run_id!r} belongs in partition {keys.home} of {self.partitions}, '
                 f'not {source.partition}',
             )
-        if record.seq < 0:
-            raise Rejected('invalid', f'negative seq {record.seq}')
-        if isinstance(record, StepEvent):
+        if record['seq'] < 0:
+            raise Rejected('invalid', f'negative seq {record["seq"]}')
+        if topic == EVENTS:
             _check_event(record)
-        elif record.status not in TOOL_EFFECT_STATUSES:
+        elif record['status'] not in TOOL_EFFECT_STATUSES:
             raise Rejected(
-                'unknown_version', f'unknown tool effect status {record.status!r} (a newer writer?)'
+                'unknown_version', f'unknown tool effect status {record["status"]!r} (a newer writer?)'
             )
         return record
 
     # -- registration, ownership ---------------------------------------------------------------
 
-    def _register(self, txn: BatchTxn, started: StepEvent) -> RunState:
+    def _register(self, txn: BatchTxn, started: Fields) -> RunState:
         run = RunState(
-            run_id=started.run_id,
-            owner=started.writer_id,
-            started_at=micros(started.timestamp),
-            conversation_id=started.conversation_id,
-            parent_run_id=started.parent_run_id,
-            agent_name=started.agent_name,
-            metadata=dict(started.metadata),
+            run_id=started['run_id'],
+            owner=started['writer_id'],
+            started_at=started['timestamp'],
+            conversation_id=started['conversation_id'],
+            parent_run_id=started['parent_run_id'],
+            agent_name=started['agent_name'],
+            metadata=dict(started['metadata']),
         )
         txn.put(RUNS.key(run.started_at, run.run_id), b'')
         if run.conversation_id is not None:
@@ -294,28 +520,62 @@ class Applier:
             txn.put(CHILDREN.key(run.parent_run_id, run.started_at, run.run_id), b'')
         return run
 
-    def _drain_parked(self, txn: BatchTxn, run: RunState) -> None:
+    def _keep_decoded(self, parked: bytes, value: bytes, record: Fields) -> None:
+        """Keep a parked record's fields for its registration, within the bounds."""
+        self._forget_decoded(parked)
+        self._parked[parked] = (value, record)
+        self._parked_bytes += len(value)
+        while self._parked_bytes > PARKED_DECODED_BYTES or len(self._parked) > PARKED_DECODED:
+            self._forget_decoded(next(iter(self._parked)))
+
+    def _forget_decoded(self, parked: bytes) -> tuple[bytes, Fields] | None:
+        kept = self._parked.pop(parked, None)
+        if kept is not None:
+            self._parked_bytes -= len(kept[0])
+        return kept
+
+    def _take_decoded(self, parked: bytes, value: bytes) -> Fields:
+        """A parked record's fields: the kept ones if they are of these bytes, else decoded."""
+        kept = self._forget_decoded(parked)
+        return kept[1] if kept is not None and kept[0] == value else _read_stored(value)
+
+    def _drain_parked(self, txn: BatchTxn, keys: _RunKeys, run: RunState) -> None:
         """Apply what waited for the registration: step events first, each topic in log order."""
         for k, value in txn.scan(PARKED.prefix(run.run_id)):
             txn.delete(k)
             _, topic, partition, offset = PARKED.parse(k)
             assert isinstance(topic, int) and isinstance(partition, int) and isinstance(offset, int)
-            source = SourceRecord(topic, partition, offset, run.run_id.encode(), value)
+            source = SourceRecord(topic, partition, offset, keys.key, value)
             self._current = source
             failure = self._poisoned.get(source.coordinates)
             if failure is not None:
                 self._dead_letter(source, 'apply_error', f'applying the record raised {failure}')
                 continue
-            self._apply_registered(txn, run, source, decode(value))
+            record = self._take_decoded(k, value)
+            self._apply_registered(txn, keys, run, source, record)
 
     def _apply_registered(
-        self, txn: BatchTxn, run: RunState, source: SourceRecord, record: LogRecord
+        self, txn: BatchTxn, keys: _RunKeys, run: RunState, source: SourceRecord, record: Fields
     ) -> None:
-        if record.writer_id != run.owner:
+        """Apply one record of a registered run: the owner's by the seq rules, others' apart."""
+        if record['writer_id'] != run.owner:
             self._keep_apart(txn, run, source, record)
             return
+        seq, topic = record['seq'], source.topic
+        high = run.highs[topic]
         try:
-            applied = self._apply_owned(txn, run, source, record)
+            if seq > high + self.max_seq_jump:
+                raise Rejected(
+                    'seq_jump',
+                    f'seq {seq} of run {run.run_id!r} is more than {self.max_seq_jump} above the highest '
+                    f'seq accepted on its topic ({high})',
+                )
+            if seq > high:
+                run.highs[topic] = seq
+            if topic == EVENTS:
+                applied = self._apply_event(txn, keys, run, source, record)
+            else:
+                applied = self._apply_transition(txn, keys, run, source, record)
         except Rejected as rejected:
             run.count_rejected(rejected.reason)
             self._dead_letter(source, rejected.reason, rejected.detail)
@@ -325,193 +585,186 @@ class Applier:
         else:
             self._outcome.duplicates += 1
 
-    def _keep_apart(self, txn: BatchTxn, run: RunState, source: SourceRecord, record: LogRecord) -> None:
+    def _keep_apart(self, txn: BatchTxn, run: RunState, source: SourceRecord, record: Fields) -> None:
         assert source.value is not None
-        k = APART.key(run.run_id, record.writer_id, source.topic, record.seq)
+        writer_id = record['writer_id']
+        k = APART.key(run.run_id, writer_id, source.topic, record['seq'])
         if txn.get(k) is not None:
             self._outcome.duplicates += 1
             return
         txn.put(k, source.value)
-        conflict_key = CONFLICT.key(run.run_id, record.writer_id)
+        conflict_key = CONFLICT.key(run.run_id, writer_id)
         conflict = json.loads(txn.get(conflict_key) or b'{"records":0}')
         conflict['records'] += 1
         txn.put(conflict_key, dumps(conflict))
-        if record.writer_id not in run.conflicting_writers:
-            run.conflicting_writers = sorted([*run.conflicting_writers, record.writer_id])
+        if writer_id not in run.conflicting_writers:
+            run.conflicting_writers = sorted([*run.conflicting_writers, writer_id])
         self._outcome.applied += 1
 
-    # -- the owner's records -------------------------------------------------------------------
+    # -- the owner's records: False for a duplicate, `Rejected` for the DLQ ----------------------
 
-    def _apply_owned(self, txn: BatchTxn, run: RunState, source: SourceRecord, record: LogRecord) -> bool:
-        """Apply one record of the run's owner; False for a duplicate, `Rejected` for the DLQ."""
+    def _apply_event(
+        self, txn: BatchTxn, keys: _RunKeys, run: RunState, source: SourceRecord, event: Fields
+    ) -> bool:
         assert source.value is not None
-        seq, topic = record.seq, source.topic
-        if seq > run.highs[topic] + self.max_seq_jump:
-            raise Rejected(
-                'seq_jump',
-                f'seq {seq} of run {run.run_id!r} is more than {self.max_seq_jump} above the highest '
-                f'seq accepted on its topic ({run.highs[topic]})',
-            )
-        run.highs[topic] = max(run.highs[topic], seq)
-        if isinstance(record, StepEvent):
-            return self._apply_event(txn, run, source, record)
-        assert isinstance(record, ToolEffectTransition)
-        return self._apply_transition(txn, run, source, record)
-
-    def _apply_event(self, txn: BatchTxn, run: RunState, source: SourceRecord, event: StepEvent) -> bool:
-        assert source.value is not None
-        event_key = EVENT.key(run.run_id, event.seq)
-        held = run.holds(event.seq)
+        seq = event['seq']
+        event_key = keys.event(seq)
+        held = run.holds(seq)
         if held:
             existing = txn.get(event_key)
             if existing is not None:
                 if existing == source.value:
                     return False
-                raise Rejected(
-                    'duplicate_seq', f'seq {event.seq} of run {run.run_id!r} holds another step event'
-                )
-        snap = event.snapshot
-        if snap is not None and ranges_hold(run.snapshots, snap.snapshot_seq):
+                raise Rejected('duplicate_seq', f'seq {seq} of run {run.run_id!r} holds another step event')
+        snap = event['snapshot']
+        if snap is not None and ranges_hold(run.snapshots, snap['snapshot_seq']):
             raise Rejected(
                 'snapshot_conflict',
-                f'snapshot {snap.snapshot_seq} of run {run.run_id!r} was saved already by another event',
+                f'snapshot {snap["snapshot_seq"]} of run {run.run_id!r} was saved already by another event',
             )
         if held:  # by a tool-effect transition: the step event wins
-            self._withdraw_transition(txn, run, source.partition, event.seq)
+            self._withdraw_transition(txn, keys, run, source.partition, seq)
         else:
-            run.claim(event.seq)
+            run.claim(seq)
         txn.put(event_key, source.value)
-        ts = micros(event.timestamp)
-        if event.kind in TERMINAL_KINDS and event.seq > run.terminal_seq:
-            run.terminal_seq = event.seq
-            run.status = TERMINAL_KINDS[event.kind]
-            run.ended_at = ts
-            run.error = event.error
+        kind = event['kind']
+        if kind in TERMINAL_KINDS and seq > run.terminal_seq:
+            run.terminal_seq = seq
+            run.status = TERMINAL_KINDS[kind]
+            run.ended_at = event['timestamp']
+            run.error = event['error']
         elif snap is not None:
-            ranges_add(run.snapshots, snap.snapshot_seq)
+            snapshot_seq = snap['snapshot_seq']
+            ranges_add(run.snapshots, snapshot_seq)
             entry = SnapshotEntry(
-                seq=event.seq,
-                snapshot_seq=snap.snapshot_seq,
-                state=snap.state,
-                step_index=event.step_index,
-                prefix_len=snap.prefix_len,
-                timestamp=ts,
-                idempotency_key=event.idempotency_key,
+                seq=seq,
+                snapshot_seq=snapshot_seq,
+                state=snap['state'],
+                step_index=event['step_index'],
+                prefix_len=snap['prefix_len'],
+                timestamp=event['timestamp'],
+                idempotency_key=event['idempotency_key'],
             )
-            txn.put_state(SNAPSHOT.key(run.run_id, snap.snapshot_seq), entry)
+            txn.put_state(keys.snapshot(snapshot_seq), entry)
             if self.max_snapshots is not None:
-                _retain(txn, run, snap.snapshot_seq, snap.state, self.max_snapshots)
+                _retain(txn, keys, run, snapshot_seq, snap['state'], self.max_snapshots)
         return True
 
     def _apply_transition(
-        self, txn: BatchTxn, run: RunState, source: SourceRecord, t: ToolEffectTransition
+        self, txn: BatchTxn, keys: _RunKeys, run: RunState, source: SourceRecord, t: Fields
     ) -> bool:
         assert source.value is not None
-        stored = encode_int(source.offset) + source.value
-        transition_key = TRANSITION.key(run.run_id, t.seq)
-        if run.holds(t.seq):
+        seq = t['seq']
+        transition_key = keys.transition(seq)
+        if run.holds(seq):
             existing = txn.get(transition_key)
             if existing is not None:
                 if existing[8:] == source.value:
                     return False
                 raise Rejected(
-                    'duplicate_seq', f'seq {t.seq} of run {run.run_id!r} holds another tool-effect transition'
+                    'duplicate_seq', f'seq {seq} of run {run.run_id!r} holds another tool-effect transition'
                 )
             # Held by a step event, which wins. Kept (dead) so that a repeat is a duplicate.
-            txn.put(transition_key, stored)
+            txn.put(transition_key, encode_int(source.offset) + source.value)
             raise Rejected(
                 'duplicate_seq',
-                f'seq {t.seq} of run {run.run_id!r} holds a step event, which takes precedence',
+                f'seq {seq} of run {run.run_id!r} holds a step event, which takes precedence',
             )
-        run.claim(t.seq)
-        txn.put(transition_key, stored)
-        effect_key = EFFECT.key(run.run_id, t.tool_call_id)
+        run.claim(seq)
+        txn.put(transition_key, encode_int(source.offset) + source.value)
+        effect_key = keys.effect(t['tool_call_id'])
         effect = txn.get_state(effect_key, EffectState)
-        before = _unresolved_keys(effect)
+        first = effect_key not in keys.effects
+        if first:
+            keys.effects[effect_key] = _unresolved_keys(effect)
         if effect is None:
             effect = EffectState(
-                run_id=run.run_id, tool_call_id=t.tool_call_id, tool_name=t.tool_name, tool_name_seq=t.seq
+                run_id=run.run_id, tool_call_id=t['tool_call_id'], tool_name=t['tool_name'], tool_name_seq=seq
             )
+            txn.put_state(effect_key, effect)
+        elif first:  # staged once per batch; later changes are to the staged object
+            txn.put_state(effect_key, effect)
         _merge(effect, t)
-        txn.put_state(effect_key, effect)
-        _reindex_effect(txn, before, _unresolved_keys(effect))
         return True
 
-    def _withdraw_transition(self, txn: BatchTxn, run: RunState, partition: int, seq: int) -> None:
+    def _withdraw_transition(
+        self, txn: BatchTxn, keys: _RunKeys, run: RunState, partition: int, seq: int
+    ) -> None:
         """A step event took this seq: its transition stops counting and goes to the DLQ."""
-        stored = txn.get(TRANSITION.key(run.run_id, seq))
+        stored = txn.get(keys.transition(seq))
         assert stored is not None
         offset = decode_int(stored[:8])
-        t = decode(stored[8:])
-        assert isinstance(t, ToolEffectTransition)
-        effect_key = EFFECT.key(run.run_id, t.tool_call_id)
-        before = _unresolved_keys(txn.get_state(effect_key, EffectState))
+        t = _read_stored(stored[8:])
+        effect_key = keys.effect(t['tool_call_id'])
+        if effect_key not in keys.effects:
+            keys.effects[effect_key] = _unresolved_keys(txn.get_state(effect_key, EffectState))
         # Rare (a reused seq), so the call's other live transitions are found by a scan of the run's.
         effect = None
         for k, other_raw in txn.scan(TRANSITION.prefix(run.run_id)):
             other_seq = TRANSITION.parse(k)[1]
-            if other_seq == seq or txn.get(EVENT.key(run.run_id, other_seq)) is not None:
+            assert isinstance(other_seq, int)
+            if other_seq == seq or txn.get(keys.event(other_seq)) is not None:
                 continue  # the withdrawn one, or another that a step event displaced
-            other = decode(other_raw[8:])
-            assert isinstance(other, ToolEffectTransition)
-            if other.tool_call_id != t.tool_call_id:
+            other = _read_stored(other_raw[8:])
+            if other['tool_call_id'] != t['tool_call_id']:
                 continue
             if effect is None:
                 effect = EffectState(
                     run_id=run.run_id,
-                    tool_call_id=other.tool_call_id,
-                    tool_name=other.tool_name,
-                    tool_name_seq=other.seq,
+                    tool_call_id=other['tool_call_id'],
+                    tool_name=other['tool_name'],
+                    tool_name_seq=other['seq'],
                 )
             _merge(effect, other)
         if effect is None:
             txn.delete(effect_key)
         else:
             txn.put_state(effect_key, effect)
-        _reindex_effect(txn, before, _unresolved_keys(effect))
         run.count_rejected('duplicate_seq')
         self._dead_letter(
-            SourceRecord(EFFECTS, partition, offset, run.run_id.encode(), stored[8:]),
+            SourceRecord(EFFECTS, partition, offset, keys.key, stored[8:]),
             'duplicate_seq',
             f'seq {seq} of run {run.run_id!r} also holds a step event, which takes precedence',
         )
 
 
-def _check_event(event: StepEvent) -> None:
-    if event.kind not in EVENT_KINDS:
-        raise Rejected('unknown_version', f'unknown event kind {event.kind!r} (a newer writer?)')
-    if (event.kind == 'snapshot_saved') != (event.snapshot is not None):
+def _check_event(event: Fields) -> None:
+    kind = event['kind']
+    if kind not in EVENT_KINDS:
+        raise Rejected('unknown_version', f'unknown event kind {kind!r} (a newer writer?)')
+    snap = event['snapshot']
+    if (kind == 'snapshot_saved') != (snap is not None):
         raise Rejected('invalid', 'a snapshot payload belongs to snapshot_saved events, and only to them')
-    snap = event.snapshot
     if snap is None:
         return
-    if snap.state not in ('complete', 'interrupted') or snap.prefix_len < 0 or snap.snapshot_seq < 0:
-        raise Rejected(
-            'invalid', f'invalid snapshot header {snap.state!r} {snap.prefix_len} {snap.snapshot_seq}'
-        )
+    state, prefix_len, snapshot_seq = snap['state'], snap['prefix_len'], snap['snapshot_seq']
+    if state not in ('complete', 'interrupted') or prefix_len < 0 or snapshot_seq < 0:
+        raise Rejected('invalid', f'invalid snapshot header {state!r} {prefix_len} {snapshot_seq}')
     try:
-        tail = json.loads(snap.messages)
+        tail = json.loads(snap['messages'])
     except ValueError as exc:
         raise Rejected('invalid', f'snapshot messages are not JSON: {exc}') from None
     if not isinstance(tail, list):
         raise Rejected('invalid', 'snapshot messages are not a JSON list')
 
 
-def _merge(effect: EffectState, t: ToolEffectTransition) -> None:
+def _merge(effect: EffectState, t: Fields) -> None:
     """Fold one transition into the call's state; commutative, so arrival order is moot."""
-    ts = micros(t.timestamp)
-    if t.seq < effect.tool_name_seq:
-        effect.tool_name, effect.tool_name_seq = t.tool_name, t.seq
-    if t.status == 'started':
+    ts, seq, status = t['timestamp'], t['seq'], t['status']
+    if seq < effect.tool_name_seq:
+        effect.tool_name, effect.tool_name_seq = t['tool_name'], seq
+    if status == 'started':
         effect.started_at = ts if effect.started_at is None else min(ts, effect.started_at)
-    if t.status != 'annotated' and t.seq > effect.status_seq:
-        effect.status, effect.status_seq, effect.error = t.status, t.seq, t.error
-        effect.ended_at = None if t.status == 'started' else ts
-    if t.idempotency_key is not None and t.seq > effect.idempotency_key_seq:
-        effect.idempotency_key, effect.idempotency_key_seq = t.idempotency_key, t.seq
-    if t.effect_summary is not None and t.seq > effect.effect_summary_seq:
-        effect.effect_summary, effect.effect_summary_seq = t.effect_summary, t.seq
-    effect.last_seq = max(effect.last_seq, t.seq)
+    if status != 'annotated' and seq > effect.status_seq:
+        effect.status, effect.status_seq, effect.error = status, seq, t['error']
+        effect.ended_at = None if status == 'started' else ts
+    idempotency_key = t['idempotency_key']
+    if idempotency_key is not None and seq > effect.idempotency_key_seq:
+        effect.idempotency_key, effect.idempotency_key_seq = idempotency_key, seq
+    summary = t['effect_summary']
+    if summary is not None and seq > effect.effect_summary_seq:
+        effect.effect_summary, effect.effect_summary_seq = summary, seq
+    effect.last_seq = max(effect.last_seq, seq)
 
 
 def _unresolved_keys(effect: EffectState | None) -> tuple[bytes, ...]:
@@ -525,7 +778,11 @@ def _unresolved_keys(effect: EffectState | None) -> tuple[bytes, ...]:
 
 
 def _reindex_effect(txn: BatchTxn, before: tuple[bytes, ...], after: tuple[bytes, ...]) -> None:
-    """Both unresolved indexes change together, from the same state: they cannot disagree."""
+    """Both unresolved indexes change together, from the same state: they cannot disagree.
+
+    Called once per call and batch, with its keys before the batch and after it: a call that
+    starts and completes within one batch never touches the indexes.
+    """
     if before == after:
         return
     for k in before:
@@ -534,7 +791,7 @@ def _reindex_effect(txn: BatchTxn, before: tuple[bytes, ...], after: tuple[bytes
         txn.put(k, b'')
 
 
-def _retain(txn: BatchTxn, run: RunState, snapshot_seq: int, state: str, keep: int) -> None:
+def _retain(txn: BatchTxn, keys: _RunKeys, run: RunState, snapshot_seq: int, state: str, keep: int) -> None:
     """Keep the newest `keep` snapshots, the newest complete one and the newest overall.
 
     Retention hides snapshots from the read side; their deltas stay, because later snapshots
@@ -549,7 +806,7 @@ def _retain(txn: BatchTxn, run: RunState, snapshot_seq: int, state: str, keep: i
     keep_set = set(retained[-keep:]) | {retained[-1], run.newest_complete_snapshot}
     for dropped in [s for s in retained if s not in keep_set]:
         retained.remove(dropped)
-        entry_key = SNAPSHOT.key(run.run_id, dropped)
+        entry_key = keys.snapshot(dropped)
         entry = txn.get_state(entry_key, SnapshotEntry)
         if entry is not None:
             entry.retained = False

@@ -87,6 +87,24 @@ class Keyspace:
             [encode(value) for encode, value in zip(self._encoders, values, strict=False)]
         )
 
+    def under(self, *leading: str | int) -> Callable[[Any], bytes]:
+        """A builder of the keys that share every component but the last: it takes the last.
+
+        For loops over one run's records, so that the shared components are encoded once:
+
+        ```python
+        event_key = EVENT.under('run-1')
+        assert event_key(7) == EVENT.key('run-1', 7)
+        ```
+        """
+        if len(leading) != len(self.parts) - 1:
+            raise TypeError(f'{self.name} keys take {len(self.parts) - 1} leading parts, got {len(leading)}')
+        head = self.prefix(*leading)
+        if self.parts[-1] == 'int':  # a seq: `encode_int` inline, since this runs for every record
+            return lambda value: head + (value + _INT_BIAS).to_bytes(8, 'big')
+        last = self._encoders[-1]
+        return lambda value: head + last(value)
+
     def parse(self, key: bytes) -> tuple[str | int, ...]:
         """The components of a key of this keyspace (the inverse of `key`)."""
         if key[:1] != self.tag:

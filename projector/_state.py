@@ -12,10 +12,13 @@ import json
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Self
 
+_ENCODER = json.JSONEncoder(separators=(',', ':'), sort_keys=True)
+"""What `json.dumps(value, separators=(',', ':'), sort_keys=True)` builds on every call."""
+
 
 def dumps(value: Any) -> bytes:
     """Compact, key-sorted JSON: the same state always has the same bytes."""
-    return json.dumps(value, separators=(',', ':'), sort_keys=True).encode()
+    return _ENCODER.encode(value).encode()
 
 
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
@@ -65,6 +68,8 @@ def _no_metadata() -> dict[str, str]:
 
 def ranges_hold(ranges: list[list[int]], value: int) -> bool:
     """Whether sorted, disjoint, inclusive [low, high] `ranges` cover `value`."""
+    if not ranges or value > ranges[-1][1]:  # the common case: above every range so far
+        return False
     i = bisect.bisect_right(ranges, [value, 1 << 64]) - 1
     return i >= 0 and ranges[i][0] <= value <= ranges[i][1]
 
@@ -137,11 +142,18 @@ class RunState(_Json):
 
     def holds(self, seq: int) -> bool:
         """Whether `seq` holds a record already."""
-        return ranges_hold(self.seqs, seq)
+        seqs = self.seqs
+        if not seqs or seq > seqs[-1][1]:  # the common case inline: it runs for every record
+            return False
+        return ranges_hold(seqs, seq)
 
     def claim(self, seq: int) -> None:
         """Record that `seq` holds a record now (it did not before)."""
-        ranges_add(self.seqs, seq)
+        seqs = self.seqs
+        if seqs and seq == seqs[-1][1] + 1:  # the common case inline: the next seq
+            seqs[-1][1] = seq
+            return
+        ranges_add(seqs, seq)
 
     def count_rejected(self, reason: str) -> None:
         """Mark the run: one more of its records went to the DLQ for `reason`."""

@@ -16,24 +16,46 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
+import json
 import random
 import tempfile
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
+import pytest
+from fastavro import parse_schema, schemaless_writer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic_ai.messages import ModelMessagesTypeAdapter, ModelRequest, UserPromptPart
 
-from stepstream.errors import StepStreamError
+from stepstream.errors import SchemaError, StepStreamError
 from stepstream.ids import MAX_ID_BYTES
 from stepstream.projector import ProjectionReader, inspect_recovery
-from stepstream.projector._apply import DLQ_REASONS, EFFECTS, EVENTS, Applier, SourceRecord
+from stepstream.projector import _apply as apply_module
+from stepstream.projector._apply import (
+    DLQ_REASONS,
+    EFFECTS,
+    EVENTS,
+    Applier,
+    SourceRecord,
+    micros,
+    plain_fields,
+    read_plain,
+)
 from stepstream.projector._keys import KEYSPACES, RUN, Keyspace
 from stepstream.projector._state import RunState
 from stepstream.projector._store import open_db, stored_offsets
 from stepstream.projector._verify import logical_items
-from stepstream.schemas import SnapshotDelta, StepEvent, ToolEffectTransition, encode
+from stepstream.schemas import (
+    STEP_EVENT_SCHEMA,
+    SnapshotDelta,
+    StepEvent,
+    ToolEffectTransition,
+    decode,
+    encode,
+)
 from stepstream.topics import murmur2_partition
 
 TOPICS = ('props.step-events', 'props.tool-effects')
@@ -267,6 +289,64 @@ def test_the_projection_is_a_pure_function_of_the_log(generated: list[Op], seed:
     assert replayed == reference
 
 
+def interleave(log: dict[tuple[int, int], list[SourceRecord]], rng: random.Random) -> list[SourceRecord]:
+    """One consumption order of the log: each (topic, partition) in offset order, mixed at random."""
+    cursor = dict.fromkeys(log, 0)
+    out: list[SourceRecord] = []
+    while open_seqs := [tp for tp in log if cursor[tp] < len(log[tp])]:
+        tp = rng.choice(open_seqs)
+        out.append(log[tp][cursor[tp]])
+        cursor[tp] += 1
+    return out
+
+
+def apply_in_batches(
+    path: str, records: list[SourceRecord], sizes: list[int], *, one_applier: bool
+) -> tuple[list[tuple[bytes, bytes]], list[tuple[str, tuple[int, int, int], str]], int, int]:
+    """Every key and value of the store, with the batches' dead letters and counts, in order.
+
+    With `one_applier` every batch goes to one `Applier` (as in a projector), else each batch
+    to a new one (as after restarts)."""
+    db = open_db(path)
+    dead, applied, duplicates, at = [], 0, 0, 0
+    shared = applier()
+    try:
+        for size in sizes:
+            txn, outcome = (shared if one_applier else applier()).stage(db, records[at : at + size])
+            txn.commit()
+            at += size
+            dead += [(d.reason, d.source.coordinates, d.detail) for d in outcome.dead]
+            applied, duplicates = applied + outcome.applied, duplicates + outcome.duplicates
+        return list(db.items()), dead, applied, duplicates
+    finally:
+        db.close()
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(generated=logs(), seed=st.integers(0, 2**32), one_partition=st.booleans())
+def test_batch_cuts_change_nothing_in_the_store(generated: list[Op], seed: int, one_partition: bool) -> None:
+    """The same records applied one per batch (a new `Applier` each) and in batches of random
+    sizes (one `Applier`): the stores are equal byte for byte (offsets and DLQ counts included),
+    and so are the dead letters. Either the partitions mixed, or each batch from one partition
+    number (a shard's batches)."""
+    rng = random.Random(seed)
+    log = make_log(generated)
+    if one_partition:
+        parts = [interleave({tp: log[tp] for tp in log if tp[1] == p}, rng) for p in range(PARTITIONS)]
+    else:
+        parts = [interleave(log, rng)]
+    records, sizes = [r for part in parts for r in part], []
+    for part in parts:
+        left = len(part)
+        while left:
+            sizes.append(min(left, rng.choice([1, 2, 3, 5, 8, 13, len(part)])))
+            left -= sizes[-1]
+    with tempfile.TemporaryDirectory() as one, tempfile.TemporaryDirectory() as other:
+        single = apply_in_batches(one, records, [1] * len(records), one_applier=False)
+        batched = apply_in_batches(other, records, sizes, one_applier=True)
+    assert batched == single
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(generated=logs())
 def test_views_agree_with_each_other(generated: list[Op]) -> None:
@@ -316,6 +396,91 @@ async def check_views(reader: ProjectionReader) -> None:
         with contextlib.suppress(StepStreamError):
             await reader.list_snapshots(run.run_id, include_interrupted=True)
     assert per_run_unresolved == every_unresolved
+
+
+def test_parked_records_are_kept_decoded_within_bounds(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A run's transitions parked over many batches stay decoded only within the byte bound,
+    and its registration applies every one of them, the kept and the dropped alike."""
+    monkeypatch.setattr(apply_module, 'PARKED_DECODED_BYTES', 2_000)
+    run_id = 'run-a'
+    partition = murmur2_partition(run_id.encode(), PARTITIONS)
+    transitions = [
+        SourceRecord(EFFECTS, partition, seq - 1, run_id.encode(), encode(ToolEffectTransition(
+            run_id=run_id, seq=seq, writer_id='owner', timestamp=T0, tool_call_id=f'c{seq}',
+            tool_name='tool', status='started', error='e' * 200,
+        )))
+        for seq in range(1, 41)
+    ]  # fmt: skip
+    started = SourceRecord(EVENTS, partition, 0, run_id.encode(), encode(StepEvent(
+        run_id=run_id, seq=0, writer_id='owner', timestamp=T0, kind='run_started'
+    )))  # fmt: skip
+    one = applier()
+    db = open_db(tmp_path / 'projection')
+    try:
+        for at in range(0, len(transitions), 7):
+            txn, _ = one.stage(db, transitions[at : at + 7])
+            txn.commit()
+            assert 0 < one._parked_bytes <= 2_000
+        txn, outcome = one.stage(db, [started])
+        txn.commit()
+        assert (outcome.applied, outcome.dead) == (41, [])
+        assert one._parked_bytes == 0 and not one._parked
+        unresolved = asyncio.run(ProjectionReader(db).list_unresolved_tool_effects(run_id))
+        assert len(unresolved) == 40
+    finally:
+        db.close()
+
+
+def _long_timestamps(node: object) -> object:
+    """A schema with its timestamp-micros read as the long it is on the wire."""
+    if isinstance(node, list):
+        return [_long_timestamps(item) for item in node]
+    if isinstance(node, dict):
+        return {k: _long_timestamps(v) for k, v in node.items() if k != 'logicalType'}
+    return node
+
+
+RAW_EVENT_SCHEMA = parse_schema(
+    _long_timestamps(json.loads(STEP_EVENT_SCHEMA.path.read_text())), named_schemas={}
+)
+EVENT_HEADER = encode(StepEvent(run_id='r', seq=0, writer_id='w', timestamp=T0, kind='run_started'))[:10]
+TIMESTAMP_EDGES = [micros(datetime.min.replace(tzinfo=UTC)), micros(datetime.max.replace(tzinfo=UTC)), 0]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    timestamp=st.one_of(
+        st.sampled_from([t + d for t in TIMESTAMP_EDGES for d in (-1, 0, 1)] + [-(2**63), 2**63 - 1]),
+        st.integers(-(2**63), 2**63 - 1),
+    ),
+    snapshot=st.booleans(),
+    damage=st.one_of(st.none(), st.tuples(st.integers(0, 400), st.integers(0, 255), st.booleans())),
+)
+def test_the_plain_reader_takes_exactly_what_decode_takes(
+    timestamp: int, snapshot: bool, damage: tuple[int, int, bool] | None
+) -> None:
+    """Any body, timestamp or damage: the plain fields equal the decoded record's, or both refuse."""
+    delta = {'snapshot_seq': 2, 'state': 'complete', 'prefix_len': 1, 'messages': TAIL}
+    fields = {
+        'run_id': 'run-a', 'seq': 3, 'writer_id': 'w', 'timestamp': timestamp, 'agent_name': None,
+        'conversation_id': 'c', 'parent_run_id': None,
+        'kind': 'snapshot_saved' if snapshot else 'run_started',
+        'step_index': 1, 'tool_call_id': None, 'tool_name': None, 'error': None, 'metadata': {'k': 'v'},
+        'idempotency_key': 'i', 'snapshot': delta if snapshot else None,
+    }  # fmt: skip
+    body = io.BytesIO()
+    schemaless_writer(body, RAW_EVENT_SCHEMA, fields)
+    value = EVENT_HEADER + body.getvalue()
+    if damage is not None:
+        at, byte, cut = damage
+        value = value[:at] if cut else value[:at] + bytes([byte]) + value[at + 1 :]
+    try:
+        expected: tuple[int, dict[str, object]] | None = plain_fields(decode(value))
+    except SchemaError:
+        expected = None
+    assert read_plain(value) == expected
 
 
 text = st.text(alphabet=st.sampled_from(['a', 'b', '\x00', '\x01', '\xff', 'é', '\U0001f600']), max_size=6)
