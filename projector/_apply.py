@@ -67,6 +67,7 @@ from stepstream.projector._state import EffectState, RunState, SnapshotEntry, du
 from stepstream.projector._store import BatchTxn
 from stepstream.schemas import (
     EVENT_KINDS,
+    MAGIC,
     STEP_EVENT_SCHEMA,
     TOOL_EFFECT_SCHEMA,
     TOOL_EFFECT_STATUSES,
@@ -75,7 +76,6 @@ from stepstream.schemas import (
     StepEvent,
     decode,
 )
-from stepstream.schemas._codec import MAGIC
 from stepstream.topics import murmur2_partition
 
 EVENTS, EFFECTS = 0, 1

@@ -1,6 +1,7 @@
 """The wire contract: Avro schemas, the record types and their codec."""
 
 from stepstream.schemas._codec import (
+    MAGIC,
     SCHEMA_DIR,
     STEP_EVENT_SCHEMA,
     TOOL_EFFECT_SCHEMA,
@@ -28,6 +29,7 @@ from stepstream.schemas._types import (
 
 __all__ = [
     'EVENT_KINDS',
+    'MAGIC',
     'SCHEMA_DIR',
     'STEP_EVENT_SCHEMA',
     'TOOL_EFFECT_SCHEMA',

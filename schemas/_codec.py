@@ -25,6 +25,7 @@ SCHEMA_DIR = Path(__file__).parent / 'avro'
 """The committed `.avsc` files, named `<record>.v<N>.avsc`."""
 
 MAGIC = b'\xc3\x01'
+"""The two bytes that open every Avro single-object encoded record."""
 _HEADER_LEN = len(MAGIC) + 8
 _FILE_NAME = re.compile(r'^(?P<name>[a-z_]+)\.v(?P<version>\d+)\.avsc$')
 
