@@ -39,8 +39,10 @@ class DiskMediaStore:
     `MediaContext` of the first put in `<file>.meta.json` next to it. Both are written to a temp
     file, fsynced and renamed into place, so a crash never leaves a half-written payload under its
     final name, and a payload a record refers to has reached the disk. A key strategy that returns
-    an absolute path or a `..` segment is rejected with `ValueError`, so a strategy (or a URI read
-    from a record) can never make the store write outside its directory.
+    an absolute path, a `..` segment, or nothing but the directory itself (`''`, `'.'`) is rejected
+    with `ValueError`, and so is a key whose file, once symlinks are resolved, lies outside the
+    directory: a strategy (or a URI read from a record) can never make the store read or write
+    outside its directory.
 
     File I/O runs in worker threads (`asyncio.to_thread`), never on the event loop.
     """
@@ -70,7 +72,7 @@ class DiskMediaStore:
         key = self._key_strategy(uri, ctx)
         posix = PurePosixPath(key.replace('\\', '/'))
         if (
-            not key
+            not posix.parts  # '', '.', './.': the directory itself
             or posix.is_absolute()
             or PureWindowsPath(key).anchor
             or '..' in posix.parts
@@ -83,8 +85,17 @@ class DiskMediaStore:
         return posix.as_posix()
 
     def path_for(self, uri: str, ctx: MediaContext = NO_CONTEXT) -> Path:
-        """The file that holds `uri`."""
-        return self.directory / self.key_for(uri, ctx)
+        """The file that holds `uri`, checked (symlinks resolved) to lie inside the directory."""
+        key = self.key_for(uri, ctx)
+        path = self.directory / key
+        root = self.directory.resolve()
+        final = path.resolve()
+        if final == root or not final.is_relative_to(root):
+            raise ValueError(
+                f'key_strategy returned {key!r} for {uri}, which resolves to {final}: a disk store key must '
+                f'be a relative path inside the directory {root} (a symlink on the way leads out of it)'
+            )
+        return path
 
     async def put(self, data: bytes, ctx: MediaContext = NO_CONTEXT) -> str:
         """Write `data` unless a file of the same size is already at its key; return its URI."""

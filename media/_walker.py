@@ -1,24 +1,30 @@
 """Walkers that move large payloads of a message history into a `MediaStore` and back.
 
-The reference representation (docs/decisions/0005-media-references.md): a payload is replaced,
-in the very field that held it, by `REFERENCE_PREFIX + uri`, a `str` in a text field and its
-UTF-8 bytes in `BinaryContent.data`. Every other field (media type, identifier, vendor metadata,
-the part and message around it) stays as it was, so the lean history is still a valid history
-that Pydantic AI's own JSON round trip preserves. The prefix starts with a NUL character, which
-ordinary text does not; a value that does start with the prefix is escaped by doubling it, so
-restoring never mistakes a user's value for a reference.
+The reference representation (docs/decisions/0005-media-references.md, widened by
+docs/decisions/0018-offload-everything-large.md): a payload is replaced, in the very field or
+item that held it, by `REFERENCE_PREFIX + uri`, a `str` where text was and its UTF-8 bytes in
+`BinaryContent.data`. Every other field stays as it was, so the lean history is still a valid
+history that Pydantic AI's own JSON round trip preserves. The prefix starts with a NUL character,
+which ordinary text does not; a value that does start with the prefix is escaped by doubling it,
+so restoring never mistakes a user's value for a reference.
+
+The walk visits every string and bytes value anywhere in a message: part contents, nested
+tool-return structures, tool-call arguments, instructions, system prompts, URLs. Inside the
+free-form values of a part (`content`, `args`), a list or dict of plain JSON values whose lean
+form is still at or above the threshold (say a thousand items of 50 KB) moves as one JSON
+payload, `REFERENCE_PREFIX + 'json:' + uri`; it comes back as the value Pydantic AI's JSON gives.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from pydantic_ai.messages import (
     AudioUrl,
-    BaseToolReturnPart,
     BinaryContent,
     DocumentUrl,
     FilePart,
@@ -26,10 +32,6 @@ from pydantic_ai.messages import (
     ImageUrl,
     ModelMessage,
     SpeechPart,
-    TextContent,
-    TextPart,
-    ThinkingPart,
-    UserPromptPart,
     VideoUrl,
 )
 
@@ -46,14 +48,24 @@ DEFAULT_THRESHOLD_BYTES = 64 * 1024
 REFERENCE_PREFIX = '\x00stepstream:'
 """Starts every reference (`REFERENCE_PREFIX + 'media+sha256://<hex>'`) and every escaped value."""
 
+JSON_REFERENCE = 'json:'
+"""After `REFERENCE_PREFIX`: the reference names a JSON payload that stands for a list or dict."""
+
 TEXT_MEDIA_TYPE = 'text/plain; charset=utf-8'
-"""The media type text payloads are stored with."""
+"""The media type text payloads (and bytes that are not `BinaryContent`) are stored with."""
+
+JSON_MEDIA_TYPE = 'application/json'
+"""The media type of a list or dict moved as one payload."""
 
 _PREFIX_BYTES = REFERENCE_PREFIX.encode()
 _MAX_CONCURRENT = 16
 """Store calls in flight per walker call: enough to overlap round trips, few enough for any S3."""
 # Lone surrogates (text decoded with `surrogateescape`) must survive the trip too.
 _UTF8_ERRORS = 'surrogatepass'
+_FREE_FORM_FIELDS = frozenset({'content', 'args'})
+"""Fields of a part whose value may be any JSON value, so a list or dict there may become a reference."""
+_THREAD_BYTES = 1 << 20
+"""Restores that put back at least this many bytes do their CPU work in a worker thread."""
 
 _T = TypeVar('_T')
 _Key = tuple[str, str]
@@ -67,15 +79,17 @@ async def externalize_media(
 ) -> list[ModelMessage]:
     """Copies of `messages` whose payloads of `threshold_bytes` or more are references into `store`.
 
-    Payloads are `BinaryContent.data` (in user prompts, tool returns, file and speech parts) and
-    text: `TextPart`/`ThinkingPart` content, a string user prompt or tool return, and the strings
-    and `TextContent` items of user prompt and tool return sequences. Every distinct payload is
-    uploaded once, concurrently, and all uploads finish before this returns, so a record built
-    from the result never refers to a missing object; if one fails, its error is raised
-    (`MediaUnavailable` for an unreachable store) and nothing is returned.
+    A payload is any string or bytes value anywhere in a message (text and thinking parts, user
+    prompts, system prompts, instructions, tool-call arguments, tool returns at any depth, file
+    and speech parts), and a list or dict inside a part's `content` or `args` whose lean JSON is
+    still that large. The walk (which hashes every payload) runs in a worker thread, so a 50 MB
+    tool return does not stall the event loop. Every distinct payload is uploaded once,
+    concurrently, and all uploads finish before this returns, so a record built from the result
+    never refers to a missing object; if one fails, its error is raised (`MediaUnavailable` for
+    an unreachable store) and nothing is returned.
 
     The input is not modified. A message, part or sequence with nothing to change is returned as
-    the same object: a walk visits every part but copies only what changes.
+    the same object: a walk visits every value but copies only what changes.
 
     ```python
     lean = await externalize_media(messages, store)
@@ -87,7 +101,7 @@ async def externalize_media(
     if isinstance(threshold_bytes, bool) or not isinstance(threshold_bytes, int) or threshold_bytes <= 0:
         raise ValueError(f'threshold_bytes must be a positive int, got {threshold_bytes!r}')
     externalizer = _Externalizer(threshold_bytes)
-    lean = [_message(m, externalizer) for m in messages]
+    lean = await asyncio.to_thread(externalizer.messages, messages)
     if externalizer.uploads:
 
         async def upload(key: _Key, data: bytes) -> None:
@@ -104,24 +118,29 @@ async def restore_media(messages: Sequence[ModelMessage], store: MediaStore) -> 
     """Copies of `messages` with every reference `externalize_media` left replaced by its payload.
 
     The result equals the history that was externalized (`==`, including media types, identifiers
-    and vendor metadata), also after the lean history went through Pydantic AI's JSON. Each
+    and vendor metadata; a list or dict that moved as one payload comes back as Pydantic AI's
+    JSON gives it back), also after the lean history went through Pydantic AI's JSON. Each
     distinct payload is fetched once, concurrently, and verified against its hash. Messages
     without references are returned as the same objects. Restore a history exactly once: a
     restored value that itself starts with `REFERENCE_PREFIX` would be read as escaped again.
     """
-    collector = _Restorer(fetched=None)
-    unescaped = [_message(m, collector) for m in messages]
-    if not collector.wanted:
-        return unescaped
+    fetched: dict[_Key, bytes] = {}
+    while True:
+        restorer = _Restorer(fetched)
+        if sum(len(data) for data in fetched.values()) >= _THREAD_BYTES:
+            restored = await asyncio.to_thread(restorer.messages, messages)
+        else:
+            restored = restorer.messages(messages)
+        if not restorer.wanted:
+            return restored
+        # A JSON payload may hold references itself: fetch, then walk again with what is known.
 
-    async def fetch(key: _Key) -> bytes:
-        uri, media_type = key
-        return await store.get(uri, MediaContext(media_type=media_type))
+        async def fetch(key: _Key) -> bytes:
+            uri, media_type = key
+            return await store.get(uri, MediaContext(media_type=media_type))
 
-    keys = list(collector.wanted)
-    fetched = dict(zip(keys, await _gather([fetch(key) for key in keys]), strict=True))
-    restorer = _Restorer(fetched=fetched)
-    return [_message(m, restorer) for m in messages]
+        keys = list(restorer.wanted)
+        fetched.update(zip(keys, await _gather([fetch(key) for key in keys]), strict=True))
 
 
 async def link_media(
@@ -136,93 +155,190 @@ async def link_media(
     restored from `store` as `restore_media` does, hash-checked. Give it a history exactly as
     the log holds it (`reader.list_snapshots(..., restore=False)`), never a restored one.
     """
-    collector = _Linker(fetched=None, links={})
-    for m in messages:
-        _message(m, collector)
-    keys = list(collector.wanted)
-    fetched = dict(
-        zip(
-            keys,
-            await _gather([store.get(uri, MediaContext(media_type=media_type)) for uri, media_type in keys]),
-            strict=True,
+    fetched: dict[_Key, bytes] = {}
+    links: dict[_Key, str] = {}
+    while True:
+        linker = _Linker(fetched, links)
+        linked = linker.messages(messages)
+        if not linker.wanted and not linker.linked:
+            return linked
+        wanted, to_link = list(linker.wanted), list(linker.linked)
+        fetched.update(
+            zip(
+                wanted,
+                await _gather([store.get(u, MediaContext(media_type=t)) for u, t in wanted]),
+                strict=True,
+            )
         )
-    )
-    link_keys = list(collector.linked)
-    links = dict(zip(link_keys, await _gather([link_for(*key) for key in link_keys]), strict=True))
-    linker = _Linker(fetched=fetched, links=links)
-    return [_message(m, linker) for m in messages]
+        links.update(zip(to_link, await _gather([link_for(*key) for key in to_link]), strict=True))
 
 
-# -- payload rules ------------------------------------------------------------------------------
+# -- out: payloads to references ----------------------------------------------------------------
 
 
-class _Payloads:
-    """What happens to one text or binary payload; the walk below decides where payloads are."""
+class _Externalizer:
+    """Walks values bottom-up; returns each lean value with the size of its JSON (an estimate)."""
 
-    def text(self, value: str) -> str:
-        raise NotImplementedError
-
-    def binary(self, content: BinaryContent) -> BinaryContent:
-        raise NotImplementedError
-
-    def content_binary(self, content: BinaryContent) -> BinaryContent | FileUrl:
-        """A binary item of a user prompt or tool return, where a URL part may stand instead."""
-        return self.binary(content)
-
-
-class _Externalizer(_Payloads):
     def __init__(self, threshold_bytes: int) -> None:
         self.threshold = threshold_bytes
         self.uploads: dict[_Key, bytes] = {}
+
+    def messages(self, messages: Sequence[ModelMessage]) -> list[ModelMessage]:
+        return [self.value(m, free_form=False)[0] for m in messages]
 
     def _reference(self, data: bytes, media_type: str) -> str:
         uri = media_uri_for(data)
         self.uploads.setdefault((uri, media_type), data)
         return REFERENCE_PREFIX + uri
 
-    def text(self, value: str) -> str:
+    def text(self, value: str) -> tuple[str, int]:
         if len(value) * 4 >= self.threshold:  # below that no encoding can reach the threshold
             data = value.encode('utf-8', _UTF8_ERRORS)
             if len(data) >= self.threshold:
-                return self._reference(data, TEXT_MEDIA_TYPE)
-        return REFERENCE_PREFIX + value if value.startswith(REFERENCE_PREFIX) else value
+                return self._reference(data, TEXT_MEDIA_TYPE), 80
+        if value.startswith(REFERENCE_PREFIX):
+            value = REFERENCE_PREFIX + value
+        return value, len(value) + 2
 
-    def binary(self, content: BinaryContent) -> BinaryContent:
+    def value(self, value: Any, *, free_form: bool) -> tuple[Any, int]:
+        """`(lean value, JSON size)`; `free_form`: inside a value typed `Any` by Pydantic AI."""
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, BinaryContent):
+            return self.binary(value)
+        if isinstance(value, bytes):
+            # Loose bytes (not `BinaryContent`) stay: Pydantic AI's JSON writes them as UTF-8 text
+            # or as base64 depending on the value, so a reference could not come back as they do.
+            return value, len(value) * 4 // 3 + 2
+        if type(value) is dict:
+            items = {k: self.value(v, free_form=free_form) for k, v in value.items()}
+            size = sum(len(k) + 4 + s for k, (_, s) in items.items()) + 2
+            lean: Any = value
+            if any(new is not value[k] for k, (new, _) in items.items()):
+                lean = {k: new for k, (new, _) in items.items()}
+            return self._maybe_json(lean, size, free_form)
+        if type(value) is list or type(value) is tuple:
+            entries = [self.value(v, free_form=free_form) for v in value]
+            size = sum(s + 1 for _, s in entries) + 2
+            lean = value
+            if any(new is not old for (new, _), old in zip(entries, value, strict=True)):
+                lean = type(value)(new for new, _ in entries)
+            return self._maybe_json(lean, size, free_form)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return self._dataclass(value)
+        return value, 8
+
+    def _dataclass(self, obj: Any) -> tuple[Any, int]:
+        changes: dict[str, Any] = {}
+        size = 2
+        is_part = hasattr(obj, 'part_kind')
+        for f in dataclasses.fields(obj):
+            if not f.init:
+                continue
+            old = getattr(obj, f.name)
+            new, s = self.value(old, free_form=is_part and f.name in _FREE_FORM_FIELDS)
+            size += len(f.name) + 4 + s
+            if new is not old:
+                changes[f.name] = new
+        return (_replace(obj, **changes) if changes else obj), size
+
+    def binary(self, content: BinaryContent) -> tuple[BinaryContent, int]:
         data = content.data
         if len(data) >= self.threshold:
             lean = self._reference(data, content.media_type).encode()
         elif data.startswith(_PREFIX_BYTES):
             lean = _PREFIX_BYTES + data
         else:
-            return content
+            return content, len(data) * 4 // 3 + 100
         # The identifier defaults to a hash of `data`: pin the original's, or the reference's
         # bytes would give the lean content (and, after JSON, the restored one) another identifier.
-        return _replace(content, data=lean, identifier=content.identifier)
+        return _replace(content, data=lean, identifier=content.identifier), 200
+
+    def _maybe_json(self, lean: Any, size: int, free_form: bool) -> tuple[Any, int]:
+        """A free-form list or dict still at or above the threshold moves as one JSON payload."""
+        if not free_form or size < self.threshold or not _plain(lean):
+            return lean, size
+        data = json.dumps(lean, ensure_ascii=False, separators=(',', ':')).encode('utf-8', _UTF8_ERRORS)
+        if len(data) < self.threshold:
+            return lean, len(data)
+        uri = media_uri_for(data)
+        self.uploads.setdefault((uri, JSON_MEDIA_TYPE), data)
+        return REFERENCE_PREFIX + JSON_REFERENCE + uri, 90
 
 
-class _Restorer(_Payloads):
-    """Puts the fetched payloads back, or with `fetched=None` only unescapes and collects references."""
+def _plain(value: Any) -> bool:
+    """Whether `value` is made of JSON values only (what `json.dumps` writes as Pydantic AI would)."""
+    if value is None or type(value) in (str, int, bool):
+        return True
+    if type(value) is float:
+        return value == value and value not in (float('inf'), float('-inf'))
+    if type(value) is dict:
+        return all(type(k) is str and _plain(v) for k, v in value.items())
+    if type(value) is list or type(value) is tuple:
+        return all(_plain(v) for v in value)
+    return False
 
-    def __init__(self, fetched: dict[_Key, bytes] | None) -> None:
+
+# -- in: references to payloads -----------------------------------------------------------------
+
+
+class _Restorer:
+    """Puts fetched payloads back and unescapes; records in `wanted` the references not fetched yet."""
+
+    def __init__(self, fetched: dict[_Key, bytes]) -> None:
         self.fetched = fetched
         self.wanted: dict[_Key, None] = {}
 
-    def _payload(self, uri: str, media_type: str) -> bytes | None:
-        if self.fetched is None:
-            self.wanted[uri, media_type] = None
-            return None
-        return self.fetched[uri, media_type]
+    def messages(self, messages: Sequence[ModelMessage]) -> list[ModelMessage]:
+        return [self.value(m) for m in messages]
 
-    def text(self, value: str) -> str:
+    def _payload(self, uri: str, media_type: str) -> bytes | None:
+        data = self.fetched.get((uri, media_type))
+        if data is None:
+            self.wanted[uri, media_type] = None
+        return data
+
+    def text(self, value: str) -> Any:
         if not value.startswith(REFERENCE_PREFIX):
             return value
         rest = value[len(REFERENCE_PREFIX) :]
         if rest.startswith(REFERENCE_PREFIX):  # escaped
             return rest
+        if rest.startswith(JSON_REFERENCE) and is_media_uri(rest[len(JSON_REFERENCE) :]):
+            data = self._payload(rest[len(JSON_REFERENCE) :], JSON_MEDIA_TYPE)
+            return value if data is None else self.value(json.loads(data.decode('utf-8', _UTF8_ERRORS)))
         if not is_media_uri(rest):
             return value
         data = self._payload(rest, TEXT_MEDIA_TYPE)
         return value if data is None else data.decode('utf-8', _UTF8_ERRORS)
+
+    def value(self, value: Any, *, linkable: bool = True) -> Any:
+        """`linkable`: a binary here may become a URL part (not a file or speech part's own field)."""
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, BinaryContent):
+            return self.content_binary(value) if linkable else self.binary(value)
+        if type(value) is dict:
+            items = {k: self.value(v) for k, v in value.items()}
+            return value if all(items[k] is v for k, v in value.items()) else items
+        if type(value) is list or type(value) is tuple:
+            entries = [self.value(v) for v in value]
+            return value if all(a is b for a, b in zip(entries, value, strict=True)) else type(value)(entries)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            changes = {}
+            linkable = not isinstance(value, FilePart | SpeechPart)
+            for f in dataclasses.fields(value):
+                if f.init:
+                    old = getattr(value, f.name)
+                    new = self.value(old, linkable=linkable)
+                    if new is not old:
+                        changes[f.name] = new
+            return _replace(value, **changes) if changes else value
+        return value
+
+    def content_binary(self, content: BinaryContent) -> BinaryContent | FileUrl:
+        """A binary item of a user prompt or tool return, where a URL part may stand instead."""
+        return self.binary(content)
 
     def binary(self, content: BinaryContent) -> BinaryContent:
         data = content.data
@@ -245,11 +361,10 @@ class _Restorer(_Payloads):
 class _Linker(_Restorer):
     """Restores text and part-level binaries; turns content binaries into URL parts.
 
-    With `fetched=None` it only collects what the second pass needs: payloads to fetch
-    (`wanted`) and references to link (`linked`).
+    References it has no link for yet are collected in `linked`, as missing payloads are in `wanted`.
     """
 
-    def __init__(self, fetched: dict[_Key, bytes] | None, links: dict[_Key, str]) -> None:
+    def __init__(self, fetched: dict[_Key, bytes], links: dict[_Key, str]) -> None:
         super().__init__(fetched)
         self.links = links
         self.linked: dict[_Key, None] = {}
@@ -260,7 +375,8 @@ class _Linker(_Restorer):
         if not is_media_uri(uri):
             return self.binary(content)  # inline, or an escaped value: unescape it
         key = (uri, content.media_type)
-        if self.fetched is None:
+        link = self.links.get(key)
+        if link is None:
             self.linked[key] = None
             return content
         url_part: type[FileUrl] = (
@@ -272,59 +388,7 @@ class _Linker(_Restorer):
             if content.is_video
             else DocumentUrl
         )
-        return url_part(url=self.links[key], media_type=content.media_type, identifier=content.identifier)
-
-
-# -- where payloads are -------------------------------------------------------------------------
-
-
-def _message(message: ModelMessage, payloads: _Payloads) -> ModelMessage:
-    parts = [_part(part, payloads) for part in message.parts]
-    if all(new is old for new, old in zip(parts, message.parts, strict=True)):
-        return message
-    return _replace(message, parts=parts)
-
-
-def _part(part: Any, payloads: _Payloads) -> Any:
-    if isinstance(part, TextPart | ThinkingPart):
-        content: Any = payloads.text(part.content)
-    elif isinstance(part, UserPromptPart | BaseToolReturnPart):
-        content = _content(part.content, payloads)
-    elif isinstance(part, FilePart):
-        content = payloads.binary(part.content)
-    elif isinstance(part, SpeechPart):
-        if part.audio is None:
-            return part
-        audio = payloads.binary(part.audio)
-        return part if audio is part.audio else _replace(part, audio=audio)
-    else:
-        return part
-    return part if content is part.content else _replace(part, content=content)
-
-
-def _content(content: Any, payloads: _Payloads) -> Any:
-    """A user prompt's or tool return's content: a payload itself, or a list or tuple of items."""
-    if isinstance(content, list | tuple):
-        items = [_item(item, payloads) for item in content]
-        if all(new is old for new, old in zip(items, content, strict=True)):
-            return content
-        return type(content)(items)
-    return _item(content, payloads)
-
-
-def _item(item: Any, payloads: _Payloads) -> Any:
-    if isinstance(item, str):
-        return payloads.text(item)
-    if isinstance(item, BinaryContent):
-        return payloads.content_binary(item)
-    if type(item) is TextContent:  # not StructuredContent, whose text is rendered from its value
-        text = payloads.text(item.content)
-        return item if text is item.content else _replace(item, content=text)
-    if type(item) is dict and item.get('kind') == 'text-content' and isinstance(item.get('content'), str):
-        # A `TextContent` in a tool return comes back from JSON as this dict: the same payload.
-        text = payloads.text(item['content'])
-        return item if text is item['content'] else {**item, 'content': text}
-    return item
+        return url_part(url=link, media_type=content.media_type, identifier=content.identifier)
 
 
 def _replace(obj: _T, **changes: Any) -> _T:

@@ -1,15 +1,27 @@
-"""The write side: the `StepPersistence` capability and the `EventLog` it appends to."""
+"""The write side: the `StepPersistence` capability, its snapshot writer, and the logs it appends to.
+
+Read top-down: `_capability.py` (hooks, run identity, durability points) -> `_snapshots.py` (deltas,
+patches, media offload) -> `_protocol.py` (the `StepLog` seam and the rules every log shares) ->
+`_log.py` (`EventLog`, Kafka) or `_memory.py` (`InMemoryLog`, tests).
+"""
 
 from stepstream.ids import check_run_id
 from stepstream.producer._capability import ATTEMPT_KEY, SnapshotSaved, StepPersistence, annotate_tool_effect
 from stepstream.producer._helpers import current_run_id, is_provider_valid
 from stepstream.producer._log import EventLog
+from stepstream.producer._memory import InMemoryLog, StoredRecord
+from stepstream.producer._protocol import StepLog
+from stepstream.producer._snapshots import SnapshotWriter
 
 __all__ = [
     'ATTEMPT_KEY',
     'EventLog',
+    'InMemoryLog',
     'SnapshotSaved',
+    'SnapshotWriter',
+    'StepLog',
     'StepPersistence',
+    'StoredRecord',
     'annotate_tool_effect',
     'check_run_id',
     'current_run_id',

@@ -31,13 +31,11 @@ from pydantic_ai.run import AgentRunResult
 from pydantic_ai.tools import AgentDepsT, RunContext, ToolDefinition
 
 from stepstream.ids import check_run_id, to_run_id
-from stepstream.media import externalize_media
-from stepstream.producer._helpers import (
-    DeltaTracker,
-    current_run,
-    message_json,
-)
-from stepstream.producer._log import Ack, EventLog
+from stepstream.media import MediaStore, S3MediaStore
+from stepstream.producer._helpers import current_run
+from stepstream.producer._log import EventLog
+from stepstream.producer._protocol import Ack, StepLog
+from stepstream.producer._snapshots import SnapshotWriter
 from stepstream.schemas import (
     EventKind,
     LogRecord,
@@ -115,8 +113,8 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
 
     id: str | None = field(default='stepstream', kw_only=True)
 
-    log: EventLog
-    """The process's shared appender."""
+    log: StepLog
+    """The process's shared appender: an `EventLog`, or an `InMemoryLog` in tests."""
 
     agent_name: str | None = None
     """Logical agent name; with no explicit `run_id`, each run's id is `{agent_name}-{ctx.run_id}`.
@@ -137,6 +135,12 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
     capture_frontier: bool = False
     """Also snapshot accepted inputs and tool-call frontiers before they execute."""
 
+    media_store: MediaStore | None = None
+    """Where large values go before a snapshot is appended; default: the S3 bucket of `log.settings`."""
+
+    media_threshold_bytes: int | None = None
+    """Values of at least this many bytes move to `media_store`; default: `log.settings`' threshold."""
+
     # Per-run state, fresh in every `for_run` copy.
     _explicit_run_id_used: bool = field(default=False, init=False, repr=False)
     _writer_id: str = field(default='', init=False, repr=False)
@@ -148,7 +152,8 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
     _attempt: Attempt | None = field(default=None, init=False, repr=False)
     _context_run_id: str | None = field(default=None, init=False, repr=False)
     _open_calls: set[str] = field(default_factory=set, init=False, repr=False)
-    _deltas: DeltaTracker = field(default_factory=DeltaTracker, init=False, repr=False)
+    _snapshots: SnapshotWriter | None = field(default=None, init=False, repr=False)
+    _default_store: MediaStore | None = field(default=None, init=False, repr=False)
     _last_snapshot_step: int | None = field(default=None, init=False, repr=False)
     _live: tuple[list[ModelMessage], int] | None = field(default=None, init=False, repr=False)
     _conversation_id: str | None = field(default=None, init=False, repr=False)
@@ -158,8 +163,35 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
             check_run_id(self.run_id)
         if self.parent_run_id is not None:
             check_run_id(self.parent_run_id, what='parent_run_id')
-        if not isinstance(self.log, EventLog):
-            raise TypeError(f'StepPersistence(log=...) needs an EventLog, got {type(self.log).__name__}')
+        if not isinstance(self.log, StepLog):
+            raise TypeError(
+                f'StepPersistence(log=...) needs an EventLog (or another StepLog), '
+                f'got {type(self.log).__name__}'
+            )
+        threshold = self.threshold_bytes
+        limit = getattr(self.log, 'max_record_bytes', None)
+        if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold <= 0:
+            raise ValueError(f'media_threshold_bytes must be a positive int, got {threshold!r}')
+        if limit is not None and threshold >= limit:
+            raise ValueError(
+                f'media_threshold_bytes ({threshold}) must stay below the record limit ({limit}): '
+                'payloads under the threshold stay inline in records'
+            )
+
+    @property
+    def threshold_bytes(self) -> int:
+        """The media threshold in effect: `media_threshold_bytes`, else the log's settings."""
+        if self.media_threshold_bytes is not None:
+            return self.media_threshold_bytes
+        return self.log.settings.media_threshold_bytes
+
+    def _media(self) -> MediaStore:
+        """`media_store`, else one S3 store for the log's settings, made once per capability."""
+        if self.media_store is not None:
+            return self.media_store
+        if self._default_store is None:
+            self._default_store = S3MediaStore.from_settings(self.log.settings)
+        return self._default_store
 
     @classmethod
     def from_spec(cls, *args: Any, **kwargs: Any) -> StepPersistence[Any]:
@@ -220,6 +252,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         if agent_name is None and ctx.agent is not None:
             agent_name = ctx.agent.name
         bound = replace(self, run_id=run_id, parent_run_id=parent, agent_name=agent_name)
+        bound._snapshots = SnapshotWriter(self._media(), self.threshold_bytes)
         bound._writer_id = _writer_id(run_id, ctx.run_id)
         bound._context_run_id = ctx.run_id
         bound._durable_engine = ctx.in_durable_context
@@ -349,25 +382,18 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         `settled_only` skips an unsettled history (a tool-cycle boundary); `changed_only` skips
         one equal to the last snapshot (the end-of-run fallback).
         """
-        plan = self._deltas.plan(messages)
-        if (settled_only and not plan.valid) or (changed_only and self._deltas.unchanged(plan)):
+        writer = self._snapshots
+        assert writer is not None, 'for_run binds a snapshot writer'
+        plan = writer.plan(messages)
+        if (settled_only and not plan.valid) or (changed_only and writer.unchanged(plan)):
             return
-        state: SnapshotState = 'complete' if plan.valid else 'interrupted'
-        prefix_len, tail_json = plan.prefix_len, plan.tail_json
-        threshold = self.log.settings.media_threshold_bytes
-        # A payload at or above the threshold makes its message's JSON at least that long, so
-        # only such tails pay for the walk (and the upload, which finishes before the record goes).
-        if any(len(m) >= threshold for m in tail_json):
-            lean = await externalize_media(messages[prefix_len:], self.log.media_store, threshold)
-            tail = '[' + ','.join(message_json(m).decode() for m in lean) + ']'
-        else:
-            tail = '[' + ','.join(m.decode() for m in tail_json) + ']'
         snapshot_seq = self._snapshot_seq
-        delta = SnapshotDelta(snapshot_seq=snapshot_seq, state=state, prefix_len=prefix_len, messages=tail)
+        delta = await writer.delta(plan, snapshot_seq)
+        state = delta.state
         await self._event(ctx, 'snapshot_saved', snapshot=delta)
         self._snapshot_seq += 1  # only once the record is accepted, like its `seq`
         await self._durable(ctx)
-        self._deltas.commit(plan)
+        writer.commit(plan)
         self._last_snapshot_step = step_index
         assert self.run_id is not None
         await ctx.emit(

@@ -17,28 +17,29 @@ import bisect
 import contextlib
 import functools
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import ClassVar, Self
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 from aiokafka.structs import RecordMetadata
-from opentelemetry import trace
 
-from stepstream.errors import RecordTooLarge, StepStreamError
-from stepstream.ids import check_record_ids
+from stepstream.errors import StepStreamError
 from stepstream.kafka_client import AUTHORIZATION_ERRORS, access_denied, client_options, connection_error
-from stepstream.media import MediaStore, S3MediaStore
-from stepstream.schemas import LogRecord, StepEvent, encode, schema_of
+from stepstream.producer._protocol import MAX_RECORD_BYTES, Ack, encode_record, record_headers, topic_of
+from stepstream.schemas import LogRecord
 from stepstream.settings import Settings
 from stepstream.topics import Position, ensure_topics, murmur2_partition, supports_idempotence, unavailable
 
-Ack = asyncio.Future[RecordMetadata]
-"""Resolves when the broker acknowledged one record (acks=all)."""
+Serializer = Callable[[LogRecord, int], bytes]
+"""`(record, max_record_bytes) -> value`: encodes a record, or refuses it before it is sent."""
 
-MAX_RECORD_BYTES = 1024 * 1024
-"""Kafka's default `message.max.bytes`; a record above it fails before it is sent."""
+Partitioner = Callable[[bytes, int], int]
+"""`(key, partition count) -> partition`: the same number on both topics for one run."""
+
+Headers = Callable[[LogRecord], list[tuple[str, bytes]]]
+"""`record -> headers` of the Kafka record."""
 
 RESEND_BACKOFF_S = 0.5
 """How long the log waits before it tries again to send records the broker did not take."""
@@ -78,8 +79,10 @@ class EventLog:
         linger_ms: int = 0,
         enable_idempotence: bool | None = None,
         max_record_bytes: int = MAX_RECORD_BYTES,
-        media_store: MediaStore | None = None,
         compression_type: str | None = 'gzip',
+        serializer: Serializer = encode_record,
+        partitioner: Partitioner = murmur2_partition,
+        headers: Headers = record_headers,
     ) -> None:
         """Configure the log; nothing connects until `start()` (or `async with`).
 
@@ -88,8 +91,10 @@ class EventLog:
         otherwise write. `compression_type` (default 'gzip', the codec that needs no
         extra package; 'lz4'/'zstd'/'snappy' with theirs; None for none) compresses each batch
         on the wire and in the log, which is kept forever (docs/decisions/0007-compression.md).
-        Payloads at or above `settings.media_threshold_bytes` go to `media_store` (default: the
-        S3 bucket of `settings`) before a snapshot is sent.
+        `serializer`, `partitioner` and `headers` are the log's collaborators, as in aiokafka: by
+        default the Avro codec with the id rules and the size limit, Kafka's murmur2 of the run
+        id, and the kind, schema and trace headers. Media offload is not the log's business: the
+        capability's snapshot writer moves large values before a record reaches the log.
         """
         if settings.media_threshold_bytes >= max_record_bytes:
             raise ValueError(
@@ -97,7 +102,9 @@ class EventLog:
                 f'({max_record_bytes}): payloads under the threshold stay inline in records'
             )
         self.settings = settings
-        self.media_store: MediaStore = media_store or S3MediaStore.from_settings(settings)
+        self.serializer = serializer
+        self.partitioner = partitioner
+        self.headers = headers
         self.create_topics = create_topics
         self.max_record_bytes = max_record_bytes
         self.linger_ms = linger_ms
@@ -228,15 +235,7 @@ class EventLog:
         `RecordTooLarge` for a record above the limit. Split from `send` so that a writer can
         give a record its `seq` only once it is accepted (a refused record leaves no gap).
         """
-        check_record_ids(record)  # the projector applies the same rules; refuse here, not there
-        value = encode(record)
-        if len(value) > self.max_record_bytes:
-            raise RecordTooLarge(
-                f'{type(record).__name__} {getattr(record, "kind", "")} of run {record.run_id!r} seq '
-                f'{record.seq} is {len(value)} bytes after encoding, above the {self.max_record_bytes}-byte '
-                'limit; large payloads must go to the media store (lower STEPSTREAM_MEDIA_THRESHOLD_BYTES)'
-            )
-        return value
+        return self.serializer(record, self.max_record_bytes)
 
     async def send(self, record: LogRecord, value: bytes) -> Ack:
         """Send a record encoded by `encode`; returns its acknowledgement without waiting for it.
@@ -266,23 +265,12 @@ class EventLog:
 
     async def _send(self, record: LogRecord, value: bytes) -> Ack:
         assert self._producer is not None
-        topic = (
-            self.settings.step_events_topic
-            if isinstance(record, StepEvent)
-            else self.settings.tool_effects_topic
-        )
-        kind = record.kind if isinstance(record, StepEvent) else record.status
-        headers = [
-            ('stepstream-kind', kind.encode()),
-            ('stepstream-schema', schema_of(record).fingerprint_hex.encode()),
-        ]
-        span = trace.get_current_span().get_span_context()
-        if span.is_valid:  # W3C trace context, so a consumer can join the agent's trace
-            traceparent = f'00-{span.trace_id:032x}-{span.span_id:016x}-{int(span.trace_flags):02x}'
-            headers.append(('traceparent', traceparent.encode()))
         key = record.run_id.encode()
-        partition = self._partition_of(key)
-        ack: Ack = await self._producer.send(topic, value, key=key, headers=headers, partition=partition)
+        partition = self.partitioner(key, self._partition_count)
+        topic = topic_of(record, self.settings)
+        ack: Ack = await self._producer.send(
+            topic, value, key=key, headers=self.headers(record), partition=partition
+        )
         return ack
 
     def _keep(self, record: LogRecord) -> Ack:
@@ -315,7 +303,7 @@ class EventLog:
         try:
             async with asyncio.timeout(self.settings.ack_timeout_s):
                 for entry in list(self._kept.get(run_id, ())):
-                    ack = await self._send(entry.record, encode(entry.record))
+                    ack = await self._send(entry.record, self.serializer(entry.record, self.max_record_bytes))
                     ack.add_done_callback(functools.partial(self._on_resent, entry))
                     sent.append(ack)
                 if sent:
@@ -338,13 +326,6 @@ class EventLog:
     async def _all_kept_sent(self) -> None:
         while self._kept:
             await asyncio.gather(*(k.ack for kept in list(self._kept.values()) for k in kept))
-
-    def _partition_of(self, key: bytes) -> int:
-        """The run's partition, the same number on both topics (Kafka's default murmur2 hash).
-
-        Computed here (cached per run) instead of by aiokafka's pure-Python partitioner on every record.
-        """
-        return murmur2_partition(key, self._partition_count)
 
     def _on_ack(self, ack: Ack) -> None:
         record = self._pending.pop(ack)

@@ -49,6 +49,7 @@ from stepstream.schemas import (
     RunRecord,
     StepEvent,
     ToolEffectRecord,
+    apply_patch,
     decode,
 )
 from stepstream.topics import murmur2_partition
@@ -453,6 +454,14 @@ class ProjectionReader:
                     f'run {run_id!r}: snapshot {entry.snapshot_seq} keeps {entry.prefix_len} messages of a '
                     f'history of {len(history)}; the log holds a corrupt delta'
                 )
+            if event.snapshot is not None and event.snapshot.patch is not None:
+                try:
+                    apply_patch(history, event.snapshot.patch)  # stamps on kept messages (schema v2)
+                except ValueError as exc:
+                    raise StepStreamError(
+                        f'run {run_id!r}: snapshot {entry.snapshot_seq} holds a patch that does not fit: '
+                        f'{exc}'
+                    ) from None
             del history[entry.prefix_len :]
             history.extend(await restore_media(tail, store) if restore else tail)
             if entry.snapshot_seq in wanted:

@@ -11,6 +11,7 @@ from stepstream.schemas._codec import (
     load_schema_versions,
     schema_of,
 )
+from stepstream.schemas._patch import apply_patch, patch_json, stamp_changes
 from stepstream.schemas._types import (
     EVENT_KINDS,
     TOOL_EFFECT_STATUSES,
@@ -46,8 +47,11 @@ __all__ = [
     'ToolEffectRecord',
     'ToolEffectStatus',
     'ToolEffectTransition',
+    'apply_patch',
     'decode',
     'encode',
     'load_schema_versions',
+    'patch_json',
     'schema_of',
+    'stamp_changes',
 ]

@@ -49,7 +49,7 @@ def _no_metadata() -> dict[str, str]:
 class SnapshotDelta:
     """A snapshot as the log stores it: what it shares with the previous one, and the new tail.
 
-    The full history is `previous_messages[:prefix_len] + tail`; for an append-only history
+    The full history is `patched(previous_messages)[:prefix_len] + tail`; for an append-only history
     the tail is only what the last step added, so the log grows linearly with the run.
     """
 
@@ -58,6 +58,14 @@ class SnapshotDelta:
     prefix_len: int
     messages: str
     """JSON list of the tail's `ModelMessage`s (Pydantic AI's own JSON)."""
+    patch: str | None = None
+    """Since schema v2: fields Pydantic AI stamped on earlier messages after the previous snapshot.
+
+    A JSON list of `{"at": index, "set": {field: JSON value}}`, applied to the previous history
+    before its first `prefix_len` messages are kept; None when nothing was stamped. It saves
+    re-sending a whole message (a folded tool-return request gets its `timestamp`, `run_id`,
+    `conversation_id` and `instructions` once it is sent). See docs/decisions/0019-snapshot-patches.md.
+    """
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -31,7 +31,7 @@ from stepstream.producer import (
     annotate_tool_effect,
     is_provider_valid,
 )
-from stepstream.producer._helpers import DeltaTracker
+from stepstream.producer._snapshots import DeltaTracker
 from stepstream.projector import ProjectionReader, Projector, continue_run, inspect_recovery
 from stepstream.schemas import encode
 
@@ -554,13 +554,30 @@ class TestDeltaTracker:
         tracker.commit(second)
         assert tracker.unchanged(tracker.plan(live))
 
-    def test_a_message_changed_in_place_after_saving_is_sent_again(self) -> None:
+    def test_a_message_stamped_after_saving_is_patched_not_sent_again(self) -> None:
         tracker = DeltaTracker()
         live = self.history(2)
         tracker.commit(tracker.plan(live))
         live[-1].run_id = 'stamped-later'  # what the graph does to a folded tool-return request
         plan = tracker.plan(live)
-        assert plan.prefix_len == len(live) - 1 and b'stamped-later' in plan.tail_json[0]
+        assert (plan.prefix_len, plan.tail_json, plan.patch) == (
+            len(live),
+            [],
+            [(4, {'run_id': 'stamped-later'})],
+        )
+        assert not tracker.unchanged(plan)  # a patch alone is still a snapshot to save
+        tracker.commit(plan)
+        assert tracker.unchanged(tracker.plan(live))
+
+    def test_a_message_whose_parts_changed_in_place_is_sent_again(self) -> None:
+        tracker = DeltaTracker()
+        live = self.history(2)
+        tracker.commit(tracker.plan(live))
+        live[-1].parts[0].content = 'rewritten'  # type: ignore[union-attr]
+        live[-1].run_id = 'stamped-later'
+        plan = tracker.plan(live)
+        assert plan.prefix_len == len(live) - 1 and not plan.patch
+        assert b'rewritten' in plan.tail_json[0] and b'stamped-later' in plan.tail_json[0]
 
     def test_rewritten_history_and_validity_match_the_definitions(self) -> None:
         tracker = DeltaTracker()

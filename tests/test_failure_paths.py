@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from pydantic_ai import Agent
-from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from stepstream import MediaUnavailable, RecordTooLarge, Settings, StepStreamUnavailable
@@ -117,13 +117,15 @@ async def test_broker_down_mid_run_every_failed_run_ends_failed_once_it_is_back(
 
 async def test_a_record_too_large_takes_no_seq(settings: Settings, projector: Projector) -> None:
     def huge_call(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-        return ModelResponse(parts=[ToolCallPart('store', {'blob': 'x' * 10_000}, tool_call_id='c')])
+        # Each value under the threshold, none free-form: nothing can move, the record is too large.
+        many = [TextPart(f'{i}' + 'x' * 900) for i in range(20)]
+        return ModelResponse(parts=[*many, ToolCallPart('store', {}, tool_call_id='c')])
 
     async with EventLog(settings.replace(media_threshold_bytes=1024), max_record_bytes=4096) as log:
         agent = Agent(FunctionModel(huge_call), capabilities=[StepPersistence(log=log, run_id='too-large')])
 
         @agent.tool_plain
-        def store(blob: str) -> str:
+        def store() -> str:
             return 'stored'
 
         with pytest.raises(RecordTooLarge):

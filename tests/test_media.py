@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import os
 import re
+import threading
 import uuid
 from collections.abc import Sequence
 from datetime import timedelta
@@ -31,6 +32,7 @@ from pydantic_ai.messages import (
     ModelMessage,
     ModelRequest,
     ModelResponse,
+    SystemPromptPart,
     TextContent,
     TextPart,
     ThinkingPart,
@@ -58,6 +60,7 @@ from stepstream.media import (
     parse_media_uri,
     restore_media,
 )
+from stepstream.media import _walker as media_walker
 
 KIB = 1024
 IMAGE = os.urandom(5 * 1024 * 1024)  # a 5 MB "image": random, so no layer can compress it away
@@ -618,3 +621,123 @@ async def test_uploads_of_one_call_run_concurrently(tmp_path: Path) -> None:
     ]
     lean = await externalize_media(history, probe)  # sequential uploads would time out above
     assert await restore_media(lean, probe) == history
+
+
+# -- everything large, anywhere in a message -----------------------------------------------------
+
+
+def everywhere_history(big: str) -> list[ModelMessage]:
+    """A large value in every place a message can hold one."""
+    return [
+        ModelRequest(
+            parts=[SystemPromptPart(big + 'system'), UserPromptPart(big + 'user')],
+            instructions=big + 'instructions',
+        ),
+        ModelResponse(
+            parts=[
+                ToolCallPart(
+                    'search',
+                    {'query': big + 'args', 'nested': {'deep': [big + 'deeper', 1]}},
+                    tool_call_id='a',
+                ),
+                ToolCallPart('search', big + 'raw args', tool_call_id='b'),
+            ]
+        ),
+        ModelRequest(
+            parts=[
+                ToolReturnPart('search', {'doc': {'blob': big + 'return', 'n': 1.5}}, tool_call_id='a'),
+                ToolReturnPart(
+                    'search',
+                    [{'items': (big + 'tuple', None, True)}],
+                    tool_call_id='b',
+                ),
+            ]
+        ),
+    ]
+
+
+async def test_large_values_anywhere_in_a_message_move_and_come_back(tmp_path: Path) -> None:
+    store = DiskMediaStore(tmp_path)
+    history = everywhere_history('x' * 2 * KIB)
+
+    lean = await externalize_media(history, store, threshold_bytes=KIB)
+    record = ModelMessagesTypeAdapter.dump_json(lean)
+
+    assert b'xxxxxxxxxx' not in record  # not one large value stayed inline
+    assert await restore_media(ModelMessagesTypeAdapter.validate_json(record), store) == json_round_trip(
+        history
+    )
+    assert await restore_media(lean, store) == history
+
+
+async def test_many_values_below_the_threshold_move_as_one_payload(tmp_path: Path) -> None:
+    """A tool returning 1,000 items each under the threshold: the list moves, not the items."""
+    store = DiskMediaStore(tmp_path)
+    items = [{'id': i, 'text': f'{i}:' + 'y' * 500} for i in range(1000)]
+    history: list[ModelMessage] = [
+        ModelRequest(parts=[ToolReturnPart('export', {'rows': items, 'count': 1000}, tool_call_id='c')])
+    ]
+    lean = await externalize_media(history, store, threshold_bytes=4 * KIB)
+    record = ModelMessagesTypeAdapter.dump_json(lean)
+
+    assert len(record) < 1024
+    assert len(list(tmp_path.glob('*.bin'))) == 1
+    assert await restore_media(ModelMessagesTypeAdapter.validate_json(record), store) == json_round_trip(
+        history
+    )
+
+
+async def test_a_json_payload_keeps_its_own_references_and_escapes(tmp_path: Path) -> None:
+    store = DiskMediaStore(tmp_path)
+    rows: list[Any] = [REFERENCE_PREFIX + 'not a reference', 'z' * 5 * KIB, *(['w' * 300] * 20)]
+    history: list[ModelMessage] = [ModelRequest(parts=[ToolReturnPart('t', rows, tool_call_id='c')])]
+    lean = await externalize_media(history, store, threshold_bytes=4 * KIB)
+    assert len(list(tmp_path.glob('*.bin'))) == 2  # the big row, then the list that refers to it
+    restored = await restore_media(json_round_trip(lean), store)
+    assert restored == json_round_trip(history)
+
+
+async def test_externalize_hashes_off_the_event_loop(tmp_path: Path) -> None:
+    """The walk (and its hashing) runs in a worker thread: the loop keeps serving other tasks."""
+    store = DiskMediaStore(tmp_path)
+    loop_thread = threading.get_ident()
+    seen: list[int] = []
+    original = media_walker.media_uri_for
+
+    def spying(data: bytes) -> str:
+        seen.append(threading.get_ident())
+        return original(data)
+
+    media_walker.media_uri_for = spying  # type: ignore[attr-defined]
+    try:
+        await externalize_media([ModelRequest(parts=[UserPromptPart('v' * 2 * KIB)])], store, KIB)
+    finally:
+        media_walker.media_uri_for = original  # type: ignore[attr-defined]
+    assert seen and loop_thread not in seen
+
+
+@pytest.mark.parametrize('key', ['.', './.', './'])
+async def test_disk_refuses_keys_that_name_the_directory_itself(tmp_path: Path, key: str) -> None:
+    store = DiskMediaStore(tmp_path / 'media', key_strategy=lambda uri, ctx: key)
+    with pytest.raises(ValueError, match='must be a relative path inside the directory'):
+        await store.put(b'x')
+
+
+async def test_disk_refuses_a_symlink_that_leads_outside(tmp_path: Path) -> None:
+    outside = tmp_path / 'outside'
+    outside.mkdir()
+    media = tmp_path / 'media'
+    media.mkdir()
+    (media / 'escape').symlink_to(outside)
+    (media / 'real').mkdir()
+    (media / 'inside').symlink_to(media / 'real')  # a link that stays inside is fine
+    store = DiskMediaStore(media, key_strategy=lambda uri, ctx: f'escape/{parse_media_uri(uri)}.bin')
+    with pytest.raises(ValueError, match='resolves to'):
+        await store.put(b'x')
+    with pytest.raises(ValueError, match='resolves to'):
+        await store.get(media_uri_for(b'x'))
+    assert list(outside.iterdir()) == []
+
+    inside = DiskMediaStore(media, key_strategy=lambda uri, ctx: f'inside/{parse_media_uri(uri)}.bin')
+    uri = await inside.put(b'y')
+    assert await inside.get(uri) == b'y'

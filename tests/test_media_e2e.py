@@ -5,12 +5,22 @@ from __future__ import annotations
 import os
 import uuid
 from pathlib import Path
+from typing import Any
 
 import obstore
 import pytest
 from aiokafka import AIOKafkaConsumer
 from pydantic_ai import Agent, BinaryContent
-from pydantic_ai.messages import ModelMessagesTypeAdapter, ToolReturnPart
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelMessagesTypeAdapter,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+)
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.usage import RequestUsage
 
 from stepstream import MediaUnavailable, Settings
 from stepstream.embedded import EmbeddedStack
@@ -18,7 +28,7 @@ from stepstream.media import S3MediaStore
 from stepstream.producer import EventLog, StepPersistence
 from stepstream.projector import ProjectionReader, Projector, continue_run
 
-from agents import calls_then_answers
+from agents import calls_then_answers, tool_returns
 
 IMAGE = os.urandom(5 * 1024 * 1024)
 TOOL_OUTPUT = 'row,' * 50_000  # 200 KB
@@ -60,11 +70,12 @@ async def test_image_and_big_tool_output_round_trip_with_small_records(
 ) -> None:
     store, _prefix = isolated_store(settings)
     async with (
-        EventLog(settings, media_store=store) as log,
+        EventLog(settings) as log,
         Projector(settings, db_path=db_path, media_store=store) as projector,
     ):
         agent = Agent(
-            calls_then_answers('export'), capabilities=[StepPersistence(log=log, agent_name='media')]
+            calls_then_answers('export'),
+            capabilities=[StepPersistence(log=log, agent_name='media', media_store=store)],
         )
 
         @agent.tool_plain
@@ -94,13 +105,13 @@ async def test_image_and_big_tool_output_round_trip_with_small_records(
 async def test_same_image_in_many_messages_and_runs_is_stored_once(settings: Settings, db_path: Path) -> None:
     store, prefix = isolated_store(settings)
     async with (
-        EventLog(settings, media_store=store) as log,
+        EventLog(settings) as log,
         Projector(settings, db_path=db_path) as projector,
     ):
         for run, calls in enumerate([4, 4, 2]):  # ten tool-return messages carrying the same image
             agent = Agent(
                 calls_then_answers('camera', calls=calls),
-                capabilities=[StepPersistence(log=log, run_id=f'img-{run}')],
+                capabilities=[StepPersistence(log=log, run_id=f'img-{run}', media_store=store)],
             )
 
             @agent.tool_plain
@@ -159,3 +170,69 @@ async def asyncio_to_thread(fn: object) -> None:
     import asyncio
 
     await asyncio.to_thread(fn)  # type: ignore[arg-type]
+
+
+def large_everywhere_model(big: str) -> FunctionModel:
+    """Calls `export` with large arguments, then `fetch`, then answers; reports usage (no estimates)."""
+
+    async def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        done = len(tool_returns(messages))
+        usage = RequestUsage(input_tokens=10, output_tokens=10)
+        if done == 0:
+            call = ToolCallPart(
+                'export', {'filter': big + 'args', 'options': {'notes': [big + 'nested']}}, tool_call_id='e'
+            )
+            return ModelResponse(parts=[call], usage=usage)
+        if done == 1:
+            return ModelResponse(parts=[ToolCallPart('fetch', {}, tool_call_id='f')], usage=usage)
+        return ModelResponse(parts=[TextPart('done')], usage=usage)
+
+    return FunctionModel(model)
+
+
+def agent_with_large_payloads(big: str, capabilities: list[Any]) -> Agent[None, str]:
+    agent = Agent(
+        large_everywhere_model(big),
+        instructions=big + 'instructions',
+        system_prompt=big + 'system',
+        capabilities=capabilities,
+    )
+
+    @agent.tool_plain
+    def export(filter: str, options: dict[str, Any]) -> dict[str, Any]:
+        # 1,000 items of 50 KB, each under the threshold: 50 MB in one nested value.
+        return {'report': {'rows': [f'{i:04}' + 'r' * 50_000 for i in range(1000)], 'total': 1000}}
+
+    @agent.tool_plain
+    def fetch() -> dict[str, Any]:
+        return {'doc': {'body': 'd' * 2_000_000, 'pages': 3}}
+
+    return agent
+
+
+async def test_a_run_that_succeeds_without_persistence_succeeds_with_it(
+    settings: Settings, db_path: Path
+) -> None:
+    """Large values in nested tool returns, tool-call arguments, instructions, system and user prompts."""
+    big = 'p' * 100_000
+    prompt = big + 'user'
+    plain = await agent_with_large_payloads(big, []).run(prompt)
+
+    store, _prefix = isolated_store(settings)
+    async with (
+        EventLog(settings) as log,
+        Projector(settings, db_path=db_path, media_store=store) as projector,
+    ):
+        persisted = agent_with_large_payloads(
+            big, [StepPersistence(log=log, run_id='large', media_store=store)]
+        )
+        result = await persisted.run(prompt, conversation_id='conv-large')
+        assert result.output == plain.output
+        await projector.wait_for(await log.flush())
+        history = await continue_run(projector.reader(), run_id='large')
+    expected = ModelMessagesTypeAdapter.validate_json(
+        ModelMessagesTypeAdapter.dump_json(result.all_messages())
+    )
+    assert history == expected
+    sizes = await raw_sizes(settings)
+    assert sizes and max(sizes) < 64 * 1024

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer
 from pydantic_ai import Agent, RunContext
-from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from stepstream import RecordTooLarge, Settings, StepStreamUnavailable
@@ -104,15 +104,17 @@ async def test_annotation_survives_the_terminal_transition(event_log: EventLog, 
 
 
 async def test_record_above_the_limit_fails_before_sending(settings: Settings) -> None:
-    # Tool-call arguments are not offloaded, so a huge one still makes the record too large.
+    # Every value is under the threshold and no part's value is free-form JSON that could move as
+    # one payload: twenty text parts of 900 bytes still make the record too large.
     def huge_call(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-        return ModelResponse(parts=[ToolCallPart('store', {'blob': 'x' * 10_000}, tool_call_id='c')])
+        many = [TextPart(f'{i}' + 'x' * 900) for i in range(20)]
+        return ModelResponse(parts=[*many, ToolCallPart('store', {}, tool_call_id='c')])
 
     async with EventLog(settings.replace(media_threshold_bytes=1024), max_record_bytes=4096) as log:
         agent = Agent(FunctionModel(huge_call), capabilities=[StepPersistence(log=log, agent_name='big')])
 
         @agent.tool_plain
-        def store(blob: str) -> str:
+        def store() -> str:
             return 'stored'
 
         with pytest.raises(RecordTooLarge, match='media store'):

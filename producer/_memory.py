@@ -1,0 +1,129 @@
+"""`InMemoryLog`: a `StepLog` in this process, for tests of the capability's rules without a broker.
+
+It keeps the rules a Kafka log has and the capability relies on: records of a run keep their
+order in one partition number of each topic; a record is refused before it is sent exactly as
+`EventLog` refuses it; an acknowledgement resolves only after the record is stored, and not at
+all while acknowledgements are held (`hold_acks`), so a durability point waits, and fails with
+`StepStreamUnavailable` after `settings.ack_timeout_s`, as it does when a broker is away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from aiokafka.structs import RecordMetadata, TopicPartition
+
+from stepstream.kafka_client import unavailable
+from stepstream.producer._protocol import MAX_RECORD_BYTES, Ack, encode_record, record_headers, topic_of
+from stepstream.schemas import LogRecord
+from stepstream.settings import Settings
+from stepstream.topics import Position, murmur2_partition
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRecord:
+    """One record as the in-memory log holds it."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes
+    value: bytes
+    headers: list[tuple[str, bytes]]
+    record: LogRecord
+
+
+class InMemoryLog:
+    """A `StepLog` that stores records in lists: the fast test tier for `StepPersistence`.
+
+    ```python
+    log = InMemoryLog()
+    agent = Agent(model, capabilities=[StepPersistence(log=log, media_store=DiskMediaStore(tmp))])
+    await agent.run('go')
+    [r.record.kind for r in log.records]   # run_started, model_request_started, ...
+    ```
+    """
+
+    def __init__(self, settings: Settings | None = None, *, max_record_bytes: int = MAX_RECORD_BYTES) -> None:
+        """An empty log; `settings` gives topic names, the partition count and the ack timeout."""
+        self.settings = settings or Settings()
+        self.max_record_bytes = max_record_bytes
+        self.records: list[StoredRecord] = []
+        """Every stored record, in the order they were stored."""
+        self._written: Position = {}
+        self._next_offset: dict[TopicPartition, int] = {}
+        self._held: list[tuple[Ack, RecordMetadata]] = []
+        self._holding = False
+        self.stored = asyncio.Condition()
+        """Notified after each record is stored: `await log.wait_for_record(...)` waits on it."""
+
+    def encode(self, record: LogRecord) -> bytes:
+        """The record's bytes, or the error that refuses it (the same rules as `EventLog.encode`)."""
+        return encode_record(record, self.max_record_bytes)
+
+    async def append(self, record: LogRecord) -> Ack:
+        """Store one record; its acknowledgement (not awaited)."""
+        return await self.send(record, self.encode(record))
+
+    async def send(self, record: LogRecord, value: bytes) -> Ack:
+        """Store a record encoded by `encode`; it is acknowledged on the next loop turn, or when released."""
+        topic = topic_of(record, self.settings)
+        key = record.run_id.encode()
+        tp = TopicPartition(topic, murmur2_partition(key, self.settings.partitions))
+        offset = self._next_offset.get(tp, 0)
+        self._next_offset[tp] = offset + 1
+        self.records.append(
+            StoredRecord(topic, tp.partition, offset, key, value, record_headers(record), record)
+        )
+        meta = RecordMetadata(topic, tp.partition, tp, offset, -1, 0, -1)
+        ack: Ack = asyncio.get_running_loop().create_future()
+        if self._holding:
+            self._held.append((ack, meta))
+        else:
+            asyncio.get_running_loop().call_soon(self._resolve, ack, meta)
+        async with self.stored:
+            self.stored.notify_all()
+        return ack
+
+    def _resolve(self, ack: Ack, meta: RecordMetadata) -> None:
+        if not ack.done():
+            ack.set_result(meta)
+            if meta.offset + 1 > self._written.get(meta.topic_partition, 0):
+                self._written[meta.topic_partition] = meta.offset + 1
+
+    def hold_acks(self) -> None:
+        """Store records but acknowledge none until `release_acks` (a broker that does not answer)."""
+        self._holding = True
+
+    def release_acks(self) -> None:
+        """Acknowledge every held record, in order, and acknowledge new ones again."""
+        self._holding = False
+        held, self._held = self._held, []
+        for ack, meta in held:
+            self._resolve(ack, meta)
+
+    async def wait_for_record(self, predicate: Callable[[LogRecord], bool]) -> StoredRecord:
+        """The first stored record `predicate(record)` holds for, waiting until one is stored."""
+        async with self.stored:
+            while True:
+                for stored in self.records:
+                    if predicate(stored.record):
+                        return stored
+                await self.stored.wait()
+
+    async def wait_acked(self, acks: Iterable[Ack], *, timeout: float | None = None) -> None:
+        """Wait for the acknowledgements; `StepStreamUnavailable` after the timeout."""
+        pending = [a for a in acks if not a.done()]
+        if pending:
+            limit = self.settings.ack_timeout_s if timeout is None else timeout
+            _done, not_done = await asyncio.wait(pending, timeout=limit)
+            if not_done:
+                raise unavailable(self.settings, f'did not acknowledge {len(not_done)} record(s)')
+
+    async def flush(self, *, timeout: float | None = None) -> Position:
+        """Wait until every stored record is acknowledged; the position written."""
+        await self.wait_acked([ack for ack, _ in self._held], timeout=timeout)
+        await asyncio.sleep(0)  # acknowledgements scheduled for this loop turn
+        return dict(self._written)

@@ -1,0 +1,97 @@
+"""The seam between the capability and the log it appends to, and the rules every log shares.
+
+`StepPersistence` depends on `StepLog` only: `EventLog` is the Kafka implementation, `InMemoryLog`
+the in-process one its rules are tested against in milliseconds. Both refuse the same records
+(`encode_record`), route them the same way (`topic_of`, the run's partition) and label them with
+the same headers (`record_headers`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from typing import Protocol, runtime_checkable
+
+from aiokafka.structs import RecordMetadata
+from opentelemetry import trace
+
+from stepstream.errors import RecordTooLarge
+from stepstream.ids import check_record_ids
+from stepstream.schemas import LogRecord, StepEvent, encode, schema_of
+from stepstream.settings import Settings
+from stepstream.topics import Position
+
+Ack = asyncio.Future[RecordMetadata]
+"""Resolves when the log acknowledged one record (for Kafka: acks=all)."""
+
+MAX_RECORD_BYTES = 1024 * 1024
+"""Kafka's default `message.max.bytes`; a record above it fails before it is sent."""
+
+
+@runtime_checkable
+class StepLog(Protocol):
+    """What `StepPersistence` needs from a log: append in order, acknowledge, flush.
+
+    Records of one run keep their order. `encode` refuses a record before it gets its place (so
+    a refused record leaves no gap in the run's `seq`); `send` queues an encoded record and
+    returns its acknowledgement without waiting; `wait_acked` is a durability point and raises
+    `StepStreamUnavailable` when the acknowledgements do not come in time.
+    """
+
+    settings: Settings
+
+    def encode(self, record: LogRecord) -> bytes:
+        """The record's bytes, or `ValueError`/`RecordTooLarge` before anything is sent."""
+        ...
+
+    async def send(self, record: LogRecord, value: bytes) -> Ack:
+        """Queue a record encoded by `encode`; its acknowledgement, not awaited."""
+        ...
+
+    async def append(self, record: LogRecord) -> Ack:
+        """`send(record, encode(record))`."""
+        ...
+
+    async def wait_acked(self, acks: Iterable[Ack], *, timeout: float | None = None) -> None:
+        """Wait until every record in `acks` is acknowledged, or raise `StepStreamUnavailable`."""
+        ...
+
+    async def flush(self, *, timeout: float | None = None) -> Position:
+        """Wait until everything appended so far is acknowledged; the position written."""
+        ...
+
+
+def encode_record(record: LogRecord, max_record_bytes: int) -> bytes:
+    """The record's bytes, refused with the projector's id rules or above `max_record_bytes`.
+
+    Raises `ValueError` for an id the projector would refuse (`stepstream.ids`) and
+    `RecordTooLarge` for a record above the limit.
+    """
+    check_record_ids(record)  # the projector applies the same rules; refuse here, not there
+    value = encode(record)
+    if len(value) > max_record_bytes:
+        raise RecordTooLarge(
+            f'{type(record).__name__} {getattr(record, "kind", "")} of run {record.run_id!r} seq '
+            f'{record.seq} is {len(value)} bytes after encoding, above the {max_record_bytes}-byte '
+            'limit; large payloads must go to the media store (lower STEPSTREAM_MEDIA_THRESHOLD_BYTES)'
+        )
+    return value
+
+
+def topic_of(record: LogRecord, settings: Settings) -> str:
+    """Step events and tool-effect transitions go to their own topics."""
+    return settings.step_events_topic if isinstance(record, StepEvent) else settings.tool_effects_topic
+
+
+def record_headers(record: LogRecord) -> list[tuple[str, bytes]]:
+    """`stepstream-kind`, `stepstream-schema` and, inside a trace, W3C `traceparent`."""
+    kind = record.kind if isinstance(record, StepEvent) else record.status
+    headers = [
+        ('stepstream-kind', kind.encode()),
+        ('stepstream-schema', schema_of(record).fingerprint_hex.encode()),
+    ]
+    span = trace.get_current_span().get_span_context()
+    if span.is_valid:  # W3C trace context, so a consumer can join the agent's trace
+        traceparent = f'00-{span.trace_id:032x}-{span.span_id:016x}-{int(span.trace_flags):02x}'
+        headers.append(('traceparent', traceparent.encode()))
+    return headers

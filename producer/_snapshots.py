@@ -1,0 +1,193 @@
+"""The snapshot writer: what the next snapshot record of a run holds, and the media it needs first.
+
+A snapshot record is a delta against the previous snapshot of the same run: how many leading
+messages it keeps (`prefix_len`), the fields Pydantic AI stamped on kept messages since (`patch`)
+and the new tail, with every large value moved to the media store. The capability owns one writer
+per run; nothing here talks to the log. See docs/decisions/0003-delta-snapshots.md and
+docs/decisions/0019-snapshot-patches.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import TypeAdapter
+from pydantic_ai.messages import ModelMessage
+
+from stepstream.media import MediaStore, externalize_media
+from stepstream.producer._helpers import ToolCallScan
+from stepstream.schemas import SnapshotDelta, SnapshotState, patch_json, stamp_changes
+
+_MESSAGE = TypeAdapter(ModelMessage)
+
+
+def message_json(message: ModelMessage) -> bytes:
+    """One message as Pydantic AI's own JSON (the form snapshots carry and compare)."""
+    return _MESSAGE.dump_json(message)
+
+
+RECENT = 2
+"""How many of a snapshot's last messages the next delta compares by JSON (see DeltaTracker)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotPlan:
+    """What the next snapshot record holds, and what the tracker keeps once it is acknowledged."""
+
+    prefix_len: int
+    tail_json: list[bytes]
+    """Pydantic AI JSON of each message after `prefix_len`."""
+    patch: list[tuple[int, dict[str, Any]]]
+    """Stamped fields of kept messages: `(index, {field: JSON value})`."""
+    valid: bool
+    """`is_provider_valid` of the whole history."""
+    messages: Sequence[ModelMessage]
+    recent_from: int
+    recent_json: list[bytes]
+    scan_at_recent: ToolCallScan
+
+
+class DeltaTracker:
+    """Plans each snapshot as (prefix shared with the previous snapshot, patch, new tail), cheaply.
+
+    Comparing or validating whole histories at every step would cost O(history) per step. The
+    older part of the previous snapshot is compared by identity (the graph appends to one list,
+    so unchanged messages are the same objects) and else by value (a history processor or
+    compaction replaces objects). Its last `RECENT` messages, the only ones the graph still
+    touches in place (a folded tool-return request is stamped with its run id and timestamp once
+    it is sent), are compared by their JSON; one whose parts are unchanged is kept with a patch
+    of its stamped fields instead of being sent again. Provider validity is read on from the
+    tool calls that were open at that point.
+    """
+
+    def __init__(self) -> None:
+        """Start with no previous snapshot: the first plan holds the whole history."""
+        self._refs: Sequence[ModelMessage] = ()
+        self._recent_from = 0
+        self._recent_json: list[bytes] = []
+        self._scan_at_recent = ToolCallScan()
+        self.saved = False
+
+    def plan(self, messages: Sequence[ModelMessage]) -> SnapshotPlan:
+        """The delta of `messages` against the last committed snapshot, and its validity."""
+        refs = self._refs
+        limit = min(len(refs), len(messages))
+        stable = min(limit, self._recent_from)
+        i = 0
+        while i < stable and (refs[i] is messages[i] or refs[i] == messages[i]):
+            i += 1
+        tail: list[bytes] = []
+        patch: list[tuple[int, dict[str, Any]]] = []
+        recent_json: dict[int, bytes] = {}
+        if i == stable:
+            while i < limit:
+                encoded = recent_json[i] = message_json(messages[i])
+                previous = self._recent_json[i - self._recent_from]
+                if encoded != previous:
+                    stamped = stamp_changes(previous, encoded)
+                    if stamped is None:
+                        tail.append(encoded)  # the first changed message starts the new tail
+                        break
+                    patch.append((i, stamped))
+                i += 1
+        prefix_len = i
+        tail.extend(message_json(m) for m in messages[prefix_len + len(tail) :])
+
+        # Validity, read on from the last point known to be unchanged.
+        if prefix_len >= self._recent_from:
+            scan, start = self._scan_at_recent.copy(), self._recent_from
+        else:
+            scan, start = ToolCallScan(), 0
+        recent_from = max(len(messages) - RECENT, 0)
+        if recent_from < start:
+            scan, start = ToolCallScan(), 0
+        scan_at_recent = scan.copy()
+        for index in range(start, len(messages)):
+            if index == recent_from:
+                scan_at_recent = scan.copy()
+            scan.advance(messages[index])
+        if recent_from == len(messages):
+            scan_at_recent = scan.copy()
+        recent = [
+            tail[j - prefix_len] if j >= prefix_len else recent_json.get(j) or message_json(messages[j])
+            for j in range(recent_from, len(messages))
+        ]
+        return SnapshotPlan(
+            prefix_len=prefix_len,
+            tail_json=tail,
+            patch=patch,
+            valid=scan.settled,
+            messages=messages,
+            recent_from=recent_from,
+            recent_json=recent,
+            scan_at_recent=scan_at_recent,
+        )
+
+    def unchanged(self, plan: SnapshotPlan) -> bool:
+        """True when the planned snapshot is exactly the last saved one."""
+        return self.saved and not plan.patch and plan.prefix_len == len(plan.messages) == len(self._refs)
+
+    def commit(self, plan: SnapshotPlan) -> None:
+        """Remember a snapshot once the broker acknowledged it."""
+        self._refs = list(plan.messages)  # shallow: the next plan compares identities against it
+        self._recent_from = plan.recent_from
+        self._recent_json = plan.recent_json
+        self._scan_at_recent = plan.scan_at_recent
+        self.saved = True
+
+
+class SnapshotWriter:
+    """Turns a run's history into its next `SnapshotDelta`, large values moved to the media store.
+
+    ```python
+    writer = SnapshotWriter(media_store, threshold_bytes=64 * 1024)
+    prepared = await writer.prepare(messages, snapshot_seq=0)   # uploads media first
+    ...                                                          # append the record, wait for the ack
+    writer.commit(prepared)                                      # the next delta is against it
+    ```
+
+    A snapshot is `complete` when every tool call in it is settled and `interrupted` otherwise.
+    Media is uploaded before `prepare` returns, so a record never refers to a missing object.
+    """
+
+    def __init__(self, media_store: MediaStore, threshold_bytes: int) -> None:
+        """Offload values of at least `threshold_bytes` to `media_store`."""
+        self.media_store = media_store
+        self.threshold_bytes = threshold_bytes
+        self._deltas = DeltaTracker()
+
+    def plan(self, messages: Sequence[ModelMessage]) -> SnapshotPlan:
+        """The delta of `messages` against the last committed snapshot (nothing uploaded yet)."""
+        return self._deltas.plan(messages)
+
+    def unchanged(self, plan: SnapshotPlan) -> bool:
+        """True when `plan` would save exactly the last committed snapshot again."""
+        return self._deltas.unchanged(plan)
+
+    async def delta(self, plan: SnapshotPlan, snapshot_seq: int) -> SnapshotDelta:
+        """The record payload of `plan`, after its large values reached the media store."""
+        state: SnapshotState = 'complete' if plan.valid else 'interrupted'
+        prefix_len, tail_json, patch = plan.prefix_len, plan.tail_json, patch_json(plan.patch)
+        if patch is not None and len(patch) >= self.threshold_bytes:
+            # A large stamp (long instructions): send those messages again, so the walk below
+            # moves the large value to the media store like any other.
+            prefix_len, patch = plan.patch[0][0], None
+            tail_json = [message_json(m) for m in plan.messages[prefix_len : plan.prefix_len]] + tail_json
+        # A value at or above the threshold makes its message's JSON at least that long, so only
+        # such tails pay for the walk (in a worker thread) and the upload.
+        if any(len(m) >= self.threshold_bytes for m in tail_json):
+            lean = await externalize_media(plan.messages[prefix_len:], self.media_store, self.threshold_bytes)
+            tail_json = [message_json(m) for m in lean]
+        return SnapshotDelta(
+            snapshot_seq=snapshot_seq,
+            state=state,
+            prefix_len=prefix_len,
+            messages='[' + ','.join(m.decode() for m in tail_json) + ']',
+            patch=patch,
+        )
+
+    def commit(self, plan: SnapshotPlan) -> None:
+        """Make `plan` the base of the next delta, once its record is acknowledged."""
+        self._deltas.commit(plan)
