@@ -26,7 +26,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import RecordMetadata
 from opentelemetry import trace
 
-from stepstream.errors import RecordTooLarge, StepStreamError
+from stepstream.errors import MediaUnavailable, RecordTooLarge, StepStreamError
 from stepstream.ids import check_record_ids
 from stepstream.kafka_client import AUTHORIZATION_ERRORS, access_denied, client_options, connection_error
 from stepstream.media import MediaStore, S3MediaStore
@@ -165,9 +165,36 @@ class EventLog:
         except (KafkaError, OSError, TimeoutError) as exc:
             await producer.stop()
             raise await connection_error(self.settings, 'did not accept a producer connection', exc) from exc
+        try:
+            await self._check_media_store()
+        except BaseException:
+            await producer.stop()
+            raise
         self._producer = producer
         self._started = True
         self._resender = asyncio.create_task(self._resend_kept(), name='stepstream-resend')
+
+    async def _check_media_store(self) -> None:
+        """Find a wrong bucket or key now, not at the first large payload minutes into a run.
+
+        Settings that name S3 (an endpoint, a key or a bucket of their own) must work: the start
+        fails. Default settings on a machine without S3 only get a warning, since a run without
+        payloads above the threshold never needs the store.
+        """
+        if not isinstance(self.media_store, S3MediaStore):
+            return
+        s, defaults = self.settings, Settings()
+        configured = (
+            s.s3_endpoint is not None or s.s3_access_key_id is not None or s.s3_bucket != defaults.s3_bucket
+        )
+        try:
+            await self.media_store.check()
+        except MediaUnavailable as exc:
+            if configured:
+                raise
+            logger.warning(
+                'payloads of %d bytes or more will fail until S3 is set up: %s', s.media_threshold_bytes, exc
+            )
 
     async def close(self) -> None:
         """Flush what is buffered (best effort within the timeout) and disconnect.

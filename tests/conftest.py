@@ -52,7 +52,14 @@ async def projector(settings: Settings, db_path: Path) -> AsyncIterator[Projecto
         yield running
 
 
-BROKER_INDEPENDENT = {'test_apply_properties', 'test_settings', 'test_compose', 'test_media', 'test_explorer'}
+BROKER_INDEPENDENT = {
+    'test_apply_properties',
+    'test_settings',
+    'test_compose',
+    'test_media',
+    'test_explorer',
+    'test_cli_usage',
+}
 """Modules that never talk to Kafka, and the explorer's browser tests (what a page shows does not
 depend on the broker; test_serve checks the API on both): run once, in the Tansu pass."""
 
