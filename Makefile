@@ -58,7 +58,6 @@ format: $(STAMP)
 run: $(STAMP)
 	$(BIN)/stepstream stack up
 	$(BIN)/stepstream demo
-	@echo '  (runs the demo once more, then serves the explorer at http://127.0.0.1:8321/ until Ctrl-C)'
 
 
 bench: $(STAMP)
