@@ -145,7 +145,11 @@ class S3MediaStore:
             endpoint=settings.s3_endpoint,
             region=settings.s3_region,
             access_key_id=settings.s3_access_key_id,
-            secret_access_key=settings.s3_secret_access_key,
+            secret_access_key=(
+                settings.s3_secret_access_key.get_secret_value()
+                if settings.s3_secret_access_key is not None
+                else None
+            ),
             key_prefix=key_prefix,
             public_url=public_url,
             key_strategy=key_strategy,

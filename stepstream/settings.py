@@ -52,7 +52,7 @@ class Settings:
     """The S3 region to sign requests for."""
     s3_access_key_id: str | None = None
     """S3 access key id; `None` uses the AWS default credential chain."""
-    s3_secret_access_key: str | None = field(default=None, repr=False)
+    s3_secret_access_key: SecretStr | None = field(default=None, repr=False)
     """Read from `STEPSTREAM_S3_SECRET_ACCESS_KEY` or the file `STEPSTREAM_S3_SECRET_ACCESS_KEY_FILE`,
     never a flag."""
     media_threshold_bytes: int = 64 * 1024

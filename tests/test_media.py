@@ -71,7 +71,9 @@ def raw_store(settings: Settings, **overrides: Any) -> S3Store:
         'endpoint': settings.s3_endpoint,
         'region': settings.s3_region,
         'access_key_id': settings.s3_access_key_id,
-        'secret_access_key': settings.s3_secret_access_key,
+        'secret_access_key': settings.s3_secret_access_key.get_secret_value()
+        if settings.s3_secret_access_key
+        else None,
         **overrides,
     }
     return S3Store(
