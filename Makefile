@@ -53,11 +53,11 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
+# Leaves the embedded stack running (`.venv/bin/stepstream stack down` stops it), so that every
+# stepstream command afterwards reads the demo's log and projection.
 run: $(STAMP)
+	$(BIN)/stepstream stack up
 	$(BIN)/stepstream demo
-	@echo
-	@echo 'Explore these runs in a browser: $(BIN)/stepstream demo --serve'
-	@echo '  (runs the demo once more, then serves the explorer at http://127.0.0.1:8321/ until Ctrl-C)'
 
 
 bench: $(STAMP)
@@ -69,4 +69,5 @@ lock: $(BIN)/python
 	$(BIN)/python -m pip freeze --exclude-editable | grep -v '^-e ' > requirements.lock
 
 clean:
+	-$(BIN)/stepstream stack down
 	rm -rf $(VENV) .stepstream

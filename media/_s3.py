@@ -145,7 +145,11 @@ class S3MediaStore:
             endpoint=settings.s3_endpoint,
             region=settings.s3_region,
             access_key_id=settings.s3_access_key_id,
-            secret_access_key=settings.s3_secret_access_key,
+            secret_access_key=(
+                settings.s3_secret_access_key.get_secret_value()
+                if settings.s3_secret_access_key is not None
+                else None
+            ),
             key_prefix=key_prefix,
             public_url=public_url,
             key_strategy=key_strategy,
@@ -214,6 +218,20 @@ class S3MediaStore:
             self._fail('read', uri, exc)
         return await verified(uri, data, self.location)
 
+    async def check(self) -> None:
+        """Fail now, with `MediaUnavailable`, if the bucket is missing or the credentials are refused.
+
+        One LIST request. `EventLog` calls it at start, so that a wrong key or bucket name is
+        found before a run, not at its first large payload minutes later.
+        """
+        try:
+            await obstore.list_with_delimiter_async(self._store, prefix=self.key_prefix or None)
+        except (ObstoreError, OSError) as exc:
+            what, advice = self._diagnose(exc, missing_bucket=False)
+            raise MediaUnavailable(
+                f'could not list {self.location}: {what} ({_first_line(exc)}). {advice}.'
+            ) from exc
+
     async def exists(self, uri: str, ctx: MediaContext = NO_CONTEXT) -> bool:
         """Whether an object is stored at the key of `uri` (one HEAD request)."""
         key = self.key_for(uri, ctx)
@@ -248,12 +266,22 @@ class S3MediaStore:
         raise MediaNotFound(uri, self.location) from exc
 
     def _fail(self, action: str, uri: str, exc: BaseException, *, missing_bucket: bool = False) -> NoReturn:
+        what, advice = self._diagnose(exc, missing_bucket=missing_bucket)
+        raise MediaUnavailable(
+            f'could not {action} media {uri} in {self.location}: {what} ({_first_line(exc)}). {advice}.'
+        ) from exc
+
+    @staticmethod
+    def _diagnose(exc: BaseException, *, missing_bucket: bool) -> tuple[str, str]:
+        """What went wrong and what to do, for an error of the S3 client."""
         if missing_bucket or 'NoSuchBucket' in str(exc):
             what, advice = (
                 'the bucket does not exist',
                 'create it, or set STEPSTREAM_S3_BUCKET to an existing bucket',
             )
-        elif isinstance(exc, PermissionDeniedError | UnauthenticatedError | PermissionError):
+        elif isinstance(exc, PermissionDeniedError | UnauthenticatedError | PermissionError) or any(
+            m in str(exc) for m in _DENIED_MARKERS
+        ):
             what, advice = (
                 'access was denied',
                 'check STEPSTREAM_S3_ACCESS_KEY_ID / STEPSTREAM_S3_SECRET_ACCESS_KEY and that they may '
@@ -269,9 +297,11 @@ class S3MediaStore:
                 'S3 failed the request',
                 'check that STEPSTREAM_S3_ENDPOINT is an S3-compatible service, and its logs',
             )
-        raise MediaUnavailable(
-            f'could not {action} media {uri} in {self.location}: {what} ({_first_line(exc)}). {advice}.'
-        ) from exc
+        return what, advice
+
+
+# A LIST answered 403 reaches us as a generic error: its status and S3 error codes say what it is.
+_DENIED_MARKERS = ('403 Forbidden', 'AccessDenied', 'SignatureDoesNotMatch', 'InvalidAccessKeyId')
 
 
 def _attributes(ctx: MediaContext) -> dict[str, str]:

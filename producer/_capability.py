@@ -14,6 +14,7 @@ writer and `seq` numbering come out the same, so the recovered run continues its
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import secrets
@@ -466,11 +467,16 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         raise error
 
     async def _record_failure(self, ctx: RunContext[AgentDepsT], error: BaseException, reason: str) -> None:
-        """Append `run_failed`; if the broker does not confirm it in time, say so on `error`."""
+        """Append `run_failed` (`run_cancelled` for a cancelled task); say so on `error` if unconfirmed.
+
+        Cancellation is not a failure of the run: whoever cancelled it decided so, and views show
+        `cancelled` rather than an error to investigate.
+        """
         if len(reason) > MAX_ERROR_CHARS:  # an error text must not make the failure record too large
             reason = f'{reason[:MAX_ERROR_CHARS]}... ({len(reason) - MAX_ERROR_CHARS} more characters)'
+        kind: EventKind = 'run_cancelled' if isinstance(error, asyncio.CancelledError) else 'run_failed'
         try:
-            await self._event(ctx, 'run_failed', error=reason)
+            await self._event(ctx, kind, error=reason)
             await self._durable(ctx)
         except Exception as log_error:
             error.add_note(

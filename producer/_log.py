@@ -25,8 +25,9 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 from aiokafka.structs import RecordMetadata
 
-from stepstream.errors import StepStreamError
+from stepstream.errors import MediaUnavailable, StepStreamError
 from stepstream.kafka_client import AUTHORIZATION_ERRORS, access_denied, client_options, connection_error
+from stepstream.media import S3MediaStore
 from stepstream.producer._protocol import MAX_RECORD_BYTES, Ack, encode_record, record_headers, topic_of
 from stepstream.schemas import LogRecord
 from stepstream.settings import Settings
@@ -172,9 +173,35 @@ class EventLog:
         except (KafkaError, OSError, TimeoutError) as exc:
             await producer.stop()
             raise await connection_error(self.settings, 'did not accept a producer connection', exc) from exc
+        try:
+            await self._check_media_store()
+        except BaseException:
+            await producer.stop()
+            raise
         self._producer = producer
         self._started = True
         self._resender = asyncio.create_task(self._resend_kept(), name='stepstream-resend')
+
+    async def _check_media_store(self) -> None:
+        """Find a wrong bucket or key now, not at the first large payload minutes into a run.
+
+        The bucket checked is the one these settings name, which `StepPersistence` uses unless it
+        is given a `media_store` of its own. Settings that name S3 (an endpoint, a key or a bucket
+        of their own) must work: the start fails. Default settings on a machine without S3 only
+        get a warning, since a run without payloads above the threshold never needs the store.
+        """
+        s, defaults = self.settings, Settings()
+        configured = (
+            s.s3_endpoint is not None or s.s3_access_key_id is not None or s.s3_bucket != defaults.s3_bucket
+        )
+        try:
+            await S3MediaStore.from_settings(s).check()
+        except MediaUnavailable as exc:
+            if configured:
+                raise
+            logger.warning(
+                'payloads of %d bytes or more will fail until S3 is set up: %s', s.media_threshold_bytes, exc
+            )
 
     async def close(self) -> None:
         """Flush what is buffered (best effort within the timeout) and disconnect.

@@ -89,7 +89,7 @@ PARKED_DECODED_BYTES = 32 << 20
 """How many parked records an `Applier` keeps decoded for their registration, and how many of
 their bytes: records may be up to the broker's message size, and anyone can park them."""
 
-TERMINAL_KINDS = {'run_completed': 'completed', 'run_failed': 'failed'}
+TERMINAL_KINDS = {'run_completed': 'completed', 'run_failed': 'failed', 'run_cancelled': 'cancelled'}
 
 DLQ_REASONS = (
     'tombstone',
@@ -582,6 +582,8 @@ class Applier:
             return
         if applied:
             self._outcome.applied += 1
+            if record['timestamp'] > run.last_record_at:  # what `stale` is judged by, when read
+                run.last_record_at = record['timestamp']
         else:
             self._outcome.duplicates += 1
 

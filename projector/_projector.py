@@ -459,8 +459,9 @@ class Projector:
         for client in (self._consumer, self._dlq):
             if client is None:
                 continue
+            stopping = _stop_consumer(client) if isinstance(client, AIOKafkaConsumer) else client.stop()
             try:
-                await asyncio.wait_for(client.stop(), self.settings.ack_timeout_s)
+                await asyncio.wait_for(stopping, self.settings.ack_timeout_s)
             except TimeoutError:
                 log.warning('the broker did not answer while the projector disconnected; stopping anyway')
         self._consumer = self._dlq = None
@@ -708,6 +709,22 @@ class Projector:
             await self._consumer.commit(offsets)
         except KafkaError as exc:  # lag tooling only; the stored offsets are what counts
             log.debug('group offset commit failed: %r', exc)
+
+
+async def _stop_consumer(consumer: AIOKafkaConsumer) -> None:
+    """Stop `consumer`, also while its broker is away.
+
+    aiokafka's fetcher cancels a fetch that waits out a retry backoff and then awaits it, so
+    `stop()` raises that fetch's `CancelledError` although nobody cancelled us: swallow that one.
+    """
+    try:
+        await consumer.stop()
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise  # a real cancellation of the caller
+        # stop() ended early: close the connections it did not get to.
+        await consumer._client.close()
 
 
 def dlq_envelope(letter: DeadLetter, topic: str) -> bytes:

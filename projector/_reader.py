@@ -55,6 +55,10 @@ from stepstream.schemas import (
 from stepstream.topics import murmur2_partition
 
 T = TypeVar('T')
+DEFAULT_STALE_AFTER_S = 600.0
+"""A `running` run with no record for this long reads as `stale` (see docs/decisions/0014)."""
+RATE_WINDOW = timedelta(seconds=10)
+"""The window of the records-per-second figure the projector keeps for `status`."""
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -110,22 +114,34 @@ class ProjectionReader:
         secondary: bool = False,
         owns_db: bool = False,
         media_store: MediaStore | None = None,
+        stale_after_s: float = DEFAULT_STALE_AFTER_S,
     ) -> None:
         """Wrap open shards (`{partition: db}` with the topics' `partitions`), or one unsharded db.
 
-        `media_store` restores offloaded payloads.
+        `media_store` restores offloaded payloads. A `running` run whose newest record is older
+        than `stale_after_s` reads as `stale` (its process probably died): computed here, at
+        read time, never stored, so a rebuild agrees with the live projection.
         """
+        if stale_after_s < 0:
+            raise ValueError(f'stale_after_s must not be negative, got {stale_after_s}')
         self._shards: Mapping[int, Rdict] = {0: db} if isinstance(db, Rdict) else db
         self._partitions = partitions
         """None: one db holds every partition's runs (tests and benchmarks)."""
         self.media_store = media_store
+        self.stale_after = timedelta(seconds=stale_after_s)
         self._secondary = secondary
         self._owns_db = owns_db
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self._root: Path | None = None
 
     @classmethod
-    def open(cls, path: str | Path, *, media_store: MediaStore | None = None) -> ProjectionReader:
+    def open(
+        cls,
+        path: str | Path,
+        *,
+        media_store: MediaStore | None = None,
+        stale_after_s: float = DEFAULT_STALE_AFTER_S,
+    ) -> ProjectionReader:
         """Open a projection that projectors (maybe in other processes) are writing.
 
         Give `media_store` (e.g. `S3MediaStore.from_settings(settings)`) to read snapshots whose
@@ -133,7 +149,7 @@ class ProjectionReader:
         """
         root = check_projection(path, create=False)
         tmp = tempfile.TemporaryDirectory(prefix='stepstream-reader-')
-        reader = cls({}, secondary=True, owns_db=True, media_store=media_store)
+        reader = cls({}, secondary=True, owns_db=True, media_store=media_store, stale_after_s=stale_after_s)
         reader._tmp, reader._root = tmp, root
         try:
             reader._open_new_shards()
@@ -331,6 +347,10 @@ class ProjectionReader:
         if raw is None:
             return None
         state = RunState.decode(raw)
+        last_record_at = _EPOCH + timedelta(microseconds=max(state.started_at, state.last_record_at))
+        status = state.status
+        if status == 'running' and datetime.now(UTC) - last_record_at > self.stale_after:
+            status = 'stale'
         return RunRecord(
             run_id=state.run_id,
             conversation_id=state.conversation_id,
@@ -339,9 +359,10 @@ class ProjectionReader:
             metadata=dict(state.metadata),
             started_at=_ts(state.started_at),
             registration_id=state.owner,
-            status=state.status,  # type: ignore[arg-type]
+            status=status,  # type: ignore[arg-type]
             ended_at=_ts(state.ended_at),
             error=state.error,
+            last_record_at=last_record_at,
             event_count=state.record_count,
             last_seq=state.last_seq,
             gaps=state.gaps(),
@@ -517,14 +538,19 @@ class ProjectionReader:
             dlq: dict[str, int] = {}
             rate, updated, conflicts, parked = 0.0, None, 0, 0
             identities = []
+            now = datetime.now(UTC)
             for db in self._shards.values():
                 offsets.update(
                     {(tp.topic, tp.partition): offset for tp, offset in stored_offsets(db).items()}
                 )
                 progress = json.loads(db.get(PROGRESS) or b'{}')
-                rate += float(progress.get('rate', 0.0))
                 if progress.get('at') is not None:
                     updated = max(updated or 0, int(progress['at']))
+                    # The rate is over the ten seconds before the shard's last batch: once that
+                    # batch is older than the window, the shard applied nothing in the last ten.
+                    at = _ts(int(progress['at']))
+                    if at is not None and now - at <= RATE_WINDOW:
+                        rate += float(progress.get('rate', 0.0))
                 for reason, count in json.loads(db.get(DLQ_COUNTS) or b'{}').items():
                     dlq[reason] = dlq.get(reason, 0) + count
                 conflicts += len({CONFLICT.parse(k)[0] for k, _ in scan(db, CONFLICT.prefix())})
@@ -539,7 +565,7 @@ class ProjectionReader:
             state = combined_state({i.state for i in identities if i is not None}, missing=bool(missing))
             return ProjectionStatus(
                 offsets=dict(sorted(offsets.items())),
-                applied_per_second=rate,
+                applied_per_second=round(rate, 1),
                 updated_at=_ts(updated),
                 dead_lettered=sum(dlq.values()),
                 dead_lettered_by_reason=dict(sorted(dlq.items())),

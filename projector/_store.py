@@ -95,7 +95,9 @@ def open_db(path: str | Path, *, create: bool = True) -> Rdict:
     A second writer gets `ProjectionInUse` naming the process that holds it.
     """
     target = check_directory(path, create=create)
-    target.mkdir(parents=True, exist_ok=True)
+    # Runs, prompts and tool inputs: readable by their owner only (the projection and its shards).
+    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    target.mkdir(mode=0o700, exist_ok=True)
     options = Options(raw_mode=True)
     options.create_if_missing(create)
     try:

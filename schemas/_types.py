@@ -18,6 +18,7 @@ EventKind = Literal[
     'run_started',
     'run_completed',
     'run_failed',
+    'run_cancelled',
     'model_request_started',
     'model_request_completed',
     'model_request_failed',
@@ -38,7 +39,8 @@ TOOL_EFFECT_STATUSES: frozenset[str] = frozenset(ToolEffectStatus.__args__)  # t
 SnapshotState = Literal['complete', 'interrupted']
 """`complete`: every tool call has its result. `interrupted`: captured with tool work open."""
 
-RunStatus = Literal['running', 'completed', 'failed']
+RunStatus = Literal['running', 'stale', 'completed', 'failed', 'cancelled']
+"""A run's status. `stale` is never stored: a reader derives it from a `running` run's last record time."""
 
 
 def _no_metadata() -> dict[str, str]:
@@ -127,6 +129,8 @@ class RunRecord:
     status: RunStatus = 'running'
     ended_at: datetime | None = None
     error: str | None = None
+    last_record_at: datetime | None = None
+    """When the newest of the run's records was written (by its own clock); `stale` is judged by it."""
     event_count: int = 0
     """Records applied for this run, across both topics."""
     last_seq: int = -1

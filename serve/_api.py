@@ -45,7 +45,7 @@ async def list_runs(
     request: Request,
     conversation_id: str | None = None,
     parent_run_id: str | None = None,
-    status: Literal['running', 'completed', 'failed', 'cancelled'] | None = None,
+    status: Literal['running', 'stale', 'completed', 'failed', 'cancelled'] | None = None,
     agent_name: str | None = None,
     order: Annotated[Literal['started', '-started'], Query(description='-started: newest first')] = 'started',
     after: Annotated[str | None, Query(description="The previous page's next_after.")] = None,

@@ -20,7 +20,7 @@ from stepstream.serve._views import diff, message_views
 
 templates = Jinja2Templates(directory=Path(__file__).parent / 'templates')
 router = APIRouter(include_in_schema=False, default_response_class=HTMLResponse)
-STATUSES = ('running', 'completed', 'failed', 'cancelled')
+STATUSES = ('running', 'stale', 'completed', 'failed', 'cancelled')
 
 
 def _source(request: Request) -> Source:

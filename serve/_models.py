@@ -26,7 +26,10 @@ class Run(BaseModel):
     metadata: dict[str, str]
     started_at: datetime | None
     registration_id: str | None = Field(description='The writer_id that registered the run.')
-    status: str = Field(description='running | completed | failed | cancelled')
+    status: str = Field(
+        description='running | stale (running, but nothing new for STEPSTREAM_STALE_AFTER_S) | completed '
+        '| failed | cancelled'
+    )
     ended_at: datetime | None
     error: str | None
     event_count: int

@@ -50,7 +50,11 @@ def app_for(
     """
     store = media_store if media_store is not None else S3MediaStore.from_settings(settings)
     owned = reader is None
-    reader = reader if reader is not None else ProjectionReader.open(settings.db_path, media_store=store)
+    reader = (
+        reader
+        if reader is not None
+        else ProjectionReader.open(settings.db_path, media_store=store, stale_after_s=settings.stale_after_s)
+    )
     token = settings.serve_token.get_secret_value() if settings.serve_token is not None else None
     return create_app(Source(settings, reader, store), token=token, on_close=reader.close if owned else None)
 

@@ -9,6 +9,7 @@ The API and the explorer both call this one class, so a page and its JSON twin c
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -38,6 +39,7 @@ from stepstream.serve._models import (
     TreeNode,
 )
 from stepstream.settings import Settings
+from stepstream.topics import log_end_offsets
 
 MEDIA_PATH = '/api/media/'
 """Where the service serves offloaded media by SHA-256, after checking the bytes against it."""
@@ -193,8 +195,8 @@ class Source:
         ends: dict[TopicPartition, int] = {}
         error = None
         try:
-            ends = await asyncio.wait_for(self._log_ends(), self.settings.ack_timeout_s * 2)
-        except (KafkaError, OSError, TimeoutError) as exc:
+            ends = await asyncio.wait_for(self._log_ends(applied), self.settings.ack_timeout_s * 2)
+        except (KafkaError, OSError, TimeoutError, StepStreamError) as exc:
             error = f'the broker at {self.settings.bootstrap_servers} did not give end offsets: {exc!r}'
         keys = sorted({*applied, *((tp.topic, tp.partition) for tp in ends)})
         partitions = []
@@ -230,8 +232,8 @@ class Source:
         cluster = await consumer._client.fetch_all_metadata()
         return [TopicPartition(topic, p) for p in sorted(cluster.partitions_for_topic(topic) or ())]
 
-    async def _log_ends(self) -> dict[TopicPartition, int]:
-        """The end offset of every partition of both log topics."""
+    async def _log_ends(self, applied: Mapping[tuple[str, int], int]) -> dict[TopicPartition, int]:
+        """The end offset of every partition of both log topics (as `stepstream status` takes it)."""
         consumer = self._consumer()
         await consumer.start()
         try:
@@ -240,10 +242,12 @@ class Source:
                 for topic in (self.settings.step_events_topic, self.settings.tool_effects_topic)
                 for tp in await self._partitions(consumer, topic)
             ]
-            ends: dict[TopicPartition, int] = await consumer.end_offsets(tps) if tps else {}
-            return ends
         finally:
             await consumer.stop()
+        ends = await log_end_offsets(
+            self.settings, {(tp.topic, tp.partition): applied.get((tp.topic, tp.partition), 0) for tp in tps}
+        )
+        return {TopicPartition(topic, partition): end for (topic, partition), end in ends.items()}
 
     async def dead_letters(self, limit: int = 50) -> DeadLetters:
         """The newest `limit` records of the DLQ topic, newest first, read by a short-lived consumer."""

@@ -8,12 +8,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
+import os
 import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from stepstream.errors import StepStreamError, UsageError
+from stepstream.errors import MediaUnavailable, NotFound, StepStreamError, StepStreamUnavailable, UsageError
 from stepstream.settings import Settings
 
 if TYPE_CHECKING:
@@ -23,50 +25,119 @@ if TYPE_CHECKING:
 Command = Callable[[argparse.Namespace, Settings], Awaitable[int]]
 T = TypeVar('T')
 
+RUN_STATUSES = ('running', 'stale', 'completed', 'failed', 'cancelled')
+
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+"""Not found, projections differ, lag above `--max-lag`, or any other stepstream error."""
+EXIT_USAGE = 2
+"""A flag, path or value used wrongly: the message says what to change."""
+EXIT_UNAVAILABLE = 3
+"""Kafka or S3 did not answer (or refused): the message says which and why."""
+EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141
+"""The reader of stdout went away (`stepstream runs --json | head`): 128 + SIGPIPE, like other tools."""
+
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the `stepstream` command."""
+    """Entry point of the `stepstream` command; returns the exit code (see `EXIT_*`)."""
     parser = _parser()
     args = parser.parse_args(argv)
     if not hasattr(args, 'command'):
         parser.print_help()
-        return 2
+        return EXIT_USAGE
+    # Our errors say what a client library would log on the way (connection refused, ...);
+    # the projector service configures its own logging.
+    logging.basicConfig(level=logging.WARNING, format='%(asctime)s %(levelname)s %(name)s: %(message)s')
+    if args.command is not _projector:
+        logging.getLogger('aiokafka').setLevel(logging.CRITICAL)
     try:
-        settings = Settings.from_args(args)
+        from stepstream.stack import stack_environ
+
+        settings = Settings.from_args(args, stack_environ(args.stack_dir))
         return asyncio.run(args.command(args, settings))
-    except UsageError as exc:
-        print(f'stepstream: {exc}', file=sys.stderr)
-        return 2
-    except (StepStreamError, LookupError, ValueError) as exc:
-        print(f'stepstream: {exc}', file=sys.stderr)
-        return 1
+    except (UsageError, ValueError) as exc:
+        return _fail(exc, EXIT_USAGE)
+    except (StepStreamUnavailable, MediaUnavailable) as exc:
+        return _fail(exc, EXIT_UNAVAILABLE)
+    except (StepStreamError, LookupError) as exc:
+        return _fail(exc, EXIT_FAILED)
+    except BrokenPipeError:
+        # Nothing more can be written; point stdout at /dev/null so the interpreter's final
+        # flush does not raise again.
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
+
+
+def _fail(exc: BaseException, code: int) -> int:
+    print(f'stepstream: {exc}', file=sys.stderr)
+    return code
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog='stepstream', description=__doc__)
+    from stepstream.stack import DEFAULT_STACK_DIR
+
+    parser = argparse.ArgumentParser(
+        prog='stepstream',
+        allow_abbrev=False,
+        description=__doc__,
+        epilog=(
+            'Exit codes: 0 ok; 1 not found, different, behind or failed; 2 usage error; '
+            '3 Kafka or S3 unavailable; 130 interrupted; 141 output pipe closed.'
+        ),
+    )
+    parser.add_argument('--version', action='version', version=f'%(prog)s {_version()}')
     sub = parser.add_subparsers(metavar='COMMAND')
 
-    def command(name: str, fn: Command, help_text: str, *, hidden: bool = False) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=None if hidden else help_text, description=help_text)
+    def command(name: str, fn: Command, help_text: str, *, parent: Any = sub) -> argparse.ArgumentParser:
+        # No abbreviations: a prefix must never pass for a longer flag.
+        p = parent.add_parser(name, help=help_text, description=help_text, allow_abbrev=False)
         Settings.add_arguments(p)
+        p.add_argument(
+            '--stack-dir',
+            default=DEFAULT_STACK_DIR,
+            metavar='DIR',
+            help='read settings from the stack running there (`stepstream stack up`); '
+            f'flags and STEPSTREAM_* variables win (default: {DEFAULT_STACK_DIR})',
+        )
         p.set_defaults(command=fn)
         return p
 
-    demo = command(
-        'demo', _demo, 'Run the multi-agent demo on a durable embedded stack and show its history.'
-    )
-    demo.add_argument(
-        '--data-dir', default='.stepstream', help='where the stack keeps the log and projection'
-    )
+    demo = command('demo', _demo, 'Run the multi-agent demo on the embedded stack (started if it is not up).')
     demo.add_argument(
         '--serve', action='store_true', help='then serve the run explorer on 127.0.0.1:8321 until Ctrl-C'
     )
 
+    stack = sub.add_parser(
+        'stack',
+        help='Keep an embedded Kafka + S3 running in the background (`stack up|down|env`).',
+        description='An embedded Tansu (or Apache Kafka) + SeaweedFS stack that outlives the command, '
+        'under --stack-dir; every stepstream command run here picks up its settings.',
+    )
+    stack_sub = stack.add_subparsers(metavar='ACTION', required=True)
+    up = command(
+        'up', _stack_up, 'Start the stack in the background (or report the one running).', parent=stack_sub
+    )
+    up.add_argument(
+        '--broker', choices=['tansu', 'kafka'], default=None, help='the embedded broker (default: tansu)'
+    )
+    command('down', _stack_down, 'Stop the stack; its log and projection stay on disk.', parent=stack_sub)
+    command('env', _stack_env, 'Print `export STEPSTREAM_...` lines for the running stack.', parent=stack_sub)
+
     projector = command('projector', _projector, 'Run the projector service until SIGTERM or Ctrl-C.')
-    projector.add_argument('--max-batch-records', type=int, default=5000)
-    projector.add_argument('--max-snapshots-per-run', type=int, default=None)
+    projector.add_argument(
+        '--max-batch-records', type=int, default=5000, help='most records applied in one RocksDB batch'
+    )
+    projector.add_argument(
+        '--max-snapshots-per-run',
+        type=int,
+        default=None,
+        help='keep the newest N snapshots of each run readable (and the newest complete)',
+    )
     projector.add_argument(
         '--group',
         metavar='NAME',
@@ -93,34 +164,49 @@ def _parser() -> argparse.ArgumentParser:
     rebuild.add_argument(
         '--into', required=True, help='a new or empty directory, or an unfinished rebuild to resume'
     )
-    rebuild.add_argument('--max-snapshots-per-run', type=int, default=None)
+    rebuild.add_argument(
+        '--max-snapshots-per-run', type=int, default=None, help='as for `stepstream projector`'
+    )
     rebuild.add_argument('--like', metavar='PATH', help='copy the options of the projection at PATH')
     rebuild.add_argument('--jobs', type=int, default=1, metavar='N', help='rebuild the shards in N processes')
 
     verify = command('verify', _verify, 'Compare two projections; print the first difference.')
-    verify.add_argument('left')
-    verify.add_argument('right')
+    verify.add_argument('left', help='a projection directory')
+    verify.add_argument('right', help='another projection directory')
 
-    status = command('status', _status, 'Per-partition lag, records applied per second, DLQ count.')
+    status = command(
+        'status', _status, 'Per-partition lag, records applied per second, DLQ count (exit 1 if behind).'
+    )
+    status.add_argument(
+        '--max-lag',
+        type=int,
+        default=None,
+        metavar='N',
+        help='exit 1 when more than N records are not applied yet (a health check)',
+    )
 
     topics = command('topics', _topics, 'Create the topics (idempotent) and check they are co-partitioned.')
-    topics.add_argument('action', choices=['ensure'])
+    topics.add_argument('action', choices=['ensure'], help='ensure: create what is missing, then check')
 
     runs = command('runs', _runs, 'List runs, in the order they started.')
-    runs.add_argument('--conversation-id')
-    runs.add_argument('--parent-run-id')
-    runs.add_argument('--status', choices=['running', 'completed', 'failed'])
-    runs.add_argument('--agent-name')
+    runs.add_argument('--conversation-id', help='only runs of this conversation')
+    runs.add_argument('--parent-run-id', help='only direct children of this run')
+    runs.add_argument('--status', choices=RUN_STATUSES, help='only runs in this status')
+    runs.add_argument('--agent-name', help='only runs of this agent')
 
     tree = command('tree', _tree, 'Show a run and all its descendants.')
-    tree.add_argument('run_id')
+    tree.add_argument('run_id', help='the root of the tree')
     events = command('events', _events, "List a run's events in seq order.")
-    events.add_argument('run_id')
+    events.add_argument('run_id', help='the run')
     snapshot = command('snapshot', _snapshot, "Show a run's latest snapshot.")
-    snapshot.add_argument('run_id')
-    snapshot.add_argument('--include-interrupted', action='store_true')
-    unresolved = command('unresolved', _unresolved, 'List tool effects in unknown_after_crash.')
-    unresolved.add_argument('run_id', nargs='?')
+    snapshot.add_argument('run_id', help='the run')
+    snapshot.add_argument(
+        '--include-interrupted', action='store_true', help='the latest of any state, not the latest complete'
+    )
+    unresolved = command(
+        'unresolved', _unresolved, 'List tool effects in unknown_after_crash (with their run status).'
+    )
+    unresolved.add_argument('run_id', nargs='?', help='only this run (default: every run)')
     conflicts = command('conflicts', _conflicts, 'List run ids claimed by more than one writer.')
 
     for p in (runs, tree, events, snapshot, unresolved, conflicts, status):
@@ -130,31 +216,61 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         '--host', default='127.0.0.1', help='address to bind (beyond loopback: needs STEPSTREAM_SERVE_TOKEN)'
     )
-    serve.add_argument('--port', type=int, default=8321)
-
-    delegate = command('_demo-delegate', _demo_delegate, 'internal: the demo child process', hidden=True)
-    delegate.add_argument('--run-id', required=True)
-    delegate.add_argument('--parent-run-id', required=True)
+    serve.add_argument('--port', type=int, default=8321, help='port to listen on')
     return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version('stepstream')
+    except PackageNotFoundError:
+        return 'unknown'
 
 
 async def _demo(args: argparse.Namespace, settings: Settings) -> int:
     from stepstream.demo import run_demo
+    from stepstream.stack import stack_up
 
-    await run_demo(args.data_dir, serve_port=8321 if args.serve else None)
-    return 0
+    stack = await asyncio.to_thread(stack_up, args.stack_dir, broker=None, quiet=True)
+    await run_demo(stack.settings, stack_dir=args.stack_dir, serve_port=8321 if args.serve else None)
+    return EXIT_OK
 
 
-async def _demo_delegate(args: argparse.Namespace, settings: Settings) -> int:
-    from stepstream.demo import run_crashing_delegate
+async def _stack_up(args: argparse.Namespace, settings: Settings) -> int:
+    from stepstream.stack import running_stack, stack_up
 
-    await run_crashing_delegate(settings, run_id=args.run_id, parent_run_id=args.parent_run_id)
-    return 0
+    with contextlib.suppress(UsageError):
+        print(f'already running: {running_stack(args.stack_dir).describe()}')
+        return EXIT_OK
+    running = await asyncio.to_thread(stack_up, args.stack_dir, broker=args.broker)
+    print(running.describe())
+    return EXIT_OK
+
+
+async def _stack_down(args: argparse.Namespace, settings: Settings) -> int:
+    from stepstream.stack import stack_down
+
+    print(await asyncio.to_thread(stack_down, args.stack_dir))
+    return EXIT_OK
+
+
+async def _stack_env(args: argparse.Namespace, settings: Settings) -> int:
+    from stepstream.stack import running_stack
+
+    print(running_stack(args.stack_dir).export_lines())
+    return EXIT_OK
 
 
 async def _projector(args: argparse.Namespace, settings: Settings) -> int:
+    from stepstream.kafka_client import broker_answers
     from stepstream.projector import Checkpoints, Projector
+    from stepstream.service_log import BrokerLossLog
 
+    loss = BrokerLossLog(settings.bootstrap_servers)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(loss)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -188,13 +304,22 @@ async def _projector(args: argparse.Namespace, settings: Settings) -> int:
         print(f'projector: {settings.bootstrap_servers} -> {projector.db_path}{member}', flush=True)
         stopping = asyncio.create_task(stop.wait())
         running = asyncio.create_task(projector.join())
-        await asyncio.wait([stopping, running], return_when=asyncio.FIRST_COMPLETED)
+        while not (stopping.done() or running.done()):
+            await asyncio.wait([stopping, running], timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
+            if loss.lost and await broker_answers(settings):
+                loss.back()
         if running.done():  # the loop ended without being asked to: it failed, and leaving the
             stopping.cancel()  # `async with` raises its error, which main() prints (exit code 1)
-            return 1
-        print(f'projector: stopping after {projector.records_applied} records', flush=True)
+            return EXIT_FAILED
+        away = loss.summary()
+        print(
+            f'projector: stopping after {projector.records_applied} records' + (f' ({away})' if away else ''),
+            flush=True,
+        )
     running.cancel()
-    return 0
+    with contextlib.suppress(asyncio.CancelledError):
+        await running
+    return EXIT_OK
 
 
 async def _serve(args: argparse.Namespace, settings: Settings) -> int:
@@ -214,7 +339,7 @@ async def _serve(args: argparse.Namespace, settings: Settings) -> int:
             flush=True,
         )
         await served.wait()
-    return 0
+    return EXIT_OK
 
 
 async def _rebuild(args: argparse.Namespace, settings: Settings) -> int:
@@ -229,7 +354,7 @@ async def _rebuild(args: argparse.Namespace, settings: Settings) -> int:
         jobs=args.jobs,
     )
     print(f'rebuilt {sum(end.values())} records into {args.into}')
-    return 0
+    return EXIT_OK
 
 
 async def _verify(args: argparse.Namespace, settings: Settings) -> int:
@@ -238,53 +363,33 @@ async def _verify(args: argparse.Namespace, settings: Settings) -> int:
     equal, difference = await asyncio.to_thread(verify_paths, args.left, args.right)
     if difference is not None:
         print(f'projections differ after {equal} equal items; {difference}')
-        return 1
+        return EXIT_FAILED
     print(f'projections are identical ({equal} items)')
-    return 0
+    return EXIT_OK
 
 
 async def _status(args: argparse.Namespace, settings: Settings) -> int:
-    from aiokafka import AIOKafkaConsumer
-    from aiokafka.structs import TopicPartition
-
-    from stepstream.kafka_client import client_options
-    from stepstream.render import table, to_json
-    from stepstream.topics import ensure_topics
+    from stepstream.render import status_json, status_text
+    from stepstream.topics import ensure_topics, log_end_offsets
 
     async with _reader(settings) as reader:
         status = await reader.status()
     layout = await ensure_topics(settings, create=False)
-    partitions = [
-        TopicPartition(t, p)
-        for t in (settings.step_events_topic, settings.tool_effects_topic)
+    applied = {
+        (topic, p): status.offsets.get((topic, p), 0)
+        for topic in (settings.step_events_topic, settings.tool_effects_topic)
         for p in range(layout.partitions)
-    ]
-    consumer = AIOKafkaConsumer(**client_options(settings), enable_auto_commit=False)
-    await consumer.start()
-    try:
-        ends = await consumer.end_offsets(partitions)
-    finally:
-        await consumer.stop()
-    rows = []
-    for tp in partitions:
-        applied = status.offsets.get((tp.topic, tp.partition), 0)
-        rows.append((tp.topic, tp.partition, applied, ends[tp], max(ends[tp] - applied, 0)))
-    if args.json:
-        keys = ('topic', 'partition', 'applied', 'end', 'lag')
-        print(to_json({'partitions': [dict(zip(keys, r, strict=True)) for r in rows], 'status': status}))
-        return 0
-    print(table(['topic', 'partition', 'applied', 'end', 'lag'], rows))
-    print(f'\ntotal lag: {sum(r[4] for r in rows)} records')
-    print(f'applied: {status.applied_per_second:g} records/s (as of {status.updated_at or "never"})')
-    reasons = ', '.join(f'{reason} {count}' for reason, count in status.dead_lettered_by_reason.items())
-    print(f'dead-lettered: {status.dead_lettered}' + (f' ({reasons})' if reasons else ''))
-    print(f'runs with conflicting writers: {status.conflicting_runs}')
-    if status.parked_records:
-        print(f'records waiting for a run_started that has not arrived: {status.parked_records}')
-    if status.state == 'rebuilding':
-        resume = f'stepstream rebuild --into {settings.db_path}'
-        print(f'this projection is an unfinished rebuild: resume it with `{resume}`')
-    return 0
+    }
+    ends = await log_end_offsets(settings, applied)
+    print(status_json(status, applied, ends) if args.json else status_text(status, applied, ends, settings))
+    lag = sum(max(ends[tp] - offset, 0) for tp, offset in applied.items())
+    if args.max_lag is not None and lag > args.max_lag:
+        print(
+            f'stepstream: the projection is {lag} records behind (more than --max-lag {args.max_lag})',
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
+    return EXIT_OK
 
 
 async def _topics(args: argparse.Namespace, settings: Settings) -> int:
@@ -295,7 +400,7 @@ async def _topics(args: argparse.Namespace, settings: Settings) -> int:
         f'{settings.step_events_topic}, {settings.tool_effects_topic}, {settings.dlq_topic}: '
         f'{layout.partitions} partitions each'
     )
-    return 0
+    return EXIT_OK
 
 
 @contextlib.asynccontextmanager
@@ -303,11 +408,23 @@ async def _reader(settings: Settings) -> AsyncIterator[ProjectionReader]:
     from stepstream.media import S3MediaStore
     from stepstream.projector import ProjectionReader as Reader
 
-    reader = Reader.open(settings.db_path, media_store=S3MediaStore.from_settings(settings))
+    reader = Reader.open(
+        settings.db_path,
+        media_store=S3MediaStore.from_settings(settings),
+        stale_after_s=settings.stale_after_s,
+    )
     try:
         yield reader
     finally:
         reader.close()
+
+
+async def _known_run(reader: ProjectionReader, run_id: str, settings: Settings) -> RunRecord:
+    """The run, or `NotFound`: every view of one run fails the same way for an unknown id."""
+    run = await reader.get_run(run_id)
+    if run is None:
+        raise NotFound(f'no run {run_id!r} in the projection at {settings.db_path}')
+    return run
 
 
 async def _show(
@@ -315,14 +432,21 @@ async def _show(
     settings: Settings,
     fetch: Callable[[ProjectionReader], Awaitable[T]],
     render: Callable[[T], str],
+    *,
+    run_id: str | None = None,
 ) -> int:
-    """Run one query on the projection and print it as a table, or as JSON with --json."""
+    """Run one query on the projection and print it as a table, or as JSON with --json.
+
+    With `run_id`, an unknown run is `NotFound` (exit 1) rather than an empty view.
+    """
     from stepstream.render import to_json
 
     async with _reader(settings) as reader:
+        if run_id is not None:
+            await _known_run(reader, run_id, settings)
         value = await fetch(reader)
     print(to_json(value) if args.json else render(value))
-    return 0
+    return EXIT_OK
 
 
 async def _runs(args: argparse.Namespace, settings: Settings) -> int:
@@ -340,29 +464,26 @@ async def _runs(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _tree(args: argparse.Namespace, settings: Settings) -> int:
-    from stepstream.render import to_json, tree
+    from stepstream.render import tree
 
-    async with _reader(settings) as reader:
-        runs = await reader.run_tree(args.run_id)
-    if not runs:
-        raise LookupError(f'no run {args.run_id!r} in the projection at {settings.db_path}')
-    print(to_json(runs) if args.json else tree(runs))
-    return 0
+    return await _show(args, settings, lambda r: r.run_tree(args.run_id), tree, run_id=args.run_id)
 
 
 async def _events(args: argparse.Namespace, settings: Settings) -> int:
     from stepstream.render import events_table
 
-    return await _show(args, settings, lambda reader: reader.list_events(args.run_id), events_table)
+    return await _show(args, settings, lambda r: r.list_events(args.run_id), events_table, run_id=args.run_id)
 
 
 async def _snapshot(args: argparse.Namespace, settings: Settings) -> int:
     from pydantic_ai.messages import ModelMessagesTypeAdapter
 
     async with _reader(settings) as reader:
+        await _known_run(reader, args.run_id, settings)
         snap = await reader.latest_snapshot(args.run_id, include_interrupted=args.include_interrupted)
     if snap is None:
-        raise LookupError(f'run {args.run_id!r} has no snapshot in the projection at {settings.db_path}')
+        which = 'snapshot' if args.include_interrupted else 'complete snapshot (try --include-interrupted)'
+        raise NotFound(f'run {args.run_id!r} has no {which} in the projection at {settings.db_path}')
     if args.json:
         print(ModelMessagesTypeAdapter.dump_json(snap.messages, indent=2).decode())
     else:
@@ -373,15 +494,22 @@ async def _snapshot(args: argparse.Namespace, settings: Settings) -> int:
         for i, message in enumerate(snap.messages):
             parts = ', '.join(type(p).__name__ for p in message.parts)
             print(f'  {i:>3} {message.kind:<8} {parts}')
-    return 0
+    return EXIT_OK
 
 
 async def _unresolved(args: argparse.Namespace, settings: Settings) -> int:
-    from stepstream.render import effects_table
+    from stepstream.render import UnresolvedEffect, unresolved_table
 
-    return await _show(
-        args, settings, lambda reader: reader.list_unresolved_tool_effects(args.run_id), effects_table
-    )
+    async def fetch(reader: ProjectionReader) -> list[UnresolvedEffect]:
+        effects = await reader.list_unresolved_tool_effects(args.run_id)
+        statuses: dict[str, str] = {}
+        for effect in effects:
+            if effect.run_id not in statuses:
+                run = await reader.get_run(effect.run_id)
+                statuses[effect.run_id] = run.status if run is not None else 'unknown'
+        return [UnresolvedEffect(effect, statuses[effect.run_id]) for effect in effects]
+
+    return await _show(args, settings, fetch, unresolved_table, run_id=args.run_id)
 
 
 async def _conflicts(args: argparse.Namespace, settings: Settings) -> int:

@@ -2,12 +2,17 @@
 
 The orchestrator asks a researcher (in this process) and a publisher (in a child process). The
 publisher's tool is killed with SIGKILL while it runs, so its effect stays `started`: the
-projection shows it as `unknown_after_crash`. The stack is durable under the data directory, so
-running the demo again shows every earlier run too.
+projection shows it as `unknown_after_crash`. The demo runs on the stack `stepstream stack up`
+keeps under `.stepstream`, whose log is durable, so running it again shows every earlier run too,
+and every `stepstream` command afterwards reads the same log and projection.
+
+`python -m stepstream.demo --run-id R --parent-run-id P` is the publisher's child process
+(settings from `STEPSTREAM_*`); nothing else should call it.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import secrets
@@ -20,7 +25,6 @@ from pydantic_ai import Agent, RunContext
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-from stepstream.embedded import EmbeddedStack
 from stepstream.producer import EventLog, StepPersistence, annotate_tool_effect, current_run_id
 from stepstream.projector import ProjectionReader, Projector
 from stepstream.render import effects_table, events_table, tree
@@ -68,8 +72,7 @@ async def _publish_in_child(settings: Settings, reader: ProjectionReader, parent
     child = await asyncio.create_subprocess_exec(
         sys.executable,
         '-m',
-        'stepstream.cli',
-        '_demo-delegate',
+        'stepstream.demo',
         '--run-id',
         run_id,
         '--parent-run-id',
@@ -92,71 +95,94 @@ async def _publish_in_child(settings: Settings, reader: ProjectionReader, parent
     return f'publisher {run_id} was killed in the middle of send_announcement'
 
 
-async def run_demo(data_dir: str | Path = '.stepstream', *, serve_port: int | None = None) -> None:
-    """Run the demo on a durable stack under `data_dir` and print the lineage, events and effects.
+async def run_demo(
+    settings: Settings, *, stack_dir: str | Path = '.stepstream', serve_port: int | None = None
+) -> None:
+    """Run the demo against `settings` (the stack under `stack_dir`); print lineage, events and effects.
 
     With `serve_port`, then serve the run explorer over the demo's projection on that loopback
-    port, with the stack still up (lag, DLQ and media need it), until Ctrl-C.
+    port until Ctrl-C (the stack stays up either way).
     """
-    data = Path(data_dir)
-    print(f'starting Tansu + SeaweedFS under {data} ...', flush=True)
-    async with EmbeddedStack(data / 'stack', durable=True, partitions=3) as stack:
-        settings = stack.settings.replace(db_path=str(data / 'projection'))
-        async with EventLog(settings) as log, Projector(settings) as projector:
-            reader = projector.reader()
-            researcher = Agent(
-                _scripted(('search_docs', {'query': 'release notes'}), 'the release adds delta snapshots'),
-                name='researcher',
-                capabilities=[StepPersistence(log=log, agent_name='researcher')],
-            )
+    async with EventLog(settings) as log, Projector(settings) as projector:
+        reader = projector.reader()
+        researcher = Agent(
+            _scripted(('search_docs', {'query': 'release notes'}), 'the release adds delta snapshots'),
+            name='researcher',
+            capabilities=[StepPersistence(log=log, agent_name='researcher')],
+        )
 
-            @researcher.tool_plain
-            def search_docs(query: str) -> str:
-                return f'3 documents match {query!r}'
+        @researcher.tool_plain
+        def search_docs(query: str) -> str:
+            return f'3 documents match {query!r}'
 
-            orchestrator = Agent(
-                _scripted(
-                    ('research', {'topic': 'release'}), ('publish', {}), 'done: researched and published'
-                ),
-                name='orchestrator',
-                capabilities=[StepPersistence(log=log, agent_name='orchestrator')],
-            )
+        orchestrator = Agent(
+            _scripted(('research', {'topic': 'release'}), ('publish', {}), 'done: researched and published'),
+            name='orchestrator',
+            capabilities=[StepPersistence(log=log, agent_name='orchestrator')],
+        )
 
-            @orchestrator.tool_plain
-            async def research(topic: str) -> str:
-                return (await researcher.run(f'research {topic}', conversation_id='release-demo')).output
+        @orchestrator.tool_plain
+        async def research(topic: str) -> str:
+            return (await researcher.run(f'research {topic}', conversation_id='release-demo')).output
 
-            @orchestrator.tool_plain
-            async def publish() -> str:
-                parent = current_run_id()
-                assert parent is not None
-                return await _publish_in_child(settings, reader, parent)
+        @orchestrator.tool_plain
+        async def publish() -> str:
+            parent = current_run_id()
+            assert parent is not None
+            return await _publish_in_child(settings, reader, parent)
 
-            result = await orchestrator.run(
-                'research the release and announce it', conversation_id='release-demo'
-            )
-            print(f'orchestrator answered: {result.output}\n')
-            await projector.wait_for(await log.flush())
-            await projector.catch_up()  # earlier demo runs too, if the projection was removed
+        result = await orchestrator.run(
+            'research the release and announce it', conversation_id='release-demo'
+        )
+        print(f'orchestrator answered: {result.output}\n')
+        await projector.wait_for(await log.flush())
+        await projector.catch_up()  # earlier demo runs too, if the projection was removed
 
-            roots = await reader.list_runs(agent_name='orchestrator')
-            print(f'== lineage ({len(roots)} orchestrator run(s) in the log so far)')
-            for root in roots:
-                print(tree(await reader.run_tree(root.run_id)))
-            latest = await reader.run_tree(roots[-1].run_id)
-            for run in latest:
-                print(f'\n== events of {run.run_id} ({run.agent_name}, {run.status})')
-                print(events_table(await reader.list_events(run.run_id)))
-            print('\n== unresolved tool effects (unknown_after_crash), all runs')
-            print(effects_table(await reader.list_unresolved_tool_effects()))
-            print(
-                f'\nlog and projection persist under {data}; run `make run` again to see this history grow.'
-            )
-            if serve_port is not None:
-                from stepstream.serve import app_for, running
+        roots = await reader.list_runs(agent_name='orchestrator')
+        print(f'== lineage ({len(roots)} orchestrator run(s) in the log so far)')
+        for root in roots:
+            print(tree(await reader.run_tree(root.run_id)))
+        latest = await reader.run_tree(roots[-1].run_id)
+        for run in latest:
+            print(f'\n== events of {run.run_id} ({run.agent_name}, {run.status})')
+            print(events_table(await reader.list_events(run.run_id)))
+        print('\n== unresolved tool effects (unknown_after_crash), all runs')
+        print(effects_table(await reader.list_unresolved_tool_effects()))
+        here = '' if str(stack_dir) == '.stepstream' else f' --stack-dir {stack_dir}'
+        orchestrator_id = roots[-1].run_id
+        print(
+            f'\nThe stack keeps running, and its log and projection persist under {stack_dir}; '
+            '`make run` again adds to this history.\n'
+            'Inspect it (`.venv/bin/stepstream` in a checkout):\n'
+            f'  stepstream runs{here}                  # every run; also tree, events, snapshot, unresolved\n'
+            f'  stepstream tree {orchestrator_id}{here}\n'
+            f'  stepstream status{here}                # lag, apply rate, dead letters\n'
+            f'  stepstream rebuild --into /tmp/rebuilt{here} && '
+            f'stepstream verify {settings.db_path} /tmp/rebuilt\n'
+            f'  stepstream serve{here}                 # the run explorer and JSON API on 127.0.0.1:8321\n'
+            f'  stepstream projector{here}             # keep the projection current as agents write\n'
+            f'  eval "$(stepstream stack env{here})"   # the settings, for other tools and terminals\n'
+            f'Stop it: stepstream stack down{here}'
+        )
+        if serve_port is not None:
+            from stepstream.serve import app_for, running
 
-                async with running(app_for(settings, reader=reader), port=serve_port) as served:
-                    for sig in (signal.SIGTERM, signal.SIGINT):
-                        asyncio.get_running_loop().add_signal_handler(sig, served.stop)
-                    print(f'\nrun explorer at {served.url}/ (Ctrl-C stops it and the stack)', flush=True)
-                    await served.wait()
+            async with running(app_for(settings, reader=reader), port=serve_port) as served:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    asyncio.get_running_loop().add_signal_handler(sig, served.stop)
+                print(f'\nrun explorer at {served.url}/ (Ctrl-C stops it; the stack stays up)', flush=True)
+                await served.wait()
+
+
+def _delegate_main() -> None:
+    parser = argparse.ArgumentParser(prog='python -m stepstream.demo', description=__doc__)
+    parser.add_argument('--run-id', required=True)
+    parser.add_argument('--parent-run-id', required=True)
+    args = parser.parse_args()
+    asyncio.run(
+        run_crashing_delegate(Settings.from_env(), run_id=args.run_id, parent_run_id=args.parent_run_id)
+    )
+
+
+if __name__ == '__main__':
+    _delegate_main()

@@ -519,6 +519,9 @@ class EmbeddedStack:
             f'-s3.localSocket={self._socket_dir / "s3.sock"}',
             '-webdav=false',
             '-admin.ui=false',
+            # Real S3 and MinIO refuse a PUT to a missing bucket: so must the embedded one, or a
+            # wrong STEPSTREAM_S3_BUCKET goes unnoticed here and fails in production.
+            '-s3.autoCreateBucket=false',
             '-master.telemetry=false',
             '-volume.preStopSeconds=0',
         ]

@@ -61,3 +61,10 @@ class AccessDenied(StepStreamError):
 
     The message names the principal, what was refused and the ACL or command that fixes it.
     """
+
+
+class NotFound(StepStreamError, LookupError):
+    """What was asked for (a run, a snapshot) is not in the projection.
+
+    Every view of one run raises it for an unknown run id; the CLI exits with code 1.
+    """

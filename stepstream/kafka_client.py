@@ -5,9 +5,9 @@ creates topics, and the CLI all pass `client_options(settings)` to aiokafka, so 
 setting reaches all of them or none.
 
 aiokafka reports a client that cannot bootstrap as `Unable to bootstrap from [...]` and logs the
-reason (a refused password, an untrusted certificate) out of sight. `connection_error` asks the
-first bootstrap server once more, on one connection, to find that reason and name the setting
-that fixes it.
+reason (a name that does not resolve, a refused port, a refused password, an untrusted
+certificate) out of sight. `connection_error` asks the bootstrap servers once more to find that
+reason and name the setting that fixes it; only a real timeout mentions the timeout.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
+import socket
 import ssl
 from typing import Any
 
@@ -159,11 +160,100 @@ async def connection_error(settings: Settings, what: str, exc: BaseException) ->
     """
     if isinstance(exc, StepStreamError):
         return exc
+    probe_s = min(settings.ack_timeout_s, 3.0)
+    network = await _network_problem(settings.bootstrap_servers, probe_s)
+    if network is not None:
+        return StepStreamUnavailable(
+            f'Kafka at {settings.bootstrap_servers} {what}: {network}. Check STEPSTREAM_BOOTSTRAP_SERVERS '
+            '(`stepstream stack up` starts an embedded broker and points the CLI at it).'
+        )
     try:
         cause = await asyncio.wait_for(_diagnose(settings), settings.ack_timeout_s)
     except TimeoutError:
         cause = None
+    if cause is None and not settings.uses_tls:
+        host, port = _first_server(settings)
+        if not await _speaks_plain_kafka(host, port, probe_s):
+            return StepStreamUnavailable(
+                f'Kafka at {settings.bootstrap_servers} {what}: the service on {host}:{port} accepts '
+                'connections but does not answer a Kafka request, so it is not a Kafka broker (or not '
+                'a Kafka listener). Check STEPSTREAM_BOOTSTRAP_SERVERS.'
+            )
     return cause or unavailable(settings, what, exc)
+
+
+async def broker_answers(settings: Settings) -> bool:
+    """Whether a bootstrap server completes a connection as these settings make it (TLS, SASL).
+
+    One connection with no retries and no log lines: the projector service asks it to notice a
+    lost broker coming back.
+    """
+    options = client_options(settings)
+    options.pop('bootstrap_servers')
+    timeout = min(settings.ack_timeout_s, 3.0)
+    for server in settings.bootstrap_servers.split(','):
+        host, _, port = server.strip().rpartition(':')
+        try:
+            conn = await asyncio.wait_for(
+                create_conn(
+                    host.strip('[]'),
+                    int(port),
+                    client_id='stepstream-probe',
+                    request_timeout_ms=int(timeout * 1000),
+                    **options,
+                ),
+                timeout,
+            )
+        except (KafkaError, OSError, TimeoutError, ValueError):
+            continue
+        conn.close()
+        return True
+    return False
+
+
+async def _network_problem(servers: str, timeout_s: float) -> str | None:
+    """Why no bootstrap server accepts a TCP connection, in one sentence; None if one does.
+
+    Separates a host name that does not resolve, a refused port and a connection that times out,
+    which aiokafka reports alike.
+    """
+    problems = []
+    for server in servers.split(','):
+        problem = await _server_problem(server.strip(), timeout_s)
+        if problem is None:
+            return None
+        problems.append(problem)
+    return '; '.join(problems)
+
+
+async def _server_problem(server: str, timeout_s: float) -> str | None:
+    host, _, port_text = server.rpartition(':')
+    host = host.strip('[]')
+    if not host or not port_text.isdigit():
+        return f'{server!r} is not HOST:PORT'
+    port = int(port_text)
+    loop = asyncio.get_running_loop()
+    try:
+        await asyncio.wait_for(loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), timeout_s)
+    except socket.gaierror as exc:
+        return f'the host name {host!r} does not resolve ({exc.strerror})'
+    except TimeoutError:
+        return f'the host name {host!r} did not resolve within {timeout_s:g}s'
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
+    except ConnectionRefusedError:
+        return f'nothing listens on {host}:{port} (connection refused)'
+    except TimeoutError:
+        return (
+            f'{host}:{port} did not accept a connection within {timeout_s:g}s (a firewall, or a host '
+            'that is down); raise STEPSTREAM_ACK_TIMEOUT_S only if the network is just slow'
+        )
+    except OSError as exc:
+        return f'cannot connect to {host}:{port} ({exc.strerror or exc})'
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return None
 
 
 async def _diagnose(settings: Settings) -> SecureConnectionError | None:
@@ -231,7 +321,9 @@ async def _diagnose(settings: Settings) -> SecureConnectionError | None:
                 f'{settings.security_protocol}: use the TLS listener (STEPSTREAM_BOOTSTRAP_SERVERS) or '
                 f'set the protocol to {plain}'
             )
-        if settings.security_protocol == 'PLAINTEXT':
+        if settings.security_protocol == 'PLAINTEXT' and await _speaks_plain_kafka(
+            host, port, settings.ack_timeout_s
+        ):
             return SecureConnectionError(
                 f'{where} closed the connection before answering ({err!r}); a listener that requires '
                 'SASL does that. Set STEPSTREAM_SECURITY_PROTOCOL and STEPSTREAM_SASL_* to what the '

@@ -4,17 +4,27 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stepstream.schemas import RunRecord, StepEvent, ToolEffectRecord
+
+if TYPE_CHECKING:
+    from stepstream.projector import ProjectionStatus
+    from stepstream.settings import Settings
 
 
 def to_json(value: Any) -> str:
     """JSON for scripts: dataclasses as objects, datetimes in ISO 8601."""
 
     def default(obj: Any) -> Any:
+        if isinstance(obj, UnresolvedEffect):
+            return {**default(obj.effect), 'run_status': obj.run_status}
+        if isinstance(obj, ToolEffectRecord):  # the status the table shows, and the flag behind it
+            fields = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+            return {**fields, 'status': effect_status(obj), 'unknown_after_crash': obj.unknown_after_crash}
         if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
             return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
         if isinstance(obj, datetime):
@@ -56,14 +66,36 @@ def runs_table(runs: Sequence[RunRecord]) -> str:
 
 
 def tree(runs: Sequence[RunRecord]) -> str:
-    """An indented lineage tree of `runs` (as `ProjectionReader.run_tree` returns them)."""
-    depth: dict[str, int] = {}
-    lines = []
-    for run in runs:
-        level = depth.get(run.parent_run_id, -1) + 1 if run.parent_run_id is not None else 0
-        depth[run.run_id] = level
-        prefix = '    ' * (level - 1) + '└── ' if level else ''
-        lines.append(f'{prefix}{run.run_id}  [{run.agent_name or "-"}, {run.status}]')
+    """A lineage tree of `runs` (as `ProjectionReader.run_tree` returns them: the root first).
+
+    ```
+    orchestrator-1  [orchestrator, completed]
+    ├── researcher-2  [researcher, completed]
+    │   └── searcher-4  [searcher, completed]
+    └── publisher-3  [publisher, stale]
+    ```
+    """
+    if not runs:
+        return ''
+    known = {run.run_id for run in runs}
+    children: dict[str, list[RunRecord]] = {}
+    for run in runs[1:]:
+        parent = run.parent_run_id if run.parent_run_id in known else runs[0].run_id
+        children.setdefault(parent, []).append(run)
+
+    def label(run: RunRecord) -> str:
+        return f'{run.run_id}  [{run.agent_name or "-"}, {run.status}]'
+
+    lines = [label(runs[0])]
+
+    def draw(run_id: str, indent: str) -> None:
+        kids = children.get(run_id, [])
+        for i, child in enumerate(kids):
+            last = i == len(kids) - 1
+            lines.append(f'{indent}{"└── " if last else "├── "}{label(child)}')
+            draw(child.run_id, indent + ('    ' if last else '│   '))
+
+    draw(runs[0].run_id, '')
     return '\n'.join(lines)
 
 
@@ -80,18 +112,83 @@ def events_table(events: Sequence[StepEvent]) -> str:
     return table(['seq', 'time', 'step', 'kind', 'detail'], rows)
 
 
+def effect_status(effect: ToolEffectRecord) -> str:
+    """The status views show: `unknown_after_crash` for a call whose latest transition is `started`."""
+    return 'unknown_after_crash' if effect.unknown_after_crash else effect.status
+
+
 def effects_table(effects: Sequence[ToolEffectRecord]) -> str:
     """One line per tool effect; `started` shows as unknown_after_crash."""
+    return unresolved_table([UnresolvedEffect(e, None) for e in effects])
+
+
+@dataclass(frozen=True, slots=True)
+class UnresolvedEffect:
+    """A tool effect in the unresolved sweep, beside its run's status (`stale`, `failed`, ...).
+
+    A `running` run may still finish the call; a `stale`, `failed` or `cancelled` one will not.
+    """
+
+    effect: ToolEffectRecord
+    run_status: str | None
+
+
+def unresolved_table(items: Sequence[UnresolvedEffect]) -> str:
+    """One line per tool effect, with its run's status when known."""
+    with_run = any(item.run_status is not None for item in items)
     rows = [
         (
-            e.run_id,
-            e.tool_call_id,
-            e.tool_name,
-            'unknown_after_crash' if e.unknown_after_crash else e.status,
-            _time(e.started_at),
-            e.idempotency_key,
-            e.effect_summary,
+            item.effect.run_id,
+            *((item.run_status,) if with_run else ()),
+            item.effect.tool_call_id,
+            item.effect.tool_name,
+            effect_status(item.effect),
+            _time(item.effect.started_at),
+            item.effect.idempotency_key,
+            item.effect.effect_summary,
         )
-        for e in effects
+        for item in items
     ]
-    return table(['run_id', 'tool_call_id', 'tool', 'status', 'started', 'idempotency_key', 'summary'], rows)
+    headers = ['run_id', *(['run_status'] if with_run else []), 'tool_call_id', 'tool', 'status']
+    return table([*headers, 'started', 'idempotency_key', 'summary'], rows)
+
+
+Offsets = Mapping[tuple[str, int], int]
+
+
+def status_json(status: ProjectionStatus, applied: Offsets, ends: Offsets) -> str:
+    """`stepstream status --json`: one object per partition, then the projection's figures."""
+    partitions = [
+        {
+            'topic': topic,
+            'partition': partition,
+            'applied': offset,
+            'end': ends[topic, partition],
+            'lag': max(ends[topic, partition] - offset, 0),
+        }
+        for (topic, partition), offset in applied.items()
+    ]
+    figures = {f.name: getattr(status, f.name) for f in dataclasses.fields(status) if f.name != 'offsets'}
+    total = sum(p['lag'] for p in partitions)  # type: ignore[misc]
+    return to_json({'partitions': partitions, 'total_lag': total, **figures})
+
+
+def status_text(status: ProjectionStatus, applied: Offsets, ends: Offsets, settings: Settings) -> str:
+    """`stepstream status`: the lag table and one line per figure."""
+    rows = [
+        (topic, partition, offset, ends[topic, partition], max(ends[topic, partition] - offset, 0))
+        for (topic, partition), offset in applied.items()
+    ]
+    lines = [table(['topic', 'partition', 'applied', 'end', 'lag'], rows), '']
+    lines.append(f'total lag: {sum(r[4] for r in rows)} records')
+    when = _time(status.updated_at) if status.updated_at else 'never'
+    lines.append(f'applied: {status.applied_per_second:g} records/s (last batch at {when})')
+    reasons = ', '.join(f'{reason} {count}' for reason, count in status.dead_lettered_by_reason.items())
+    lines.append(f'dead-lettered: {status.dead_lettered}' + (f' ({reasons})' if reasons else ''))
+    lines.append(f'runs with conflicting writers: {status.conflicting_runs}')
+    if status.parked_records:
+        lines.append(f'records waiting for a run_started that has not arrived: {status.parked_records}')
+    if status.state == 'rebuilding':
+        resume = f'stepstream rebuild --into {settings.db_path}'
+        lines.append(f'this projection is an unfinished rebuild: resume it with `{resume}`')
+    return '\n'.join(lines)

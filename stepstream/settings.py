@@ -8,8 +8,13 @@ the log and the media live.
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
+import functools
+import inspect
+import itertools
 import os
+import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -42,9 +47,14 @@ class Settings:
     s3_endpoint: str | None = None
     """S3-compatible endpoint URL; `None` means AWS S3 proper."""
     s3_bucket: str = 'stepstream-media'
+    """The S3 bucket of the media store; it must exist (stepstream checks it at start)."""
     s3_region: str = 'us-east-1'
+    """The S3 region to sign requests for."""
     s3_access_key_id: str | None = None
-    s3_secret_access_key: str | None = field(default=None, repr=False)
+    """S3 access key id; `None` uses the AWS default credential chain."""
+    s3_secret_access_key: SecretStr | None = field(default=None, repr=False)
+    """Read from `STEPSTREAM_S3_SECRET_ACCESS_KEY` or the file `STEPSTREAM_S3_SECRET_ACCESS_KEY_FILE`,
+    never a flag."""
     media_threshold_bytes: int = 64 * 1024
     """Payloads at or above this size (UTF-8 bytes for text) are moved to the media store."""
     db_path: str = '.stepstream/projection'
@@ -52,6 +62,7 @@ class Settings:
     partitions: int = 6
     """Partition count used when stepstream creates its topics (the same for both topics)."""
     replication_factor: int = 1
+    """Replication factor used when stepstream creates its topics."""
     ack_timeout_s: float = 10.0
     """How long a durability point waits for the broker's acknowledgement before the run fails."""
     security_protocol: str = 'PLAINTEXT'
@@ -59,6 +70,7 @@ class Settings:
     sasl_mechanism: str | None = None
     """`PLAIN`, `SCRAM-SHA-256`, `SCRAM-SHA-512` or `OAUTHBEARER`; needed with a `SASL_*` protocol."""
     sasl_username: str | None = None
+    """The SASL user (PLAIN and SCRAM mechanisms)."""
     sasl_password: SecretStr | None = field(default=None, repr=False)
     """Read from `STEPSTREAM_SASL_PASSWORD` or the file `STEPSTREAM_SASL_PASSWORD_FILE`, never a flag."""
     sasl_oauth_token_provider: str | None = None
@@ -73,6 +85,8 @@ class Settings:
     serve_token: SecretStr | None = field(default=None, repr=False)
     """Bearer token `stepstream serve` requires (from `STEPSTREAM_SERVE_TOKEN` or its `_FILE`, never
     a flag); needed to serve on anything but loopback, and enforced on every request when set."""
+    stale_after_s: float = 600.0
+    """Views show a `running` run as `stale` once it has had no record for this many seconds."""
 
     def __post_init__(self) -> None:
         if not self.topic_prefix or any(c not in _TOPIC_CHARS for c in self.topic_prefix):
@@ -86,6 +100,8 @@ class Settings:
             raise ValueError(f'partitions must be positive, got {self.partitions}')
         if self.ack_timeout_s <= 0:
             raise ValueError(f'ack_timeout_s must be positive, got {self.ack_timeout_s}')
+        if self.stale_after_s < 0:
+            raise ValueError(f'stale_after_s must not be negative, got {self.stale_after_s}')
         self._check_security()
 
     def _check_security(self) -> None:
@@ -192,6 +208,7 @@ class Settings:
         Secrets (`sasl_password`) have no flag: a command line shows in `ps` and shell history.
         """
         group = parser.add_argument_group('settings (flags override STEPSTREAM_* variables)')
+        docs = _field_docs()
         for f in fields(cls):
             if f.name in SECRET_FIELDS:
                 continue
@@ -200,20 +217,39 @@ class Settings:
                 dest=f.name,
                 default=None,
                 metavar=ENV_PREFIX + f.name.upper(),
+                help=docs.get(f.name),
             )
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> Settings:
-        """Settings from parsed CLI flags over the environment."""
+    def from_args(cls, args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Settings:
+        """Settings from parsed CLI flags over `environ` (default: the process environment)."""
         flags = {f.name: getattr(args, f.name, None) for f in fields(cls) if f.name not in SECRET_FIELDS}
         parsed = {name: _parse(_field(name), raw) for name, raw in flags.items() if raw is not None}
-        return cls.from_env(**parsed)
+        return cls.from_env(environ, **parsed)
 
 
-SECRET_FIELDS = frozenset({'sasl_password', 'serve_token'})
+SECRET_FIELDS = frozenset({'sasl_password', 'serve_token', 's3_secret_access_key'})
 """Fields read only from the environment or a file, hidden from `repr`, and never a CLI flag."""
 
 _TOPIC_CHARS = frozenset('abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-')
+
+
+@functools.cache
+def _field_docs() -> dict[str, str]:
+    """Each field's docstring, the one place a setting is explained (and its `--help`)."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(Settings)))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {}
+    for node, following in itertools.pairwise(body):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(following, ast.Expr)
+            and isinstance(following.value, ast.Constant)
+            and isinstance(following.value.value, str)
+        ):
+            docs[node.target.id] = ' '.join(following.value.value.split()).replace('%', '%%')
+    return docs
 
 
 def _field(name: str) -> dataclasses.Field[Any]:

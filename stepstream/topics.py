@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
 
+from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
 from aiokafka.partitioner import murmur2
@@ -26,6 +28,7 @@ __all__ = [
     'Position',
     'TopicLayout',
     'ensure_topics',
+    'log_end_offsets',
     'murmur2_partition',
     'supports_idempotence',
     'unavailable',
@@ -163,6 +166,45 @@ def murmur2_partition(key: bytes, partitions: int) -> int:
     the same run's partition on every record of the run.
     """
     return (murmur2(key) & 0x7FFFFFFF) % partitions
+
+
+async def log_end_offsets(
+    settings: Settings, applied: Mapping[tuple[str, int], int]
+) -> dict[tuple[str, int], int]:
+    """The end of each partition in `applied`: the largest of what ListOffsets and a fetch report.
+
+    Some brokers (Tansu) answer ListOffsets with a stale or short end, while a fetch carries the
+    true high watermark; the applied offset is a floor too (the projector read that far).
+    """
+    consumer = AIOKafkaConsumer(
+        **client_options(settings),
+        enable_auto_commit=False,
+        auto_offset_reset='latest',
+        fetch_max_wait_ms=50,
+        max_partition_fetch_bytes=64 * 1024,
+        request_timeout_ms=max(1000, int(settings.ack_timeout_s * 1000)),
+    )
+    try:
+        await asyncio.wait_for(consumer.start(), settings.ack_timeout_s)
+    except (KafkaError, OSError, TimeoutError) as exc:
+        await consumer.stop()
+        raise await connection_error(settings, 'did not accept a consumer connection', exc) from exc
+    try:
+        partitions = {TopicPartition(topic, p): offset for (topic, p), offset in applied.items()}
+        listed = await consumer.end_offsets(list(partitions))
+        consumer.assign(list(partitions))
+        for tp, offset in partitions.items():
+            consumer.seek(tp, min(offset, listed[tp]))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(settings.ack_timeout_s, 3.0)
+        while loop.time() < deadline and any(consumer.highwater(tp) is None for tp in partitions):
+            await consumer.getmany(timeout_ms=100)
+        return {
+            (tp.topic, tp.partition): max(listed[tp], consumer.highwater(tp) or 0, offset)
+            for tp, offset in partitions.items()
+        }
+    finally:
+        await consumer.stop()
 
 
 async def supports_idempotence(settings: Settings) -> bool:

@@ -382,7 +382,7 @@ async def test_cancelled_run_leaves_a_usable_trail(event_log: EventLog, projecto
         await task
     reader = await settle(event_log, projector)
     run = await reader.get_run('cx')
-    assert run is not None and run.status == 'failed' and 'CancelledError' in (run.error or '')
+    assert run is not None and run.status == 'cancelled' and 'CancelledError' in (run.error or '')
     [open_effect] = await reader.list_unresolved_tool_effects('cx')
     assert open_effect.tool_call_id == 'call-1' and open_effect.unknown_after_crash
     history = await continue_run(reader, run_id='cx')

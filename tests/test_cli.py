@@ -7,16 +7,23 @@ import json
 import os
 import signal
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from pydantic_ai import Agent
 
 from stepstream import Settings
+from stepstream.embedded import EmbeddedStack
 from stepstream.producer import EventLog, StepPersistence
 from stepstream.projector import ProjectionReader, Projector, rebuild, verify_paths
+from stepstream.schemas import StepEvent
 
 from agents import calls_then_answers
+from brokers import tansu_only
+
+STEPSTREAM = str(Path(sys.executable).parent / 'stepstream')
+"""The installed command, as a user runs it."""
 
 
 def cli_env(settings: Settings, db_path: Path) -> dict[str, str]:
@@ -25,11 +32,10 @@ def cli_env(settings: Settings, db_path: Path) -> dict[str, str]:
 
 async def cli(settings: Settings, db_path: Path, *args: str) -> tuple[int, str, str]:
     process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        '-m',
-        'stepstream.cli',
+        STEPSTREAM,
         *args,
         env=cli_env(settings, db_path),
+        cwd=db_path.parent,  # no .stepstream stack of the checkout's `make run` in the way
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
@@ -66,6 +72,7 @@ async def test_views_tables_and_json(
     )
     code, out, _ = await cli(settings, db_path, 'runs', '--json')
     assert code == 0 and {r['agent_name'] for r in json.loads(out)} == {'boss', 'worker'}
+    assert db_path.stat().st_mode & 0o777 == 0o700  # runs and tool inputs: the owner's only
 
     code, out, _ = await cli(settings, db_path, 'tree', boss.run_id)
     assert code == 0 and out.splitlines()[0].startswith(boss.run_id) and '└── worker-' in out
@@ -84,10 +91,96 @@ async def test_views_tables_and_json(
     code, out, _ = await cli(settings, db_path, 'status')
     assert code == 0 and 'total lag: 0 records' in out and 'dead-lettered: 0' in out
 
-    code, _, err = await cli(settings, db_path, 'tree', 'no-such-run')
-    assert code == 1 and 'no-such-run' in err
+    code, out, _ = await cli(settings, db_path, 'status', '--json')
+    status = json.loads(out)
+    assert code == 0 and status['total_lag'] == 0 and status['dead_lettered'] == 0
+    assert {(p['topic'], p['partition']) for p in status['partitions']} == {
+        (t, p) for t in (settings.step_events_topic, settings.tool_effects_topic) for p in range(3)
+    }
+    assert all(p['end'] == p['applied'] for p in status['partitions'])
+
+    views = ('tree', 'events', 'snapshot', 'unresolved')
+    answers = await asyncio.gather(*(cli(settings, db_path, v, 'no-such-run', '--json') for v in views))
+    for view, (code, out, err) in zip(views, answers, strict=True):
+        assert (code, out) == (1, ''), view
+        assert "no run 'no-such-run' in the projection at" in err, view
     code, _, err = await cli(settings, db_path.parent / 'missing', 'runs')
     assert code == 2 and 'no projection at' in err
+
+
+async def test_cancelled_and_stale_runs_in_every_view(
+    settings: Settings, event_log: EventLog, projector: Projector, db_path: Path
+) -> None:
+    entered = asyncio.Event()
+    agent = Agent(calls_then_answers('slow'), capabilities=[StepPersistence(log=event_log, run_id='cx')])
+
+    @agent.tool_plain
+    async def slow() -> str:
+        entered.set()  # its `started` is acknowledged: the body runs after it
+        await asyncio.sleep(3600)
+        return 'never'
+
+    task = asyncio.create_task(agent.run('go'))
+    await entered.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await orchestrate(event_log, 'conv-stale')
+    # A process that died mid-run: its run_started, and nothing after it.
+    await event_log.append(_started('ghost', settings))
+    await projector.wait_for(await event_log.flush())
+
+    code, out, _ = await cli(settings, db_path, 'runs', '--status', 'cancelled', '--json')
+    [cancelled] = json.loads(out)
+    assert cancelled['run_id'] == 'cx' and 'CancelledError' in cancelled['error']
+    # The table and the JSON say the same of the open effect, and of its run.
+    code, out, _ = await cli(settings, db_path, 'unresolved', 'cx')
+    assert code == 0 and 'cancelled' in out and 'unknown_after_crash' in out
+    code, out, _ = await cli(settings, db_path, 'unresolved', 'cx', '--json')
+    [effect] = json.loads(out)
+    assert effect['status'] == 'unknown_after_crash' and effect['run_status'] == 'cancelled'
+
+    # Stale is read, not stored: the same projection, read with two thresholds.
+    code, out, _ = await cli(settings, db_path, 'runs', '--status', 'running', '--json')
+    assert [r['run_id'] for r in json.loads(out)] == ['ghost']
+    code, out, _ = await cli(settings, db_path, 'runs', '--status', 'stale', '--stale-after-s', '0', '--json')
+    assert [r['run_id'] for r in json.loads(out)] == ['ghost']
+    code, out, _ = await cli(settings, db_path, 'tree', 'ghost', '--stale-after-s', '0')
+    assert out.strip() == 'ghost  [-, stale]'
+
+
+def _started(run_id: str, settings: Settings) -> StepEvent:
+    return StepEvent(
+        run_id=run_id,
+        seq=0,
+        writer_id='w-ghost',
+        timestamp=datetime.now(UTC),
+        agent_name=None,
+        conversation_id='conv-stale',
+        parent_run_id=None,
+        kind='run_started',
+    )
+
+
+async def test_output_to_a_closed_pipe_ends_quietly(
+    settings: Settings, event_log: EventLog, projector: Projector, db_path: Path
+) -> None:
+    await orchestrate(event_log, 'conv-pipe')
+    await projector.wait_for(await event_log.flush())
+    read, write = os.pipe()
+    os.close(read)  # `stepstream runs --json | head -0`: nobody reads
+    process = await asyncio.create_subprocess_exec(
+        STEPSTREAM,
+        'runs',
+        '--json',
+        env=cli_env(settings, db_path),
+        cwd=db_path.parent,
+        stdout=write,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    os.close(write)
+    _, err = await process.communicate()
+    assert process.returncode == 141 and err == b''
 
 
 async def test_flags_override_the_environment(
@@ -194,3 +287,39 @@ async def test_max_snapshots_per_run_keeps_newest_and_newest_complete(
 def test_rejects_a_bad_retention(settings: Settings, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match='at least 1'):
         Projector(settings, db_path=tmp_path / 'p', max_snapshots_per_run=0)
+
+
+@tansu_only('the service is the same client on both brokers; one pass stops a broker of its own')
+async def test_projector_service_logs_a_lost_broker_once_and_stops_cleanly(tmp_path: Path) -> None:
+    async with EmbeddedStack(tmp_path / 'stack', partitions=1) as stack:
+        settings = stack.settings
+        db_path = tmp_path / 'service'
+        service = await asyncio.create_subprocess_exec(
+            STEPSTREAM,
+            'projector',
+            env=cli_env(settings, db_path),
+            cwd=tmp_path,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            assert service.stdout is not None and service.stderr is not None
+            assert b'projector:' in await asyncio.wait_for(service.stdout.readline(), 60)
+            await asyncio.to_thread(stack.stop_broker)
+            lost = await asyncio.wait_for(service.stderr.readline(), 60)
+            assert b'lost Kafka at' in lost
+            await asyncio.to_thread(stack.start_broker)
+            back = await asyncio.wait_for(service.stderr.readline(), 60)
+            assert b'answers again after' in back and b'client messages were folded' in back
+            await asyncio.to_thread(stack.stop_broker)
+            assert b'lost Kafka at' in await asyncio.wait_for(service.stderr.readline(), 60)
+            service.send_signal(signal.SIGTERM)  # while the broker is away
+            out = await asyncio.wait_for(service.stdout.read(), 60)
+            err = await service.stderr.read()
+            assert await service.wait() == 0, err.decode()
+            assert b'stopping after 0 records' in out and b'away for' in out
+            assert err == b'', err.decode()  # no traceback, no unclosed client, no retry noise
+        finally:
+            if service.returncode is None:
+                service.kill()
+                await service.wait()

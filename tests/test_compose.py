@@ -124,7 +124,8 @@ def test_projector_env_is_settings(compose: dict[str, Any]) -> None:
     assert f'{endpoint.port}:9000' in services['minio']['ports']
     minio_env = env_of(services['minio'])
     assert settings.s3_access_key_id == minio_env['MINIO_ROOT_USER']
-    assert settings.s3_secret_access_key == minio_env['MINIO_ROOT_PASSWORD']
+    assert settings.s3_secret_access_key is not None
+    assert settings.s3_secret_access_key.get_secret_value() == minio_env['MINIO_ROOT_PASSWORD']
     init = command_text(services['minio-init'])
     assert f'/{settings.s3_bucket}' in init and 'mc mb' in init and 'http://minio:9000' in init
     assert minio_env['MINIO_ROOT_USER'] in init and minio_env['MINIO_ROOT_PASSWORD'] in init

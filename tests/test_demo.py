@@ -1,41 +1,67 @@
-"""`make run`: the demo on a durable stack, twice, in a real child process of its own."""
+"""`make run`: `stack up`, the demo twice, then the operator's commands against its log, all
+through the installed command, as a new user types them."""
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-
-def run_demo(data_dir: Path) -> str:
-    done = subprocess.run(
-        [sys.executable, '-m', 'stepstream.cli', 'demo', '--data-dir', str(data_dir)],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
+STEPSTREAM = str(Path(sys.executable).parent / 'stepstream')
 
 
-def test_demo_shows_lineage_crash_and_persisted_history(tmp_path: Path) -> None:
-    first = run_demo(tmp_path)
-    assert '1 orchestrator run(s)' in first
-    lineage = first.split('== lineage')[1].split('== events')[0]
-    assert '[orchestrator, completed]' in lineage
-    assert '└── researcher-' in lineage and '[researcher, completed]' in lineage
-    assert '└── publisher-' in lineage and '[publisher, running]' in lineage
-    unresolved = first.split('== unresolved tool effects')[1]
-    assert 'send_announcement' in unresolved and 'unknown_after_crash' in unresolved
-    assert 'announce:#releases' in unresolved
+def stepstream(cwd: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    # No STEPSTREAM_* variables: the commands find the stack through ./.stepstream alone.
+    env = {k: v for k, v in os.environ.items() if not k.startswith('STEPSTREAM_') or k.endswith('_BROKER')}
+    done = subprocess.run([STEPSTREAM, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    if check:
+        assert done.returncode == 0, done.stderr[-3000:]
+    return done
 
-    # The log lives in SeaweedFS under the data dir: remove the projection and it is rebuilt.
-    shutil.rmtree(tmp_path / 'projection')
-    second = run_demo(tmp_path)
-    assert '2 orchestrator run(s)' in second
-    first_orchestrator = lineage.splitlines()[1].split()[0]
-    assert first_orchestrator.startswith('orchestrator-')
-    assert first_orchestrator in second
-    unresolved_rows = second.split('== unresolved tool effects')[1].split('\n\n')[0].splitlines()[3:]
-    assert len(unresolved_rows) == 2 and all('unknown_after_crash' in row for row in unresolved_rows)
+
+def test_demo_then_status_rebuild_verify_and_stack_down(tmp_path: Path) -> None:
+    try:
+        up = stepstream(tmp_path, 'stack', 'up').stdout
+        assert 'stack up (pid' in up and 'stepstream stack down' in up
+        assert (tmp_path / '.stepstream').stat().st_mode & 0o777 == 0o700
+        assert (tmp_path / '.stepstream' / 'stack.env').stat().st_mode & 0o777 == 0o600
+        pid_line = next(line for line in up.splitlines() if line.startswith('stack up (pid'))
+        assert stepstream(tmp_path, 'stack', 'up').stdout.startswith(f'already running: {pid_line}')
+
+        first = stepstream(tmp_path, 'demo').stdout
+        assert '1 orchestrator run(s)' in first
+        lineage = first.split('== lineage')[1].split('== events')[0]
+        assert '[orchestrator, completed]' in lineage
+        assert '├── researcher-' in lineage and '[researcher, completed]' in lineage
+        assert '└── publisher-' in lineage and '[publisher, running]' in lineage
+        unresolved = first.split('== unresolved tool effects')[1]
+        assert 'send_announcement' in unresolved and 'unknown_after_crash' in unresolved
+        assert 'announce:#releases' in unresolved
+        assert first.rstrip().endswith('Stop it: stepstream stack down')
+
+        # The log is durable under .stepstream: remove the projection and it is rebuilt.
+        shutil.rmtree(tmp_path / '.stepstream' / 'projection')
+        second = stepstream(tmp_path, 'demo').stdout
+        assert '2 orchestrator run(s)' in second
+        first_orchestrator = lineage.splitlines()[1].split()[0]
+        assert first_orchestrator.startswith('orchestrator-') and first_orchestrator in second
+        unresolved_rows = second.split('== unresolved tool effects')[1].split('\n\n')[0].splitlines()[3:]
+        assert len(unresolved_rows) == 2 and all('unknown_after_crash' in row for row in unresolved_rows)
+
+        # What the demo's last lines suggest, without any Python.
+        status = json.loads(stepstream(tmp_path, 'status', '--json', '--max-lag', '0').stdout)
+        assert status['total_lag'] == 0 and sum(p['applied'] for p in status['partitions']) > 0
+        assert 'rebuilt' in stepstream(tmp_path, 'rebuild', '--into', 'rebuilt').stdout
+        verified = stepstream(tmp_path, 'verify', str(tmp_path / '.stepstream' / 'projection'), 'rebuilt')
+        assert 'identical' in verified.stdout
+        exports = stepstream(tmp_path, 'stack', 'env').stdout
+        assert 'export STEPSTREAM_BOOTSTRAP_SERVERS=127.0.0.1:' in exports
+    finally:
+        down = stepstream(tmp_path, 'stack', 'down', check=False)
+    assert down.returncode == 0 and 'stopped the stack' in down.stdout, down.stderr
+    assert not (tmp_path / '.stepstream' / 'stack.env').exists()
+    gone = stepstream(tmp_path, 'stack', 'env', check=False)
+    assert gone.returncode == 2 and 'no stack is running' in gone.stderr

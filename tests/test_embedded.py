@@ -27,13 +27,18 @@ from brokers import BROKER_LOG
 linux_only = pytest.mark.skipif(sys.platform != 'linux', reason='reads /proc')
 
 
+def secret_of(settings: Settings) -> str | None:
+    secret = settings.s3_secret_access_key
+    return secret.get_secret_value() if secret is not None else None
+
+
 def s3_store(settings: Settings, *, secret: str | None = None, key_id: str | None = None) -> S3Store:
     return S3Store(
         settings.s3_bucket,
         endpoint=settings.s3_endpoint,
         region=settings.s3_region,
         access_key_id=key_id or settings.s3_access_key_id,
-        secret_access_key=secret or settings.s3_secret_access_key,
+        secret_access_key=secret or secret_of(settings),
         client_options={'allow_http': True},
         retry_config={'max_retries': 0},
     )

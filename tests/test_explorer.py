@@ -94,7 +94,7 @@ async def test_runs_are_listed_filtered_and_refreshed_live(
 
     await expect(row(served.crashed_run)).to_be_visible()
     await expect(row(served.orchestrator_run)).to_contain_text('completed')
-    await expect(row(served.crashed_run)).to_contain_text('failed')
+    await expect(row(served.crashed_run)).to_contain_text('cancelled')
     await shot(page, tmp_path, 'runs')
 
     late = await served.add_run('conv-live')  # written after the page loaded: live refresh shows it

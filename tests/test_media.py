@@ -74,7 +74,9 @@ def raw_store(settings: Settings, **overrides: Any) -> S3Store:
         'endpoint': settings.s3_endpoint,
         'region': settings.s3_region,
         'access_key_id': settings.s3_access_key_id,
-        'secret_access_key': settings.s3_secret_access_key,
+        'secret_access_key': settings.s3_secret_access_key.get_secret_value()
+        if settings.s3_secret_access_key
+        else None,
         **overrides,
     }
     return S3Store(
@@ -235,7 +237,8 @@ async def test_s3_wrong_credentials_fail_naming_endpoint_and_bucket(stack: Embed
     settings = stack.settings.replace(s3_secret_access_key='not-the-secret')
     store = S3MediaStore.from_settings(settings)
     uri = media_uri_for(b'x')
-    for call in (store.put(b'x'), store.get(uri), store.exists(uri), store.get_metadata(uri)):
+    calls = (store.check(), store.put(b'x'), store.get(uri), store.exists(uri), store.get_metadata(uri))
+    for call in calls:
         with pytest.raises(MediaUnavailable) as caught:
             await call
         message = str(caught.value)
@@ -245,10 +248,11 @@ async def test_s3_wrong_credentials_fail_naming_endpoint_and_bucket(stack: Embed
 
 
 async def test_s3_missing_bucket_fails_naming_it(stack: EmbeddedStack) -> None:
-    # SeaweedFS creates buckets on a PUT (AWS does not), so a read shows the missing bucket.
+    # The embedded SeaweedFS, like AWS and MinIO, does not create a bucket on a PUT.
     store = S3MediaStore.from_settings(stack.settings.replace(s3_bucket=f'missing-{uuid.uuid4().hex[:8]}'))
-    with pytest.raises(MediaUnavailable, match=r"bucket 'missing-.*does not exist.*STEPSTREAM_S3_BUCKET"):
-        await store.get(media_uri_for(b'x'))
+    for call in (store.check(), store.get(media_uri_for(b'x')), store.put(b'x')):
+        with pytest.raises(MediaUnavailable, match=r"bucket 'missing-.*does not exist.*STEPSTREAM_S3_BUCKET"):
+            await call
 
 
 async def test_s3_stopped_fails_clearly_and_recovers(tmp_path: Path) -> None:
@@ -352,7 +356,8 @@ async def test_disk_round_trip_dedup_and_integrity(tmp_path: Path) -> None:
 async def test_disk_rejects_key_strategies_that_escape_the_directory(tmp_path: Path, key: str) -> None:
     store = DiskMediaStore(tmp_path / 'media', key_strategy=lambda uri, ctx: key)
     uri = media_uri_for(b'x')
-    for call in (store.put(b'x'), store.get(uri), store.exists(uri), store.get_metadata(uri)):
+    calls = (store.put(b'x'), store.get(uri), store.exists(uri), store.get_metadata(uri))
+    for call in calls:
         with pytest.raises(ValueError, match='must be a relative path inside the directory'):
             await call
     assert list(tmp_path.iterdir()) == []

@@ -63,8 +63,8 @@ async def test_runs_filter_page_and_order(served: Served, api: httpx.AsyncClient
     assert [r['agent_name'] for r in conversation] == ['orchestrator', 'researcher', 'researcher']
     children = (await api.get('/api/runs', params={'parent_run_id': served.orchestrator_run})).json()['runs']
     assert [r['run_id'] for r in children] == served.delegate_runs
-    failed = (await api.get('/api/runs', params={'status': 'failed'})).json()['runs']
-    assert [r['run_id'] for r in failed] == [served.crashed_run]
+    cancelled = (await api.get('/api/runs', params={'status': 'cancelled'})).json()['runs']
+    assert [r['run_id'] for r in cancelled] == [served.crashed_run]
     viewer = (await api.get('/api/runs', params={'agent_name': 'viewer'})).json()['runs']
     assert [r['run_id'] for r in viewer] == [served.image_run]
 
@@ -75,7 +75,7 @@ async def test_runs_filter_page_and_order(served: Served, api: httpx.AsyncClient
 @in_module_loop
 async def test_one_run_its_events_effects_and_lineage(served: Served, api: httpx.AsyncClient) -> None:
     run = (await api.get(f'/api/runs/{served.crashed_run}')).json()
-    assert run['status'] == 'failed' and 'CancelledError' in run['error']
+    assert run['status'] == 'cancelled' and 'CancelledError' in run['error']
     events = (await api.get(f'/api/runs/{served.crashed_run}/events')).json()
     assert [e['seq'] for e in events] == sorted(e['seq'] for e in events)
     assert events[0]['kind'] == 'run_started' and 'tool_call_started' in [e['kind'] for e in events]
@@ -264,7 +264,7 @@ async def test_the_serve_command_serves_a_projection_directory(served: Served) -
         assert url is not None, line
         async with httpx.AsyncClient(base_url=url.group(1)) as client:
             run = (await client.get(f'/api/runs/{served.crashed_run}')).json()
-            assert run['status'] == 'failed'
+            assert run['status'] == 'cancelled'
             assert 'publisher-crash' in (await client.get('/unresolved')).text
         child.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(child.wait(), 30) == 0

@@ -1,0 +1,245 @@
+"""`stepstream stack up|down|env`: an embedded stack that outlives the command that started it.
+
+`stack up` starts a background process (`python -m stepstream.stack DIR`) that runs a durable
+`EmbeddedStack` under `DIR/stack` and writes the settings that reach it to `DIR/stack.env`. Every
+`stepstream` command run beside it reads that file (flags and `STEPSTREAM_*` variables win), so
+after `make run` the CLI finds the demo's log, and `stack env` prints the `export` lines for other
+tools and terminals. `stack down` stops the process, which stops its children; the log and the
+projection stay under `DIR` for the next `stack up`.
+
+Layout of `DIR` (created readable by its owner only, since `stack.env` holds the S3 secret):
+`stack.env` (the settings, present while the stack is up), `stack.pid` (the background
+process), `stack.log` (its output), `stack/` (the `EmbeddedStack` data dir), `projection/` (the
+projection `db_path` points at).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from stepstream.errors import StepStreamError, UsageError
+from stepstream.settings import ENV_PREFIX, Settings
+
+DEFAULT_STACK_DIR = '.stepstream'
+ENV_FILE = 'stack.env'
+PID_FILE = 'stack.pid'
+LOG_FILE = 'stack.log'
+_SERVICE_MODULE = 'stepstream.stack'
+_STARTUP_TIMEOUT_S = 180.0  # Apache Kafka may resolve its jars from Maven on the first start
+_STOP_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class RunningStack:
+    """A stack started by `stack up`: where it lives, its process and its settings."""
+
+    directory: Path
+    pid: int
+    environ: dict[str, str]
+    """The `STEPSTREAM_*` variables that point at it."""
+
+    @property
+    def settings(self) -> Settings:
+        """Settings for the stack's broker, S3 bucket and projection."""
+        return Settings.from_env(self.environ)
+
+    def export_lines(self) -> str:
+        """Shell `export` lines, for `eval "$(stepstream stack env)"`."""
+        return '\n'.join(f'export {name}={shlex.quote(value)}' for name, value in self.environ.items())
+
+    def describe(self) -> str:
+        """What `stack up` prints: where things are and how to use and stop the stack."""
+        s = self.settings
+        return (
+            f'stack up (pid {self.pid}) under {self.directory}\n'
+            f'  Kafka: {s.bootstrap_servers}   S3: {s.s3_endpoint} (bucket {s.s3_bucket})\n'
+            f'  projection: {s.db_path}\n'
+            f'stepstream commands run here use it; elsewhere: eval "$(stepstream stack env '
+            f'--stack-dir {self.directory})"\n'
+            'stop it with: stepstream stack down'
+        )
+
+
+def stack_environ(directory: str | Path) -> dict[str, str]:
+    """The settings of the stack running under `directory`, below the process environment.
+
+    Returns `{**stack.env, **os.environ}` while a stack is up there, else just `os.environ`, so
+    that `Settings.from_args(args, stack_environ(dir))` prefers flags, then variables, then the
+    stack.
+    """
+    try:
+        running = running_stack(directory)
+    except UsageError:
+        return dict(os.environ)
+    return {**running.environ, **os.environ}
+
+
+def running_stack(directory: str | Path) -> RunningStack:
+    """The stack `stack up` started under `directory`, or `UsageError` if none is running."""
+    root = Path(directory).absolute()
+    try:
+        pid = int((root / PID_FILE).read_text().strip())
+        environ = _read_env(root / ENV_FILE)
+    except (OSError, ValueError):
+        raise UsageError(f'no stack is running under {root}: start one with `stepstream stack up`') from None
+    if not _is_stack_process(pid):
+        raise UsageError(
+            f'the stack under {root} is not running any more (pid {pid} is gone): '
+            'start it again with `stepstream stack up`'
+        )
+    return RunningStack(root, pid, environ)
+
+
+def stack_up(directory: str | Path, *, broker: str | None = None, quiet: bool = False) -> RunningStack:
+    """Start a stack under `directory` in the background, or return the one already running there.
+
+    Waits until the stack answers (its settings file appears); a stack that fails to start
+    raises `StepStreamError` with the end of its log.
+    """
+    root = Path(directory).absolute()
+    with contextlib.suppress(UsageError):
+        return running_stack(root)
+    _make_private_dir(root)
+    for stale in (ENV_FILE, PID_FILE):
+        (root / stale).unlink(missing_ok=True)
+    if not quiet:
+        print(f'starting the embedded stack under {root} ...', flush=True)
+    env = dict(os.environ)
+    if broker is not None:
+        env['STEPSTREAM_EMBEDDED_BROKER'] = broker
+    with open(root / LOG_FILE, 'ab') as log:
+        process = subprocess.Popen(
+            [sys.executable, '-m', _SERVICE_MODULE, str(root)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # not in the terminal's process group: Ctrl-C there leaves it up
+        )
+    deadline = time.monotonic() + _STARTUP_TIMEOUT_S
+    while not (root / ENV_FILE).exists():
+        code = process.poll()
+        if code is not None:
+            raise StepStreamError(
+                f'the stack under {root} did not start (exit code {code}); the end of {root / LOG_FILE}:\n'
+                + _tail(root / LOG_FILE)
+            )
+        if time.monotonic() > deadline:
+            _stop_pid(process.pid)
+            raise StepStreamError(
+                f'the stack under {root} did not come up within {_STARTUP_TIMEOUT_S:g}s; '
+                f'the end of {root / LOG_FILE}:\n' + _tail(root / LOG_FILE)
+            )
+        time.sleep(0.1)
+    return running_stack(root)
+
+
+def stack_down(directory: str | Path) -> str:
+    """Stop the stack running under `directory`; returns what happened, in one line."""
+    root = Path(directory).absolute()
+    try:
+        running = running_stack(root)
+    except UsageError:
+        for stale in (ENV_FILE, PID_FILE):
+            (root / stale).unlink(missing_ok=True)
+        return f'no stack is running under {root}'
+    _stop_pid(running.pid)
+    return f'stopped the stack under {root} (pid {running.pid}); its log and projection stay there'
+
+
+def _stop_pid(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + _STOP_TIMEOUT_S
+    while _is_stack_process(pid):
+        if time.monotonic() > deadline:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)  # its children die with it (PR_SET_PDEATHSIG)
+            break
+        time.sleep(0.1)
+
+
+def _is_stack_process(pid: int) -> bool:
+    """Whether `pid` is alive and is a stack process (not another process that reused the pid)."""
+    try:
+        cmdline = Path(f'/proc/{pid}/cmdline').read_bytes().split(b'\0')
+    except OSError:
+        if sys.platform == 'linux':
+            return False
+        try:  # elsewhere: trust the pid file
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    return _SERVICE_MODULE.encode() in cmdline
+
+
+def _make_private_dir(path: Path) -> None:
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+
+def _read_env(path: Path) -> dict[str, str]:
+    environ = {}
+    for line in path.read_text().splitlines():
+        name, sep, value = line.partition('=')
+        if sep and name.startswith(ENV_PREFIX):
+            environ[name] = value
+    return environ
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        text = path.read_text(errors='replace')
+    except OSError as exc:
+        return f'    (could not read it: {exc})'
+    return '\n'.join('    ' + line for line in text.splitlines()[-lines:])
+
+
+def serve(directory: str | Path) -> None:
+    """The background process of `stack up`: run the stack until SIGTERM, then stop it cleanly."""
+    from stepstream.embedded import EmbeddedStack
+
+    root = Path(directory).absolute()
+    received: list[signal.Signals] = []
+    asked = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        received.append(signal.Signals(signum))
+        asked.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    stack = EmbeddedStack(root / 'stack', durable=True, partitions=3)
+    stack.start()
+    try:
+        (root / PID_FILE).write_text(f'{os.getpid()}\n')
+        settings = stack.settings.replace(db_path=str(root / 'projection'))
+        _make_private_dir(root / 'projection')
+        env_path = root / ENV_FILE
+        partial = env_path.with_suffix('.tmp')
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, 'w') as f:
+            f.writelines(f'{name}={value}\n' for name, value in settings.to_env().items())
+        partial.replace(env_path)  # appears whole: `stack up` waits for this file
+        print(f'stack up: {settings.bootstrap_servers}, {settings.s3_endpoint}', flush=True)
+        asked.wait()
+    finally:
+        (root / ENV_FILE).unlink(missing_ok=True)
+        stack.stop()
+        (root / PID_FILE).unlink(missing_ok=True)
+        print(f'stack down ({received[0].name if received else "error"})', flush=True)
+
+
+if __name__ == '__main__':
+    serve(sys.argv[1])
