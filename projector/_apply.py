@@ -582,7 +582,10 @@ class Applier:
             return
         if applied:
             self._outcome.applied += 1
-            if record['timestamp'] > run.last_record_at:  # what `stale` is judged by, when read
+            # What `stale` is judged by, when read. Step events only: one is never withdrawn,
+            # while a transition can lose its seq to a later step event, so counting it would
+            # make the figure depend on arrival order (every tool call has step events too).
+            if topic == EVENTS and record['timestamp'] > run.last_record_at:
                 run.last_record_at = record['timestamp']
         else:
             self._outcome.duplicates += 1

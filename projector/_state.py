@@ -110,7 +110,7 @@ class RunState(_Json):
     ended_at: int | None = None
     error: str | None = None
     last_record_at: int = 0
-    """The newest timestamp of the owner's applied records (micros): what `stale` is judged by."""
+    """The newest timestamp of the owner's applied step events (micros): what `stale` is judged by."""
     seqs: list[list[int]] = field(default_factory=_no_ranges)
     """The seqs that hold a record, as sorted, disjoint, inclusive [low, high] ranges."""
     highs: list[int] = field(default_factory=_highs)

@@ -130,7 +130,7 @@ class RunRecord:
     ended_at: datetime | None = None
     error: str | None = None
     last_record_at: datetime | None = None
-    """When the newest of the run's records was written (by its own clock); `stale` is judged by it."""
+    """When the newest of the run's step events was written (by its own clock); `stale` is judged by it."""
     event_count: int = 0
     """Records applied for this run, across both topics."""
     last_seq: int = -1
