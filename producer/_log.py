@@ -28,7 +28,14 @@ from aiokafka.structs import RecordMetadata
 from stepstream.errors import MediaUnavailable, StepStreamError
 from stepstream.kafka_client import AUTHORIZATION_ERRORS, access_denied, client_options, connection_error
 from stepstream.media import S3MediaStore
-from stepstream.producer._protocol import MAX_RECORD_BYTES, Ack, encode_record, record_headers, topic_of
+from stepstream.producer._protocol import (
+    MAX_RECORD_BYTES,
+    Ack,
+    await_acks,
+    encode_record,
+    record_headers,
+    topic_of,
+)
 from stepstream.schemas import LogRecord
 from stepstream.settings import Settings
 from stepstream.topics import Position, ensure_topics, murmur2_partition, supports_idempotence, unavailable
@@ -375,15 +382,9 @@ class EventLog:
 
         Raises `StepStreamUnavailable` naming the servers and the timeout when it does not.
         """
-        pending = [a for a in acks if not a.done()]
-        if pending:
-            limit = self.settings.ack_timeout_s if timeout is None else timeout
-            _done, not_done = await asyncio.wait(pending, timeout=limit)
-            if not_done:
-                raise unavailable(self.settings, f'did not acknowledge {len(not_done)} record(s)')
+        acks = list(acks)
+        await await_acks(self.settings, acks, timeout)
         for ack in acks:
-            if ack.cancelled():
-                raise unavailable(self.settings, 'did not acknowledge a cancelled send')
             exc = ack.exception()
             if isinstance(exc, AUTHORIZATION_ERRORS):
                 raise self._no_write(exc) from exc

@@ -15,8 +15,14 @@ from dataclasses import dataclass
 
 from aiokafka.structs import RecordMetadata, TopicPartition
 
-from stepstream.kafka_client import unavailable
-from stepstream.producer._protocol import MAX_RECORD_BYTES, Ack, encode_record, record_headers, topic_of
+from stepstream.producer._protocol import (
+    MAX_RECORD_BYTES,
+    Ack,
+    await_acks,
+    encode_record,
+    record_headers,
+    topic_of,
+)
 from stepstream.schemas import LogRecord
 from stepstream.settings import Settings
 from stepstream.topics import Position, murmur2_partition
@@ -115,12 +121,7 @@ class InMemoryLog:
 
     async def wait_acked(self, acks: Iterable[Ack], *, timeout: float | None = None) -> None:
         """Wait for the acknowledgements; `StepStreamUnavailable` after the timeout."""
-        pending = [a for a in acks if not a.done()]
-        if pending:
-            limit = self.settings.ack_timeout_s if timeout is None else timeout
-            _done, not_done = await asyncio.wait(pending, timeout=limit)
-            if not_done:
-                raise unavailable(self.settings, f'did not acknowledge {len(not_done)} record(s)')
+        await await_acks(self.settings, acks, timeout)
 
     async def flush(self, *, timeout: float | None = None) -> Position:
         """Wait until every stored record is acknowledged; the position written."""

@@ -17,6 +17,7 @@ from opentelemetry import trace
 
 from stepstream.errors import RecordTooLarge
 from stepstream.ids import check_record_ids
+from stepstream.kafka_client import unavailable
 from stepstream.schemas import LogRecord, StepEvent, encode, schema_of
 from stepstream.settings import Settings
 from stepstream.topics import Position
@@ -59,6 +60,22 @@ class StepLog(Protocol):
     async def flush(self, *, timeout: float | None = None) -> Position:
         """Wait until everything appended so far is acknowledged; the position written."""
         ...
+
+
+async def await_acks(settings: Settings, acks: Iterable[Ack], timeout: float | None = None) -> None:
+    """Wait for `acks` within `timeout` (default `ack_timeout_s`), the rule every `StepLog` keeps.
+
+    Raises `StepStreamUnavailable` for acknowledgements still missing at the deadline or
+    cancelled; what a finished ack failed with is left to the caller, which knows its errors.
+    """
+    pending = [a for a in acks if not a.done()]
+    if pending:
+        limit = settings.ack_timeout_s if timeout is None else timeout
+        _done, not_done = await asyncio.wait(pending, timeout=limit)
+        if not_done:
+            raise unavailable(settings, f'did not acknowledge {len(not_done)} record(s)')
+    if any(ack.cancelled() for ack in acks):
+        raise unavailable(settings, 'did not acknowledge a cancelled send')
 
 
 def encode_record(record: LogRecord, max_record_bytes: int) -> bytes:
