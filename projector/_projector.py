@@ -186,6 +186,8 @@ class Projector:
         self._failure: BaseException | None = None
         self._progress = asyncio.Condition()
         self._batch_lock = asyncio.Lock()
+        self._assignments = 0
+        """Counts assignment changes, so a batch fetched across one is recognised and dropped."""
         self._shards: dict[int, _Shard] = {}
         self._dbs: dict[int, Rdict] = {}
         """The open shards' databases, shared (and kept current) with `reader()`."""
@@ -370,6 +372,7 @@ class Projector:
                 'every member must be a stepstream projector (range assignment keeps a shard together)'
             )
         async with self._batch_lock:
+            self._assignments += 1
             for partition in sorted(numbers - self._shards.keys()):
                 await self._open_shard(partition)
             await self._seek(assigned)
@@ -380,6 +383,7 @@ class Projector:
     async def _revoked(self, revoked: set[TopicPartition]) -> None:
         """Partitions are moving away: finish the batch in hand, then flush and close their shards."""
         async with self._batch_lock:
+            self._assignments += 1
             for partition in sorted({tp.partition for tp in revoked}):
                 self._release(partition)
         if self.on_assignment is not None and revoked:
@@ -453,6 +457,10 @@ class Projector:
             with contextlib.suppress(Exception):  # kept in self._failure, raised by __aexit__
                 await self._task
             self._task = None
+        if self._consumer is not None and self.commit_group_offsets and self._uncommitted:
+            # The last second's offsets too, so lag tooling reads the position the projector left at.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._commit_uncommitted(), self.settings.ack_timeout_s)
         # A member's shards are revoked (and closed) as its consumer leaves the group. With the
         # broker gone, leaving cannot finish: give up after the ack timeout, since the shards'
         # offsets are stored with their state and `close()` closes them all the same.
@@ -567,12 +575,16 @@ class Projector:
         assert self._consumer is not None
         try:
             while not self._stopping:
+                assignments = self._assignments
                 batches = await self._consumer.getmany(
                     timeout_ms=self.poll_timeout_ms, max_records=self.max_batch_records
                 )
                 if batches:
                     async with self._batch_lock:
-                        await self._apply_batch(batches)
+                        if assignments == self._assignments:
+                            await self._apply_batch(batches)
+                        else:
+                            await self._refetch()
                 if self.checkpoints is not None:
                     await self.checkpoints.maybe_upload(self)
             if self._failure is not None:  # set by a failed assignment
@@ -591,6 +603,17 @@ class Projector:
             async with self._progress:
                 self._progress.notify_all()
             raise
+
+    async def _refetch(self) -> None:
+        """Drop a batch fetched across an assignment change; fetch again from the shards' offsets.
+
+        aiokafka installs a new assignment and starts fetching from the group's committed offsets
+        before it calls `_assigned`, which restores shards and seeks to their stored offsets. A
+        batch `getmany` returned meanwhile may start past a restored shard's offsets: applying it
+        would skip the records in between. Seeking every owned partition again costs one fetch.
+        """
+        assert self._consumer is not None
+        await self._seek(self._consumer.assignment())
 
     async def _apply_batch(self, batches: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]) -> None:
         assert self._applier is not None
@@ -704,7 +727,16 @@ class Projector:
         if not self.commit_group_offsets or now - self._last_group_commit < 1.0:
             return
         self._last_group_commit = now
-        offsets, self._uncommitted = self._uncommitted, {}
+        await self._commit_uncommitted()
+
+    async def _commit_uncommitted(self) -> None:
+        """Commit the offsets applied since the last commit, for the partitions still owned."""
+        assert self._consumer is not None
+        owned = self._consumer.assignment()
+        offsets = {tp: offset for tp, offset in self._uncommitted.items() if tp in owned}
+        self._uncommitted = {}
+        if not offsets:
+            return
         try:
             await self._consumer.commit(offsets)
         except KafkaError as exc:  # lag tooling only; the stored offsets are what counts

@@ -139,6 +139,68 @@ async def test_a_late_member_restores_shards_from_checkpoints(
     assert verify_paths(tmp_path / 'second', tmp_path / 'clean')[1] is None
 
 
+class RestoreAfterAStaleFetch(Checkpoints):
+    """Restores a shard only once the member's consumer has handed out records past the group's
+    committed offsets: aiokafka installs an assignment and fetches from those offsets before the
+    assignment callback (which restores, then seeks) has run, so that batch reaches the member.
+    """
+
+    member: Projector
+    committed: dict
+    stale: list | None = None
+
+    async def restore(self, root: Path, partition: int, partitions: int) -> int | None:
+        consumer = self.member._consumer
+        assert consumer is not None
+        deadline = asyncio.get_running_loop().time() + 60
+        while self.stale is None:  # once: the member's loop then waits for the restores with that batch
+            stale = [tp for tp in self.committed if await consumer.position(tp) > self.committed[tp]]
+            if stale:
+                self.stale = stale
+            elif asyncio.get_running_loop().time() > deadline:
+                raise AssertionError('the consumer handed out nothing before the assignment callback')
+            else:
+                await asyncio.sleep(0.05)
+        return await super().restore(root, partition, partitions)
+
+
+async def test_a_batch_fetched_before_the_assignment_seek_is_fetched_again(
+    settings: Settings, event_log: EventLog, tmp_path: Path
+) -> None:
+    group = f'{settings.topic_prefix}.refetch'
+    await write_runs(event_log, 'early', 3)
+    early = await event_log.flush()
+    checkpoints = Checkpoints.from_settings(settings, group=group, interval_s=3600)
+    async with Projector(settings, db_path=tmp_path / 'first', group=group, checkpoints=checkpoints) as first:
+        await until(lambda: first.partitions == [0, 1, 2], 'the only member to own every partition')
+        await first.wait_for(early)
+        assert await checkpoints.upload_all(first)  # the checkpoints hold the early runs only
+        await write_runs(event_log, 'middle', 3)
+        middle = await event_log.flush()
+        await first.wait_for(middle)
+    # Stopping, the member committed its position to the group: past the checkpoints.
+    await write_runs(event_log, 'late', 3)
+    end = await event_log.flush()
+
+    restorer = RestoreAfterAStaleFetch.from_settings(settings, group=group, interval_s=3600)
+    second = Projector(settings, db_path=tmp_path / 'second', group=group, checkpoints=restorer)
+    restorer.member, restorer.committed = second, {tp: o for tp, o in middle.items() if early.get(tp, 0) < o}
+    async with second:
+        await until(lambda: second.partitions == [0, 1, 2], 'the new member to own every partition')
+        assert second.restored_from_checkpoint  # restored from the early checkpoints, not offset zero
+        assert restorer.stale  # a batch from past the checkpoints was in the member's hands
+        await second.wait_for(end)
+        for conversation in ('middle-0', 'middle-1', 'middle-2'):  # the runs between the offsets
+            [boss] = await second.reader().list_runs(conversation_id=conversation)
+            tree = await second.reader().run_tree(boss.run_id)
+            assert [(r.agent_name, r.status) for r in tree] == [
+                ('boss', 'completed'),
+                ('worker', 'completed'),
+            ]
+    await rebuild(settings, tmp_path / 'clean')
+    assert verify_paths(tmp_path / 'second', tmp_path / 'clean')[1] is None
+
+
 async def test_parallel_rebuild_equals_one_process_and_partial_reads_refuse(
     settings: Settings, event_log: EventLog, tmp_path: Path
 ) -> None:
