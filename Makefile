@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-tansu test-kafka test-explorer browser lint format run bench clean lock
+.PHONY: install test test-tansu test-kafka test-explorer soak browser lint format run bench clean lock
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,10 +22,16 @@ install: $(STAMP)
 test: test-tansu test-kafka
 
 test-tansu: $(STAMP) browser
-	STEPSTREAM_EMBEDDED_BROKER=tansu $(BIN)/python -m pytest -q
+	STEPSTREAM_EMBEDDED_BROKER=tansu $(BIN)/python -m pytest -q --durations=8
 
 test-kafka: $(STAMP)
-	STEPSTREAM_EMBEDDED_BROKER=kafka $(BIN)/python -m pytest -q
+	STEPSTREAM_EMBEDDED_BROKER=kafka $(BIN)/python -m pytest -q --durations=8
+
+# The crash and chaos tests at soak strength (CI runs them with 10 kills each): the projector
+# SIGKILLed 60 times over 900 runs, and group members killed 30 times, on both brokers.
+soak: $(STAMP)
+	STEPSTREAM_SOAK_KILLS=60 STEPSTREAM_EMBEDDED_BROKER=tansu $(BIN)/python -m pytest -q -o timeout=1800 tests/test_projector_crash.py
+	STEPSTREAM_SOAK_KILLS=30 STEPSTREAM_EMBEDDED_BROKER=kafka $(BIN)/python -m pytest -q tests/test_partitioned.py -k killed
 
 # The explorer's browser tests alone (screenshots under pytest's tmp dirs).
 test-explorer: $(STAMP) browser

@@ -20,7 +20,9 @@ from stepstream.projector import ProjectionReader, rebuild, verify_paths
 from agents import turns_then_answers
 from brokers import tansu_only
 
-KILLS = 20
+KILLS = int(os.environ.get('STEPSTREAM_SOAK_KILLS', '10'))
+"""SIGKILLs of the projector; `make soak` raises it (and the runs written with it)."""
+RUNS = 15 * KILLS
 
 
 def compacting(messages: list[ModelMessage]) -> list[ModelMessage]:
@@ -70,7 +72,7 @@ async def test_sigkilled_projector_equals_clean_rebuild(settings: Settings, tmp_
     db_path = tmp_path / 'incremental'
     rng = random.Random(11)
     async with EventLog(settings) as log:
-        producer = asyncio.create_task(produce(log, runs=300))
+        producer = asyncio.create_task(produce(log, runs=RUNS))
         kills = 0
         while kills < KILLS or not producer.done():
             child = await start_projector(settings, db_path)
@@ -109,14 +111,14 @@ async def test_sigkilled_projector_equals_clean_rebuild(settings: Settings, tmp_
     reader = ProjectionReader.open(db_path)
     try:
         runs = await reader.list_runs()
-        assert len(runs) == 300
+        assert len(runs) == RUNS
         # Every record applied exactly once: per-run counts add up to what the log holds.
         assert sum(r.event_count for r in runs) == records_written
         assert all(r.status == 'completed' and r.gaps == [] and r.event_count == r.last_seq + 1 for r in runs)
         assert await reader.list_unresolved_tool_effects() == []
         status = await reader.status()
         assert status.dead_lettered == 0
-        assert len(await reader.list_runs(conversation_id='conv-3')) == len(range(3, 300, 17))
+        assert len(await reader.list_runs(conversation_id='conv-3')) == len(range(3, RUNS, 17))
     finally:
         reader.close()
     assert equal > records_written
