@@ -167,18 +167,25 @@ async def connection_error(settings: Settings, what: str, exc: BaseException) ->
             f'Kafka at {settings.bootstrap_servers} {what}: {network}. Check STEPSTREAM_BOOTSTRAP_SERVERS '
             '(`stepstream stack up` starts an embedded broker and points the CLI at it).'
         )
+    # A TLS or SASL cause shows at once; a service that is silent to a Kafka request would hold
+    # the diagnosis to its timeout, so after `probe_s` a plain ApiVersions probe decides that.
+    diagnosis = asyncio.ensure_future(asyncio.wait_for(_diagnose(settings), settings.ack_timeout_s))
     try:
-        cause = await asyncio.wait_for(_diagnose(settings), settings.ack_timeout_s)
-    except TimeoutError:
-        cause = None
-    if cause is None and not settings.uses_tls:
-        host, port = _first_server(settings)
-        if not await _speaks_plain_kafka(host, port, probe_s):
-            return StepStreamUnavailable(
-                f'Kafka at {settings.bootstrap_servers} {what}: the service on {host}:{port} accepts '
-                'connections but does not answer a Kafka request, so it is not a Kafka broker (or not '
-                'a Kafka listener). Check STEPSTREAM_BOOTSTRAP_SERVERS.'
-            )
+        done, _ = await asyncio.wait([diagnosis], timeout=probe_s)
+        if not (done and diagnosis.exception() is None and diagnosis.result()) and not settings.uses_tls:
+            host, port = _first_server(settings)
+            if not await _speaks_plain_kafka(host, port, probe_s):
+                return StepStreamUnavailable(
+                    f'Kafka at {settings.bootstrap_servers} {what}: the service on {host}:{port} accepts '
+                    'connections but does not answer a Kafka request, so it is not a Kafka broker (or '
+                    'not a Kafka listener). Check STEPSTREAM_BOOTSTRAP_SERVERS.'
+                )
+        try:
+            cause = await diagnosis
+        except TimeoutError:
+            cause = None
+    finally:
+        diagnosis.cancel()
     return cause or unavailable(settings, what, exc)
 
 
