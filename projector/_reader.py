@@ -46,6 +46,7 @@ from stepstream.projector._store import (
 )
 from stepstream.schemas import (
     ContinuableSnapshot,
+    EffectResolution,
     RunRecord,
     StepEvent,
     ToolEffectRecord,
@@ -628,17 +629,33 @@ class ProjectionReader:
         if raw is None:
             return None
         state = EffectState.decode(raw)
+        resolutions = [
+            EffectResolution(
+                resolution=r['resolution'],
+                resolved_by=r['resolved_by'],
+                writer_id=r['writer_id'],
+                resolved_at=_EPOCH + timedelta(microseconds=r['at']),
+                note=r['note'],
+                resolves_seq=r['seq'],
+                applied=r['offset'] == state.resolved_offset,
+            )
+            for r in state.resolutions
+        ]
+        resolution = next((r for r in resolutions if r.applied), None)
         return ToolEffectRecord(
             tool_call_id=state.tool_call_id,
             tool_name=state.tool_name,
             run_id=state.run_id,
-            status=state.status,  # type: ignore[arg-type]
+            status='resolved' if resolution is not None else state.status,  # type: ignore[arg-type]
             started_at=_ts(state.started_at),
-            ended_at=_ts(state.ended_at),
+            ended_at=resolution.resolved_at if resolution is not None else _ts(state.ended_at),
             idempotency_key=state.idempotency_key,
             effect_summary=state.effect_summary,
             error=state.error,
             last_seq=state.last_seq,
+            status_seq=state.status_seq,
+            resolution=resolution,
+            resolutions=resolutions,
         )
 
 

@@ -7,7 +7,8 @@ async with running(app_for(settings), port=0) as served:
     print(f'{served.url}/ (explorer), {served.url}/openapi.json (the API)')
 ```
 
-Every read goes through `ProjectionReader`; the service never writes the projection.
+Every read goes through `ProjectionReader`; the service never writes the projection. Its one
+write, an operator's resolution of an unknown effect, is appended to the log like any other.
 """
 
 from stepstream.serve._app import create_app

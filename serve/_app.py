@@ -11,7 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
-from stepstream.errors import StepStreamError
+from stepstream.errors import NotUnknown, StepStreamError
 from stepstream.projector import ShardUnavailable
 from stepstream.serve import _api, _explorer
 from stepstream.serve._auth import authorized
@@ -38,6 +38,7 @@ def create_app(
         try:
             yield
         finally:
+            await source.aclose()
             if on_close is not None:
                 on_close()
 
@@ -58,6 +59,10 @@ def create_app(
     @app.exception_handler(NotFound)
     async def not_found(request: Request, exc: NotFound) -> Response:
         return _problem(request, 404, str(exc))
+
+    @app.exception_handler(NotUnknown)
+    async def not_unknown(request: Request, exc: NotUnknown) -> Response:
+        return _problem(request, 409, str(exc))
 
     @app.exception_handler(ShardUnavailable)
     async def shard_unavailable(request: Request, exc: ShardUnavailable) -> Response:

@@ -21,14 +21,22 @@ from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
 from stepstream.errors import StepStreamError
 from stepstream.kafka_client import client_options
 from stepstream.media import MediaContext, MediaStore, link_media, media_uri_for, parse_media_uri
+from stepstream.producer import EventLog, StepLog, resolve_tool_effect, resolver_id
 from stepstream.projector import ProjectionReader
-from stepstream.schemas import ContinuableSnapshot, RunRecord
+from stepstream.schemas import (
+    ContinuableSnapshot,
+    Resolution,
+    RunRecord,
+    ToolEffectRecord,
+    ToolEffectTransition,
+)
 from stepstream.serve._models import (
     DeadLetter,
     DeadLetters,
     Event,
     Lineage,
     PartitionLag,
+    Resolved,
     Run,
     RunPage,
     Snapshot,
@@ -38,6 +46,7 @@ from stepstream.serve._models import (
     ToolEffect,
     TreeNode,
 )
+from stepstream.serve._models import Resolution as ResolutionModel
 from stepstream.settings import Settings
 from stepstream.topics import log_end_offsets
 
@@ -52,11 +61,30 @@ class NotFound(LookupError):
 class Source:
     """The read model of one service: a `ProjectionReader`, a media store, and the broker."""
 
-    def __init__(self, settings: Settings, reader: ProjectionReader, media_store: MediaStore | None) -> None:
-        """Serve `reader`'s projection; `media_store` serves offloaded media (None: links fail)."""
+    def __init__(
+        self,
+        settings: Settings,
+        reader: ProjectionReader,
+        media_store: MediaStore | None,
+        log: StepLog | None = None,
+    ) -> None:
+        """Serve `reader`'s projection; `media_store` serves offloaded media (None: links fail).
+
+        `log` takes the operators' resolutions; without one, an `EventLog` of the settings is
+        started on the first resolution and closed by `aclose`.
+        """
         self.settings = settings
         self.reader = reader
         self.media_store = media_store
+        self._log = log
+        self._owned_log: EventLog | None = None
+        self._log_lock = asyncio.Lock()
+
+    async def aclose(self) -> None:
+        """Close the log this source started, if it did."""
+        if self._owned_log is not None:
+            owned, self._owned_log = self._owned_log, None
+            await owned.close()
 
     # -- runs --------------------------------------------------------------------------------------
 
@@ -126,6 +154,84 @@ class Source:
     async def unresolved(self) -> list[ToolEffect]:
         """Every effect in `unknown_after_crash`, across all runs, oldest first."""
         return [ToolEffect.of(e) for e in await self.reader.list_unresolved_tool_effects()]
+
+    # -- the one write: an operator's resolution ----------------------------------------------------
+
+    async def resolve(
+        self, run_id: str, tool_call_id: str, *, resolution: Resolution, note: str, operator: str | None
+    ) -> Resolved:
+        """Append an operator's resolution of an `unknown_after_crash` effect to the log.
+
+        `NotFound` for an unknown run or call, `NotUnknown` for an effect that is not unknown.
+        Returns once the broker acknowledged it, and once this service's projection shows it
+        or the settings' timeout passed (`applied` says which).
+        """
+        await self.run_record(run_id)
+        effect = await self.reader.get_tool_effect(run_id, tool_call_id)
+        if effect is None:
+            raise NotFound(f'run {run_id!r} has no tool call {tool_call_id!r} in the projection')
+        record = await resolve_tool_effect(
+            await self._writer(),
+            effect,
+            resolution=resolution,
+            note=note,
+            operator=operator or self.settings.operator_name,
+            writer_id=resolver_id('serve'),
+        )
+        shown = await self._wait_shown(record)
+        now = shown or await self.reader.get_tool_effect(run_id, tool_call_id) or effect
+        written = next(
+            (
+                r
+                for r in now.resolutions
+                if (r.writer_id, r.resolved_at) == (record.writer_id, record.timestamp)
+            ),
+            None,
+        )
+        return Resolved(
+            written=ResolutionModel.of(written)
+            if written is not None
+            else ResolutionModel(
+                resolution=resolution,
+                resolved_by=record.resolved_by or '',
+                writer_id=record.writer_id,
+                resolved_at=record.timestamp,
+                note=note,
+                resolves_seq=record.seq,
+                applied=False,
+            ),
+            applied=shown is not None,
+            effect=ToolEffect.of(now),
+        )
+
+    async def _writer(self) -> StepLog:
+        if self._log is not None:
+            return self._log
+        async with self._log_lock:
+            if self._owned_log is None:
+                log = EventLog(self.settings, create_topics=False)
+                await log.start()
+                self._owned_log = log
+            return self._owned_log
+
+    async def _wait_shown(self, record: ToolEffectTransition) -> ToolEffectRecord | None:
+        """The effect once the projection shows `record` in its ledger, or None after the timeout.
+
+        The reader is a RocksDB secondary: it offers no change notification, so it is asked again
+        every 50 ms (each ask catches up with the primary).
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.ack_timeout_s
+        while True:
+            effect = await self.reader.get_tool_effect(record.run_id, record.tool_call_id)
+            if effect is not None and any(
+                (r.writer_id, r.resolved_at) == (record.writer_id, record.timestamp)
+                for r in effect.resolutions
+            ):
+                return effect
+            if loop.time() >= deadline:
+                return None
+            await asyncio.sleep(0.05)
 
     async def conflicts(self) -> list[Run]:
         """Runs whose run_id more than one writer claimed."""

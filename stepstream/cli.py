@@ -209,7 +209,33 @@ def _parser() -> argparse.ArgumentParser:
     unresolved.add_argument('run_id', nargs='?', help='only this run (default: every run)')
     conflicts = command('conflicts', _conflicts, 'List run ids claimed by more than one writer.')
 
-    for p in (runs, tree, events, snapshot, unresolved, conflicts, status):
+    resolve = command(
+        'resolve',
+        _resolve,
+        'Resolve an unknown_after_crash tool effect: say whether its side effect happened, and why.',
+    )
+    resolve.add_argument('run_id', help='the run')
+    resolve.add_argument('tool_call_id', help='the tool call whose effect is unknown_after_crash')
+    answer = resolve.add_mutually_exclusive_group(required=True)
+    answer.add_argument(
+        '--happened',
+        dest='resolution',
+        action='store_const',
+        const='happened',
+        help='the side effect happened',
+    )
+    answer.add_argument(
+        '--did-not-happen',
+        dest='resolution',
+        action='store_const',
+        const='did_not_happen',
+        help='the side effect did not happen',
+    )
+    resolve.add_argument(
+        '--note', required=True, help='why: what you checked (kept in the log with your name)'
+    )
+
+    for p in (runs, tree, events, snapshot, unresolved, conflicts, status, resolve):
         p.add_argument('--json', action='store_true', help='machine-readable output')
 
     serve = command('serve', _serve, 'Serve the projection over HTTP: a JSON API and the run explorer.')
@@ -510,6 +536,38 @@ async def _unresolved(args: argparse.Namespace, settings: Settings) -> int:
         return [UnresolvedEffect(effect, statuses[effect.run_id]) for effect in effects]
 
     return await _show(args, settings, fetch, unresolved_table, run_id=args.run_id)
+
+
+async def _resolve(args: argparse.Namespace, settings: Settings) -> int:
+    from stepstream.producer import EventLog, resolve_tool_effect, resolver_id
+    from stepstream.render import to_json
+
+    async with _reader(settings) as reader:
+        await _known_run(reader, args.run_id, settings)
+        effect = await reader.get_tool_effect(args.run_id, args.tool_call_id)
+    if effect is None:
+        raise NotFound(
+            f'run {args.run_id!r} has no tool call {args.tool_call_id!r} '
+            f'in the projection at {settings.db_path}'
+        )
+    async with EventLog(settings, create_topics=False) as log:
+        record = await resolve_tool_effect(
+            log,
+            effect,
+            resolution=args.resolution,
+            note=args.note,
+            operator=settings.operator_name,
+            writer_id=resolver_id('cli'),
+        )
+    if args.json:
+        print(to_json(record))
+    else:
+        print(
+            f'resolved {record.tool_call_id} of {record.run_id} as {record.resolution} '
+            f'by {record.resolved_by} '
+            f'(written to {settings.tool_effects_topic}; views show it once the projector applies it)'
+        )
+    return EXIT_OK
 
 
 async def _conflicts(args: argparse.Namespace, settings: Settings) -> int:
