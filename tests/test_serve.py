@@ -20,7 +20,7 @@ from pydantic_ai.messages import ModelMessagesTypeAdapter
 from stepstream import Settings
 from stepstream.cli import main
 from stepstream.embedded import EmbeddedStack
-from stepstream.projector import ProjectionReader
+from stepstream.projector import ProjectionReader, rebuild
 from stepstream.serve import app_for, running
 
 from served import IMAGE, Served, served_projection
@@ -276,7 +276,7 @@ async def test_the_serve_command_serves_a_projection_directory(served: Served) -
 
 @in_module_loop
 async def test_resolving_an_unknown_effect_is_an_audited_write(
-    served: Served, api: httpx.AsyncClient
+    served: Served, api: httpx.AsyncClient, tmp_path: Path
 ) -> None:
     run_id = await served.add_crashed_run('publisher-resolve-api')
     [effect] = (await api.get(f'/api/runs/{run_id}/tool-effects')).json()
@@ -310,11 +310,17 @@ async def test_resolving_an_unknown_effect_is_an_audited_write(
     blank = await api.post(url, json={'resolution': 'happened'})
     assert blank.status_code == 422
 
-    # The log keeps the record; a rebuild from offset zero shows the same resolution.
+    # The log keeps the record: a rebuild from offset zero shows the same resolution and history.
     await served.settle()
-    reader = served.projector.reader()
-    kept = await reader.get_tool_effect(run_id, effect['tool_call_id'])
-    assert kept is not None and kept.resolution is not None and kept.resolution.resolved_by == 'bob'
+    live = await served.projector.reader().get_tool_effect(run_id, effect['tool_call_id'])
+    await rebuild(served.settings, tmp_path / 'rebuilt')
+    rebuilt_reader = ProjectionReader.open(tmp_path / 'rebuilt')
+    try:
+        rebuilt = await rebuilt_reader.get_tool_effect(run_id, effect['tool_call_id'])
+    finally:
+        rebuilt_reader.close()
+    assert live is not None and live.resolution is not None and live.resolution.resolved_by == 'bob'
+    assert rebuilt == live and len(live.resolutions) == 1
 
 
 @in_module_loop
