@@ -19,7 +19,9 @@ from stepstream.serve._server import (
     app_for,
     check_binding,
     is_loopback,
+    listen,
     running,
+    url_of,
 )
 from stepstream.serve._source import Source
 
@@ -32,5 +34,7 @@ __all__ = [
     'check_binding',
     'create_app',
     'is_loopback',
+    'listen',
     'running',
+    'url_of',
 ]

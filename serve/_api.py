@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Path, Query, Request
@@ -51,6 +52,13 @@ async def list_runs(
     agent_name: str | None = None,
     order: Annotated[Literal['started', '-started'], Query(description='-started: newest first')] = 'started',
     after: Annotated[str | None, Query(description="The previous page's next_after.")] = None,
+    after_started: Annotated[
+        datetime | None,
+        Query(
+            description='With `after`: its started_at. The page then starts at that place in the order '
+            'even if `after` is not a run this service holds (how group members merge their pages).'
+        ),
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
 ) -> RunPage:
     """Runs matching every filter, in the order they started (`order=-started`: newest first)."""
@@ -61,6 +69,7 @@ async def list_runs(
         agent_name=agent_name,
         newest_first=order == '-started',
         after=after,
+        after_started=after_started,
         limit=limit,
     )
 

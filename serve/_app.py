@@ -15,6 +15,7 @@ from stepstream.errors import NotUnknown, StepStreamError
 from stepstream.projector import ShardUnavailable
 from stepstream.serve import _api, _explorer
 from stepstream.serve._auth import authorized
+from stepstream.serve._group import FORWARDED_HEADER, forwarded
 from stepstream.serve._source import NotFound, Source
 
 PUBLIC_PATHS = ('/login', '/static/')
@@ -87,6 +88,8 @@ def create_app(
                 )
             target = request.url.path + (f'?{request.url.query}' if request.url.query else '')
             return RedirectResponse(f'/login?next={quote(target)}', status_code=303)
+        # A member's request on a client's behalf: answered from this member's shards only.
+        forwarded.set(request.headers.get(FORWARDED_HEADER) == '1')
         response = await call_next(request)
         response.headers.setdefault('Content-Security-Policy', PAGE_POLICY)
         response.headers.setdefault('X-Content-Type-Options', 'nosniff')

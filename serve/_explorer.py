@@ -57,7 +57,13 @@ async def runs(
         'parent_run_id': parent_run_id,
     }
     page = await _source(request).runs(
-        **{k: v or None for k, v in filters.items()}, newest_first=True, after=after or None, limit=limit
+        conversation_id=conversation_id or None,
+        parent_run_id=parent_run_id or None,
+        status=filters['status'] or None,
+        agent_name=agent_name or None,
+        newest_first=True,
+        after=after or None,
+        limit=limit,
     )
     query = {k: v for k, v in filters.items() if v}
     more = f'/?{urlencode({**query, "after": page.next_after})}' if page.next_after else None

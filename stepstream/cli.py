@@ -243,6 +243,27 @@ def _parser() -> argparse.ArgumentParser:
         '--host', default='127.0.0.1', help='address to bind (beyond loopback: needs STEPSTREAM_SERVE_TOKEN)'
     )
     serve.add_argument('--port', type=int, default=8321, help='port to listen on')
+    serve.add_argument(
+        '--group',
+        metavar='NAME',
+        help='also be a projector member of this consumer group: serve its shards and answer for '
+        "the other members' (each a `stepstream serve --group NAME`)",
+    )
+    serve.add_argument(
+        '--advertise',
+        metavar='URL',
+        help='with --group: the URL the other members reach this one at (default: http://HOST:PORT)',
+    )
+    serve.add_argument(
+        '--checkpoint-interval',
+        type=float,
+        default=60.0,
+        metavar='SECONDS',
+        help='as for `stepstream projector`',
+    )
+    serve.add_argument(
+        '--session-timeout', type=float, default=10.0, metavar='SECONDS', help='as for `stepstream projector`'
+    )
     return parser
 
 
@@ -357,6 +378,8 @@ async def _serve(args: argparse.Namespace, settings: Settings) -> int:
         ) from None
 
     check_binding(args.host, settings)
+    if args.group is not None:
+        return await _serve_member(args, settings)
     async with running(app_for(settings), host=args.host, port=args.port) as served:
         for sig in (signal.SIGTERM, signal.SIGINT):
             asyncio.get_running_loop().add_signal_handler(sig, served.stop)
@@ -365,6 +388,50 @@ async def _serve(args: argparse.Namespace, settings: Settings) -> int:
             flush=True,
         )
         await served.wait()
+    return EXIT_OK
+
+
+async def _serve_member(args: argparse.Namespace, settings: Settings) -> int:
+    """`serve --group`: a projector member that serves its shards and answers for the group."""
+    from stepstream.projector import Checkpoints, Membership, Projector
+    from stepstream.serve import app_for, listen, running, url_of
+
+    if args.advertise is None and args.host in ('0.0.0.0', '::', '[::]'):
+        raise UsageError(f'--host {args.host} is no address another member can reach: give --advertise URL')
+    sock = listen(args.host, args.port)
+    membership = Membership(endpoint=args.advertise or url_of(sock))
+    checkpoints = None
+    if args.checkpoint_interval > 0:
+        checkpoints = Checkpoints.from_settings(
+            settings, group=args.group, interval_s=args.checkpoint_interval
+        )
+    member = Projector(
+        settings,
+        group=args.group,
+        membership=membership,
+        checkpoints=checkpoints,
+        session_timeout_ms=int(args.session_timeout * 1000),
+    )
+    async with (
+        member,
+        running(app_for(settings, reader=member.reader(), membership=membership), sock=sock) as served,
+    ):
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            asyncio.get_running_loop().add_signal_handler(sig, served.stop)
+        print(
+            f'stepstream serve: explorer at {served.url}/ (member of {args.group}, '
+            f'advertised as {membership.endpoint})',
+            flush=True,
+        )
+        serving = asyncio.create_task(served.wait())
+        consuming = asyncio.create_task(member.join())
+        await asyncio.wait([serving, consuming], return_when=asyncio.FIRST_COMPLETED)
+        if consuming.done():  # the member failed: its error leaves the `async with` (exit 1)
+            served.stop()
+            await serving
+            consuming.result()
+            return EXIT_FAILED
+        consuming.cancel()
     return EXIT_OK
 
 
