@@ -4,7 +4,12 @@ query as one service over every shard would (checked against a projector that ow
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import os
+import re
+import signal
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -203,3 +208,51 @@ async def test_a_member_that_left_is_answered_for_by_the_others(
         await a.projector.wait_for(end)
         alone = (await http.get(f'{a.url}/api/runs')).json()['runs']
         assert runs_json(alone) == runs_json(both)
+
+
+async def test_the_serve_command_joins_a_group(
+    settings: Settings, event_log: EventLog, tmp_path: Path
+) -> None:
+    """`stepstream serve --group` in its own process, next to a member in this one: each answers for both."""
+    for i in range(3):
+        await orchestrate(event_log, f'cli-{i}')
+    await event_log.flush()
+    group = f'{settings.topic_prefix}.cli'
+    env = {**os.environ, **settings.to_env(), 'STEPSTREAM_DB_PATH': str(tmp_path / 'child')}
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, '-m', 'stepstream.cli', 'serve', '--group', group, '--port', '0',
+        '--checkpoint-interval', '0', '--session-timeout', '6',
+        env=env, stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert child.stdout is not None
+        line = (await asyncio.wait_for(child.stdout.readline(), 60)).decode()
+        found = re.search(r'explorer at (http://127\.0\.0\.1:\d+)/ \(member of ', line)
+        assert found is not None, line
+        child_url = found.group(1)
+        async with member(settings, group, tmp_path / 'here') as here, httpx.AsyncClient(timeout=30) as http:
+            await until(
+                lambda: (
+                    set(here.membership.routes.values()) == {here.url, child_url}
+                    and len(here.membership.routes) == 3
+                ),
+                'the two members to know each other',
+            )
+            expected = 6
+
+            async def listed(url: str) -> int:
+                answer = await http.get(f'{url}/api/runs')
+                return len(answer.json()['runs']) if answer.status_code == 200 else -1
+
+            # The child catches up in its own time: ask until its part of the list is complete.
+            for url in (here.url, child_url):
+                deadline = asyncio.get_running_loop().time() + 60
+                while await listed(url) != expected:
+                    assert asyncio.get_running_loop().time() < deadline, f'{url} never listed {expected} runs'
+                    await asyncio.sleep(0.1)
+        child.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(child.wait(), 30) == 0
+    finally:
+        if child.returncode is None:
+            child.kill()
+            await child.wait()
