@@ -638,3 +638,46 @@ def test_a_resolution_resolves_only_an_unknown_effect(
         assert [e.tool_call_id for e in unresolved] == ([] if first_answer else ['unknown'])
     finally:
         db.close()
+
+
+def test_a_resolution_before_every_live_transition_is_dead_whichever_topic_comes_first(
+    tmp_path: Path,
+) -> None:
+    """A step event takes the seq of the `started` a resolution answers, and the call's only other
+    transition comes after the resolution: the resolution answered nothing that stays, so it goes
+    to the DLQ, whether the step event is applied before the transitions or after them."""
+    run_id = 'run-a'
+    partition = murmur2_partition(run_id.encode(), PARTITIONS)
+    key = run_id.encode()
+
+    def effect(offset: int, seq: int, status: str, **resolution: str) -> SourceRecord:
+        t = ToolEffectTransition(
+            run_id=run_id, seq=seq, writer_id='owner' if not resolution else 'ops-cli', timestamp=T0,
+            tool_call_id='c1', tool_name='publish', status=status, **resolution,  # type: ignore[arg-type]
+        )  # fmt: skip
+        return SourceRecord(EFFECTS, partition, offset, key, encode(t))
+
+    def event(offset: int, seq: int, kind: str) -> SourceRecord:
+        e = StepEvent(run_id=run_id, seq=seq, writer_id='owner', timestamp=T0, kind=kind)  # type: ignore[arg-type]
+        return SourceRecord(EVENTS, partition, offset, key, encode(e))
+
+    events = [event(0, 0, 'run_started'), event(1, 1, 'model_request_started')]
+    effects = [
+        effect(0, 1, 'started'),
+        effect(1, 1, 'resolved', resolution='happened', resolved_by='ops', note='seen it'),
+        effect(2, 2, 'completed'),
+    ]
+    dumps, dead = [], []
+    for name, order in (('events-first', events + effects), ('effects-first', effects + events)):
+        db = open_db(tmp_path / name)
+        try:
+            txn, outcome = applier().stage(db, order)
+            txn.commit()
+            dumps.append(list(logical_items(db)))
+            dead.append(
+                sorted((d.reason, d.source.offset) for d in outcome.dead if d.source.topic == EFFECTS)
+            )
+        finally:
+            db.close()
+    assert dead[0] == dead[1] == [('duplicate_seq', 0), ('unknown_effect', 1)]
+    assert dumps[0] == dumps[1]
