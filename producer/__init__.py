@@ -11,6 +11,7 @@ from stepstream.producer._helpers import current_run_id, is_provider_valid
 from stepstream.producer._log import EventLog
 from stepstream.producer._memory import InMemoryLog, StoredRecord
 from stepstream.producer._protocol import StepLog
+from stepstream.producer._resolution import resolution_for, resolve_tool_effect, resolver_id
 from stepstream.producer._snapshots import SnapshotWriter
 
 __all__ = [
@@ -26,4 +27,7 @@ __all__ = [
     'check_run_id',
     'current_run_id',
     'is_provider_valid',
+    'resolution_for',
+    'resolve_tool_effect',
+    'resolver_id',
 ]

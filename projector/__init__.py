@@ -1,6 +1,7 @@
 """The read side: the `Projector` that materializes the log, and the queries over it."""
 
 from stepstream.projector._checkpoints import Checkpoints
+from stepstream.projector._membership import Membership
 from stepstream.projector._projector import Projector
 from stepstream.projector._reader import (
     ProjectionReader,
@@ -17,6 +18,7 @@ from stepstream.projector._verify import Difference, verify_paths
 __all__ = [
     'Checkpoints',
     'Difference',
+    'Membership',
     'ProjectionReader',
     'ProjectionStatus',
     'Projector',

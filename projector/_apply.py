@@ -16,6 +16,11 @@ so are in docs/decisions/0010-conflict-rules.md; in short:
   (`seq_jump`); gaps are kept as ranges.
 - Each derived field is a max/min over the records that hold it (the terminal event with the
   highest seq, an effect's status from its highest-seq transition), so arrival order is moot.
+- An operator's `resolved` transition is not the run's record: any writer may write one, it
+  holds no seq (its `seq` names the `started` transition it answers) and it is kept in the
+  call's ledger. It resolves the effect while that `started` is still the call's latest status
+  and no earlier resolution did; otherwise it is history. One for a call with no transition
+  before it in the log goes to the DLQ (`unknown_effect`). See decision 0022.
 
 How a batch is applied is a matter of speed only. Its records are grouped by run (the Kafka
 key), each run's records kept in batch order, and each run is applied in one go: its key
@@ -54,6 +59,7 @@ from stepstream.projector._keys import (
     EVENT,
     OFFSET,
     PARKED,
+    RESOLUTION,
     RUN,
     RUNS,
     SNAPSHOT,
@@ -68,6 +74,8 @@ from stepstream.projector._store import BatchTxn
 from stepstream.schemas import (
     EVENT_KINDS,
     MAGIC,
+    MAX_NOTE_CHARS,
+    RESOLUTIONS,
     STEP_EVENT_SCHEMA,
     TOOL_EFFECT_SCHEMA,
     TOOL_EFFECT_STATUSES,
@@ -105,9 +113,12 @@ DLQ_REASONS = (
     'seq_jump',
     'duplicate_seq',
     'snapshot_conflict',
+    'unknown_effect',
     'apply_error',
 )
 """Every reason a record can be dead-lettered for (docs/decisions/0010-conflict-rules.md)."""
+
+_RESOLUTION_FIELDS = ('resolution', 'resolved_by', 'note')
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
@@ -499,6 +510,8 @@ class Applier:
             raise Rejected(
                 'unknown_version', f'unknown tool effect status {record["status"]!r} (a newer writer?)'
             )
+        else:
+            _check_resolution(record)
         return record
 
     # -- registration, ownership ---------------------------------------------------------------
@@ -558,6 +571,17 @@ class Applier:
         self, txn: BatchTxn, keys: _RunKeys, run: RunState, source: SourceRecord, record: Fields
     ) -> None:
         """Apply one record of a registered run: the owner's by the seq rules, others' apart."""
+        if source.topic == EFFECTS and record['status'] == 'resolved':
+            try:
+                applied = self._apply_resolution(txn, keys, run, source, record)
+            except Rejected as rejected:
+                self._dead_letter(source, rejected.reason, rejected.detail)
+                return
+            if applied:
+                self._outcome.applied += 1
+            else:
+                self._outcome.duplicates += 1
+            return
         if record['writer_id'] != run.owner:
             self._keep_apart(txn, run, source, record)
             return
@@ -692,6 +716,44 @@ class Applier:
         _merge(effect, t)
         return True
 
+    def _apply_resolution(
+        self, txn: BatchTxn, keys: _RunKeys, run: RunState, source: SourceRecord, r: Fields
+    ) -> bool:
+        """Add an operator's resolution to the call's ledger.
+
+        It decides the status if it answers the call's latest `started` (`EffectState.settle`).
+        """
+        assert source.value is not None
+        call = r['tool_call_id']
+        resolution_key = RESOLUTION.key(run.run_id, call, source.offset)
+        if txn.get(resolution_key) is not None:
+            return False
+        effect_key = keys.effect(call)
+        effect = txn.get_state(effect_key, EffectState)
+        if effect is None:
+            raise Rejected(
+                'unknown_effect',
+                f'run {run.run_id!r} has no tool call {call!r} before this resolution: nothing to resolve',
+            )
+        if effect_key not in keys.effects:
+            keys.effects[effect_key] = _unresolved_keys(effect)
+            txn.put_state(effect_key, effect)
+        txn.put(resolution_key, source.value)
+        effect.resolutions.append(
+            {
+                'offset': source.offset,
+                'seq': r['seq'],
+                'resolution': r['resolution'],
+                'resolved_by': r['resolved_by'],
+                'writer_id': r['writer_id'],
+                'at': r['timestamp'],
+                'note': r['note'],
+            }
+        )
+        effect.resolutions.sort(key=_by_offset)
+        effect.settle()
+        return True
+
     def _withdraw_transition(
         self, txn: BatchTxn, keys: _RunKeys, run: RunState, partition: int, seq: int
     ) -> None:
@@ -701,10 +763,12 @@ class Applier:
         offset = decode_int(stored[:8])
         t = _read_stored(stored[8:])
         effect_key = keys.effect(t['tool_call_id'])
+        before = txn.get_state(effect_key, EffectState)
         if effect_key not in keys.effects:
-            keys.effects[effect_key] = _unresolved_keys(txn.get_state(effect_key, EffectState))
+            keys.effects[effect_key] = _unresolved_keys(before)
         # Rare (a reused seq), so the call's other live transitions are found by a scan of the run's.
         effect = None
+        first_live = None
         for k, other_raw in txn.scan(TRANSITION.prefix(run.run_id)):
             other_seq = TRANSITION.parse(k)[1]
             assert isinstance(other_seq, int)
@@ -713,6 +777,8 @@ class Applier:
             other = _read_stored(other_raw[8:])
             if other['tool_call_id'] != t['tool_call_id']:
                 continue
+            other_offset = decode_int(other_raw[:8])
+            first_live = other_offset if first_live is None else min(first_live, other_offset)
             if effect is None:
                 effect = EffectState(
                     run_id=run.run_id,
@@ -721,9 +787,27 @@ class Applier:
                     tool_name_seq=other['seq'],
                 )
             _merge(effect, other)
+        # A resolution stays only where a live transition of the call came before it in the
+        # log, as if the withdrawn one had never applied (then it would have been dead-lettered).
+        for r in before.resolutions if before is not None else ():
+            if first_live is not None and r['offset'] > first_live:
+                assert effect is not None
+                effect.resolutions.append(r)
+                continue
+            resolution_key = RESOLUTION.key(run.run_id, t['tool_call_id'], r['offset'])
+            value = txn.get(resolution_key)
+            assert value is not None
+            txn.delete(resolution_key)
+            self._dead_letter(
+                SourceRecord(EFFECTS, partition, r['offset'], keys.key, value),
+                'unknown_effect',
+                f'run {run.run_id!r} has no tool call {t["tool_call_id"]!r} before this resolution: '
+                'nothing to resolve',
+            )
         if effect is None:
             txn.delete(effect_key)
         else:
+            effect.settle()
             txn.put_state(effect_key, effect)
         run.count_rejected('duplicate_seq')
         self._dead_letter(
@@ -753,6 +837,27 @@ def _check_event(event: Fields) -> None:
         raise Rejected('invalid', 'snapshot messages are not a JSON list')
 
 
+def _check_resolution(t: Fields) -> None:
+    """A `resolved` transition names its resolution, operator and note; no other carries them."""
+    if t['status'] != 'resolved':
+        if any(t[name] is not None for name in _RESOLUTION_FIELDS):
+            raise Rejected('invalid', 'resolution, resolved_by and note belong to resolved transitions only')
+        return
+    if t['resolution'] not in RESOLUTIONS:
+        raise Rejected('invalid', f'a resolution is happened or did_not_happen, not {t["resolution"]!r}')
+    by, note = t['resolved_by'], t['note']
+    if not by or len(by) > MAX_ID_BYTES or not by.isprintable():
+        raise Rejected(
+            'invalid', f'a resolution needs the operator who made it (resolved_by), got {by!r:.80}'
+        )
+    if not note or not note.strip() or len(note) > MAX_NOTE_CHARS:
+        raise Rejected('invalid', f'a resolution needs a note of 1 to {MAX_NOTE_CHARS} characters')
+
+
+def _by_offset(r: dict[str, Any]) -> int:
+    return int(r['offset'])
+
+
 def _merge(effect: EffectState, t: Fields) -> None:
     """Fold one transition into the call's state; commutative, so arrival order is moot."""
     ts, seq, status = t['timestamp'], t['seq'], t['status']
@@ -770,6 +875,8 @@ def _merge(effect: EffectState, t: Fields) -> None:
     if summary is not None and seq > effect.effect_summary_seq:
         effect.effect_summary, effect.effect_summary_seq = summary, seq
     effect.last_seq = max(effect.last_seq, seq)
+    if effect.resolutions:
+        effect.settle()
 
 
 def _unresolved_keys(effect: EffectState | None) -> tuple[bytes, ...]:

@@ -27,8 +27,11 @@ No other module spells key bytes: they ask a `Keyspace` for a key, a prefix or t
 | `PARKED`           | `q`  | run_id, topic, partition, offset      | a record before its run exists |
 | `APART`            | `w`  | run_id, writer_id, topic, seq         | another writer's record        |
 | `CONFLICT`         | `k`  | run_id, writer_id                     | JSON: records kept apart       |
+| `RESOLUTION`       | `z`  | run_id, tool_call_id, offset          | an operator's resolution (Avro)|
 
-`topic` in `PARKED` and `APART` is the topic's index (0 step events, 1 tool effects).
+`topic` in `PARKED` and `APART` is the topic's index (0 step events, 1 tool effects). `offset` in
+`RESOLUTION` is the resolution's offset in its tool-effects partition: resolutions are not the
+run's records and hold no seq of their own.
 """
 
 from __future__ import annotations
@@ -154,6 +157,7 @@ CHILDREN = Keyspace('children', b'p', ('str', 'int', 'str'))
 PARKED = Keyspace('parked', b'q', ('str', 'int', 'int', 'int'))
 APART = Keyspace('apart', b'w', ('str', 'str', 'int', 'int'))
 CONFLICT = Keyspace('conflict', b'k', ('str', 'str'))
+RESOLUTION = Keyspace('resolution', b'z', ('str', 'str', 'int'))
 
 KEYSPACES = (
     META,
@@ -171,6 +175,7 @@ KEYSPACES = (
     PARKED,
     APART,
     CONFLICT,
+    RESOLUTION,
 )
 BY_TAG = {ks.tag: ks for ks in KEYSPACES}
 assert len(BY_TAG) == len(KEYSPACES)

@@ -36,6 +36,7 @@ from stepstream.projector._apply import (
 )
 from stepstream.projector._checkpoints import Checkpoints
 from stepstream.projector._keys import PROGRESS
+from stepstream.projector._membership import Membership, membership_assignor
 from stepstream.projector._reader import ProjectionReader
 from stepstream.projector._state import Identity, dumps
 from stepstream.projector._store import (
@@ -139,6 +140,7 @@ class Projector:
         checkpoints: Checkpoints | None = None,
         session_timeout_ms: int = 10_000,
         on_assignment: Callable[[list[int]], None] | None = None,
+        membership: Membership | None = None,
     ) -> None:
         """Check the projection directory; nothing connects until `start()` (or `async with`).
 
@@ -151,7 +153,8 @@ class Projector:
         of that consumer group; `checkpoints` uploads its shards to S3 and restores shards it is
         assigned but does not hold; `session_timeout_ms` is how long the group waits for a
         silent member before its partitions move; `on_assignment` is called with the partitions
-        a member holds after every change.
+        a member holds after every change. A member tells the group `membership.endpoint` (the
+        URL its service answers on) and learns there who owns each partition (`_membership`).
         """
         if max_snapshots_per_run is not None and max_snapshots_per_run < 1:
             raise ValueError(f'max_snapshots_per_run must be at least 1, got {max_snapshots_per_run}')
@@ -172,6 +175,7 @@ class Projector:
         self.checkpoints = checkpoints
         self.session_timeout_ms = session_timeout_ms
         self.on_assignment = on_assignment
+        self.membership = membership if membership is not None else Membership()
         self.media_store: MediaStore = media_store or S3MediaStore.from_settings(settings)
         self._uncommitted: Position = {}
         self._last_group_commit = 0.0
@@ -228,8 +232,9 @@ class Projector:
             fetch_max_wait_ms=50,
             request_timeout_ms=max(5000, int(self.settings.ack_timeout_s * 1000)),
             # Range assignment gives a member the same partition numbers of both topics, which
-            # are co-partitioned by run_id: one member owns every record of a shard.
-            partition_assignment_strategy=(RangePartitionAssignor,),
+            # are co-partitioned by run_id: one member owns every record of a shard. Ours also
+            # shares the members' endpoints; plain range is the fallback of a mixed group.
+            partition_assignment_strategy=(membership_assignor(self.membership), RangePartitionAssignor),
             session_timeout_ms=self.session_timeout_ms,
             heartbeat_interval_ms=max(100, self.session_timeout_ms // 3),
         )

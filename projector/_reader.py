@@ -46,6 +46,7 @@ from stepstream.projector._store import (
 )
 from stepstream.schemas import (
     ContinuableSnapshot,
+    EffectResolution,
     RunRecord,
     StepEvent,
     ToolEffectRecord,
@@ -133,6 +134,9 @@ class ProjectionReader:
         self._owns_db = owns_db
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self._root: Path | None = None
+        self.only: frozenset[int] | None = None
+        """Lists and sweeps cover only these partitions (a group member's own: its service merges
+        the other members' answers); None: every partition."""
 
     @classmethod
     def open(
@@ -213,10 +217,11 @@ class ProjectionReader:
         """Every shard, or `ShardUnavailable` naming those missing."""
         if self._partitions is None:
             return list(self._shards.values())
-        missing = [p for p in range(self._partitions) if p not in self._shards]
+        wanted = range(self._partitions) if self.only is None else sorted(self.only)
+        missing = [p for p in wanted if p not in self._shards]
         if missing:
             raise ShardUnavailable(self._missing_message(missing))
-        return [self._shards[p] for p in range(self._partitions)]
+        return [self._shards[p] for p in wanted]
 
     def _missing_message(self, partitions: list[int]) -> str:
         where = f' under {self._root}' if self._root is not None else ' in this process'
@@ -248,13 +253,16 @@ class ProjectionReader:
         *,
         newest_first: bool = False,
         after: str | None = None,
+        after_started: datetime | None = None,
         limit: int | None = None,
     ) -> list[RunRecord]:
         """Runs matching every given filter, in the order they started (`newest_first` reverses it).
 
         Page with `limit` and `after` (the run_id of the last run of the previous page: only
         runs past it in this order). A page reads the index keys up to its end but decodes only
-        the runs it looks at.
+        the runs it looks at. With `after_started` (the `after` run's `started_at`) the page
+        starts at that place in the order, whether or not `after` is in this listing: how a
+        group's service merges pages of runs held by several members.
 
         ```python
         page = await reader.list_runs(newest_first=True, limit=50)
@@ -270,9 +278,16 @@ class ProjectionReader:
             else:
                 index, prefix = RUNS, RUNS.prefix()
             run_ids: Iterator[str] = (index.last_str(k) for k, _ in self._scan(prefix))
-            if newest_first:
+            if after is not None and after_started is not None:
+                cut = ((after_started - _EPOCH) // timedelta(microseconds=1), after)
+                places = (index.parse(k)[-2:] for k, _ in self._scan(prefix))
+                if newest_first:
+                    run_ids = (str(r) for s, r in reversed(list(places)) if (s, r) < cut)
+                else:
+                    run_ids = (str(r) for s, r in places if (s, r) > cut)
+            elif newest_first:
                 run_ids = reversed(list(run_ids))
-            if after is not None:
+            if after is not None and after_started is None:
                 run_ids = itertools.dropwhile(lambda run_id: run_id != after, run_ids)
                 if next(run_ids, None) is None:
                     raise LookupError(f'after={after!r} is not a run of this listing')
@@ -628,17 +643,33 @@ class ProjectionReader:
         if raw is None:
             return None
         state = EffectState.decode(raw)
+        resolutions = [
+            EffectResolution(
+                resolution=r['resolution'],
+                resolved_by=r['resolved_by'],
+                writer_id=r['writer_id'],
+                resolved_at=_EPOCH + timedelta(microseconds=r['at']),
+                note=r['note'],
+                resolves_seq=r['seq'],
+                applied=r['offset'] == state.resolved_offset,
+            )
+            for r in state.resolutions
+        ]
+        resolution = next((r for r in resolutions if r.applied), None)
         return ToolEffectRecord(
             tool_call_id=state.tool_call_id,
             tool_name=state.tool_name,
             run_id=state.run_id,
-            status=state.status,  # type: ignore[arg-type]
+            status='resolved' if resolution is not None else state.status,  # type: ignore[arg-type]
             started_at=_ts(state.started_at),
-            ended_at=_ts(state.ended_at),
+            ended_at=resolution.resolved_at if resolution is not None else _ts(state.ended_at),
             idempotency_key=state.idempotency_key,
             effect_summary=state.effect_summary,
             error=state.error,
             last_seq=state.last_seq,
+            status_seq=state.status_seq,
+            resolution=resolution,
+            resolutions=resolutions,
         )
 
 

@@ -58,6 +58,10 @@ def _no_ints() -> list[int]:
     return []
 
 
+def _no_dicts() -> list[dict[str, Any]]:
+    return []
+
+
 def _highs() -> list[int]:
     return [-1, -1]
 
@@ -169,6 +173,9 @@ class EffectState(_Json):
     Status, end and error come from the highest-seq transition that is not `annotated`;
     `started_at` is the earliest `started`; annotations keep the value of their highest seq;
     the tool name is the lowest seq's. None of it depends on the order transitions arrive in.
+
+    An operator's resolutions are kept in `resolutions` (offset order); the first of them that
+    answers the `started` transition deciding the status resolves the effect (`resolved_offset`).
     """
 
     run_id: str
@@ -186,11 +193,26 @@ class EffectState(_Json):
     effect_summary: str | None = None
     effect_summary_seq: int = -1
     last_seq: int = -1
+    resolutions: list[dict[str, Any]] = field(default_factory=_no_dicts)
+    """Every operator resolution of this call, in log order: `offset`, `seq` (the `started` it
+    answers), `resolution`, `resolved_by`, `writer_id`, `at` (micros), `note`."""
+    resolved_offset: int = -1
+    """The offset of the resolution that decides the status, or -1."""
 
     @property
     def unresolved(self) -> bool:
-        """`started` is the latest status: the effect may or may not have happened."""
-        return self.status == 'started'
+        """`started` is the latest status and no operator answered it: it may or may not have happened."""
+        return self.status == 'started' and self.resolved_offset < 0
+
+    def settle(self) -> None:
+        """Find the resolution that decides the status: the first answering the deciding `started`."""
+        self.resolved_offset = -1
+        if self.status != 'started':
+            return
+        for r in self.resolutions:
+            if r['seq'] == self.status_seq:
+                self.resolved_offset = r['offset']
+                return
 
 
 @dataclass(slots=True)

@@ -31,13 +31,22 @@ EventKind = Literal[
 
 EVENT_KINDS: frozenset[str] = frozenset(EventKind.__args__)  # type: ignore[attr-defined]
 
-ToolEffectStatus = Literal['started', 'annotated', 'completed', 'failed']
-"""A tool call's effect status. `started` as the latest transition means `unknown_after_crash`."""
+ToolEffectStatus = Literal['started', 'annotated', 'completed', 'failed', 'resolved']
+"""A tool call's effect status. `started` as the latest transition means `unknown_after_crash`;
+`resolved` (schema v2) is an operator's answer to that: the effect `happened` or `did_not_happen`."""
 
 TOOL_EFFECT_STATUSES: frozenset[str] = frozenset(ToolEffectStatus.__args__)  # type: ignore[attr-defined]
 
 SnapshotState = Literal['complete', 'interrupted']
 """`complete`: every tool call has its result. `interrupted`: captured with tool work open."""
+
+Resolution = Literal['happened', 'did_not_happen']
+"""What an operator found out about an `unknown_after_crash` effect."""
+
+RESOLUTIONS: frozenset[str] = frozenset(Resolution.__args__)  # type: ignore[attr-defined]
+
+MAX_NOTE_CHARS = 4000
+"""The longest note a resolution may carry; the projector refuses longer ones as `invalid`."""
 
 RunStatus = Literal['running', 'stale', 'completed', 'failed', 'cancelled']
 """A run's status. `stale` is never stored: a reader derives it from a `running` run's last record time."""
@@ -108,6 +117,12 @@ class ToolEffectTransition:
     idempotency_key: str | None = None
     effect_summary: str | None = None
     error: str | None = None
+    resolution: Resolution | None = None
+    """Since schema v2, `resolved` only: what the operator found out."""
+    resolved_by: str | None = None
+    """Since schema v2, `resolved` only: the operator (the `writer_id` is the process that wrote it)."""
+    note: str | None = None
+    """Since schema v2, `resolved` only: why, in the operator's words."""
 
 
 LogRecord = StepEvent | ToolEffectTransition
@@ -160,6 +175,26 @@ class ContinuableSnapshot:
 
 
 @dataclass(kw_only=True, slots=True)
+class EffectResolution:
+    """An operator's resolution of an effect, as the ledger keeps it (applied or not)."""
+
+    resolution: Resolution
+    resolved_by: str
+    writer_id: str
+    resolved_at: datetime
+    note: str
+    resolves_seq: int
+    """The seq of the `started` transition it answers."""
+    applied: bool
+    """Whether it decides the effect's status: it answers the `started` transition that is still
+    the effect's latest, and no earlier resolution did. Otherwise it is history only."""
+
+
+def _no_resolutions() -> list[EffectResolution]:
+    return []
+
+
+@dataclass(kw_only=True, slots=True)
 class ToolEffectRecord:
     """The merged state of one tool call's effect: the latest status plus what was annotated."""
 
@@ -173,6 +208,12 @@ class ToolEffectRecord:
     effect_summary: str | None = None
     error: str | None = None
     last_seq: int = -1
+    status_seq: int = -1
+    """The seq of the transition that decides the status (for `started`: what a resolution answers)."""
+    resolution: EffectResolution | None = None
+    """The operator's resolution that decides the status (`resolved`), if any."""
+    resolutions: list[EffectResolution] = field(default_factory=_no_resolutions)
+    """Every resolution written for this call, oldest first: the audit trail."""
 
     @property
     def unknown_after_crash(self) -> bool:

@@ -7,7 +7,8 @@ async with running(app_for(settings), port=0) as served:
     print(f'{served.url}/ (explorer), {served.url}/openapi.json (the API)')
 ```
 
-Every read goes through `ProjectionReader`; the service never writes the projection.
+Every read goes through `ProjectionReader`; the service never writes the projection. Its one
+write, an operator's resolution of an unknown effect, is appended to the log like any other.
 """
 
 from stepstream.serve._app import create_app
@@ -18,7 +19,9 @@ from stepstream.serve._server import (
     app_for,
     check_binding,
     is_loopback,
+    listen,
     running,
+    url_of,
 )
 from stepstream.serve._source import Source
 
@@ -31,5 +34,7 @@ __all__ = [
     'check_binding',
     'create_app',
     'is_loopback',
+    'listen',
     'running',
+    'url_of',
 ]

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Path, Query, Request
+from fastapi import APIRouter, HTTPException, Path, Query, Request
 from fastapi.responses import Response
 
 from stepstream.serve._models import (
@@ -12,6 +13,8 @@ from stepstream.serve._models import (
     Event,
     Lineage,
     Problem,
+    Resolved,
+    ResolveRequest,
     Run,
     RunPage,
     Snapshot,
@@ -49,6 +52,13 @@ async def list_runs(
     agent_name: str | None = None,
     order: Annotated[Literal['started', '-started'], Query(description='-started: newest first')] = 'started',
     after: Annotated[str | None, Query(description="The previous page's next_after.")] = None,
+    after_started: Annotated[
+        datetime | None,
+        Query(
+            description='With `after`: its started_at. The page then starts at that place in the order '
+            'even if `after` is not a run this service holds (how group members merge their pages).'
+        ),
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
 ) -> RunPage:
     """Runs matching every filter, in the order they started (`order=-started`: newest first)."""
@@ -59,6 +69,7 @@ async def list_runs(
         agent_name=agent_name,
         newest_first=order == '-started',
         after=after,
+        after_started=after_started,
         limit=limit,
     )
 
@@ -126,6 +137,39 @@ async def get_snapshot(request: Request, run_id: RunId, snapshot_seq: Annotated[
 async def lineage(request: Request, run_id: RunId) -> Lineage:
     """The root of the run's lineage and the whole tree under it."""
     return await source(request).lineage(run_id)
+
+
+@router.post(
+    '/runs/{run_id}/tool-effects/{tool_call_id}/resolution',
+    response_model=Resolved,
+    summary='Resolve an unknown effect',
+    responses={
+        **NOT_FOUND,
+        400: {'model': Problem, 'description': 'A note of blanks, or an operator name the log refuses.'},
+        409: {
+            'model': Problem,
+            'description': 'The effect is not unknown_after_crash (it ended or was resolved).',
+        },
+    },
+)
+async def resolve(
+    request: Request,
+    run_id: RunId,
+    tool_call_id: Annotated[str, Path(description='The tool call whose effect is unknown_after_crash.')],
+    body: ResolveRequest,
+) -> Resolved:
+    """Record whether an `unknown_after_crash` effect happened, who says so and why.
+
+    The resolution is appended to the tool-effects topic (an audited write, never a change of the
+    projection); the answer comes once the broker acknowledged it, with the effect as this
+    service's projection shows it then (`applied`: whether it shows the resolution yet).
+    """
+    try:
+        return await source(request).resolve(
+            run_id, tool_call_id, resolution=body.resolution, note=body.note, operator=body.operator
+        )
+    except ValueError as exc:  # a note of blanks, an operator name the log would refuse
+        raise HTTPException(400, str(exc)) from None
 
 
 @router.get('/unresolved', response_model=list[ToolEffect], summary='Unresolved tool effects')

@@ -11,10 +11,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
-from stepstream.errors import StepStreamError
+from stepstream.errors import NotUnknown, StepStreamError
 from stepstream.projector import ShardUnavailable
 from stepstream.serve import _api, _explorer
 from stepstream.serve._auth import authorized
+from stepstream.serve._group import FORWARDED_HEADER, forwarded
 from stepstream.serve._source import NotFound, Source
 
 PUBLIC_PATHS = ('/login', '/static/')
@@ -38,6 +39,7 @@ def create_app(
         try:
             yield
         finally:
+            await source.aclose()
             if on_close is not None:
                 on_close()
 
@@ -58,6 +60,10 @@ def create_app(
     @app.exception_handler(NotFound)
     async def not_found(request: Request, exc: NotFound) -> Response:
         return _problem(request, 404, str(exc))
+
+    @app.exception_handler(NotUnknown)
+    async def not_unknown(request: Request, exc: NotUnknown) -> Response:
+        return _problem(request, 409, str(exc))
 
     @app.exception_handler(ShardUnavailable)
     async def shard_unavailable(request: Request, exc: ShardUnavailable) -> Response:
@@ -82,6 +88,8 @@ def create_app(
                 )
             target = request.url.path + (f'?{request.url.query}' if request.url.query else '')
             return RedirectResponse(f'/login?next={quote(target)}', status_code=303)
+        # A member's request on a client's behalf: answered from this member's shards only.
+        forwarded.set(request.headers.get(FORWARDED_HEADER) == '1')
         response = await call_next(request)
         response.headers.setdefault('Content-Security-Policy', PAGE_POLICY)
         response.headers.setdefault('X-Content-Type-Options', 'nosniff')

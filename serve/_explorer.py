@@ -1,14 +1,15 @@
 """The run explorer: server-rendered pages over the same `Source` the JSON API reads.
 
 No build step: Jinja templates and one small script and stylesheet, committed beside this file.
-Every page is a plain GET, so a link to it can be shared; the only form that posts is `/login`.
+Every page is a plain GET, so a link to it can be shared; the forms that post are `/login` and
+the resolve form of an unknown effect (same origin only).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated, Any
-from urllib.parse import parse_qs, urlencode
+from urllib.parse import parse_qs, quote, urlencode, urlsplit
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
@@ -56,7 +57,13 @@ async def runs(
         'parent_run_id': parent_run_id,
     }
     page = await _source(request).runs(
-        **{k: v or None for k, v in filters.items()}, newest_first=True, after=after or None, limit=limit
+        conversation_id=conversation_id or None,
+        parent_run_id=parent_run_id or None,
+        status=filters['status'] or None,
+        agent_name=agent_name or None,
+        newest_first=True,
+        after=after or None,
+        limit=limit,
     )
     query = {k: v for k, v in filters.items() if v}
     more = f'/?{urlencode({**query, "after": page.next_after})}' if page.next_after else None
@@ -136,6 +143,41 @@ async def snapshot_diff(
     return _page(
         request, 'diff.html', run=record, a=a, b=b, seqs=seqs, rows=diff(left.messages, right.messages)
     )
+
+
+@router.post('/runs/{run_id}/effects/{tool_call_id}/resolve')
+async def resolve(request: Request, run_id: str, tool_call_id: str) -> Response:
+    """The resolve form of a highlighted unknown effect: append the resolution, back to the run."""
+    if not _same_origin(request):
+        return error_page(request, 403, "a resolution must be posted from this service's own pages")
+    form = parse_qs((await request.body()).decode('utf-8', 'replace'))
+    resolution, note = form.get('resolution', [''])[0], form.get('note', [''])[0]
+    if resolution not in ('happened', 'did_not_happen') or not note.strip():
+        return error_page(request, 422, 'say whether the side effect happened, and why (a note)')
+    await _source(request).resolve(
+        run_id,
+        tool_call_id,
+        resolution='happened' if resolution == 'happened' else 'did_not_happen',
+        note=note,
+        operator=None,
+    )
+    return RedirectResponse(f'/runs/{quote(run_id, safe="")}', status_code=303)
+
+
+def _same_origin(request: Request) -> bool:
+    """Whether a form post comes from a page of this service (no other site may post one).
+
+    Without a token the service has no other gate, so a page elsewhere must not make a browser
+    on this machine post a resolution. Browsers say where a request comes from in
+    `Sec-Fetch-Site`; older ones send `Origin` (which our `no-referrer` policy may turn to `null`).
+    """
+    site = request.headers.get('sec-fetch-site')
+    if site is not None:
+        return site == 'same-origin'
+    origin = request.headers.get('origin')
+    if origin is None:
+        return True  # not a browser's form post (curl, a script with the token)
+    return urlsplit(origin).netloc == request.headers.get('host', '')
 
 
 @router.get('/unresolved')

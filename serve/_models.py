@@ -8,12 +8,12 @@ is written down here and does not change when a record grows an internal field.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
 from stepstream.projector import ProjectionStatus
-from stepstream.schemas import RunRecord, StepEvent, ToolEffectRecord
+from stepstream.schemas import MAX_NOTE_CHARS, EffectResolution, RunRecord, StepEvent, ToolEffectRecord
 
 
 class Run(BaseModel):
@@ -112,13 +112,64 @@ class Event(BaseModel):
         )
 
 
+class Resolution(BaseModel):
+    """An operator's resolution of an unknown effect, as the ledger keeps it."""
+
+    resolution: Literal['happened', 'did_not_happen']
+    resolved_by: str = Field(description='The operator (their settings, or their OS user).')
+    writer_id: str = Field(description='The process that wrote the resolution to the log.')
+    resolved_at: datetime
+    note: str
+    resolves_seq: int = Field(description='The seq of the `started` transition it answers.')
+    applied: bool = Field(
+        description='Whether it decides the status; false: history only (the effect had ended, or '
+        'an earlier resolution decided it).'
+    )
+
+    @classmethod
+    def of(cls, r: EffectResolution) -> Resolution:
+        """The API shape of an `EffectResolution`."""
+        return cls(
+            resolution=r.resolution,
+            resolved_by=r.resolved_by,
+            writer_id=r.writer_id,
+            resolved_at=r.resolved_at,
+            note=r.note,
+            resolves_seq=r.resolves_seq,
+            applied=r.applied,
+        )
+
+
+class ResolveRequest(BaseModel):
+    """An operator's answer to an `unknown_after_crash` effect."""
+
+    resolution: Literal['happened', 'did_not_happen'] = Field(
+        description='Whether the side effect happened (found it done) or did not (safe to retry).'
+    )
+    note: str = Field(min_length=1, max_length=MAX_NOTE_CHARS, description='Why: what was checked.')
+    operator: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description="Who resolves it; default: the service's STEPSTREAM_OPERATOR (or its OS user).",
+    )
+
+
+class Resolved(BaseModel):
+    """A resolution written to the log, and the effect as the projection shows it now."""
+
+    written: Resolution
+    applied: bool = Field(description='Whether the projection read here shows it already.')
+    effect: ToolEffect
+
+
 class ToolEffect(BaseModel):
     """The merged state of one tool call's side effect."""
 
     run_id: str
     tool_call_id: str
     tool_name: str
-    status: str = Field(description='started | annotated | completed | failed')
+    status: str = Field(description='started | annotated | completed | failed | resolved (by an operator)')
     unknown_after_crash: bool = Field(
         description='No terminal transition: the side effect may or may not have happened.'
     )
@@ -128,6 +179,8 @@ class ToolEffect(BaseModel):
     effect_summary: str | None
     error: str | None
     last_seq: int
+    resolution: Resolution | None = Field(description="The operator's resolution that decides the status.")
+    resolutions: list[Resolution] = Field(description='Every resolution written for the call, oldest first.')
 
     @classmethod
     def of(cls, effect: ToolEffectRecord) -> ToolEffect:
@@ -144,6 +197,8 @@ class ToolEffect(BaseModel):
             effect_summary=effect.effect_summary,
             error=effect.error,
             last_seq=effect.last_seq,
+            resolution=Resolution.of(effect.resolution) if effect.resolution is not None else None,
+            resolutions=[Resolution.of(r) for r in effect.resolutions],
         )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import socket
 from collections.abc import AsyncIterator, Iterator
 
 import uvicorn
@@ -12,8 +13,9 @@ from fastapi import FastAPI
 
 from stepstream.errors import UsageError
 from stepstream.media import MediaStore, S3MediaStore
-from stepstream.projector import ProjectionReader
+from stepstream.projector import Membership, ProjectionReader
 from stepstream.serve._app import create_app
+from stepstream.serve._group import Peers
 from stepstream.serve._source import Source
 from stepstream.settings import Settings
 
@@ -42,11 +44,17 @@ def check_binding(host: str, settings: Settings) -> None:
 
 
 def app_for(
-    settings: Settings, reader: ProjectionReader | None = None, media_store: MediaStore | None = None
+    settings: Settings,
+    reader: ProjectionReader | None = None,
+    media_store: MediaStore | None = None,
+    membership: Membership | None = None,
 ) -> FastAPI:
     """The service over `settings.db_path` (or over `reader`), with the settings' media store and token.
 
     A reader passed in stays the caller's to close; one opened here closes with the application.
+    With `membership` (a group member's, see `Projector(membership=)`), the service answers for
+    the whole group: it forwards a run's reads to the member owning its partition and merges
+    lists from every member.
     """
     store = media_store if media_store is not None else S3MediaStore.from_settings(settings)
     owned = reader is None
@@ -56,7 +64,11 @@ def app_for(
         else ProjectionReader.open(settings.db_path, media_store=store, stale_after_s=settings.stale_after_s)
     )
     token = settings.serve_token.get_secret_value() if settings.serve_token is not None else None
-    return create_app(Source(settings, reader, store), token=token, on_close=reader.close if owned else None)
+    peers = None
+    if membership is not None:
+        peers = Peers(membership, token=token, timeout_s=settings.ack_timeout_s * 3)
+    source = Source(settings, reader, store, peers=peers)
+    return create_app(source, token=token, on_close=reader.close if owned else None)
 
 
 class _Server(uvicorn.Server):
@@ -85,13 +97,39 @@ class Served:
         await asyncio.shield(self._task)
 
 
+def listen(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> socket.socket:
+    """A listening socket for `running(sock=)`: a group member must know its URL before it joins.
+
+    `port=0` takes a free port. Raises `UsageError` when the address is taken.
+    """
+    family = socket.AF_INET6 if ':' in host.strip('[]') else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host.strip('[]'), port))
+    except OSError as exc:
+        sock.close()
+        raise UsageError(
+            f'the service could not listen on {host}:{port} (is the port taken?): {exc}'
+        ) from None
+    sock.listen(2048)
+    return sock
+
+
+def url_of(sock: socket.socket) -> str:
+    """The base URL of a socket from `listen`."""
+    bound_host, bound_port = sock.getsockname()[:2]
+    shown = f'[{bound_host}]' if ':' in bound_host else bound_host
+    return f'http://{shown}:{bound_port}'
+
+
 @contextlib.asynccontextmanager
 async def running(
-    app: FastAPI, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT
+    app: FastAPI, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, sock: socket.socket | None = None
 ) -> AsyncIterator[Served]:
     """Serve `app` with uvicorn in this event loop until the block exits.
 
-    `port=0` takes a free port.
+    `port=0` takes a free port; `sock` (from `listen`) serves on a socket bound already.
 
     ```python
     async with running(app_for(settings), port=0) as served:
@@ -100,16 +138,14 @@ async def running(
     """
     config = uvicorn.Config(app, host=host, port=port, log_level='warning', lifespan='on', access_log=False)
     server = _Server(config)
-    task = asyncio.create_task(server.serve())
+    task = asyncio.create_task(server.serve(sockets=[sock] if sock is not None else None))
     while not server.started:  # uvicorn offers no event for this; it takes a few milliseconds
         if task.done():
             await task  # raises what stopped it
             raise UsageError(f'the service could not listen on {host}:{port} (is the port taken?)')
         await asyncio.sleep(0.01)
-    bound_host, bound_port = server.servers[0].sockets[0].getsockname()[:2]
-    shown = f'[{bound_host}]' if ':' in bound_host else bound_host
     try:
-        yield Served(f'http://{shown}:{bound_port}', server, task)
+        yield Served(url_of(server.servers[0].sockets[0]), server, task)
     finally:
         server.should_exit = True
         await task

@@ -9,9 +9,11 @@ The API and the explorer both call this one class, so a page and its JSON twin c
 from __future__ import annotations
 
 import asyncio
+import heapq
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import quote
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
@@ -21,14 +23,23 @@ from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
 from stepstream.errors import StepStreamError
 from stepstream.kafka_client import client_options
 from stepstream.media import MediaContext, MediaStore, link_media, media_uri_for, parse_media_uri
+from stepstream.producer import EventLog, StepLog, resolve_tool_effect, resolver_id
 from stepstream.projector import ProjectionReader
-from stepstream.schemas import ContinuableSnapshot, RunRecord
+from stepstream.schemas import (
+    ContinuableSnapshot,
+    Resolution,
+    RunRecord,
+    ToolEffectRecord,
+    ToolEffectTransition,
+)
+from stepstream.serve._group import NotFoundThere, Peers, forwarded
 from stepstream.serve._models import (
     DeadLetter,
     DeadLetters,
     Event,
     Lineage,
     PartitionLag,
+    Resolved,
     Run,
     RunPage,
     Snapshot,
@@ -38,6 +49,7 @@ from stepstream.serve._models import (
     ToolEffect,
     TreeNode,
 )
+from stepstream.serve._models import Resolution as ResolutionModel
 from stepstream.settings import Settings
 from stepstream.topics import log_end_offsets
 
@@ -52,11 +64,62 @@ class NotFound(LookupError):
 class Source:
     """The read model of one service: a `ProjectionReader`, a media store, and the broker."""
 
-    def __init__(self, settings: Settings, reader: ProjectionReader, media_store: MediaStore | None) -> None:
-        """Serve `reader`'s projection; `media_store` serves offloaded media (None: links fail)."""
+    def __init__(
+        self,
+        settings: Settings,
+        reader: ProjectionReader,
+        media_store: MediaStore | None,
+        log: StepLog | None = None,
+        peers: Peers | None = None,
+    ) -> None:
+        """Serve `reader`'s projection; `media_store` serves offloaded media (None: links fail).
+
+        `log` takes the operators' resolutions; without one, an `EventLog` of the settings is
+        started on the first resolution and closed by `aclose`. `peers`, for a group member:
+        a run's reads go to the member owning its partition, lists merge every member's part.
+        """
         self.settings = settings
         self.reader = reader
         self.media_store = media_store
+        self.peers = peers
+        self._log = log
+        self._owned_log: EventLog | None = None
+        self._log_lock = asyncio.Lock()
+
+    async def aclose(self) -> None:
+        """Close the log this source started, if it did, and the client to the other members."""
+        if self.peers is not None:
+            await self.peers.aclose()
+        if self._owned_log is not None:
+            owned, self._owned_log = self._owned_log, None
+            await owned.close()
+
+    # -- a group's members -------------------------------------------------------------------------
+
+    def _owner(self, run_id: str) -> str | None:
+        """The member that answers for `run_id` when it is not this one."""
+        return None if self.peers is None else self.peers.owner_of(run_id)
+
+    def _merging(self) -> bool:
+        """Whether lists are merged from every member (a group's service, asked by a client)."""
+        if self.peers is None:
+            return False
+        self.reader.only = self.peers.membership.own  # this member's part of every list
+        return not forwarded.get()
+
+    async def _there(self, url: str, path: str, *, method: str = 'GET', **kwargs: Any) -> Any:
+        assert self.peers is not None
+        try:
+            return await self.peers.ask(url, method, path, **kwargs)
+        except NotFoundThere as exc:
+            raise NotFound(str(exc)) from None
+
+    async def _everyone(self, path: str, params: dict[str, Any] | None = None) -> list[Any]:
+        """Every other member's answer to `path` (each answering from its own shards)."""
+        assert self.peers is not None
+        return list(
+            await asyncio.gather(*(self._there(url, path, params=params) for url in self.peers.others()))
+        )
 
     # -- runs --------------------------------------------------------------------------------------
 
@@ -69,25 +132,51 @@ class Source:
         agent_name: str | None = None,
         newest_first: bool = False,
         after: str | None = None,
+        after_started: datetime | None = None,
         limit: int = 50,
     ) -> RunPage:
-        """One page of runs matching the filters."""
+        """One page of runs matching the filters (`after_started`: see `ProjectionReader.list_runs`).
+
+        In a group, every member's page is asked for and the pages are merged in the listing's
+        order, so the page is the one a reader of every shard would give.
+        """
+        merging = self._merging()
+        if merging and after is not None and after_started is None:
+            after_started = (await self.run(after)).started_at
+        filters = {
+            'conversation_id': conversation_id,
+            'parent_run_id': parent_run_id,
+            'status': status,
+            'agent_name': agent_name,
+        }
         try:
-            runs = await self.reader.list_runs(
-                conversation_id=conversation_id,
-                parent_run_id=parent_run_id,
-                status=status,
-                agent_name=agent_name,
+            local = await self.reader.list_runs(
+                **filters,
                 newest_first=newest_first,
                 after=after,
+                after_started=after_started,
                 limit=limit + 1,
             )
         except LookupError as exc:
             raise NotFound(str(exc)) from None
-        page = runs[:limit]
-        return RunPage(
-            runs=[Run.of(r) for r in page], next_after=page[-1].run_id if len(runs) > limit else None
-        )
+        parts = [[Run.of(r) for r in local]]
+        more = len(local) > limit
+        if merging:
+            params = {
+                **filters,
+                'order': '-started' if newest_first else 'started',
+                'after': after,
+                'after_started': after_started.isoformat() if after_started is not None else None,
+                'limit': limit,
+            }
+            for answer in await self._everyone('/api/runs', params):
+                page = RunPage.model_validate(answer)
+                parts.append(page.runs)
+                more = more or page.next_after is not None
+        merged = list(heapq.merge(*parts, key=_started_order, reverse=newest_first))
+        page_runs = merged[:limit]
+        more = more or len(merged) > limit
+        return RunPage(runs=page_runs, next_after=page_runs[-1].run_id if more and page_runs else None)
 
     async def run_record(self, run_id: str) -> RunRecord:
         """The run, or `NotFound`."""
@@ -98,20 +187,29 @@ class Source:
 
     async def run(self, run_id: str) -> Run:
         """The run, or `NotFound`."""
+        if url := self._owner(run_id):
+            return Run.model_validate(await self._there(url, _run_path(run_id)))
         return Run.of(await self.run_record(run_id))
 
     async def events(self, run_id: str) -> list[Event]:
         """The run's step events in seq order."""
+        if url := self._owner(run_id):
+            return [Event.model_validate(e) for e in await self._there(url, _run_path(run_id, '/events'))]
         await self.run_record(run_id)
         return [Event.of(e) for e in await self.reader.list_events(run_id)]
 
     async def effects(self, run_id: str) -> list[ToolEffect]:
         """The run's tool effects in the order the calls started."""
+        if url := self._owner(run_id):
+            answer = await self._there(url, _run_path(run_id, '/tool-effects'))
+            return [ToolEffect.model_validate(e) for e in answer]
         await self.run_record(run_id)
         return [ToolEffect.of(e) for e in await self.reader.list_tool_effects(run_id)]
 
     async def lineage(self, run_id: str) -> Lineage:
         """The root of the run's lineage and the tree under it."""
+        if self.peers is not None:
+            return await self._group_lineage(run_id)
         root = await self.reader.root_of(run_id)
         if root is None:
             raise NotFound(f'no run {run_id!r} in the projection')
@@ -123,18 +221,139 @@ class Source:
             nodes.append(TreeNode(depth=depth[run.run_id], run=Run.of(run)))
         return Lineage(root=Run.of(root), tree=nodes)
 
+    async def _group_lineage(self, run_id: str) -> Lineage:
+        """`lineage` across members: parents and children may be in any member's shards."""
+        root, seen = await self.run(run_id), {run_id}
+        while root.parent_run_id is not None and root.parent_run_id not in seen:
+            seen.add(root.parent_run_id)
+            try:
+                root = await self.run(root.parent_run_id)
+            except NotFound:
+                break
+        nodes: list[TreeNode] = []
+        stack, placed = [(root, 0)], {root.run_id}
+        while stack:
+            run, depth = stack.pop()
+            nodes.append(TreeNode(depth=depth, run=run))
+            children = [
+                c
+                for c in (await self.runs(parent_run_id=run.run_id, limit=1000)).runs
+                if c.run_id not in placed
+            ]
+            placed.update(c.run_id for c in children)
+            stack.extend((c, depth + 1) for c in reversed(children))
+        return Lineage(root=root, tree=nodes)
+
     async def unresolved(self) -> list[ToolEffect]:
         """Every effect in `unknown_after_crash`, across all runs, oldest first."""
-        return [ToolEffect.of(e) for e in await self.reader.list_unresolved_tool_effects()]
+        merging = self._merging()
+        parts = [[ToolEffect.of(e) for e in await self.reader.list_unresolved_tool_effects()]]
+        if merging:
+            for answer in await self._everyone('/api/unresolved'):
+                parts.append([ToolEffect.model_validate(e) for e in answer])
+        return list(heapq.merge(*parts, key=_effect_order))
+
+    # -- the one write: an operator's resolution ----------------------------------------------------
+
+    async def resolve(
+        self, run_id: str, tool_call_id: str, *, resolution: Resolution, note: str, operator: str | None
+    ) -> Resolved:
+        """Append an operator's resolution of an `unknown_after_crash` effect to the log.
+
+        `NotFound` for an unknown run or call, `NotUnknown` for an effect that is not unknown.
+        Returns once the broker acknowledged it, and once this service's projection shows it
+        or the settings' timeout passed (`applied` says which). In a group, the member that
+        owns the run's partition writes it.
+        """
+        if url := self._owner(run_id):
+            body = {'resolution': resolution, 'note': note, 'operator': operator}
+            path = _run_path(run_id, f'/tool-effects/{quote(tool_call_id, safe="")}/resolution')
+            return Resolved.model_validate(await self._there(url, path, method='POST', body=body))
+        await self.run_record(run_id)
+        effect = await self.reader.get_tool_effect(run_id, tool_call_id)
+        if effect is None:
+            raise NotFound(f'run {run_id!r} has no tool call {tool_call_id!r} in the projection')
+        record = await resolve_tool_effect(
+            await self._writer(),
+            effect,
+            resolution=resolution,
+            note=note,
+            operator=operator or self.settings.operator_name,
+            writer_id=resolver_id('serve'),
+        )
+        shown = await self._wait_shown(record)
+        now = shown or await self.reader.get_tool_effect(run_id, tool_call_id) or effect
+        written = next(
+            (
+                r
+                for r in now.resolutions
+                if (r.writer_id, r.resolved_at) == (record.writer_id, record.timestamp)
+            ),
+            None,
+        )
+        return Resolved(
+            written=ResolutionModel.of(written)
+            if written is not None
+            else ResolutionModel(
+                resolution=resolution,
+                resolved_by=record.resolved_by or '',
+                writer_id=record.writer_id,
+                resolved_at=record.timestamp,
+                note=note,
+                resolves_seq=record.seq,
+                applied=False,
+            ),
+            applied=shown is not None,
+            effect=ToolEffect.of(now),
+        )
+
+    async def _writer(self) -> StepLog:
+        if self._log is not None:
+            return self._log
+        async with self._log_lock:
+            if self._owned_log is None:
+                log = EventLog(self.settings, create_topics=False)
+                await log.start()
+                self._owned_log = log
+            return self._owned_log
+
+    async def _wait_shown(self, record: ToolEffectTransition) -> ToolEffectRecord | None:
+        """The effect once the projection shows `record` in its ledger, or None after the timeout.
+
+        The reader is a RocksDB secondary: it offers no change notification, so it is asked again
+        every 50 ms (each ask catches up with the primary).
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.ack_timeout_s
+        while True:
+            effect = await self.reader.get_tool_effect(record.run_id, record.tool_call_id)
+            if effect is not None and any(
+                (r.writer_id, r.resolved_at) == (record.writer_id, record.timestamp)
+                for r in effect.resolutions
+            ):
+                return effect
+            if loop.time() >= deadline:
+                return None
+            await asyncio.sleep(0.05)
 
     async def conflicts(self) -> list[Run]:
         """Runs whose run_id more than one writer claimed."""
-        return [Run.of(r) for r in await self.reader.list_conflicts()]
+        merging = self._merging()
+        parts = [[Run.of(r) for r in await self.reader.list_conflicts()]]
+        if merging:
+            for answer in await self._everyone('/api/conflicts'):
+                parts.append([Run.model_validate(r) for r in answer])
+        return list(heapq.merge(*parts, key=_started_order))
 
     # -- snapshots ---------------------------------------------------------------------------------
 
     async def snapshots(self, run_id: str, *, after: int | None = None, limit: int = 100) -> SnapshotPage:
         """A page of the run's retained snapshots (any state), without their messages."""
+        if url := self._owner(run_id):
+            answer = await self._there(
+                url, _run_path(run_id, '/snapshots'), params={'after': after, 'limit': limit}
+            )
+            return SnapshotPage.model_validate(answer)
         await self.run_record(run_id)
         found = await self.reader.list_snapshots(
             run_id, include_interrupted=True, after=after, limit=limit + 1, restore=False
@@ -147,6 +366,18 @@ class Source:
 
     async def snapshot(self, run_id: str, snapshot_seq: int | None = None) -> ContinuableSnapshot:
         """One snapshot (the latest of any state without `snapshot_seq`), media as links."""
+        if self._owner(run_id):
+            snap = await self.snapshot_json(run_id, snapshot_seq)
+            return ContinuableSnapshot(
+                run_id=snap.run_id,
+                step_index=snap.step_index,
+                messages=ModelMessagesTypeAdapter.validate_python(snap.messages),
+                snapshot_seq=snap.snapshot_seq,
+                seq=snap.seq,
+                timestamp=snap.timestamp,
+                state='complete' if snap.state == 'complete' else 'interrupted',
+                idempotency_key=snap.idempotency_key,
+            )
         if snapshot_seq is None:
             latest = await self.reader.list_snapshots(run_id, include_interrupted=True, restore=False)
             found = latest[-1] if latest else None
@@ -162,6 +393,9 @@ class Source:
 
     async def snapshot_json(self, run_id: str, snapshot_seq: int | None = None) -> Snapshot:
         """`snapshot` in the API's shape: the messages as Pydantic AI's JSON."""
+        if url := self._owner(run_id):
+            which = 'latest' if snapshot_seq is None else str(snapshot_seq)
+            return Snapshot.model_validate(await self._there(url, _run_path(run_id, f'/snapshots/{which}')))
         snap = await self.snapshot(run_id, snapshot_seq)
         return Snapshot(**_summary(snap).model_dump(), messages=messages_json(snap.messages))
 
@@ -340,3 +574,20 @@ def _dead_letter(record: Any) -> DeadLetter:
         value_bytes=len(record.value or b''),
         envelope=headers.get('stepstream-dlq-envelope') == b'1',
     )
+
+
+def _run_path(run_id: str, rest: str = '') -> str:
+    return f'/api/runs/{quote(run_id, safe="")}{rest}'
+
+
+_NEVER = datetime.min.replace(tzinfo=UTC)
+
+
+def _started_order(run: Run) -> tuple[datetime, str]:
+    """The order of the runs indexes (decision 0009): when the run started, then its id."""
+    return (run.started_at or _NEVER, run.run_id)
+
+
+def _effect_order(effect: ToolEffect) -> tuple[datetime, str, str]:
+    """The order of the unresolved sweep: when the call started, then run and call."""
+    return (effect.started_at or _NEVER, effect.run_id, effect.tool_call_id)

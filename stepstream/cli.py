@@ -209,7 +209,33 @@ def _parser() -> argparse.ArgumentParser:
     unresolved.add_argument('run_id', nargs='?', help='only this run (default: every run)')
     conflicts = command('conflicts', _conflicts, 'List run ids claimed by more than one writer.')
 
-    for p in (runs, tree, events, snapshot, unresolved, conflicts, status):
+    resolve = command(
+        'resolve',
+        _resolve,
+        'Resolve an unknown_after_crash tool effect: say whether its side effect happened, and why.',
+    )
+    resolve.add_argument('run_id', help='the run')
+    resolve.add_argument('tool_call_id', help='the tool call whose effect is unknown_after_crash')
+    answer = resolve.add_mutually_exclusive_group(required=True)
+    answer.add_argument(
+        '--happened',
+        dest='resolution',
+        action='store_const',
+        const='happened',
+        help='the side effect happened',
+    )
+    answer.add_argument(
+        '--did-not-happen',
+        dest='resolution',
+        action='store_const',
+        const='did_not_happen',
+        help='the side effect did not happen',
+    )
+    resolve.add_argument(
+        '--note', required=True, help='why: what you checked (kept in the log with your name)'
+    )
+
+    for p in (runs, tree, events, snapshot, unresolved, conflicts, status, resolve):
         p.add_argument('--json', action='store_true', help='machine-readable output')
 
     serve = command('serve', _serve, 'Serve the projection over HTTP: a JSON API and the run explorer.')
@@ -217,6 +243,27 @@ def _parser() -> argparse.ArgumentParser:
         '--host', default='127.0.0.1', help='address to bind (beyond loopback: needs STEPSTREAM_SERVE_TOKEN)'
     )
     serve.add_argument('--port', type=int, default=8321, help='port to listen on')
+    serve.add_argument(
+        '--group',
+        metavar='NAME',
+        help='also be a projector member of this consumer group: serve its shards and answer for '
+        "the other members' (each a `stepstream serve --group NAME`)",
+    )
+    serve.add_argument(
+        '--advertise',
+        metavar='URL',
+        help='with --group: the URL the other members reach this one at (default: http://HOST:PORT)',
+    )
+    serve.add_argument(
+        '--checkpoint-interval',
+        type=float,
+        default=60.0,
+        metavar='SECONDS',
+        help='as for `stepstream projector`',
+    )
+    serve.add_argument(
+        '--session-timeout', type=float, default=10.0, metavar='SECONDS', help='as for `stepstream projector`'
+    )
     return parser
 
 
@@ -331,6 +378,8 @@ async def _serve(args: argparse.Namespace, settings: Settings) -> int:
         ) from None
 
     check_binding(args.host, settings)
+    if args.group is not None:
+        return await _serve_member(args, settings)
     async with running(app_for(settings), host=args.host, port=args.port) as served:
         for sig in (signal.SIGTERM, signal.SIGINT):
             asyncio.get_running_loop().add_signal_handler(sig, served.stop)
@@ -339,6 +388,50 @@ async def _serve(args: argparse.Namespace, settings: Settings) -> int:
             flush=True,
         )
         await served.wait()
+    return EXIT_OK
+
+
+async def _serve_member(args: argparse.Namespace, settings: Settings) -> int:
+    """`serve --group`: a projector member that serves its shards and answers for the group."""
+    from stepstream.projector import Checkpoints, Membership, Projector
+    from stepstream.serve import app_for, listen, running, url_of
+
+    if args.advertise is None and args.host in ('0.0.0.0', '::', '[::]'):
+        raise UsageError(f'--host {args.host} is no address another member can reach: give --advertise URL')
+    sock = listen(args.host, args.port)
+    membership = Membership(endpoint=args.advertise or url_of(sock))
+    checkpoints = None
+    if args.checkpoint_interval > 0:
+        checkpoints = Checkpoints.from_settings(
+            settings, group=args.group, interval_s=args.checkpoint_interval
+        )
+    member = Projector(
+        settings,
+        group=args.group,
+        membership=membership,
+        checkpoints=checkpoints,
+        session_timeout_ms=int(args.session_timeout * 1000),
+    )
+    async with (
+        member,
+        running(app_for(settings, reader=member.reader(), membership=membership), sock=sock) as served,
+    ):
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            asyncio.get_running_loop().add_signal_handler(sig, served.stop)
+        print(
+            f'stepstream serve: explorer at {served.url}/ (member of {args.group}, '
+            f'advertised as {membership.endpoint})',
+            flush=True,
+        )
+        serving = asyncio.create_task(served.wait())
+        consuming = asyncio.create_task(member.join())
+        await asyncio.wait([serving, consuming], return_when=asyncio.FIRST_COMPLETED)
+        if consuming.done():  # the member failed: its error leaves the `async with` (exit 1)
+            served.stop()
+            await serving
+            consuming.result()
+            return EXIT_FAILED
+        consuming.cancel()
     return EXIT_OK
 
 
@@ -510,6 +603,38 @@ async def _unresolved(args: argparse.Namespace, settings: Settings) -> int:
         return [UnresolvedEffect(effect, statuses[effect.run_id]) for effect in effects]
 
     return await _show(args, settings, fetch, unresolved_table, run_id=args.run_id)
+
+
+async def _resolve(args: argparse.Namespace, settings: Settings) -> int:
+    from stepstream.producer import EventLog, resolve_tool_effect, resolver_id
+    from stepstream.render import to_json
+
+    async with _reader(settings) as reader:
+        await _known_run(reader, args.run_id, settings)
+        effect = await reader.get_tool_effect(args.run_id, args.tool_call_id)
+    if effect is None:
+        raise NotFound(
+            f'run {args.run_id!r} has no tool call {args.tool_call_id!r} '
+            f'in the projection at {settings.db_path}'
+        )
+    async with EventLog(settings, create_topics=False) as log:
+        record = await resolve_tool_effect(
+            log,
+            effect,
+            resolution=args.resolution,
+            note=args.note,
+            operator=settings.operator_name,
+            writer_id=resolver_id('cli'),
+        )
+    if args.json:
+        print(to_json(record))
+    else:
+        print(
+            f'resolved {record.tool_call_id} of {record.run_id} as {record.resolution} '
+            f'by {record.resolved_by} '
+            f'(written to {settings.tool_effects_topic}; views show it once the projector applies it)'
+        )
+    return EXIT_OK
 
 
 async def _conflicts(args: argparse.Namespace, settings: Settings) -> int:

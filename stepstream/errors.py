@@ -68,3 +68,11 @@ class NotFound(StepStreamError, LookupError):
 
     Every view of one run raises it for an unknown run id; the CLI exits with code 1.
     """
+
+
+class NotUnknown(StepStreamError):
+    """An operator tried to resolve a tool effect that is not `unknown_after_crash` (any more).
+
+    Only an effect whose side effect may or may not have happened needs an operator's answer;
+    one that completed, failed or was resolved already keeps its status.
+    """

@@ -11,6 +11,7 @@ import argparse
 import ast
 import dataclasses
 import functools
+import getpass
 import inspect
 import itertools
 import os
@@ -87,6 +88,9 @@ class Settings:
     a flag); needed to serve on anything but loopback, and enforced on every request when set."""
     stale_after_s: float = 600.0
     """Views show a `running` run as `stale` once it has had no record for this many seconds."""
+    operator: str | None = None
+    """Who resolves unknown tool effects from this process (`stepstream resolve`, the explorer); the
+    OS user when unset. Recorded in the log with every resolution."""
 
     def __post_init__(self) -> None:
         if not self.topic_prefix or any(c not in _TOPIC_CHARS for c in self.topic_prefix):
@@ -150,6 +154,16 @@ class Settings:
             )
         if self.ssl_keyfile and not self.ssl_certfile:
             raise ValueError(f'{_name("ssl_keyfile")} is set without {_name("ssl_certfile")}')
+
+    @property
+    def operator_name(self) -> str:
+        """The operator this process resolves effects as: `operator`, else the OS user."""
+        if self.operator:
+            return self.operator
+        try:
+            return getpass.getuser()
+        except (KeyError, OSError):  # no name for this uid (a container)
+            return f'uid-{os.getuid()}'
 
     @property
     def uses_tls(self) -> bool:

@@ -69,6 +69,12 @@ class Served:
         """Wait until the projection holds everything written so far."""
         await self.projector.wait_for(await self.log.flush())
 
+    async def add_crashed_run(self, run_id: str) -> str:
+        """One more run cancelled in the middle of its tool (an unknown effect), applied on return."""
+        await crash_in_tool(self.log, run_id, conversation_id=f'conv-{run_id}')
+        await self.settle()
+        return run_id
+
     async def add_run(self, conversation_id: str, agent_name: str = 'latecomer') -> str:
         """One more finished run, applied before this returns; its run_id."""
         agent = Agent(answers('late'), capabilities=[StepPersistence(log=self.log, agent_name=agent_name)])
@@ -103,9 +109,14 @@ async def _write_runs(log: EventLog) -> None:
         ['what is in this image?', BinaryContent(IMAGE, media_type='image/png')], conversation_id='conv-image'
     )
 
+    await crash_in_tool(log, 'publisher-crash', conversation_id='conv-crash')
+
+
+async def crash_in_tool(log: EventLog, run_id: str, *, conversation_id: str) -> None:
+    """A publisher run cancelled in the middle of its tool: its effect is left `unknown_after_crash`."""
     publisher = Agent(
         calls_then_answers('send_announcement'),
-        capabilities=[StepPersistence(log=log, agent_name='publisher', run_id='publisher-crash')],
+        capabilities=[StepPersistence(log=log, agent_name='publisher', run_id=run_id)],
     )
     entered = asyncio.Event()
 
@@ -116,7 +127,7 @@ async def _write_runs(log: EventLog) -> None:
         await asyncio.sleep(3600)  # cancelled here, in the middle of the side effect
         return 'posted'
 
-    task = asyncio.create_task(publisher.run('announce the release', conversation_id='conv-crash'))
+    task = asyncio.create_task(publisher.run('announce the release', conversation_id=conversation_id))
     await asyncio.wait_for(entered.wait(), 30)
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):

@@ -65,7 +65,7 @@ TAIL = ModelMessagesTypeAdapter.dump_json([ModelRequest(parts=[UserPromptPart('h
 SEQ_JUMP = 50  # a small limit, so that generated seqs cross it
 
 RUN_IDS = ['run-a', 'run-a', 'run-b', 'run-c']
-WRITERS = ['owner', 'owner', 'owner', 'intruder', 'w\x00x']
+WRITERS = ['owner', 'owner', 'owner', 'intruder', 'w\x00x', 'operator']
 CALLS = ['c1', 'c\x00', 'c\x00\x01', '']
 PARENTS = [None, 'run-a', 'run-b', 'run-zzz']
 KINDS = [
@@ -79,7 +79,7 @@ KINDS = [
     'snapshot_saved',
     'snapshot_saved',
 ]
-STATUSES = ['started', 'started', 'completed', 'failed', 'annotated']
+STATUSES = ['started', 'started', 'completed', 'failed', 'annotated', 'resolved']
 HOSTILE = [
     'garbage',
     'tombstone',
@@ -92,6 +92,7 @@ HOSTILE = [
     'long_id',
     'negative_seq',
     'big_value',
+    'bad_resolution',
 ]
 
 
@@ -149,6 +150,9 @@ def logs(draw: st.DrawFn) -> list[Op]:
                 out.append(op)  # an exact repeat (a producer retry)
             if draw(st.integers(0, 5)) == 0:
                 out.append(replace(op, minute=op.minute + 1))  # another record at the same seq
+            if not op.is_event and op.status == 'started' and draw(st.integers(0, 2)) == 0:
+                # an operator's answer to it (it holds no seq of the run)
+                out.append(replace(op, writer='operator', status='resolved', minute=op.minute + 2))
     out += draw(st.lists(ops, max_size=12))
     return draw(st.permutations(out))
 
@@ -183,6 +187,7 @@ def to_source(op: Op, offsets: dict[tuple[int, int], int]) -> SourceRecord:
             snapshot=snapshot,
         )
     else:
+        resolved = op.status == 'resolved' or op.hostile == 'bad_resolution'
         record = ToolEffectTransition(
             run_id=run_id,
             seq=seq,
@@ -192,6 +197,11 @@ def to_source(op: Op, offsets: dict[tuple[int, int], int]) -> SourceRecord:
             tool_name=f'tool-{op.minute}',
             status=op.status,  # type: ignore[arg-type]
             error=error,
+            resolution=('did_not_happen' if op.minute % 2 else 'happened') if resolved else None,
+            resolved_by='ops@example' if resolved else None,
+            note=('' if op.hostile == 'bad_resolution' else f'checked at minute {op.minute}')
+            if resolved
+            else None,
         )
     value: bytes | None = encode(record)
     key: bytes | None = run_id.encode()
@@ -358,7 +368,9 @@ def test_views_agree_with_each_other(generated: list[Op]) -> None:
             txn.commit()
             assert {dead.reason for dead in outcome.dead} <= set(DLQ_REASONS)
             refused = sum(
-                op.hostile not in (None, 'big_value') and (op.hostile != 'unknown_kind' or op.is_event)
+                op.hostile not in (None, 'big_value')
+                and (op.hostile != 'unknown_kind' or op.is_event)
+                and (op.hostile != 'bad_resolution' or not op.is_event)
                 for op in generated
             )
             assert len(outcome.dead) >= refused  # every record that cannot apply was refused
@@ -378,6 +390,10 @@ async def check_views(reader: ProjectionReader) -> None:
         assert {e.tool_call_id for e in effects if e.unknown_after_crash} == {
             e.tool_call_id for e in unresolved
         }
+        for effect in effects:  # resolved: by exactly the first resolution of its latest `started`
+            applied = [r for r in effect.resolutions if r.applied]
+            assert (effect.status == 'resolved') == bool(applied) == (effect.resolution is not None)
+            assert len(applied) <= 1 and not (effect.unknown_after_crash and applied)
         report = await inspect_recovery(reader, run_id=run.run_id)
         assert [e.tool_call_id for e in report.unresolved] == [e.tool_call_id for e in unresolved]
 
@@ -510,3 +526,158 @@ def test_claimed_seqs_are_kept_as_exact_ranges(seqs: set[int], rng: random.Rando
     assert all(a[1] + 1 < b[0] for a, b in zip(run.seqs, run.seqs[1:], strict=False))
     assert run.record_count == len(seqs)
     assert RUN.parse(RUN.key('r')) == ('r',)
+
+
+RESOLVE_TARGETS = [
+    'unknown',
+    'completed',
+    'failed',
+    'missing_call',
+    'stale_seq',
+    'garbage',
+    'no_note',
+    'unknown_run',
+]
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    targets=st.lists(st.sampled_from(RESOLVE_TARGETS), min_size=1, max_size=6),
+    resolution=st.sampled_from(['happened', 'did_not_happen']),
+    sizes=st.lists(st.integers(1, 4), min_size=1, max_size=4),
+)
+def test_a_resolution_resolves_only_an_unknown_effect(
+    targets: list[str], resolution: str, sizes: list[int], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Operators' resolutions of every kind, after a run with an unknown, a completed and a failed
+    call: the unknown one is resolved by the first resolution that answers its `started`; a
+    completed or failed call stays as it was (the resolution is only history); one for a call
+    that does not exist, or a garbage one, goes to the DLQ; every batch applies."""
+    run_id = 'run-a'
+    partition = murmur2_partition(run_id.encode(), PARTITIONS)
+    offsets: dict[int, int] = {}
+
+    def source(record: StepEvent | ToolEffectTransition, value: bytes | None = None) -> SourceRecord:
+        topic = EVENTS if isinstance(record, StepEvent) else EFFECTS
+        offset = offsets[topic] = offsets.get(topic, -1) + 1
+        return SourceRecord(topic, partition, offset, record.run_id.encode(), value or encode(record))
+
+    def transition(seq: int, call: str, status: str) -> ToolEffectTransition:
+        return ToolEffectTransition(
+            run_id=run_id, seq=seq, writer_id='owner', timestamp=T0, tool_call_id=call,
+            tool_name='publish', status=status,  # type: ignore[arg-type]
+        )  # fmt: skip
+
+    log = [
+        source(StepEvent(run_id=run_id, seq=0, writer_id='owner', timestamp=T0, kind='run_started')),
+        source(transition(1, 'unknown', 'started')),
+        source(transition(2, 'completed', 'started')),
+        source(transition(3, 'completed', 'completed')),
+        source(transition(4, 'failed', 'started')),
+        source(transition(5, 'failed', 'failed')),
+    ]
+    started_seq = {'unknown': 1, 'completed': 2, 'failed': 4}
+    expected_dead: list[str] = []
+    first_answer = None
+    for n, target in enumerate(targets):
+        call = target if target in started_seq else 'unknown'
+        record = ToolEffectTransition(
+            run_id='run-b' if target == 'unknown_run' else run_id,
+            seq=0 if target == 'stale_seq' else started_seq.get(call, 1),
+            writer_id=f'stepstream-resolve:ops-{n}',
+            timestamp=T0 + timedelta(minutes=n),
+            tool_call_id='no-such-call' if target == 'missing_call' else call,
+            tool_name='publish',
+            status='resolved',
+            resolution=resolution,  # type: ignore[arg-type]
+            resolved_by=f'ops-{n}',
+            note='' if target == 'no_note' else f'checked the channel ({n})',
+        )
+        if target == 'unknown_run':
+            record = replace(record, run_id=run_id)  # encoded for run-b below: a record under the wrong key
+        value = b'\xc3\x01' + bytes(12) if target == 'garbage' else None
+        log.append(source(record, value))
+        if target == 'unknown_run':
+            log[-1] = replace(log[-1], key=b'run-b', partition=murmur2_partition(b'run-b', PARTITIONS))
+        expected_dead.append(
+            {'garbage': 'unknown_version', 'no_note': 'invalid', 'missing_call': 'unknown_effect'}.get(
+                target, 'wrong_key' if target == 'unknown_run' else ''
+            )
+        )
+        if target == 'unknown' and first_answer is None:
+            first_answer = f'ops-{n}'
+
+    path = tmp_path_factory.mktemp('resolve') / 'projection'
+    db = open_db(path)
+    try:
+        dead, at = [], 0
+        one = applier()
+        while at < len(log):
+            size = sizes[len(dead) % len(sizes)] if at else 6  # the run first, then resolutions in batches
+            txn, outcome = one.stage(db, log[at : at + size])
+            txn.commit()
+            dead += [d.reason for d in outcome.dead]
+            at += size
+        assert sorted(dead) == sorted(reason for reason in expected_dead if reason)
+        reader = ProjectionReader(db)
+        effects = {e.tool_call_id: e for e in asyncio.run(reader.list_tool_effects(run_id))}
+        assert set(effects) == {'unknown', 'completed', 'failed'}
+        assert (effects['completed'].status, effects['failed'].status) == ('completed', 'failed')
+        assert effects['completed'].resolution is None and effects['failed'].resolution is None
+        unknown = effects['unknown']
+        if first_answer is None:
+            assert unknown.unknown_after_crash and unknown.resolution is None
+        else:
+            assert unknown.status == 'resolved' and not unknown.unknown_after_crash
+            assert unknown.resolution is not None and unknown.resolution.resolved_by == first_answer
+            assert unknown.resolution.resolution == resolution
+        kept = {t: sum(1 for x in targets if x == t) for t in ('unknown', 'completed', 'failed', 'stale_seq')}
+        assert len(unknown.resolutions) == kept['unknown'] + kept['stale_seq']  # the ledger keeps them all
+        assert len(effects['completed'].resolutions) == kept['completed']
+        unresolved = asyncio.run(reader.list_unresolved_tool_effects())
+        assert [e.tool_call_id for e in unresolved] == ([] if first_answer else ['unknown'])
+    finally:
+        db.close()
+
+
+def test_a_resolution_before_every_live_transition_is_dead_whichever_topic_comes_first(
+    tmp_path: Path,
+) -> None:
+    """A step event takes the seq of the `started` a resolution answers, and the call's only other
+    transition comes after the resolution: the resolution answered nothing that stays, so it goes
+    to the DLQ, whether the step event is applied before the transitions or after them."""
+    run_id = 'run-a'
+    partition = murmur2_partition(run_id.encode(), PARTITIONS)
+    key = run_id.encode()
+
+    def effect(offset: int, seq: int, status: str, **resolution: str) -> SourceRecord:
+        t = ToolEffectTransition(
+            run_id=run_id, seq=seq, writer_id='owner' if not resolution else 'ops-cli', timestamp=T0,
+            tool_call_id='c1', tool_name='publish', status=status, **resolution,  # type: ignore[arg-type]
+        )  # fmt: skip
+        return SourceRecord(EFFECTS, partition, offset, key, encode(t))
+
+    def event(offset: int, seq: int, kind: str) -> SourceRecord:
+        e = StepEvent(run_id=run_id, seq=seq, writer_id='owner', timestamp=T0, kind=kind)  # type: ignore[arg-type]
+        return SourceRecord(EVENTS, partition, offset, key, encode(e))
+
+    events = [event(0, 0, 'run_started'), event(1, 1, 'model_request_started')]
+    effects = [
+        effect(0, 1, 'started'),
+        effect(1, 1, 'resolved', resolution='happened', resolved_by='ops', note='seen it'),
+        effect(2, 2, 'completed'),
+    ]
+    dumps, dead = [], []
+    for name, order in (('events-first', events + effects), ('effects-first', effects + events)):
+        db = open_db(tmp_path / name)
+        try:
+            txn, outcome = applier().stage(db, order)
+            txn.commit()
+            dumps.append(list(logical_items(db)))
+            dead.append(
+                sorted((d.reason, d.source.offset) for d in outcome.dead if d.source.topic == EFFECTS)
+            )
+        finally:
+            db.close()
+    assert dead[0] == dead[1] == [('duplicate_seq', 0), ('unknown_effect', 1)]
+    assert dumps[0] == dumps[1]

@@ -47,7 +47,10 @@ if Path(CHROMIUM).exists():
 @pytest_asyncio.fixture(scope='module', loop_scope='module')
 async def served(stack: EmbeddedStack, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Served]:
     settings = stack.settings.replace(
-        topic_prefix=f'test-{uuid.uuid4().hex[:12]}', partitions=3, media_threshold_bytes=2048
+        topic_prefix=f'test-{uuid.uuid4().hex[:12]}',
+        partitions=3,
+        media_threshold_bytes=2048,
+        operator='oncall-alice',
     )
     async with served_projection(settings, tmp_path_factory.mktemp('explorer') / 'projection') as s:
         yield s
@@ -176,3 +179,31 @@ async def test_status_shows_lag_per_partition_and_the_dlq(served: Served, page: 
     await expect(letter).to_have_count(1)
     await expect(letter.locator('.reason')).to_have_text('not_a_record')
     await shot(page, tmp_path, 'status')
+
+
+async def test_resolving_an_unknown_effect_changes_the_page(
+    served: Served, page: Page, tmp_path: Path
+) -> None:
+    run_id = await served.add_crashed_run('publisher-resolve-page')
+    await page.goto(f'/runs/{run_id}')
+    unknown = page.locator('section.unknown .unknown-effect')
+    await expect(unknown).to_be_visible()
+    row = page.locator('table.effects tr.effect')
+    await expect(row.locator('.badge')).to_have_text('unknown_after_crash')
+
+    await unknown.locator('input[value=did_not_happen]').check()
+    await unknown.locator('textarea[name=note]').fill('no announcement in #releases; safe to retry')
+    await shot(page, tmp_path, 'resolve-form')
+    await unknown.locator('button[type=submit]').click()
+
+    await expect(page.locator('section.unknown')).to_have_count(0)  # no longer highlighted
+    await expect(row.locator('.badge')).to_have_text('resolved')
+    await expect(row).not_to_have_class('effect unknown-row')
+    await expect(row.locator('.resolution')).to_have_text('did not happen')
+    await expect(row.locator('.resolved-by')).to_have_text('oncall-alice')
+    await expect(row.locator('.resolution-note')).to_have_text('no announcement in #releases; safe to retry')
+    await shot(page, tmp_path, 'resolved')
+
+    await page.goto('/unresolved')
+    await expect(page.locator(f'table.unresolved tr[data-run-id="{served.crashed_run}"]')).to_be_visible()
+    await expect(page.locator(f'table.unresolved tr[data-run-id="{run_id}"]')).to_have_count(0)

@@ -73,6 +73,9 @@ def every_record() -> list[StepEvent | ToolEffectTransition]:
                 idempotency_key='pr:42' if status == 'annotated' else None,
                 effect_summary='opens a PR' if status == 'annotated' else None,
                 error='boom' if status == 'failed' else None,
+                resolution='did_not_happen' if status == 'resolved' else None,
+                resolved_by='alice' if status == 'resolved' else None,
+                note='no PR #42 on the repo' if status == 'resolved' else None,
             )
         )
     return records
@@ -143,6 +146,30 @@ def test_snapshot_patches_cross_versions() -> None:
     assert decode(
         encode(StepEvent(**{**value, 'snapshot': SnapshotDelta(**patched['snapshot'])}))
     )  # v2 round trip
+
+
+def test_resolutions_cross_versions() -> None:
+    """A v2 resolution reads as v1 without its new fields (an older reader then refuses its status
+    as `unknown_version`); a v1 transition decodes with none of them."""
+    v1, v2 = load_schema_versions()['tool_effect_transition'][:2]
+    resolved = next(
+        r for r in every_record() if isinstance(r, ToolEffectTransition) and r.status == 'resolved'
+    )
+    value = {k: getattr(resolved, k) for k in resolved.__slots__}
+    out = io.BytesIO()
+    schemaless_writer(out, v2.parsed, value)
+    as_v1 = schemaless_reader(io.BytesIO(out.getvalue()), v2.parsed, v1.parsed)
+    assert isinstance(as_v1, dict) and as_v1['status'] == 'resolved'
+    assert not {'resolution', 'resolved_by', 'note'} & set(as_v1)
+    assert decode(encode(resolved)) == resolved  # v2 round trip
+
+    started = next(r for r in every_record() if isinstance(r, ToolEffectTransition) and r.status == 'started')
+    old = io.BytesIO()
+    old.write(b'\xc3\x01' + v1.fingerprint)
+    v1_fields = {f['name'] for f in json.loads(v1.path.read_text())['fields']}
+    schemaless_writer(old, v1.parsed, {k: getattr(started, k) for k in started.__slots__ if k in v1_fields})
+    decoded = decode(old.getvalue())
+    assert decoded == started and isinstance(decoded, ToolEffectTransition) and decoded.resolution is None
 
 
 async def test_outside_consumer_decodes_with_only_the_avsc_files(

@@ -20,7 +20,7 @@ from pydantic_ai.messages import ModelMessagesTypeAdapter
 from stepstream import Settings
 from stepstream.cli import main
 from stepstream.embedded import EmbeddedStack
-from stepstream.projector import ProjectionReader
+from stepstream.projector import ProjectionReader, rebuild
 from stepstream.serve import app_for, running
 
 from served import IMAGE, Served, served_projection
@@ -272,3 +272,121 @@ async def test_the_serve_command_serves_a_projection_directory(served: Served) -
         if child.returncode is None:
             child.kill()
             await child.wait()
+
+
+@in_module_loop
+async def test_resolving_an_unknown_effect_is_an_audited_write(
+    served: Served, api: httpx.AsyncClient, tmp_path: Path
+) -> None:
+    run_id = await served.add_crashed_run('publisher-resolve-api')
+    [effect] = (await api.get(f'/api/runs/{run_id}/tool-effects')).json()
+    assert effect['unknown_after_crash'] and effect['resolutions'] == []
+    url = f'/api/runs/{run_id}/tool-effects/{effect["tool_call_id"]}/resolution'
+    form = f'/runs/{run_id}/effects/{effect["tool_call_id"]}/resolve'
+    for elsewhere in ({'Sec-Fetch-Site': 'cross-site'}, {'Origin': 'http://evil.example'}):
+        forged = await api.post(form, data={'resolution': 'happened', 'note': 'x'}, headers=elsewhere)
+        assert forged.status_code == 403  # another site's page cannot make a browser resolve
+    assert (await api.get(f'/api/runs/{run_id}/tool-effects')).json()[0]['unknown_after_crash']
+
+    answer = await api.post(
+        url, json={'resolution': 'happened', 'note': 'the post is in #releases', 'operator': 'bob'}
+    )
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body['applied'] and body['written']['applied']
+    assert (body['written']['resolved_by'], body['written']['note']) == ('bob', 'the post is in #releases')
+    assert body['written']['writer_id'].startswith('stepstream-serve@')
+    assert body['written']['resolves_seq'] < effect['last_seq']  # the `started`, not the annotation after it
+    resolved = (await api.get(f'/api/runs/{run_id}/tool-effects')).json()[0]
+    assert (resolved['status'], resolved['unknown_after_crash']) == ('resolved', False)
+    assert resolved['resolution']['resolution'] == 'happened'
+    assert run_id not in {e['run_id'] for e in (await api.get('/api/unresolved')).json()}
+    assert served.crashed_run in {e['run_id'] for e in (await api.get('/api/unresolved')).json()}
+
+    again = await api.post(url, json={'resolution': 'did_not_happen', 'note': 'second thoughts'})
+    assert again.status_code == 409 and 'resolved, not unknown_after_crash' in again.json()['detail']
+    missing = await api.post(f'/api/runs/{run_id}/tool-effects/no-such-call/resolution', json=body['written'])
+    assert missing.status_code == 404 and 'no-such-call' in missing.json()['detail']
+    blank = await api.post(url, json={'resolution': 'happened'})
+    assert blank.status_code == 422
+
+    # The log keeps the record: a rebuild from offset zero shows the same resolution and history.
+    await served.settle()
+    live = await served.projector.reader().get_tool_effect(run_id, effect['tool_call_id'])
+    await rebuild(served.settings, tmp_path / 'rebuilt')
+    rebuilt_reader = ProjectionReader.open(tmp_path / 'rebuilt')
+    try:
+        rebuilt = await rebuilt_reader.get_tool_effect(run_id, effect['tool_call_id'])
+    finally:
+        rebuilt_reader.close()
+    assert live is not None and live.resolution is not None and live.resolution.resolved_by == 'bob'
+    assert rebuilt == live and len(live.resolutions) == 1
+
+
+@in_module_loop
+async def test_a_token_guards_resolutions(served: Served) -> None:
+    run_id = await served.add_crashed_run('publisher-resolve-token')
+    settings = served.settings.replace(serve_token='s3cret-token')
+    reader = ProjectionReader.open(served.projector.db_path)
+    try:
+        async with (
+            running(app_for(settings, reader=reader), port=0) as server,
+            httpx.AsyncClient(base_url=server.url) as client,
+        ):
+            [effect] = (
+                await client.get(
+                    f'/api/runs/{run_id}/tool-effects', headers={'Authorization': 'Bearer s3cret-token'}
+                )
+            ).json()
+            url = f'/api/runs/{run_id}/tool-effects/{effect["tool_call_id"]}/resolution'
+            body = {'resolution': 'did_not_happen', 'note': 'nothing in #releases'}
+            refused = await client.post(url, json=body)
+            assert refused.status_code == 401
+            form = await client.post(
+                f'/runs/{run_id}/effects/{effect["tool_call_id"]}/resolve',
+                data={'resolution': 'happened', 'note': 'x'},
+            )
+            assert form.status_code == 303 and form.headers['location'].startswith('/login')
+            assert (await reader.get_tool_effect(run_id, effect['tool_call_id'])).unknown_after_crash  # type: ignore[union-attr]
+            ok = await client.post(url, json=body, headers={'Authorization': 'Bearer s3cret-token'})
+            assert ok.status_code == 200 and ok.json()['effect']['status'] == 'resolved'
+    finally:
+        reader.close()
+
+
+@in_module_loop
+async def test_the_resolve_command(served: Served) -> None:
+    run_id = await served.add_crashed_run('publisher-resolve-cli')
+    call = (await served.projector.reader().list_tool_effects(run_id))[0].tool_call_id
+    env = {
+        **os.environ,
+        **served.settings.to_env(),
+        'STEPSTREAM_DB_PATH': str(served.projector.db_path),
+        'STEPSTREAM_OPERATOR': 'carol',
+    }
+
+    async def resolve(*args: str) -> tuple[int, str, str]:
+        child = await asyncio.create_subprocess_exec(
+            sys.executable, '-m', 'stepstream.cli', 'resolve', *args, env=env,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await asyncio.wait_for(child.communicate(), 120)
+        assert child.returncode is not None
+        return child.returncode, out.decode(), err.decode()
+
+    assert (await resolve(run_id, call, '--happened'))[0] == 2  # no note: a usage error
+    assert (await resolve(run_id, call, '--happened', '--did-not-happen', '--note', 'x'))[0] == 2
+    code, _, err = await resolve('no-such-run', call, '--happened', '--note', 'x')
+    assert code == 1 and "no run 'no-such-run'" in err
+    code, _, err = await resolve(run_id, 'no-such-call', '--happened', '--note', 'x')
+    assert code == 1 and "no tool call 'no-such-call'" in err
+    code, out, _ = await resolve(run_id, call, '--did-not-happen', '--note', 'no post in #releases')
+    assert code == 0 and 'as did_not_happen by carol' in out, out
+
+    await served.settle()
+    effect = await served.projector.reader().get_tool_effect(run_id, call)
+    assert effect is not None and effect.status == 'resolved' and effect.resolution is not None
+    assert (effect.resolution.resolved_by, effect.resolution.note) == ('carol', 'no post in #releases')
+    assert effect.resolution.writer_id.startswith('stepstream-cli@')
+    code, _, err = await resolve(run_id, call, '--happened', '--note', 'again')
+    assert code == 1 and 'is resolved, not unknown_after_crash' in err

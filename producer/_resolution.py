@@ -1,0 +1,83 @@
+"""An operator's resolution of an `unknown_after_crash` effect: one more record on the log.
+
+The projection never changes except by applying the log, so resolving an effect is a write like
+any other: a `resolved` transition on the tool-effects topic (schema v2) that says what the
+operator found out, who they are, which process wrote it, and why. It is not the run's record:
+it takes no seq of the run (its `seq` names the `started` transition it answers), so it cannot
+collide with the run's own writer. The caller reads the effect from the projection first; this
+module only writes (decision 0022).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import UTC, datetime
+
+from stepstream.errors import NotUnknown
+from stepstream.ids import MAX_ID_BYTES
+from stepstream.producer._protocol import StepLog
+from stepstream.schemas import MAX_NOTE_CHARS, Resolution, ToolEffectRecord, ToolEffectTransition
+
+
+def resolver_id(role: str) -> str:
+    """The writer id of a process that writes resolutions: its role, host and pid.
+
+    ```python
+    resolver_id('cli')  # 'stepstream-cli@build-7:4711'
+    ```
+    """
+    return f'stepstream-{role}@{socket.gethostname()}:{os.getpid()}'.encode('ascii', 'replace').decode()[
+        :MAX_ID_BYTES
+    ]
+
+
+def resolution_for(
+    effect: ToolEffectRecord, *, resolution: Resolution, note: str, operator: str, writer_id: str
+) -> ToolEffectTransition:
+    """The `resolved` transition answering `effect`, which must be `unknown_after_crash`.
+
+    Raises `NotUnknown` for an effect that completed, failed or was resolved already, and
+    `ValueError` for an empty or too long note or an operator name the projector would refuse.
+    """
+    if not effect.unknown_after_crash:
+        raise NotUnknown(
+            f'tool call {effect.tool_call_id!r} of run {effect.run_id!r} is {effect.status}, not '
+            'unknown_after_crash: only an effect that may or may not have happened is resolved by an operator'
+        )
+    if not note.strip() or len(note) > MAX_NOTE_CHARS:
+        raise ValueError(f'a resolution needs a note of 1 to {MAX_NOTE_CHARS} characters saying why')
+    if not operator or len(operator) > MAX_ID_BYTES or not operator.isprintable():
+        raise ValueError(f'the operator name {operator!r:.80} is empty, too long or not printable')
+    return ToolEffectTransition(
+        run_id=effect.run_id,
+        seq=effect.status_seq,
+        writer_id=writer_id,
+        timestamp=datetime.now(UTC),
+        tool_call_id=effect.tool_call_id,
+        tool_name=effect.tool_name,
+        status='resolved',
+        idempotency_key=effect.idempotency_key,
+        resolution=resolution,
+        resolved_by=operator,
+        note=note,
+    )
+
+
+async def resolve_tool_effect(
+    log: StepLog,
+    effect: ToolEffectRecord,
+    *,
+    resolution: Resolution,
+    note: str,
+    operator: str,
+    writer_id: str,
+) -> ToolEffectTransition:
+    """Append the operator's resolution of `effect` and wait until the broker acknowledged it.
+
+    `effect` is what the projection shows (`ProjectionReader.get_tool_effect`); the projector
+    then applies the record like any other, so the effect reads as `resolved` once it has.
+    """
+    record = resolution_for(effect, resolution=resolution, note=note, operator=operator, writer_id=writer_id)
+    await log.wait_acked([await log.append(record)])
+    return record
