@@ -37,7 +37,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from stepstream import embedded_kafka
+from stepstream.embedded import apache_kafka
 
 HOST = '127.0.0.1'
 USERS = {name: f'{name}-secret' for name in ('admin', 'producer', 'projector', 'analyst', 'stranger')}
@@ -209,11 +209,11 @@ class SecureKafka:
             'super.users': 'User:ANONYMOUS',
             'allow.everyone.if.no.acl.found': 'false',
         }
-        self.java = embedded_kafka.java_binary()
-        self.lib = embedded_kafka.resolve_jars()
+        self.java = apache_kafka.java_binary()
+        self.lib = apache_kafka.resolve_jars()
         self.properties = directory / 'server.properties'
         self.properties.write_text(
-            embedded_kafka.server_properties(
+            apache_kafka.server_properties(
                 host=HOST,
                 port=self.plaintext_port,
                 controller_port=controller,
@@ -239,15 +239,15 @@ class SecureKafka:
 
     async def start(self, timeout: float = 90) -> None:
         subprocess.run(
-            embedded_kafka.format_command(
-                self.java, self.lib, self.properties, embedded_kafka.new_cluster_id(), scram_users=USERS
+            apache_kafka.format_command(
+                self.java, self.lib, self.properties, apache_kafka.new_cluster_id(), scram_users=USERS
             ),
             check=True,
             capture_output=True,
         )
         with open(self.log, 'ab') as log:
             self.process = subprocess.Popen(
-                embedded_kafka.broker_command(self.java, self.lib, self.properties),
+                apache_kafka.broker_command(self.java, self.lib, self.properties),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from stepstream.embedded_kafka import BROKER_SETTINGS, KAFKA_VERSION
+from stepstream.embedded.apache_kafka import BROKER_SETTINGS, KAFKA_VERSION, POM
 from stepstream.settings import ENV_PREFIX, Settings
 
 yaml = pytest.importorskip('yaml', reason='PyYAML is needed to read the compose file (dev extra)')
@@ -87,7 +87,7 @@ def test_kafka_runs_what_the_tests_run(compose: dict[str, Any]) -> None:
         variable = 'KAFKA_' + name.upper().replace('.', '_')
         assert env.get(variable) == value, (variable, env.get(variable), value)
     assert kafka['image'] == f'apache/kafka:{KAFKA_VERSION}'
-    pom = (Path(__file__).resolve().parent.parent / 'stepstream' / 'kafka' / 'pom.xml').read_text()
+    pom = POM.read_text()
     assert f'<kafka.version>{KAFKA_VERSION}</kafka.version>' in pom
 
 
