@@ -15,10 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stepstream.embedded._network import GRPC_OFFSET, HOST, tcp_probe
 from stepstream.embedded._processes import INSTALL_HINT, S3, EmbeddedStackError, check_binary
+
+if TYPE_CHECKING:
+    from obstore.store import ClientConfig
 
 TITLE = 'SeaweedFS (the S3 server)'
 LOG_NAME = 'weed.log'
@@ -57,9 +60,18 @@ def resolve(weed_bin: str | None) -> str:
 
 
 def command(
-    binary: str, *, data_dir: Path, ports: dict[str, int], buckets: list[str], socket_dir: Path
+    binary: str,
+    *,
+    data_dir: Path,
+    ports: dict[str, int],
+    buckets: list[str],
+    socket_dir: Path,
+    tls: tuple[Path, Path] | None = None,
 ) -> list[str]:
-    """`weed mini` on loopback with every listener on the given ports and these buckets made."""
+    """`weed mini` on loopback with every listener on the given ports and these buckets made.
+
+    `tls` (certificate and key, PEM) makes the S3 port serve HTTPS only.
+    """
     command = [
         binary,
         f'-logdir={data_dir / "seaweedfs-logs"}',
@@ -84,6 +96,8 @@ def command(
         '-master.telemetry=false',
         '-volume.preStopSeconds=0',
     ]
+    if tls is not None:
+        command += [f'-s3.cert.file={tls[0]}', f'-s3.key.file={tls[1]}']
     return command
 
 
@@ -99,10 +113,16 @@ def leftovers(ports: dict[str, int]) -> tuple[Path, ...]:
     )
 
 
-def ready_probe(port: int, media: Bucket, log: Bucket | None) -> Callable[[], None]:
-    """A check that passes once S3 answers on `port` and both buckets are usable."""
-    media_store = _store(media)
-    log_store = None if log is None else _store(log)
+def ready_probe(
+    port: int, client_options: ClientConfig, media: Bucket, log: Bucket | None
+) -> Callable[[], None]:
+    """A check that passes once S3 answers on `port` and both buckets are usable.
+
+    `client_options` are those of every S3 client of the stack's settings (`s3_client`); the probe
+    only shortens the timeouts, so that a service still starting is asked again soon.
+    """
+    media_store = _store(media, client_options)
+    log_store = None if log is None else _store(log, client_options)
 
     def probe() -> None:
         import obstore  # lazy: keeps the import cheap
@@ -118,7 +138,7 @@ def ready_probe(port: int, media: Bucket, log: Bucket | None) -> Callable[[], No
     return probe
 
 
-def _store(bucket: Bucket) -> Any:
+def _store(bucket: Bucket, client_options: ClientConfig) -> Any:
     from obstore.store import S3Store  # lazy: keeps the import cheap
 
     return S3Store(
@@ -129,7 +149,7 @@ def _store(bucket: Bucket) -> Any:
         secret_access_key=bucket.secret_access_key,
         virtual_hosted_style_request=False,
         client_options={
-            'allow_http': True,
+            **client_options,
             'connect_timeout': timedelta(seconds=1),
             'timeout': timedelta(seconds=3),
         },

@@ -30,6 +30,7 @@ from stepstream.embedded._processes import (
     wait_until_ready,
 )
 from stepstream.embedded._seaweedfs import LOG_BUCKET, REGION
+from stepstream.s3_client import client_options
 from stepstream.settings import Settings
 
 BROKERS = ('tansu', 'kafka')
@@ -60,6 +61,10 @@ class EmbeddedStack:
     SeaweedFS always stores its objects under `data_dir`. `**settings_overrides` go into `Settings`
     (e.g. `topic_prefix`, `partitions`); the fields that locate the services belong to the stack.
 
+    `s3_certfile` and `s3_keyfile` (PEM) make SeaweedFS serve S3 over HTTPS only, with an
+    `https://` endpoint in `settings`; the certificate must name 127.0.0.1, and the CA that signed
+    it is the `s3_cafile` setting, which the stack's own readiness check trusts too.
+
     Only processes this object started are ever signalled, by pid; `stop()` is idempotent and also
     runs at interpreter exit, and on Linux the children are killed if this process dies. A running
     stack locks its `data_dir`, so two stacks never share one SeaweedFS directory.
@@ -74,6 +79,8 @@ class EmbeddedStack:
         startup_timeout_s: float = 30.0,
         tansu_bin: str | Path | None = None,
         weed_bin: str | Path | None = None,
+        s3_certfile: str | Path | None = None,
+        s3_keyfile: str | Path | None = None,
         broker: str | None = None,
         **settings_overrides: Any,
     ) -> None:
@@ -87,6 +94,18 @@ class EmbeddedStack:
         if broker not in BROKERS:
             raise ValueError(
                 f'broker must be one of {BROKERS} (or STEPSTREAM_EMBEDDED_BROKER), got {broker!r}'
+            )
+        if (s3_certfile is None) != (s3_keyfile is None):
+            raise ValueError('EmbeddedStack needs both s3_certfile and s3_keyfile to serve S3 over HTTPS')
+        if s3_certfile is not None and durable:
+            raise ValueError(
+                "EmbeddedStack(durable=True) keeps Tansu's log in S3 over plain HTTP; it cannot be "
+                'combined with s3_certfile'
+            )
+        if s3_certfile is not None and not settings_overrides.get('s3_cafile'):
+            raise ValueError(
+                'EmbeddedStack(s3_certfile=...) needs s3_cafile=, the CA that signed the certificate '
+                '(no public CA signs one for 127.0.0.1)'
             )
         if startup_timeout_s <= 0:
             raise ValueError(f'startup_timeout_s must be positive, got {startup_timeout_s}')
@@ -106,6 +125,9 @@ class EmbeddedStack:
         self._startup_timeout_s = startup_timeout_s
         self._tansu_bin = None if tansu_bin is None else str(tansu_bin)
         self._weed_bin = None if weed_bin is None else str(weed_bin)
+        self._s3_tls = (
+            None if s3_certfile is None or s3_keyfile is None else (Path(s3_certfile), Path(s3_keyfile))
+        )
         self._overrides = dict(settings_overrides)
 
         self._lock = threading.RLock()
@@ -355,9 +377,13 @@ class EmbeddedStack:
 
     def _bucket_access(self, name: str) -> _seaweedfs.Bucket:
         assert self._ports is not None
-        return _seaweedfs.Bucket(
-            f'http://{HOST}:{self._ports.s3}', name, self._access_key_id, self._secret_access_key
-        )
+        return _seaweedfs.Bucket(self._s3_endpoint, name, self._access_key_id, self._secret_access_key)
+
+    @property
+    def _s3_endpoint(self) -> str:
+        assert self._ports is not None
+        scheme = 'http' if self._s3_tls is None else 'https'
+        return f'{scheme}://{HOST}:{self._ports.s3}'
 
     def _spawn_weed(self) -> None:
         assert self._ports is not None and self._socket_dir is not None
@@ -368,6 +394,7 @@ class EmbeddedStack:
             ports=self._ports.weed,
             buckets=buckets,
             socket_dir=self._socket_dir,
+            tls=self._s3_tls,
         )
         env = self._child_env(
             {'AWS_ACCESS_KEY_ID': self._access_key_id, 'AWS_SECRET_ACCESS_KEY': self._secret_access_key}
@@ -423,7 +450,8 @@ class EmbeddedStack:
     def _wait_s3(self, deadline: float) -> None:
         assert self._ports is not None
         log = self._bucket_access(LOG_BUCKET) if self._durable else None
-        probe = _seaweedfs.ready_probe(self._ports.s3, self._bucket_access(self._bucket), log)
+        options = client_options(self._build_settings())  # as every S3 client of these settings
+        probe = _seaweedfs.ready_probe(self._ports.s3, options, self._bucket_access(self._bucket), log)
         self._wait(S3, probe, deadline)
 
     def _wait_broker(self, deadline: float) -> None:
@@ -447,7 +475,7 @@ class EmbeddedStack:
         values.update(self._overrides)
         values.update(
             bootstrap_servers=f'{HOST}:{self._ports.kafka}',
-            s3_endpoint=f'http://{HOST}:{self._ports.s3}',
+            s3_endpoint=self._s3_endpoint,
             s3_bucket=self._bucket,
             s3_region=REGION,
             s3_access_key_id=self._access_key_id,
