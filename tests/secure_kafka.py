@@ -206,27 +206,31 @@ def documented_acl_rules() -> Iterator[AclRule]:
     """The `kafka-acls.sh ... --add` commands in the code blocks of docs/security.md."""
     text = DOCS_SECURITY.read_text()
     for block in text.split('```sh')[1:]:
-        code = block.split('```')[0].replace('\\\n', ' ')
-        for line in code.splitlines():
-            words = shlex.split(line, comments=True)
-            if not words or not words[0].endswith('kafka-acls.sh') or '--add' not in words:
-                continue
-            values: dict[str, list[str]] = {}
-            flags = set()
-            it = iter(words[1:])
-            for word in it:
-                if word in ('--add', '--cluster'):
-                    flags.add(word)
-                elif word.startswith('--'):
-                    values.setdefault(word, []).append(next(it))
-            yield AclRule(
-                principal=values['--allow-principal'][0],
-                operations=tuple(values['--operation']),
-                topics=tuple(values.get('--topic', ())),
-                groups=tuple(values.get('--group', ())),
-                cluster='--cluster' in flags,
-                prefixed=values.get('--resource-pattern-type', ['literal'])[0] == 'prefixed',
-            )
+        yield from acl_rules(block.split('```')[0])
+
+
+def acl_rules(code: str, command: str = 'kafka-acls.sh') -> Iterator[AclRule]:
+    """The ACLs that the `command ... --add` lines of a shell script grant."""
+    for line in code.replace('\\\n', ' ').splitlines():
+        words = shlex.split(line, comments=True)
+        if not words or not words[0].endswith(command) or '--add' not in words:
+            continue
+        values: dict[str, list[str]] = {}
+        flags = set()
+        it = iter(words[1:])
+        for word in it:
+            if word in ('--add', '--cluster'):
+                flags.add(word)
+            elif word.startswith('--'):
+                values.setdefault(word, []).append(next(it))
+        yield AclRule(
+            principal=values['--allow-principal'][0],
+            operations=tuple(values['--operation']),
+            topics=tuple(values.get('--topic', ())),
+            groups=tuple(values.get('--group', ())),
+            cluster='--cluster' in flags,
+            prefixed=values.get('--resource-pattern-type', ['literal'])[0] == 'prefixed',
+        )
 
 
 def grant(admin_bootstrap: str, rules: list[AclRule], *, topic_prefix: str) -> None:
