@@ -233,10 +233,13 @@ def acl_rules(code: str, command: str = 'kafka-acls.sh') -> Iterator[AclRule]:
         )
 
 
-def grant(admin_bootstrap: str, rules: list[AclRule], *, topic_prefix: str) -> None:
+def grant(
+    admin_bootstrap: str, rules: list[AclRule], *, topic_prefix: str, client: dict[str, str] | None = None
+) -> None:
     """Create the ACLs of `rules` with the `stepstream` topic prefix replaced, and wait until they apply.
 
-    Through librdkafka's admin client (aiokafka has no ACL API), over the super-user listener.
+    Through librdkafka's admin client (aiokafka has no ACL API), over the super-user listener;
+    `client` adds librdkafka settings (TLS files of a super user's certificate, say).
     """
     from confluent_kafka.admin import (
         AclBinding,
@@ -271,7 +274,7 @@ def grant(admin_bootstrap: str, rules: list[AclRule], *, topic_prefix: str) -> N
                         AclPermissionType.ALLOW,
                     )
                 )
-    admin = AdminClient({'bootstrap.servers': admin_bootstrap})
+    admin = AdminClient({'bootstrap.servers': admin_bootstrap, **(client or {})})
     for future in admin.create_acls(bindings).values():
         future.result(timeout=30)
     everything = AclBindingFilter(
