@@ -27,6 +27,7 @@ from base64 import urlsafe_b64encode
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from aiokafka.abc import AbstractTokenProvider
 from aiokafka.admin import AIOKafkaAdminClient
@@ -161,21 +162,7 @@ class SecureKafka:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
-        deadline = asyncio.get_running_loop().time() + timeout
-        while True:
-            if self.process.poll() is not None:
-                raise RuntimeError(f'the secured broker exited: see {self.log}')
-            with contextlib.suppress(Exception):
-                admin = AIOKafkaAdminClient(bootstrap_servers=self.admin_bootstrap, request_timeout_ms=3000)
-                await asyncio.wait_for(admin.start(), 5)
-                try:
-                    if (await asyncio.wait_for(admin.describe_cluster(), 5))['brokers']:
-                        return
-                finally:
-                    await admin.close()
-            if asyncio.get_running_loop().time() > deadline:
-                raise TimeoutError(f'the secured broker did not answer within {timeout}s: see {self.log}')
-            await asyncio.sleep(0.3)
+        await until_answers(self.process, {'bootstrap_servers': self.admin_bootstrap}, self.log, timeout)
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -185,6 +172,27 @@ class SecureKafka:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+
+
+async def until_answers(
+    broker: subprocess.Popen[bytes], options: dict[str, Any], log: Path, timeout: float = 90
+) -> None:
+    """Return once a broker started as `broker` lists itself to an admin client built with `options`."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        if broker.poll() is not None:
+            raise RuntimeError(f'the broker exited: see {log}')
+        with contextlib.suppress(Exception):
+            admin = AIOKafkaAdminClient(**options, request_timeout_ms=3000)
+            await asyncio.wait_for(admin.start(), 5)
+            try:
+                if (await asyncio.wait_for(admin.describe_cluster(), 5))['brokers']:
+                    return
+            finally:
+                await admin.close()
+        if asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError(f'the broker did not answer within {timeout}s: see {log}')
+        await asyncio.sleep(0.3)
 
 
 # -- ACLs, as docs/security.md writes them ----------------------------------------------------

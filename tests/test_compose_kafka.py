@@ -26,7 +26,6 @@ from typing import Any
 
 import pytest
 import yaml
-from aiokafka.admin import AIOKafkaAdminClient
 from pydantic_ai import Agent
 
 from stepstream import Settings
@@ -39,7 +38,7 @@ from stepstream.topics import ensure_topics
 
 from agents import answers
 from brokers import kafka_only
-from secure_kafka import acl_rules, documented_acl_rules, grant
+from secure_kafka import acl_rules, documented_acl_rules, grant, until_answers
 
 COMPOSE = Path(__file__).resolve().parent.parent / 'compose'
 
@@ -98,25 +97,6 @@ def running(command: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
             process.wait()
 
 
-async def answers_as_operator(operator: Settings, broker: subprocess.Popen[bytes], log: Path) -> None:
-    """Return once the broker answers the operator over its mutual-TLS listener."""
-    deadline = asyncio.get_running_loop().time() + 120
-    while True:
-        if broker.poll() is not None:
-            raise RuntimeError(f'the broker exited: see {log}')
-        with contextlib.suppress(Exception):
-            admin = AIOKafkaAdminClient(**client_options(operator), request_timeout_ms=3000)
-            await asyncio.wait_for(admin.start(), 5)
-            try:
-                if (await asyncio.wait_for(admin.describe_cluster(), 5))['brokers']:
-                    return
-            finally:
-                await admin.close()
-        if asyncio.get_running_loop().time() > deadline:
-            raise TimeoutError(f'the broker did not answer the operator within 120s: see {log}')
-        await asyncio.sleep(0.3)
-
-
 @kafka_only('is not what compose runs: its file sets up Apache Kafka')
 @pytest.mark.skipif(shutil.which('openssl') is None, reason='compose/certs.sh makes the CA with openssl')
 async def test_compose_kafka_with_its_certificates_users_and_acls_serves_every_role(
@@ -149,7 +129,7 @@ async def test_compose_kafka_with_its_certificates_users_and_acls_serves_every_r
         ssl_certfile=str(here.certs / 'operator-keystore.pem'),  # key and certificate
     )
     with running(apache_kafka.broker_command(java, lib, properties), log) as broker:
-        await answers_as_operator(operator, broker, log)
+        await until_answers(broker, client_options(operator), log, timeout=120)
 
         # kafka-setup.sh as compose runs it: kafka-configs.sh is the broker's own ConfigCommand.
         tools = tmp_path / 'bin'
