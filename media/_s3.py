@@ -140,6 +140,8 @@ class S3MediaStore:
         key_strategy: KeyStrategy | None = None,
     ) -> S3MediaStore:
         """The store the `STEPSTREAM_S3_*` settings describe, shared by producer, reader and CLI."""
+        from stepstream.s3_client import client_options
+
         return cls(
             bucket=settings.s3_bucket,
             endpoint=settings.s3_endpoint,
@@ -153,6 +155,7 @@ class S3MediaStore:
             key_prefix=key_prefix,
             public_url=public_url,
             key_strategy=key_strategy,
+            client_options=client_options(settings),
         )
 
     def __repr__(self) -> str:
@@ -274,7 +277,10 @@ class S3MediaStore:
     @staticmethod
     def _diagnose(exc: BaseException, *, missing_bucket: bool) -> tuple[str, str]:
         """What went wrong and what to do, for an error of the S3 client."""
-        if missing_bucket or 'NoSuchBucket' in str(exc):
+        tls = _tls_failure(str(exc))
+        if tls is not None:
+            what, advice = tls
+        elif missing_bucket or 'NoSuchBucket' in str(exc):
             what, advice = (
                 'the bucket does not exist',
                 'create it, or set STEPSTREAM_S3_BUCKET to an existing bucket',
@@ -299,6 +305,40 @@ class S3MediaStore:
             )
         return what, advice
 
+
+def _tls_failure(text: str) -> tuple[str, str] | None:
+    """What went wrong and what to do when TLS is the cause, from the text of an obstore error.
+
+    obstore (reqwest with rustls) puts the reason deep in its debug text, not its first line:
+    `InvalidCertificate(UnknownIssuer)`, `InvalidCertificate(NotValidForName)`, ...
+    """
+    reason = _INVALID_CERTIFICATE.search(text)
+    if reason is not None and reason.group(1) == 'NotValidForName':
+        return (
+            'the TLS certificate of the endpoint does not name the host in its URL',
+            'set STEPSTREAM_S3_ENDPOINT to a host name the certificate holds',
+        )
+    if reason is not None:
+        return (
+            f'the TLS certificate of the endpoint is not trusted ({reason.group(1)})',
+            'set STEPSTREAM_S3_CAFILE to the PEM file of the CA that signed it',
+        )
+    if 'HTTP request to an HTTPS server' in text:
+        return (
+            'the endpoint speaks HTTPS, not plain HTTP',
+            'use https:// in STEPSTREAM_S3_ENDPOINT (and STEPSTREAM_S3_CAFILE for a private CA)',
+        )
+    if any(marker in text for marker in _PLAINTEXT_ANSWER_MARKERS):
+        return (
+            'the endpoint answered a TLS handshake with plain HTTP',
+            'use http:// in STEPSTREAM_S3_ENDPOINT, or enable TLS on the S3 service',
+        )
+    return None
+
+
+_INVALID_CERTIFICATE = re.compile(r'InvalidCertificate\(\s*([A-Za-z]+)')
+# How rustls words a TLS handshake answered by a plain-HTTP server.
+_PLAINTEXT_ANSWER_MARKERS = ('InvalidContentType', 'CorruptMessage', 'received corrupt message')
 
 # A LIST answered 403 reaches us as a generic error: its status and S3 error codes say what it is.
 _DENIED_MARKERS = ('403 Forbidden', 'AccessDenied', 'SignatureDoesNotMatch', 'InvalidAccessKeyId')

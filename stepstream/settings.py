@@ -56,6 +56,9 @@ class Settings:
     s3_secret_access_key: SecretStr | None = field(default=None, repr=False)
     """Read from `STEPSTREAM_S3_SECRET_ACCESS_KEY` or the file `STEPSTREAM_S3_SECRET_ACCESS_KEY_FILE`,
     never a flag."""
+    s3_cafile: str | None = None
+    """PEM file of the CA(s) that signed the S3 endpoint's certificate, trusted besides the system's
+    CAs (a private CA in front of MinIO, Ceph or SeaweedFS); needs an `https://` endpoint."""
     media_threshold_bytes: int = 64 * 1024
     """Payloads at or above this size (UTF-8 bytes for text) are moved to the media store."""
     db_path: str = '.stepstream/projection'
@@ -107,6 +110,11 @@ class Settings:
         if self.stale_after_s < 0:
             raise ValueError(f'stale_after_s must not be negative, got {self.stale_after_s}')
         self._check_security()
+        if self.s3_cafile and (self.s3_endpoint or '').startswith('http://'):
+            raise ValueError(
+                f'{_name("s3_cafile")} is set but {_name("s3_endpoint")} is {self.s3_endpoint}, '
+                'which is not TLS: use an https:// endpoint, or drop the CA file'
+            )
 
     def _check_security(self) -> None:
         """Refuse a security setup that cannot work, naming the variable to change."""

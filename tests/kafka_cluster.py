@@ -1,7 +1,7 @@
 """A three-node Apache Kafka cluster on loopback, for failure tests: kill and restart any node.
 
 Each node is broker and KRaft controller (three voters), built from the same jars and broker
-settings as the embedded Apache Kafka (`stepstream.embedded_kafka`), with what a replicated
+settings as the embedded Apache Kafka (`stepstream.embedded.apache_kafka`), with what a replicated
 cluster needs on top: replication factor 3 and `min.insync.replicas=2` for every topic, and a
 short broker session so the controller notices a dead broker within seconds.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
-from stepstream import embedded_kafka
+from stepstream.embedded import apache_kafka
 
 HOST = '127.0.0.1'
 
@@ -58,11 +58,11 @@ class KafkaCluster:
 
     def __init__(self, data_dir: Path, size: int = 3) -> None:
         self.data_dir = data_dir
-        self.java = embedded_kafka.java_binary()
-        self.lib = embedded_kafka.resolve_jars()
+        self.java = apache_kafka.java_binary()
+        self.lib = apache_kafka.resolve_jars()
         ports = [(_free_port(), _free_port()) for _ in range(size)]
         voters = ','.join(f'{i + 1}@{HOST}:{controller}' for i, (_, controller) in enumerate(ports))
-        cluster_id = embedded_kafka.new_cluster_id()
+        cluster_id = apache_kafka.new_cluster_id()
         self.nodes: dict[int, Node] = {}
         for i, (port, controller) in enumerate(ports):
             node_id = i + 1
@@ -70,7 +70,7 @@ class KafkaCluster:
             home.mkdir(parents=True)
             properties = home / 'server.properties'
             properties.write_text(
-                embedded_kafka.server_properties(
+                apache_kafka.server_properties(
                     host=HOST,
                     port=port,
                     controller_port=controller,
@@ -81,7 +81,7 @@ class KafkaCluster:
                 )
             )
             subprocess.run(
-                embedded_kafka.format_command(self.java, self.lib, properties, cluster_id),
+                apache_kafka.format_command(self.java, self.lib, properties, cluster_id),
                 check=True,
                 capture_output=True,
             )
@@ -94,7 +94,7 @@ class KafkaCluster:
     def _spawn(self, node: Node) -> None:
         with open(node.log, 'ab') as log:
             node.process = subprocess.Popen(
-                embedded_kafka.broker_command(self.java, self.lib, node.properties),
+                apache_kafka.broker_command(self.java, self.lib, node.properties),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
-import ipaddress
 import json
 import shlex
 import signal
@@ -29,108 +27,19 @@ from base64 import urlsafe_b64encode
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from aiokafka.abc import AbstractTokenProvider
 from aiokafka.admin import AIOKafkaAdminClient
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from stepstream import embedded_kafka
+from stepstream.embedded import apache_kafka
 
-HOST = '127.0.0.1'
+from certificates import HOST, TestCA
+
 USERS = {name: f'{name}-secret' for name in ('admin', 'producer', 'projector', 'analyst', 'stranger')}
 """SCRAM users (SHA-256 and SHA-512) and PLAIN users; ACLs decide what each may do."""
 
 DOCS_SECURITY = Path(__file__).resolve().parent.parent / 'docs' / 'security.md'
-
-
-# -- certificates -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Issued:
-    cert: Path
-    key: Path
-
-
-def _name(common_name: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-
-
-def _write_key(key: ec.EllipticCurvePrivateKey, path: Path) -> None:
-    path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-    )
-
-
-class TestCA:
-    """A certificate authority made for one test session: issues server and client certificates."""
-
-    def __init__(self, directory: Path, name: str = 'stepstream test CA') -> None:
-        directory.mkdir(parents=True, exist_ok=True)
-        self.directory = directory
-        self.key = ec.generate_private_key(ec.SECP256R1())
-        now = datetime.datetime.now(datetime.UTC)
-        self.cert = (
-            x509.CertificateBuilder()
-            .subject_name(_name(name))
-            .issuer_name(_name(name))
-            .public_key(self.key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(hours=1))
-            .not_valid_after(now + datetime.timedelta(days=2))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(self.key.public_key()), critical=False)
-            .sign(self.key, hashes.SHA256())
-        )
-        self.cafile = directory / 'ca.pem'
-        self.cafile.write_bytes(self.cert.public_bytes(serialization.Encoding.PEM))
-
-    def issue(self, common_name: str, *, server: bool = False) -> Issued:
-        """A certificate and key for `common_name`; a server one names 127.0.0.1 and localhost."""
-        key = ec.generate_private_key(ec.SECP256R1())
-        now = datetime.datetime.now(datetime.UTC)
-        usages = [ExtendedKeyUsageOID.CLIENT_AUTH] + ([ExtendedKeyUsageOID.SERVER_AUTH] if server else [])
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(_name(common_name))
-            .issuer_name(self.cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(hours=1))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
-            .add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()), critical=False
-            )
-        )
-        if server:
-            names = [x509.IPAddress(ipaddress.ip_address(HOST)), x509.DNSName('localhost')]
-            builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
-        cert = builder.sign(self.key, hashes.SHA256())
-        issued = Issued(self.directory / f'{common_name}.crt', self.directory / f'{common_name}.key')
-        issued.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        _write_key(key, issued.key)
-        return issued
 
 
 # -- OAUTHBEARER ------------------------------------------------------------------------------
@@ -209,11 +118,11 @@ class SecureKafka:
             'super.users': 'User:ANONYMOUS',
             'allow.everyone.if.no.acl.found': 'false',
         }
-        self.java = embedded_kafka.java_binary()
-        self.lib = embedded_kafka.resolve_jars()
+        self.java = apache_kafka.java_binary()
+        self.lib = apache_kafka.resolve_jars()
         self.properties = directory / 'server.properties'
         self.properties.write_text(
-            embedded_kafka.server_properties(
+            apache_kafka.server_properties(
                 host=HOST,
                 port=self.plaintext_port,
                 controller_port=controller,
@@ -239,35 +148,21 @@ class SecureKafka:
 
     async def start(self, timeout: float = 90) -> None:
         subprocess.run(
-            embedded_kafka.format_command(
-                self.java, self.lib, self.properties, embedded_kafka.new_cluster_id(), scram_users=USERS
+            apache_kafka.format_command(
+                self.java, self.lib, self.properties, apache_kafka.new_cluster_id(), scram_users=USERS
             ),
             check=True,
             capture_output=True,
         )
         with open(self.log, 'ab') as log:
             self.process = subprocess.Popen(
-                embedded_kafka.broker_command(self.java, self.lib, self.properties),
+                apache_kafka.broker_command(self.java, self.lib, self.properties),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
-        deadline = asyncio.get_running_loop().time() + timeout
-        while True:
-            if self.process.poll() is not None:
-                raise RuntimeError(f'the secured broker exited: see {self.log}')
-            with contextlib.suppress(Exception):
-                admin = AIOKafkaAdminClient(bootstrap_servers=self.admin_bootstrap, request_timeout_ms=3000)
-                await asyncio.wait_for(admin.start(), 5)
-                try:
-                    if (await asyncio.wait_for(admin.describe_cluster(), 5))['brokers']:
-                        return
-                finally:
-                    await admin.close()
-            if asyncio.get_running_loop().time() > deadline:
-                raise TimeoutError(f'the secured broker did not answer within {timeout}s: see {self.log}')
-            await asyncio.sleep(0.3)
+        await until_answers(self.process, {'bootstrap_servers': self.admin_bootstrap}, self.log, timeout)
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -277,6 +172,27 @@ class SecureKafka:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+
+
+async def until_answers(
+    broker: subprocess.Popen[bytes], options: dict[str, Any], log: Path, timeout: float = 90
+) -> None:
+    """Return once a broker started as `broker` lists itself to an admin client built with `options`."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        if broker.poll() is not None:
+            raise RuntimeError(f'the broker exited: see {log}')
+        with contextlib.suppress(Exception):
+            admin = AIOKafkaAdminClient(**options, request_timeout_ms=3000)
+            await asyncio.wait_for(admin.start(), 5)
+            try:
+                if (await asyncio.wait_for(admin.describe_cluster(), 5))['brokers']:
+                    return
+            finally:
+                await admin.close()
+        if asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError(f'the broker did not answer within {timeout}s: see {log}')
+        await asyncio.sleep(0.3)
 
 
 # -- ACLs, as docs/security.md writes them ----------------------------------------------------
@@ -298,33 +214,40 @@ def documented_acl_rules() -> Iterator[AclRule]:
     """The `kafka-acls.sh ... --add` commands in the code blocks of docs/security.md."""
     text = DOCS_SECURITY.read_text()
     for block in text.split('```sh')[1:]:
-        code = block.split('```')[0].replace('\\\n', ' ')
-        for line in code.splitlines():
-            words = shlex.split(line, comments=True)
-            if not words or not words[0].endswith('kafka-acls.sh') or '--add' not in words:
-                continue
-            values: dict[str, list[str]] = {}
-            flags = set()
-            it = iter(words[1:])
-            for word in it:
-                if word in ('--add', '--cluster'):
-                    flags.add(word)
-                elif word.startswith('--'):
-                    values.setdefault(word, []).append(next(it))
-            yield AclRule(
-                principal=values['--allow-principal'][0],
-                operations=tuple(values['--operation']),
-                topics=tuple(values.get('--topic', ())),
-                groups=tuple(values.get('--group', ())),
-                cluster='--cluster' in flags,
-                prefixed=values.get('--resource-pattern-type', ['literal'])[0] == 'prefixed',
-            )
+        yield from acl_rules(block.split('```')[0])
 
 
-def grant(admin_bootstrap: str, rules: list[AclRule], *, topic_prefix: str) -> None:
+def acl_rules(code: str, command: str = 'kafka-acls.sh') -> Iterator[AclRule]:
+    """The ACLs that the `command ... --add` lines of a shell script grant."""
+    for line in code.replace('\\\n', ' ').splitlines():
+        words = shlex.split(line, comments=True)
+        if not words or not words[0].endswith(command) or '--add' not in words:
+            continue
+        values: dict[str, list[str]] = {}
+        flags = set()
+        it = iter(words[1:])
+        for word in it:
+            if word in ('--add', '--cluster'):
+                flags.add(word)
+            elif word.startswith('--'):
+                values.setdefault(word, []).append(next(it))
+        yield AclRule(
+            principal=values['--allow-principal'][0],
+            operations=tuple(values['--operation']),
+            topics=tuple(values.get('--topic', ())),
+            groups=tuple(values.get('--group', ())),
+            cluster='--cluster' in flags,
+            prefixed=values.get('--resource-pattern-type', ['literal'])[0] == 'prefixed',
+        )
+
+
+def grant(
+    admin_bootstrap: str, rules: list[AclRule], *, topic_prefix: str, client: dict[str, str] | None = None
+) -> None:
     """Create the ACLs of `rules` with the `stepstream` topic prefix replaced, and wait until they apply.
 
-    Through librdkafka's admin client (aiokafka has no ACL API), over the super-user listener.
+    Through librdkafka's admin client (aiokafka has no ACL API), over the super-user listener;
+    `client` adds librdkafka settings (TLS files of a super user's certificate, say).
     """
     from confluent_kafka.admin import (
         AclBinding,
@@ -359,7 +282,7 @@ def grant(admin_bootstrap: str, rules: list[AclRule], *, topic_prefix: str) -> N
                         AclPermissionType.ALLOW,
                     )
                 )
-    admin = AdminClient({'bootstrap.servers': admin_bootstrap})
+    admin = AdminClient({'bootstrap.servers': admin_bootstrap, **(client or {})})
     for future in admin.create_acls(bindings).values():
         future.result(timeout=30)
     everything = AclBindingFilter(

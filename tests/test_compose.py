@@ -1,7 +1,9 @@
 """compose/docker-compose.yml, checked by structure (no docker engine needed).
 
 The services must agree with each other and with `Settings`: the projector's STEPSTREAM_* variables
-are ones `Settings.from_env()` reads, and its addresses name the compose services.
+are ones `Settings.from_env()` reads, and its addresses name the compose services. Every connection
+is TLS from the CA certs.sh makes, clients authenticate with SCRAM, and the ACLs kafka-setup.sh
+grants are the ones docs/security.md lists.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from stepstream.embedded_kafka import BROKER_SETTINGS, KAFKA_VERSION
+from stepstream.embedded.apache_kafka import BROKER_SETTINGS, KAFKA_VERSION, POM
 from stepstream.settings import ENV_PREFIX, Settings
+
+from secure_kafka import acl_rules, documented_acl_rules
 
 yaml = pytest.importorskip('yaml', reason='PyYAML is needed to read the compose file (dev extra)')
 
@@ -55,7 +59,9 @@ def command_text(service: dict[str, Any]) -> str:
 
 
 def test_services(compose: dict[str, Any]) -> None:
-    assert {'kafka', 'minio', 'minio-init', 'projector'} <= set(compose['services'])
+    assert {'certs', 'kafka', 'kafka-setup', 'topics', 'minio', 'minio-init', 'projector'} <= set(
+        compose['services']
+    )
 
 
 def test_kafka_is_kraft_and_reachable_from_host_and_network(compose: dict[str, Any]) -> None:
@@ -87,7 +93,7 @@ def test_kafka_runs_what_the_tests_run(compose: dict[str, Any]) -> None:
         variable = 'KAFKA_' + name.upper().replace('.', '_')
         assert env.get(variable) == value, (variable, env.get(variable), value)
     assert kafka['image'] == f'apache/kafka:{KAFKA_VERSION}'
-    pom = (Path(__file__).resolve().parent.parent / 'stepstream' / 'kafka' / 'pom.xml').read_text()
+    pom = POM.read_text()
     assert f'<kafka.version>{KAFKA_VERSION}</kafka.version>' in pom
 
 
@@ -127,7 +133,7 @@ def test_projector_env_is_settings(compose: dict[str, Any]) -> None:
     assert settings.s3_secret_access_key is not None
     assert settings.s3_secret_access_key.get_secret_value() == minio_env['MINIO_ROOT_PASSWORD']
     init = command_text(services['minio-init'])
-    assert f'/{settings.s3_bucket}' in init and 'mc mb' in init and 'http://minio:9000' in init
+    assert f'/{settings.s3_bucket}' in init and 'mc mb' in init and f' {settings.s3_endpoint} ' in init
     assert minio_env['MINIO_ROOT_USER'] in init and minio_env['MINIO_ROOT_PASSWORD'] in init
 
     # The projection lives on a volume, not in the container's writable layer.
@@ -141,6 +147,10 @@ def test_projector_runs_the_cli_after_its_dependencies(compose: dict[str, Any]) 
     depends = projector['depends_on']
     assert depends['kafka']['condition'] == 'service_healthy'
     assert depends['minio-init']['condition'] == 'service_completed_successfully'
+    assert depends['topics']['condition'] == 'service_completed_successfully'
+    topics = compose['services']['topics']
+    assert command_text(topics) == 'stepstream topics ensure'
+    assert topics['depends_on']['kafka-setup']['condition'] == 'service_completed_successfully'
     assert compose['services']['minio-init']['depends_on']['minio']['condition'] == 'service_healthy'
 
     context = (COMPOSE_DIR / projector['build']['context']).resolve()
@@ -165,4 +175,82 @@ def test_readme_shows_how_to_reach_it_from_the_host(compose: dict[str, Any]) -> 
         projector.s3_access_key_id,
         projector.s3_secret_access_key,
     )
-    assert settings.s3_endpoint == 'http://localhost:9000'
+    assert settings.s3_endpoint == 'https://localhost:9000'
+    assert settings.s3_cafile == settings.ssl_cafile == 'compose-ca.pem'
+    assert (settings.security_protocol, settings.sasl_mechanism) == ('SASL_SSL', 'SCRAM-SHA-512')
+    assert settings.sasl_username == 'producer'
+    password = settings.sasl_password.get_secret_value() if settings.sasl_password else None
+    assert password == scram_users(compose)['producer']
+    assert "certs 'cat /certs/ca.pem' > compose-ca.pem" in readme
+
+
+SETUP = COMPOSE_DIR / 'kafka-setup.sh'
+CERTS = COMPOSE_DIR / 'certs.sh'
+
+
+def scram_users(compose: dict[str, Any]) -> dict[str, str]:
+    """The SCRAM users kafka-setup.sh creates, with the passwords compose gives it by default."""
+    env = env_of(compose['services']['kafka-setup'])
+    users = re.findall(r'^scram_user (\w+) "\$(\w+)"$', SETUP.read_text(), re.MULTILINE)
+    return {name: env[variable] for name, variable in users}
+
+
+def clients(compose: dict[str, Any]) -> dict[str, Settings]:
+    """The Settings of every compose service that runs stepstream."""
+    return {
+        name: Settings.from_env(environ=env_of(service))
+        for name, service in compose['services'].items()
+        if command_text(service).startswith('stepstream ')
+    }
+
+
+def test_no_listener_is_plaintext_and_clients_use_sasl_ssl_with_the_ca(compose: dict[str, Any]) -> None:
+    kafka = env_of(compose['services']['kafka'])
+    protocols = dict(item.split(':') for item in kafka['KAFKA_LISTENER_SECURITY_PROTOCOL_MAP'].split(','))
+    assert set(protocols.values()) <= {'SSL', 'SASL_SSL'}
+    # The listeners authenticated by certificate require one; their principal is its CN.
+    for name, protocol in protocols.items():
+        if protocol == 'SSL':
+            assert kafka[f'KAFKA_LISTENER_NAME_{name}_SSL_CLIENT_AUTH'] == 'required'
+    assert kafka['KAFKA_SSL_PRINCIPAL_MAPPING_RULES'] == 'RULE:^CN=([^,]+)$$/$$1/,DEFAULT'  # $$: compose's $
+    assert kafka['KAFKA_SUPER_USERS'] == 'User:kafka;User:operator'  # the broker and the operator
+    assert kafka['KAFKA_ALLOW_EVERYONE_IF_NO_ACL_FOUND'] == 'false'
+    mechanisms = kafka['KAFKA_SASL_ENABLED_MECHANISMS'].split(',')
+    advertised = dict(item.split('://') for item in kafka['KAFKA_ADVERTISED_LISTENERS'].split(','))
+    listener_of = {address: name for name, address in advertised.items()}
+    ca = kafka['KAFKA_SSL_TRUSTSTORE_LOCATION']
+
+    users = scram_users(compose)
+    assert set(users) >= {'admin', 'producer', 'projector'}
+    for name, settings in clients(compose).items():
+        listener = listener_of[settings.bootstrap_servers]
+        assert protocols[listener] == settings.security_protocol == 'SASL_SSL', name
+        assert settings.sasl_mechanism in mechanisms
+        assert (
+            f'KAFKA_LISTENER_NAME_{listener}_{settings.sasl_mechanism.replace("-", "___")}_SASL_JAAS_CONFIG'
+            in kafka
+        )
+        assert settings.ssl_cafile == ca, name
+        assert settings.sasl_password is not None
+        assert users[settings.sasl_username or ''] == settings.sasl_password.get_secret_value(), name
+        if settings.s3_endpoint is not None:
+            assert settings.s3_endpoint.startswith('https://') and settings.s3_cafile == ca, name
+    assert clients(compose)['topics'].sasl_username == 'admin'  # the one role that creates topics
+    assert clients(compose)['projector'].sasl_username == 'projector'
+
+
+def test_the_acls_compose_grants_are_the_documented_ones() -> None:
+    assert sorted(acl_rules(SETUP.read_text(), command='acls'), key=repr) == sorted(
+        documented_acl_rules(), key=repr
+    )
+
+
+def test_the_certificates_name_the_addresses_clients_use(compose: dict[str, Any]) -> None:
+    text = CERTS.read_text()
+    sans = dict(re.findall(r'^issue (\w+) "([^"]*)"$', text, re.MULTILINE))
+    assert sans['kafka'] == 'DNS:kafka,DNS:localhost' and sans['minio'] == 'DNS:minio,DNS:localhost'
+    assert 'operator' in sans  # the super user's client certificate
+    services = compose['services']
+    for name in ('kafka', 'kafka-setup', 'minio', 'minio-init', 'topics', 'projector'):
+        assert 'certs:/certs:ro' in services[name]['volumes'], name
+    assert '--certs-dir' in command_text(services['minio'])

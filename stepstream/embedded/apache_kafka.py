@@ -1,7 +1,7 @@
 """Apache Kafka for `EmbeddedStack(broker='kafka')`: jars from Maven Central, one KRaft node.
 
 The broker is the `org.apache.kafka:kafka_2.13` artifact and its runtime dependencies, resolved
-once by Maven from `stepstream/kafka/pom.xml` into a cache directory (`STEPSTREAM_KAFKA_CACHE`,
+once by Maven from `stepstream/embedded/kafka/pom.xml` into a cache directory (`STEPSTREAM_KAFKA_CACHE`,
 else `~/.cache/stepstream`), then started as `java -cp 'lib/*' kafka.Kafka server.properties`
 on loopback ports: one process that is both broker and KRaft controller. Nothing is downloaded
 from anywhere but the Maven repositories Maven is configured with.
@@ -18,8 +18,13 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
+from stepstream.embedded._network import HOST
+from stepstream.embedded._processes import BROKER, EmbeddedStackError, log_tail, quote
+
+TITLE = 'Apache Kafka (the broker)'
+LOG_NAME = 'kafka.log'
 KAFKA_VERSION = '4.1.1'
-"""Keep equal to `kafka.version` in stepstream/kafka/pom.xml."""
+"""Keep equal to `kafka.version` in stepstream/embedded/kafka/pom.xml."""
 
 _HERE = Path(__file__).parent / 'kafka'
 POM = _HERE / 'pom.xml'
@@ -60,6 +65,14 @@ _LISTENERS = {
 
 class KafkaUnavailable(Exception):
     """Java or Maven is missing, or Maven could not resolve the broker's jars."""
+
+
+def resolve() -> tuple[str, Path]:
+    """`java` and the directory of the broker's jars, or `EmbeddedStackError` saying what is missing."""
+    try:
+        return java_binary(), resolve_jars()
+    except KafkaUnavailable as exc:
+        raise EmbeddedStackError(f'{TITLE} cannot run: {exc}', service=BROKER) from None
 
 
 def java_binary() -> str:
@@ -212,3 +225,32 @@ def format_command(
 def broker_command(java: str, lib: Path, properties: Path) -> list[str]:
     """Runs the broker."""
     return _java(java, lib, 'kafka.Kafka', str(properties))
+
+
+def node_command(
+    java: str, lib: Path, home: Path, *, port: int, controller_port: int, log_path: Path, env: dict[str, str]
+) -> list[str]:
+    """The command of the embedded node whose log lives in `home/log` (kept across restarts).
+
+    Writes its `server.properties` and formats the log directory the first time (the format
+    tool's output goes to `log_path`).
+    """
+    log_dir = home / 'log'
+    properties = home / 'server.properties'
+    home.mkdir(exist_ok=True)
+    properties.write_text(
+        server_properties(host=HOST, port=port, controller_port=controller_port, log_dir=log_dir)
+    )
+    if not (log_dir / 'meta.properties').exists():
+        command = format_command(java, lib, properties, new_cluster_id())
+        with open(log_path, 'ab') as log:
+            done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, check=False)
+        if done.returncode != 0:
+            raise EmbeddedStackError(
+                f'{TITLE} could not format its log directory (exit {done.returncode}).\n'
+                f'  command: {quote(command)}\n'
+                f'  last lines of {log_path}:\n'
+                + '\n'.join('    ' + line for line in log_tail(log_path, 0).splitlines()),
+                service=BROKER,
+            )
+    return broker_command(java, lib, properties)
