@@ -308,10 +308,14 @@ class EventLog:
         return ack
 
     def _keep(self, record: LogRecord) -> Ack:
-        """Keep a record the broker did not take, in its run's `seq` order, and wake the resender."""
+        """Keep a record the broker did not take, in its run's `seq` order, and wake the resender.
+
+        Only the same record is kept once: records may share a `seq` (an operator's resolution
+        names the seq of the transition it answers), and each must reach the log.
+        """
         kept = self._kept.setdefault(record.run_id, [])
         for other in kept:
-            if other.record.seq == record.seq and type(other.record) is type(record):
+            if other.record == record:
                 return other.ack
         entry = _Kept(record, asyncio.get_running_loop().create_future())
         bisect.insort(kept, entry)

@@ -72,9 +72,15 @@ def ssl_context(settings: Settings) -> ssl.SSLContext:
 
     Hostname checking stays on: a broker's certificate must name the address clients use.
     """
-    context = ssl.create_default_context(cafile=settings.ssl_cafile)
     if settings.ssl_cafile:
         _check_file(settings.ssl_cafile, 'ssl_cafile')
+    try:
+        context = ssl.create_default_context(cafile=settings.ssl_cafile)
+    except ssl.SSLError as exc:
+        raise SecureConnectionError(
+            f'STEPSTREAM_SSL_CAFILE={settings.ssl_cafile!r} holds no CA certificate that can be loaded '
+            f'({exc.reason or exc}): set it to a PEM file of the CA that signed the broker certificate'
+        ) from None
     if settings.ssl_certfile:
         _check_file(settings.ssl_certfile, 'ssl_certfile')
         if settings.ssl_keyfile:

@@ -7,9 +7,11 @@ embedded stack, so the shared one stays up for everyone else).
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
@@ -18,7 +20,8 @@ from stepstream import MediaUnavailable, RecordTooLarge, Settings, StepStreamUna
 from stepstream.embedded import EmbeddedStack
 from stepstream.producer import EventLog, StepPersistence
 from stepstream.projector import Projector
-from stepstream.schemas import RunRecord
+from stepstream.kafka_client import client_options
+from stepstream.schemas import RunRecord, ToolEffectTransition, decode
 
 from agents import calls_then_answers
 
@@ -100,9 +103,15 @@ async def test_broker_down_mid_run_every_failed_run_ends_failed_once_it_is_back(
             during = [asyncio.create_task(agent(f'during-{i}').run('go')) for i in range(2)]
             results = await asyncio.gather(*mid_run, *during, return_exceptions=True)
             assert all(isinstance(r, StepStreamUnavailable) for r in results), results
+            # Two operators' resolutions of one call share its seq: both are kept, neither merged.
+            resolutions = [resolution('mid-0', note) for note in ('first look', 'second look')]
+            for record in resolutions:
+                await log.append(record)
 
             await asyncio.to_thread(stack.start_broker)
             position = await log.flush(timeout=60)  # the kept records, run_failed included, go now
+        logged = await read_log(settings, position)
+        assert [r for r in logged if getattr(r, 'status', None) == 'resolved'] == resolutions
         async with Projector(settings) as projector:
             await projector.wait_for(position)
             reader = projector.reader()
@@ -113,6 +122,37 @@ async def test_broker_down_mid_run_every_failed_run_ends_failed_once_it_is_back(
                 assert kinds[0] == 'run_started' and kinds[-1] == 'run_failed', kinds
             assert [e.tool_call_id for e in await reader.list_unresolved_tool_effects()] == []
             assert [(await reader.get_run(f'during-{i}')).event_count for i in range(2)] == [2, 2]  # type: ignore[union-attr]
+
+
+def resolution(run_id: str, note: str) -> ToolEffectTransition:
+    return ToolEffectTransition(
+        run_id=run_id,
+        seq=3,
+        writer_id='stepstream-cli@test:1',
+        timestamp=datetime.now(UTC),
+        tool_call_id='call-1',
+        tool_name='work',
+        status='resolved',
+        resolution='happened',
+        resolved_by='operator',
+        note=note,
+    )
+
+
+async def read_log(settings: Settings, position: dict[TopicPartition, int]) -> list[object]:
+    """Every record in the log up to `position`, decoded, in partition order."""
+    consumer = AIOKafkaConsumer(**client_options(settings), enable_auto_commit=False)
+    await consumer.start()
+    try:
+        consumer.assign(list(position))
+        await consumer.seek_to_beginning(*position)
+        records: list[object] = []
+        while [tp for tp, end in position.items() if await consumer.position(tp) < end]:
+            for batch in (await consumer.getmany(timeout_ms=1000)).values():
+                records.extend(decode(m.value) for m in batch if m.value is not None)
+        return records
+    finally:
+        await consumer.stop()
 
 
 async def test_a_record_too_large_takes_no_seq(settings: Settings, projector: Projector) -> None:

@@ -146,3 +146,15 @@ def test_one_place_builds_every_kafka_client_s_options(tmp_path: Path) -> None:
         )
     )
     assert isinstance(oauth['sasl_oauth_token_provider'], AbstractTokenProvider)
+
+
+def test_a_ca_file_that_is_missing_or_not_a_certificate_names_the_variable(tmp_path: Path) -> None:
+    from stepstream.errors import SecureConnectionError
+    from stepstream.kafka_client import client_options
+
+    garbage = tmp_path / 'ca.pem'
+    garbage.write_text('-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n')
+    for cafile, cause in [(tmp_path / 'missing.pem', 'cannot be read'), (garbage, 'holds no CA certificate')]:
+        settings = Settings(security_protocol='SSL', ssl_cafile=str(cafile))
+        with pytest.raises(SecureConnectionError, match=f'STEPSTREAM_SSL_CAFILE=.*{cause}'):
+            client_options(settings)
