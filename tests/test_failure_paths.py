@@ -18,9 +18,9 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from stepstream import MediaUnavailable, RecordTooLarge, Settings, StepStreamUnavailable
 from stepstream.embedded import EmbeddedStack
+from stepstream.kafka_client import client_options
 from stepstream.producer import EventLog, StepPersistence
 from stepstream.projector import Projector
-from stepstream.kafka_client import client_options
 from stepstream.schemas import RunRecord, ToolEffectTransition, decode
 
 from agents import calls_then_answers
