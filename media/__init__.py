@@ -3,10 +3,12 @@
 `externalize_media` replaces every payload of at least `threshold_bytes` in a message history by a
 `media+sha256://` reference and uploads it; `restore_media` puts the payloads back. Stores:
 `S3MediaStore` (any S3-compatible service) and `DiskMediaStore` (a local directory), both behind
-the `MediaStore` protocol.
+the `MediaStore` protocol. `MediaExternalizer` is a capability that sends large media to the model
+as the store's public URL instead of as bytes in every request.
 """
 
 from stepstream.media._disk import DiskMediaStore
+from stepstream.media._externalizer import MediaExternalizer
 from stepstream.media._s3 import S3MediaStore
 from stepstream.media._types import (
     NO_CONTEXT,
@@ -36,6 +38,7 @@ __all__ = [
     'DiskMediaStore',
     'KeyStrategy',
     'MediaContext',
+    'MediaExternalizer',
     'MediaIntegrityError',
     'MediaNotFound',
     'MediaStore',

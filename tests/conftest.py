@@ -57,6 +57,7 @@ BROKER_INDEPENDENT = {
     'test_settings',
     'test_compose',
     'test_media',
+    'test_media_externalizer',
     'test_explorer',
     'test_capability_rules',
     'test_cli_usage',

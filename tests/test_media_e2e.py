@@ -4,27 +4,32 @@ from __future__ import annotations
 
 import os
 import uuid
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 import obstore
 import pytest
 from aiokafka import AIOKafkaConsumer
 from pydantic_ai import Agent, BinaryContent
 from pydantic_ai.messages import (
+    ImageUrl,
     ModelMessage,
     ModelMessagesTypeAdapter,
     ModelResponse,
     TextPart,
     ToolCallPart,
     ToolReturnPart,
+    UserContent,
+    UserPromptPart,
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.usage import RequestUsage
 
 from stepstream import MediaUnavailable, Settings
 from stepstream.embedded import EmbeddedStack
-from stepstream.media import S3MediaStore
+from stepstream.media import MediaContext, MediaExternalizer, PublicUrlResolver, S3MediaStore
 from stepstream.producer import EventLog, StepPersistence
 from stepstream.projector import ProjectionReader, Projector, continue_run
 
@@ -236,3 +241,67 @@ async def test_a_run_that_succeeds_without_persistence_succeeds_with_it(
     assert history == expected
     sizes = await raw_sizes(settings)
     assert sizes and max(sizes) < 64 * 1024
+
+
+def presigned_urls(settings: Settings) -> PublicUrlResolver:
+    """Presigned GET URLs on the stack's bucket: what a model provider fetches from a private bucket."""
+    bucket = S3MediaStore.from_settings(settings).object_store
+
+    async def resolve(uri: str, ctx: MediaContext, key: str) -> str:
+        return await obstore.sign_async(bucket, 'GET', key, timedelta(minutes=10))
+
+    return resolve
+
+
+async def test_the_model_fetches_large_media_from_s3_and_the_log_keeps_the_bytes(
+    settings: Settings, db_path: Path
+) -> None:
+    """MediaExternalizer on SeaweedFS: the model receives a URL, fetches the image by it, and the
+    run's persisted history (shared store, one object) still continues with the image's bytes."""
+    prefix = f'test-{uuid.uuid4().hex[:8]}/'
+    store = S3MediaStore.from_settings(settings, key_prefix=prefix, public_url=presigned_urls(settings))
+    fetched: list[bytes] = []
+
+    async def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        [url] = [
+            item
+            for m in messages
+            for p in m.parts
+            if isinstance(p, UserPromptPart) and not isinstance(p.content, str)
+            for item in p.content
+            if isinstance(item, ImageUrl)
+        ]
+        assert url.media_type == 'image/png'
+        async with httpx.AsyncClient() as http:  # as a provider would
+            response = await http.get(url.url)
+        response.raise_for_status()
+        fetched.append(response.content)
+        return ModelResponse(parts=[TextPart(f'an image of {len(response.content)} bytes')])
+
+    async with (
+        EventLog(settings) as log,
+        Projector(settings, db_path=db_path, media_store=store) as projector,
+    ):
+        agent = Agent(
+            FunctionModel(model),
+            capabilities=[
+                StepPersistence(log=log, agent_name='vision', media_store=store),
+                MediaExternalizer(store),
+            ],
+        )
+        prompt: list[UserContent] = ['what is in this picture?', BinaryContent(IMAGE, media_type='image/png')]
+        await agent.run(prompt, conversation_id='conv-vision')
+        await projector.wait_for(await log.flush())
+        [run] = await projector.reader().list_runs(conversation_id='conv-vision')
+        history = await continue_run(projector.reader(), run_id=run.run_id)
+
+    assert fetched == [IMAGE]
+    [image] = [
+        item
+        for p in history[0].parts
+        if isinstance(p, UserPromptPart) and not isinstance(p.content, str)
+        for item in p.content
+        if isinstance(item, BinaryContent)
+    ]
+    assert image.data == IMAGE
+    assert count_objects(settings, prefix) == 1  # the model's URL and the snapshot's reference
