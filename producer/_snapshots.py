@@ -13,20 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import TypeAdapter
 from pydantic_ai.messages import ModelMessage
 
 from stepstream.media import MediaStore, externalize_media
 from stepstream.producer._helpers import ToolCallScan
-from stepstream.schemas import SnapshotDelta, SnapshotState, patch_json, stamp_changes
-
-_MESSAGE = TypeAdapter(ModelMessage)
-
-
-def message_json(message: ModelMessage) -> bytes:
-    """One message as Pydantic AI's own JSON (the form snapshots carry and compare)."""
-    return _MESSAGE.dump_json(message)
-
+from stepstream.schemas import SnapshotDelta, SnapshotState, message_json, patch_json, stamp_changes
 
 RECENT = 2
 """How many of a snapshot's last messages the next delta compares by JSON (see DeltaTracker)."""

@@ -11,7 +11,7 @@ from stepstream.schemas._codec import (
     load_schema_versions,
     schema_of,
 )
-from stepstream.schemas._patch import apply_patch, patch_json, stamp_changes
+from stepstream.schemas._patch import apply_patch, message_json, patch_json, stamp_changes
 from stepstream.schemas._types import (
     EVENT_KINDS,
     MAX_NOTE_CHARS,
@@ -59,6 +59,7 @@ __all__ = [
     'decode',
     'encode',
     'load_schema_versions',
+    'message_json',
     'patch_json',
     'schema_of',
     'stamp_changes',

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
+import warnings
 from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -12,6 +15,22 @@ from aiokafka import AIOKafkaConsumer
 from fastavro import parse_schema, schemaless_reader
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 from fastavro.write import schemaless_writer
+from pydantic_ai.messages import (
+    BinaryContent,
+    FilePart,
+    ModelMessage,
+    ModelMessagesTypeAdapter,
+    ModelRequest,
+    ModelResponse,
+    RetryPromptPart,
+    SystemPromptPart,
+    TextPart,
+    ThinkingPart,
+    ToolCallPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
+from pydantic_ai.usage import RequestUsage
 
 from stepstream import SchemaError, Settings
 from stepstream.producer import EventLog
@@ -22,9 +41,13 @@ from stepstream.schemas import (
     SnapshotDelta,
     StepEvent,
     ToolEffectTransition,
+    apply_patch,
     decode,
     encode,
     load_schema_versions,
+    message_json,
+    patch_json,
+    stamp_changes,
 )
 
 NOW = datetime(2026, 11, 30, 12, 0, 0, 123456, tzinfo=UTC)
@@ -204,8 +227,10 @@ async def test_outside_consumer_decodes_with_only_the_avsc_files(
                     value = schemaless_reader(io.BytesIO(message.value[10:]), schema, None)
                     assert isinstance(value, dict)
                     assert message.key == str(value['run_id']).encode()
+                    # The kind is a header too, for routing without decoding; the schema is the
+                    # value's own fingerprint, not repeated in a header (decision 0024).
                     headers = dict(message.headers)
-                    assert headers['stepstream-schema'] == message.value[2:10].hex().encode()
+                    assert headers == {'stepstream-kind': str(value.get('kind') or value['status']).encode()}
                     decoded.append(value)
     finally:
         await consumer.stop()
@@ -220,3 +245,69 @@ async def test_outside_consumer_decodes_with_only_the_avsc_files(
         'patch': None,
     }
     assert all(v['timestamp'] == NOW for v in decoded)
+
+
+def lean_json_cases() -> list[ModelMessage]:
+    """Messages with None in every place it can be: fields, tool arguments, returns, metadata."""
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')  # RetryPromptPart is deprecated, and still in old histories
+        retry = RetryPromptPart('try again', tool_name=None)
+    return [
+        ModelRequest(
+            parts=[UserPromptPart('hi'), SystemPromptPart('be brief')], run_id=None, instructions=None
+        ),
+        ModelRequest(
+            parts=[
+                ToolReturnPart('t', None, 'c1'),
+                ToolReturnPart('t', {'a': None, 'b': [None, {'c': None}]}, 'c2', metadata={'m': None}),
+                retry,
+            ],
+            run_id='r',
+            conversation_id='conv',
+        ),
+        ModelResponse(
+            parts=[
+                TextPart('x'),
+                ThinkingPart('hmm', signature=None),
+                ToolCallPart('t', None, 'c3'),
+                ToolCallPart('t', {'z': None}, 'c4', id='call-id'),
+                ToolCallPart('t', '{"raw": null}', 'c5'),
+                FilePart(BinaryContent(b'\x89PNG', media_type='image/png')),
+            ],
+            model_name=None,
+            provider_details={'k': None},
+        ),
+        ModelResponse(
+            parts=[TextPart('counted')],
+            usage=RequestUsage(
+                input_tokens=0, output_tokens=7, audio_seconds=0.0, details={'x': 0}, cost=None
+            ),
+        ),
+        ModelResponse(parts=[], usage=RequestUsage(cache_read_tokens=3, cost=Decimal('0.25'))),
+    ]
+
+
+@pytest.mark.parametrize('message', lean_json_cases())
+def test_lean_message_json_reads_back_as_the_full_json_does(message: ModelMessage) -> None:
+    full = ModelMessagesTypeAdapter.dump_json([message])
+    lean = message_json(message)
+    assert ModelMessagesTypeAdapter.validate_json(
+        b'[' + lean + b']'
+    ) == ModelMessagesTypeAdapter.validate_json(full)
+    assert len(lean) < len(full) - 1
+
+
+def test_stamps_from_none_to_a_value_and_back_are_patches() -> None:
+    sent = ModelRequest(parts=[ToolReturnPart('t', 'ok', 'c1')])
+    stamped = dataclasses.replace(sent, run_id='r', conversation_id='conv')
+    changes = stamp_changes(message_json(sent), message_json(stamped))
+    assert changes == {'run_id': 'r', 'conversation_id': 'conv'}
+    history: list[ModelMessage] = [sent]
+    apply_patch(history, patch_json([(0, changes)]) or '')
+    assert history == [stamped]
+    back = stamp_changes(message_json(stamped), message_json(sent))
+    assert back == {'run_id': None, 'conversation_id': None}
+    apply_patch(history, patch_json([(0, back)]) or '')
+    assert history == [sent]
+    changed_part = dataclasses.replace(sent, parts=[ToolReturnPart('t', 'other', 'c1')])
+    assert stamp_changes(message_json(sent), message_json(changed_part)) is None
