@@ -131,19 +131,22 @@ class EventLog:
         self._denied: StepStreamError | None = None
         """Set when the broker refused a write for lack of an ACL; raised by every later wait."""
 
-    _shared: ClassVar[dict[tuple[str, str], EventLog]] = {}
+    _shared: ClassVar[dict[Settings, EventLog]] = {}
 
     @classmethod
     def shared(cls, settings: Settings) -> EventLog:
-        """The process's one `EventLog` for these servers and topic prefix, started on first use.
+        """The process's one `EventLog` for exactly these settings, started on first use.
 
         For capabilities built from a serialisable spec (`StepPersistence.from_spec`), which
         cannot be handed a live object. Close them all with `await EventLog.close_shared()`.
+
+        Keyed by the whole `Settings`, not by servers and topics alone: a log connects as one
+        principal (SASL user, client certificate) with one set of timeouts, so two specs that
+        name the same cluster as different users must not write through one connection.
         """
-        slot = (settings.bootstrap_servers, settings.topic_prefix)
-        log = cls._shared.get(slot)
+        log = cls._shared.get(settings)
         if log is None:
-            log = cls._shared[slot] = cls(settings)
+            log = cls._shared[settings] = cls(settings)
         return log
 
     @classmethod

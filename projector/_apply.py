@@ -39,7 +39,7 @@ import io
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from operator import itemgetter
 from types import SimpleNamespace
 from typing import Any
@@ -84,6 +84,7 @@ from stepstream.schemas import (
     StepEvent,
     decode,
 )
+from stepstream.timestamps import micros
 from stepstream.topics import murmur2_partition
 
 EVENTS, EFFECTS = 0, 1
@@ -119,14 +120,6 @@ DLQ_REASONS = (
 """Every reason a record can be dead-lettered for (docs/decisions/0010-conflict-rules.md)."""
 
 _RESOLUTION_FIELDS = ('resolution', 'resolved_by', 'note')
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MICROSECOND = timedelta(microseconds=1)
-
-
-def micros(ts: datetime) -> int:
-    """A timestamp as exact integer microseconds since the epoch (how the log carries it)."""
-    return (ts - _EPOCH) // _MICROSECOND
 
 
 # -- reading records into plain values ---------------------------------------------------------

@@ -32,7 +32,6 @@ from stepstream.projector._apply import (
     BatchOutcome,
     DeadLetter,
     SourceRecord,
-    micros,
 )
 from stepstream.projector._checkpoints import Checkpoints
 from stepstream.projector._keys import PROGRESS
@@ -52,6 +51,7 @@ from stepstream.projector._store import (
     write_identity,
 )
 from stepstream.settings import Settings
+from stepstream.timestamps import micros
 from stepstream.topics import Position, TopicLayout, ensure_topics, unavailable
 
 DLQ_INLINE_BYTES = 512 * 1024

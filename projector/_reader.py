@@ -53,6 +53,7 @@ from stepstream.schemas import (
     apply_patch,
     decode,
 )
+from stepstream.timestamps import EPOCH, from_micros, micros
 from stepstream.topics import murmur2_partition
 
 T = TypeVar('T')
@@ -60,7 +61,6 @@ DEFAULT_STALE_AFTER_S = 600.0
 """A `running` run with no record for this long reads as `stale` (see docs/decisions/0014)."""
 RATE_WINDOW = timedelta(seconds=10)
 """The window of the records-per-second figure the projector keeps for `status`."""
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class _NoMediaStore:
@@ -88,8 +88,8 @@ class _NoMediaStore:
         raise self._missing(uri)
 
 
-def _ts(micros: int | None) -> datetime | None:
-    return None if micros is None else _EPOCH + timedelta(microseconds=micros)
+def _ts(value: int | None) -> datetime | None:
+    return None if value is None else from_micros(value)
 
 
 class ShardUnavailable(StepStreamError):
@@ -279,7 +279,7 @@ class ProjectionReader:
                 index, prefix = RUNS, RUNS.prefix()
             run_ids: Iterator[str] = (index.last_str(k) for k, _ in self._scan(prefix))
             if after is not None and after_started is not None:
-                cut = ((after_started - _EPOCH) // timedelta(microseconds=1), after)
+                cut = (micros(after_started), after)
                 places = (index.parse(k)[-2:] for k, _ in self._scan(prefix))
                 if newest_first:
                     run_ids = (str(r) for s, r in reversed(list(places)) if (s, r) < cut)
@@ -315,7 +315,7 @@ class ProjectionReader:
         def query() -> list[RunRecord]:
             run_ids = {CONFLICT.parse(k)[0] for k, _ in self._scan(CONFLICT.prefix())}
             runs = [r for r in (self._run(str(run_id)) for run_id in run_ids) if r is not None]
-            return sorted(runs, key=lambda r: (r.started_at or _EPOCH, r.run_id))
+            return sorted(runs, key=lambda r: (r.started_at or EPOCH, r.run_id))
 
         return await self._query(query)
 
@@ -362,7 +362,7 @@ class ProjectionReader:
         if raw is None:
             return None
         state = RunState.decode(raw)
-        last_record_at = _EPOCH + timedelta(microseconds=max(state.started_at, state.last_record_at))
+        last_record_at = from_micros(max(state.started_at, state.last_record_at))
         status = state.status
         if status == 'running' and datetime.now(UTC) - last_record_at > self.stale_after:
             status = 'stale'
@@ -605,7 +605,7 @@ class ProjectionReader:
         def query() -> list[ToolEffectRecord]:
             calls = [EFFECT.last_str(k) for k, _ in scan(self._db(run_id), EFFECT.prefix(run_id))]
             effects = [e for e in (self._effect(run_id, c) for c in calls) if e is not None]
-            effects.sort(key=lambda e: (e.started_at or _EPOCH, e.tool_call_id))
+            effects.sort(key=lambda e: (e.started_at or EPOCH, e.tool_call_id))
             return effects
 
         return await self._query(query)
@@ -633,7 +633,7 @@ class ProjectionReader:
                 effect = self._effect(run, call)
                 if effect is not None:
                     found.append(effect)
-            found.sort(key=lambda e: (e.started_at or _EPOCH, e.run_id, e.tool_call_id))
+            found.sort(key=lambda e: (e.started_at or EPOCH, e.run_id, e.tool_call_id))
             return found
 
         return await self._query(query)
@@ -648,7 +648,7 @@ class ProjectionReader:
                 resolution=r['resolution'],
                 resolved_by=r['resolved_by'],
                 writer_id=r['writer_id'],
-                resolved_at=_EPOCH + timedelta(microseconds=r['at']),
+                resolved_at=from_micros(r['at']),
                 note=r['note'],
                 resolves_seq=r['seq'],
                 applied=r['offset'] == state.resolved_offset,

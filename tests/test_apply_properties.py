@@ -40,7 +40,6 @@ from stepstream.projector._apply import (
     EVENTS,
     Applier,
     SourceRecord,
-    micros,
     plain_fields,
     read_plain,
 )
@@ -56,6 +55,7 @@ from stepstream.schemas import (
     decode,
     encode,
 )
+from stepstream.timestamps import micros
 from stepstream.topics import murmur2_partition
 
 TOPICS = ('props.step-events', 'props.tool-effects')

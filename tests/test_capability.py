@@ -476,6 +476,28 @@ async def test_from_spec_uses_a_shared_log(settings: Settings, projector: Projec
         StepPersistence.from_spec(backend='sqlite')
 
 
+async def test_specs_for_different_principals_get_different_shared_logs(settings: Settings) -> None:
+    """A log connects as one SASL user: two users of one cluster must not share its connection."""
+    spec = {
+        'bootstrap_servers': settings.bootstrap_servers,
+        'topic_prefix': settings.topic_prefix,
+        'security_protocol': 'SASL_PLAINTEXT',
+        'sasl_mechanism': 'SCRAM-SHA-512',
+        'sasl_password': 'secret',
+    }
+    try:
+        alice = StepPersistence.from_spec(**spec, sasl_username='alice').log
+        bob = StepPersistence.from_spec(**spec, sasl_username='bob').log
+        assert alice is not bob
+        assert isinstance(alice, EventLog) and isinstance(bob, EventLog)
+        assert (alice.settings.sasl_username, bob.settings.sasl_username) == ('alice', 'bob')
+        assert StepPersistence.from_spec(**spec, sasl_username='alice', agent_name='other').log is alice
+        slower = StepPersistence.from_spec(**spec, sasl_username='alice', ack_timeout_s=60.0).log
+        assert slower is not alice and isinstance(slower, EventLog) and slower.settings.ack_timeout_s == 60.0
+    finally:
+        await EventLog.close_shared()
+
+
 def test_compaction_transcript_handle_is_the_run_id(event_log: EventLog) -> None:
     assert StepPersistence(log=event_log, run_id='handle-1').compaction_transcript_handle() == 'handle-1'
 
