@@ -8,6 +8,7 @@ from stepstream.schemas._codec import (
     SchemaVersion,
     decode,
     encode,
+    encode_with_fastavro,
     load_schema_versions,
     schema_of,
 )
@@ -58,6 +59,7 @@ __all__ = [
     'apply_patch',
     'decode',
     'encode',
+    'encode_with_fastavro',
     'load_schema_versions',
     'message_json',
     'patch_json',

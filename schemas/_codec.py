@@ -20,6 +20,7 @@ from fastavro.schema import fingerprint, to_parsing_canonical_form
 
 from stepstream.errors import SchemaError
 from stepstream.schemas._types import LogRecord, SnapshotDelta, StepEvent, ToolEffectTransition
+from stepstream.schemas._writer import compile_writer
 
 SCHEMA_DIR = Path(__file__).parent / 'avro'
 """The committed `.avsc` files, named `<record>.v<N>.avsc`."""
@@ -70,11 +71,32 @@ _VERSIONS = load_schema_versions()
 STEP_EVENT_SCHEMA = _VERSIONS['step_event'][-1]
 TOOL_EFFECT_SCHEMA = _VERSIONS['tool_effect_transition'][-1]
 _BY_FINGERPRINT: dict[bytes, SchemaVersion] = {v.fingerprint: v for vs in _VERSIONS.values() for v in vs}
+_STEP_EVENT_WRITER = compile_writer(STEP_EVENT_SCHEMA.parsed)
+_TOOL_EFFECT_WRITER = compile_writer(TOOL_EFFECT_SCHEMA.parsed)
 
 
 def encode(record: LogRecord) -> bytes:
-    """The record in Avro single-object encoding, written with the newest schema version."""
-    schema = STEP_EVENT_SCHEMA if isinstance(record, StepEvent) else TOOL_EFFECT_SCHEMA
+    """The record in Avro single-object encoding, written with the newest schema version.
+
+    Written by a writer compiled from the schema (`schemas/_writer.py`), which produces
+    fastavro's bytes at a fraction of its cost; `encode_with_fastavro` is the same encoding
+    through fastavro, for a schema the compiler does not support and as the tests' oracle.
+    """
+    if isinstance(record, StepEvent):
+        schema, writer = STEP_EVENT_SCHEMA, _STEP_EVENT_WRITER
+    else:
+        schema, writer = TOOL_EFFECT_SCHEMA, _TOOL_EFFECT_WRITER
+    if writer is None:
+        return encode_with_fastavro(record)
+    out = bytearray(MAGIC)
+    out += schema.fingerprint
+    writer(out, record)
+    return bytes(out)
+
+
+def encode_with_fastavro(record: LogRecord) -> bytes:
+    """What `encode` returns, written by `fastavro.schemaless_writer`."""
+    schema = schema_of(record)
     out = io.BytesIO()
     out.write(MAGIC)
     out.write(schema.fingerprint)

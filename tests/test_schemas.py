@@ -15,6 +15,9 @@ from aiokafka import AIOKafkaConsumer
 from fastavro import parse_schema, schemaless_reader
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 from fastavro.write import schemaless_writer
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 from pydantic_ai.messages import (
     BinaryContent,
     FilePart,
@@ -44,11 +47,13 @@ from stepstream.schemas import (
     apply_patch,
     decode,
     encode,
+    encode_with_fastavro,
     load_schema_versions,
     message_json,
     patch_json,
     stamp_changes,
 )
+from stepstream.schemas._writer import compile_writer
 
 NOW = datetime(2026, 11, 30, 12, 0, 0, 123456, tzinfo=UTC)
 
@@ -311,3 +316,66 @@ def test_stamps_from_none_to_a_value_and_back_are_patches() -> None:
     assert history == [sent]
     changed_part = dataclasses.replace(sent, parts=[ToolReturnPart('t', 'other', 'c1')])
     assert stamp_changes(message_json(sent), message_json(changed_part)) is None
+
+
+@pytest.mark.parametrize('record', every_record(), ids=lambda r: getattr(r, 'kind', None) or r.status)
+def test_the_compiled_writer_writes_fastavros_bytes(record: StepEvent | ToolEffectTransition) -> None:
+    assert encode(record) == encode_with_fastavro(record)
+
+
+_text = st.text(max_size=40)
+_optional_text = st.none() | _text
+_envelope = {
+    'run_id': _text,
+    'seq': st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    'writer_id': _text,
+    'timestamp': st.datetimes(timezones=st.just(UTC)),
+    'agent_name': _optional_text,
+    'conversation_id': _optional_text,
+    'parent_run_id': _optional_text,
+}
+_snapshots = st.none() | st.builds(
+    SnapshotDelta,
+    snapshot_seq=st.integers(min_value=-(2**31), max_value=2**31 - 1),
+    state=st.sampled_from(['complete', 'interrupted']),
+    prefix_len=st.integers(min_value=0, max_value=2**31 - 1),
+    messages=st.text(max_size=200),
+    patch=_optional_text,
+)
+_records = st.builds(
+    StepEvent,
+    **_envelope,
+    kind=st.sampled_from(sorted(EVENT_KINDS)),
+    step_index=st.integers(min_value=-(2**31), max_value=2**31 - 1),
+    tool_call_id=_optional_text,
+    tool_name=_optional_text,
+    error=_optional_text,
+    metadata=st.dictionaries(_text, _text, max_size=4),
+    idempotency_key=_optional_text,
+    snapshot=_snapshots,
+) | st.builds(
+    ToolEffectTransition,
+    **_envelope,
+    tool_call_id=_text,
+    tool_name=_text,
+    status=st.sampled_from(sorted(TOOL_EFFECT_STATUSES)),
+    idempotency_key=_optional_text,
+    effect_summary=_optional_text,
+    error=_optional_text,
+)
+
+
+@given(_records)
+@hypothesis_settings(max_examples=300, deadline=None)
+def test_the_compiled_writer_writes_fastavros_bytes_for_any_record(
+    record: StepEvent | ToolEffectTransition,
+) -> None:
+    data = encode(record)
+    assert data == encode_with_fastavro(record)
+    assert decode(data) == record
+
+
+def test_a_schema_the_compiler_does_not_know_is_left_to_fastavro() -> None:
+    assert compile_writer(['string', 'long']) is None
+    assert compile_writer({'type': 'long', 'logicalType': 'timestamp-nanos'}) is None
+    assert compile_writer({'type': 'map', 'values': ['null', 'double']}) is not None

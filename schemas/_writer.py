@@ -1,0 +1,204 @@
+"""Avro binary writers compiled from a parsed schema: fastavro's bytes, without its per-value dispatch.
+
+`encode` runs for every record an agent appends, and fastavro's generic writer (which looks up
+each field's type and picks each union branch by checking the value against every candidate)
+was most of its cost. `compile_writer` turns a schema into nested closures once, so that writing
+a record is a straight walk over its fields. It reads fields from record objects directly (no
+intermediate dict) and from dicts alike.
+
+The output is byte for byte what `fastavro.schemaless_writer` writes for the same schema and value
+(tests/test_schemas.py compares them on every record shape and on generated values); fastavro
+stays the reader, and the oracle. A schema with a construct not listed in `compile_writer` gets
+None, and `encode` uses fastavro for it.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import Any
+
+from fastavro.logical_writers import LOGICAL_WRITERS
+
+from stepstream.timestamps import micros
+
+__all__ = ['Writer', 'compile_writer']
+
+Writer = Callable[[bytearray, Any], None]
+"""`(buffer, value) -> None`: appends the Avro binary encoding of `value` to `buffer`."""
+
+_FASTAVRO_MICROS = LOGICAL_WRITERS['long-timestamp-micros']
+_DOUBLE = struct.Struct('<d').pack
+_FLOAT = struct.Struct('<f').pack
+
+
+class _Unsupported(Exception):
+    """The schema uses something `compile_writer` does not compile."""
+
+
+def compile_writer(schema: Any) -> Writer | None:
+    """A writer for a schema parsed by `fastavro.parse_schema`, or None when it is not supported.
+
+    Supported: null, boolean, int, long, float, double, string, bytes, enums, records, maps,
+    arrays, `timestamp-micros`, and unions of `null` with one other type. Anything else (named
+    type references, other unions, other logical types) gives None.
+    """
+    try:
+        return _compile(schema)
+    except _Unsupported:
+        return None
+
+
+def _compile(schema: Any) -> Writer:
+    if isinstance(schema, list):
+        return _union(schema)
+    if isinstance(schema, str):
+        return _primitive(schema)
+    if not isinstance(schema, dict):
+        raise _Unsupported(repr(schema))
+    kind = schema.get('type')
+    logical = schema.get('logicalType')
+    if logical is not None:
+        if logical == 'timestamp-micros' and kind == 'long':
+            return _write_timestamp_micros
+        raise _Unsupported(logical)
+    if kind == 'record':
+        return _record(schema)
+    if kind == 'map':
+        return _map(_compile(schema['values']))
+    if kind == 'array':
+        return _array(_compile(schema['items']))
+    if kind == 'enum':
+        return _enum(schema['symbols'])
+    if isinstance(kind, str):
+        return _primitive(kind)
+    raise _Unsupported(repr(kind))
+
+
+def _primitive(name: str) -> Writer:
+    writers: dict[str, Writer] = {
+        'null': _write_null,
+        'boolean': _write_boolean,
+        'int': _write_long,
+        'long': _write_long,
+        'float': _write_float,
+        'double': _write_double,
+        'string': _write_string,
+        'bytes': _write_bytes,
+    }
+    if name not in writers:
+        raise _Unsupported(name)  # a named type referenced by name
+    return writers[name]
+
+
+def _write_null(buf: bytearray, value: Any) -> None:
+    if value is not None:
+        raise TypeError(f'expected None for an Avro null, got {value!r}')
+
+
+def _write_boolean(buf: bytearray, value: Any) -> None:
+    buf.append(1 if value else 0)
+
+
+def _write_long(buf: bytearray, value: int) -> None:
+    n = (value << 1) ^ (value >> 63)  # zig-zag
+    while n & ~0x7F:
+        buf.append((n & 0x7F) | 0x80)
+        n >>= 7
+    buf.append(n)
+
+
+def _write_float(buf: bytearray, value: float) -> None:
+    buf += _FLOAT(value)
+
+
+def _write_double(buf: bytearray, value: float) -> None:
+    buf += _DOUBLE(value)
+
+
+def _write_string(buf: bytearray, value: str) -> None:
+    data = value.encode()
+    _write_long(buf, len(data))
+    buf += data
+
+
+def _write_bytes(buf: bytearray, value: bytes) -> None:
+    _write_long(buf, len(value))
+    buf += value
+
+
+def _write_timestamp_micros(buf: bytearray, value: Any) -> None:
+    if isinstance(value, datetime):
+        # fastavro's own conversion for naive datetimes (local time), ours (one definition) otherwise.
+        value = micros(value) if value.tzinfo is not None else _FASTAVRO_MICROS(value, {})
+    _write_long(buf, value)
+
+
+def _enum(symbols: list[str]) -> Writer:
+    index = {symbol: i for i, symbol in enumerate(symbols)}
+
+    def write(buf: bytearray, value: str) -> None:
+        _write_long(buf, index[value])
+
+    return write
+
+
+def _union(branches: list[Any]) -> Writer:
+    if len(branches) != 2 or 'null' not in branches:
+        raise _Unsupported(repr(branches))
+    null_index = branches.index('null')
+    other = _compile(branches[1 - null_index])
+    none_tag, value_tag = bytes([null_index * 2]), bytes([(1 - null_index) * 2])  # zig-zag of 0 and 1
+
+    def write(buf: bytearray, value: Any) -> None:
+        if value is None:
+            buf += none_tag
+        else:
+            buf += value_tag
+            other(buf, value)
+
+    return write
+
+
+def _map(values: Writer) -> Writer:
+    def write(buf: bytearray, value: Mapping[str, Any]) -> None:
+        if value:
+            _write_long(buf, len(value))
+            for key, item in value.items():
+                _write_string(buf, key)
+                values(buf, item)
+        buf.append(0)
+
+    return write
+
+
+def _array(items: Writer) -> Writer:
+    def write(buf: bytearray, value: list[Any]) -> None:
+        if value:
+            _write_long(buf, len(value))
+            for item in value:
+                items(buf, item)
+        buf.append(0)
+
+    return write
+
+
+_MISSING = object()
+
+
+def _record(schema: dict[str, Any]) -> Writer:
+    fields = [(f['name'], _compile(f['type']), f.get('default', _MISSING)) for f in schema['fields']]
+    name = schema.get('name')
+
+    def write(buf: bytearray, value: Any) -> None:
+        is_dict = isinstance(value, dict)
+        for field_name, writer, default in fields:
+            item = value.get(field_name, _MISSING) if is_dict else getattr(value, field_name, _MISSING)
+            if item is _MISSING:
+                if default is _MISSING:
+                    raise ValueError(f'{name} field {field_name!r} is missing and has no default')
+                item = default
+            writer(buf, item)
+
+    return write
