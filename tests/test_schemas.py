@@ -362,6 +362,9 @@ _records = st.builds(
     idempotency_key=_optional_text,
     effect_summary=_optional_text,
     error=_optional_text,
+    resolution=_optional_text,
+    resolved_by=_optional_text,
+    note=_optional_text,
 )
 
 
