@@ -48,6 +48,7 @@ from stepstream.schemas import (
     ContinuableSnapshot,
     EffectResolution,
     RunRecord,
+    RunUsage,
     StepEvent,
     ToolEffectRecord,
     apply_patch,
@@ -383,6 +384,7 @@ class ProjectionReader:
             gaps=state.gaps(),
             conflicting_writers=list(state.conflicting_writers),
             rejected=dict(state.rejected),
+            usage=RunUsage(**state.usage, cost_usd=state.cost_usd),
         )
 
     # -- events ----------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
 from stepstream.errors import SchemaError
-from stepstream.schemas._types import LogRecord, SnapshotDelta, StepEvent, ToolEffectTransition
+from stepstream.schemas._types import LogRecord, ModelUsage, SnapshotDelta, StepEvent, ToolEffectTransition
 
 SCHEMA_DIR = Path(__file__).parent / 'avro'
 """The committed `.avsc` files, named `<record>.v<N>.avsc`."""
@@ -124,6 +124,9 @@ def _to_avro(record: LogRecord) -> dict[str, Any]:
     snapshot = value.get('snapshot')
     if snapshot is not None:
         value['snapshot'] = {name: getattr(snapshot, name) for name in SnapshotDelta.__slots__}
+    usage = value.get('usage')
+    if usage is not None:
+        value['usage'] = {name: getattr(usage, name) for name in ModelUsage.__slots__}
     return value
 
 
@@ -131,7 +134,12 @@ def _from_avro(name: str, value: dict[str, Any]) -> LogRecord:
     try:
         if name == 'step_event':
             snapshot = value.pop('snapshot', None)
-            return StepEvent(**value, snapshot=SnapshotDelta(**snapshot) if snapshot is not None else None)
+            usage = value.pop('usage', None)
+            return StepEvent(
+                **value,
+                snapshot=SnapshotDelta(**snapshot) if snapshot is not None else None,
+                usage=ModelUsage(**usage) if usage is not None else None,
+            )
         return ToolEffectTransition(**value)
     except TypeError as exc:
         raise SchemaError(f'{name} record does not match the record type: {exc}') from exc
