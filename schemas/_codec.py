@@ -74,6 +74,7 @@ def load_schema_versions(directory: Path = SCHEMA_DIR) -> dict[str, list[SchemaV
 _VERSIONS = load_schema_versions()
 STEP_EVENT_SCHEMA = _VERSIONS['step_event'][-1]
 TOOL_EFFECT_SCHEMA = _VERSIONS['tool_effect_transition'][-1]
+_USAGE_TYPE = 'io.stepstream.ModelUsage'
 _BY_FINGERPRINT: dict[bytes, SchemaVersion] = {v.fingerprint: v for vs in _VERSIONS.values() for v in vs}
 
 
@@ -126,7 +127,8 @@ def _to_avro(record: LogRecord) -> dict[str, Any]:
         value['snapshot'] = {name: getattr(snapshot, name) for name in SnapshotDelta.__slots__}
     usage = value.get('usage')
     if usage is not None:
-        value['usage'] = {name: getattr(usage, name) for name in ModelUsage.__slots__}
+        # Named, so that fastavro takes the union's record branch without validating the value against it.
+        value['usage'] = (_USAGE_TYPE, {name: getattr(usage, name) for name in ModelUsage.__slots__})
     return value
 
 
