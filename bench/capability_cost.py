@@ -58,7 +58,9 @@ def _agent(steps: int, persistence: StepPersistence[None] | None) -> Agent[None,
 async def _cpu_per_step(steps: int, persisted: bool, media: Path) -> float:
     persistence = None
     if persisted:
-        persistence = StepPersistence(log=InMemoryLog(), agent_name='bench', media_store=DiskMediaStore(media))
+        persistence = StepPersistence(
+            log=InMemoryLog(), agent_name='bench', media_store=DiskMediaStore(media)
+        )
     agent = _agent(steps, persistence)
     started = time.process_time()
     await agent.run('go', usage_limits=UsageLimits(request_limit=None))

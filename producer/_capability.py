@@ -56,6 +56,7 @@ from stepstream.schemas import (
     ToolEffectTransition,
 )
 from stepstream.settings import Settings
+from stepstream.telemetry import tracer
 
 logger = logging.getLogger('stepstream.producer')
 
@@ -364,12 +365,15 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         Under a durable-execution engine, the records held since the last point are written
         here by one durable operation, so a recovered run does not write them again.
         """
-        if self._durable_engine:
-            held, self._held = self._held, []
-            self._attempt = await self._write_durably(ctx, held, self._attempt)
-            return
-        unacked, self._unacked = self._unacked, []
-        await self.log.wait_acked(unacked)
+        with tracer.start_as_current_span(
+            'stepstream.durability_point', attributes={'stepstream.run_id': self.run_id or ''}
+        ):
+            if self._durable_engine:
+                held, self._held = self._held, []
+                self._attempt = await self._write_durably(ctx, held, self._attempt)
+                return
+            unacked, self._unacked = self._unacked, []
+            await self.log.wait_acked(unacked)
 
     @durable_operation('write')
     async def _write_durably(
