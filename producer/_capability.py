@@ -56,7 +56,7 @@ from stepstream.schemas import (
     ToolEffectTransition,
 )
 from stepstream.settings import Settings
-from stepstream.telemetry import tracer
+from stepstream.telemetry import span
 
 logger = logging.getLogger('stepstream.producer')
 
@@ -321,7 +321,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         duration_us: int | None = None,
     ) -> None:
         envelope = self._envelope()
-        span = trace.get_current_span().get_span_context()
+        current = trace.get_current_span().get_span_context()
         record = StepEvent(
             **envelope,
             kind=kind,
@@ -334,8 +334,8 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
             snapshot=snapshot,
             usage=usage,
             duration_us=duration_us,
-            trace_id=f'{span.trace_id:032x}' if span.is_valid else None,
-            span_id=f'{span.span_id:016x}' if span.is_valid else None,
+            trace_id=f'{current.trace_id:032x}' if current.is_valid else None,
+            span_id=f'{current.span_id:016x}' if current.is_valid else None,
         )
         await self._append(record)
 
@@ -365,9 +365,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         Under a durable-execution engine, the records held since the last point are written
         here by one durable operation, so a recovered run does not write them again.
         """
-        with tracer.start_as_current_span(
-            'stepstream.durability_point', attributes={'stepstream.run_id': self.run_id or ''}
-        ):
+        with span('stepstream.durability_point', attributes={'stepstream.run_id': self.run_id or ''}):
             if self._durable_engine:
                 held, self._held = self._held, []
                 self._attempt = await self._write_durably(ctx, held, self._attempt)

@@ -53,7 +53,7 @@ from stepstream.projector._store import (
     write_identity,
 )
 from stepstream.settings import Settings
-from stepstream.telemetry import lag, records_applied, records_dead_lettered, tracer
+from stepstream.telemetry import lag, records_applied, records_dead_lettered, span
 from stepstream.topics import Position, TopicLayout, ensure_topics, unavailable
 
 DLQ_INLINE_BYTES = 512 * 1024
@@ -633,10 +633,10 @@ class Projector:
             )
         if not by_shard:
             return
-        with tracer.start_as_current_span('stepstream.projector.batch') as span:
-            await self._stage_batch(by_shard, span)
+        with span('stepstream.projector.batch') as current:
+            await self._stage_batch(by_shard, current)
 
-    async def _stage_batch(self, by_shard: dict[int, list[SourceRecord]], span: Span) -> None:
+    async def _stage_batch(self, by_shard: dict[int, list[SourceRecord]], current: Span | None) -> None:
         applier = self._applier
         assert applier is not None
         send = self.send_dead_letters
@@ -670,13 +670,13 @@ class Projector:
             self.dead_lettered += len(outcome.dead)
             for (topic, partition), offset in outcome.next_offsets.items():
                 next_offsets[TopicPartition(self._topics[topic], partition)] = offset
-        self._observe(outcomes, next_offsets, span)
+        self._observe(outcomes, next_offsets, current)
         async with self._progress:
             self._applied.update(next_offsets)
             self._progress.notify_all()
         await self._commit_group_offsets(next_offsets)
 
-    def _observe(self, outcomes: list[BatchOutcome], next_offsets: Position, span: Span) -> None:
+    def _observe(self, outcomes: list[BatchOutcome], next_offsets: Position, current: Span | None) -> None:
         """The batch's figures as OpenTelemetry metrics and span attributes (no-ops without an SDK)."""
         applied = sum(o.applied for o in outcomes)
         records_applied.add(applied)
@@ -691,8 +691,8 @@ class Projector:
                     max(highwater - offset, 0),
                     {'stepstream.topic': tp.topic, 'stepstream.partition': tp.partition},
                 )
-        if span.is_recording():
-            span.set_attributes(
+        if current is not None and current.is_recording():
+            current.set_attributes(
                 {
                     'stepstream.records': sum(o.applied + o.duplicates + len(o.dead) for o in outcomes),
                     'stepstream.applied': applied,

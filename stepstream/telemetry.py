@@ -18,7 +18,11 @@ Every step event also stores the trace and span id it was written under (schema 
 
 from __future__ import annotations
 
+import contextlib
+
 from opentelemetry import metrics, trace
+from opentelemetry.trace import NoOpTracer, Span
+from opentelemetry.util.types import Attributes
 
 tracer = trace.get_tracer('stepstream')
 _meter = metrics.get_meter('stepstream')
@@ -40,3 +44,20 @@ lag = _meter.create_gauge(
     unit='{record}',
     description='Records of a partition not applied yet (high watermark minus position), after a batch.',
 )
+
+
+_NO_SPAN: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+
+
+def span(name: str, attributes: Attributes = None) -> contextlib.AbstractContextManager[Span | None]:
+    """A span named `name` for a `with` block; it gives None while no SDK is set up.
+
+    Starting even a no-op span costs microseconds (a context attach and detach), and the capability
+    opens one at every durability point of every step: with the API's default provider nothing could
+    record it, so it is not started.
+    """
+    # The API's proxy tracer resolves to the SDK's once one is set (tests set it late), else to a
+    # no-op; `get_tracer_provider()` would cost an `os.environ` lookup on every call.
+    if isinstance(getattr(tracer, '_tracer', tracer), NoOpTracer):
+        return _NO_SPAN
+    return tracer.start_as_current_span(name, attributes=attributes)
