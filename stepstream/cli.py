@@ -12,7 +12,9 @@ import logging
 import os
 import signal
 import sys
+import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from stepstream.errors import MediaUnavailable, NotFound, StepStreamError, StepStreamUnavailable, UsageError
@@ -194,6 +196,11 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument('--format', choices=['parquet'], default='parquet', help='the file format (Parquet)')
     export.add_argument(
         '--out', required=True, help="a directory, or s3://BUCKET/PREFIX in the settings' S3 endpoint"
+    )
+    export.add_argument(
+        '--from-topics',
+        action='store_true',
+        help='read the topics from offset zero (a rebuild into a temporary projection), not --db-path',
     )
 
     topics = command('topics', _topics, 'Create the topics (idempotent) and check they are co-partitioned.')
@@ -462,10 +469,14 @@ async def _rebuild(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _export(args: argparse.Namespace, settings: Settings) -> int:
-    from stepstream.projector import export_parquet
+    from stepstream.projector import export_parquet, progress_bar, rebuild
 
-    async with _reader(settings) as reader:
-        report = await export_parquet(reader, args.out, settings)
+    with tempfile.TemporaryDirectory(prefix='stepstream-export-') as scratch:
+        if args.from_topics:  # the one replay of the log there is, into a projection thrown away after
+            settings = settings.replace(db_path=str(Path(scratch) / 'projection'))
+            await rebuild(settings, settings.db_path, on_progress=progress_bar())
+        async with _reader(settings) as reader:
+            report = await export_parquet(reader, args.out, settings)
     counts = ', '.join(f'{rows} {table}' for table, rows in report.rows.items())
     print(f'exported {counts} to {args.out}')
     if report.unreadable_histories:

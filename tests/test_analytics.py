@@ -222,13 +222,13 @@ async def test_every_query_in_analytics_md_answers_on_a_real_export(
     assert conversation[1]['contents'] == ['local-llama done']
 
 
-async def test_the_export_goes_to_s3_with_hive_paths(
-    settings: Settings, event_log: EventLog, projector: Projector, db_path: Path
+async def test_the_export_goes_to_s3_with_hive_paths_and_reads_the_topics_too(
+    settings: Settings, event_log: EventLog, projector: Projector, db_path: Path, tmp_path: Path
 ) -> None:
     await write_runs(event_log)
     await projector.wait_for(await event_log.flush())
     target = f's3://{settings.s3_bucket}/exports/{settings.topic_prefix}'
-    code, _, stderr = await cli(settings, db_path, 'export', '--out', target)
+    code, from_projection, stderr = await cli(settings, db_path, 'export', '--out', target)
     assert code == 0, stderr
     fs, base = export_filesystem(target, settings)
     runs = ds.dataset(f'{base}/runs', filesystem=fs, format='parquet', partitioning='hive').to_table()
@@ -243,3 +243,13 @@ async def test_the_export_goes_to_s3_with_hive_paths(
     }
     requests = ds.dataset(f'{base}/model_requests', filesystem=fs, format='parquet', partitioning='hive')
     assert requests.count_rows() == 2 + 5 + 1 + 1  # orchestrator, researcher, fetcher, publisher
+
+    # Straight from the topics (no projection at --db-path): the same rows.
+    elsewhere = tmp_path / 'no-projection-here'
+    elsewhere.mkdir()
+    code, from_topics, stderr = await cli(
+        settings, elsewhere / 'projection', 'export', '--from-topics', '--out', str(tmp_path / 'from-topics')
+    )
+    assert code == 0, stderr
+    assert from_topics.replace(str(tmp_path / 'from-topics'), 'X') == from_projection.replace(target, 'X')
+    assert not (elsewhere / 'projection').exists()
