@@ -37,7 +37,7 @@ from stepstream.producer._protocol import (
     record_headers,
     topic_of,
 )
-from stepstream.schemas import LogRecord
+from stepstream.schemas import LogRecord, StepEvent
 from stepstream.settings import Settings
 from stepstream.telemetry import ack_latency, records_appended
 from stepstream.topics import Position, ensure_topics, murmur2_partition, supports_idempotence, unavailable
@@ -308,7 +308,7 @@ class EventLog:
         ack: Ack = await self._producer.send(
             topic, value, key=key, headers=self.headers(record), partition=partition
         )
-        records_appended.add(1, _TOPIC_ATTRIBUTES[topic is self.settings.step_events_topic])
+        records_appended.add(1, _TOPIC_ATTRIBUTES[isinstance(record, StepEvent)])
         ack.add_done_callback(functools.partial(_observe_ack, sent_at))
         return ack
 

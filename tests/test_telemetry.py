@@ -100,6 +100,12 @@ async def test_spans_metrics_and_trace_ids_under_an_sdk(
 
     # Metrics: every record appended, acknowledged (with its latency) and applied.
     appended = sum(p.value for p in sdk.points('stepstream.producer.records_appended'))
+    by_topic = {
+        p.attributes['stepstream.topic']: p.value for p in sdk.points('stepstream.producer.records_appended')
+    }
+    assert (
+        by_topic['step-events'] >= len(events) and by_topic['tool-effects'] >= 4
+    )  # two calls, two transitions each
     acked = sum(p.count for p in sdk.points('stepstream.producer.ack_latency'))
     applied = sum(p.value for p in sdk.points('stepstream.projector.records_applied'))
     assert appended >= run.event_count and acked >= run.event_count and applied >= run.event_count
