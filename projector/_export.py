@@ -159,6 +159,10 @@ def _schemas() -> dict[str, pa.Schema]:
                 ('effect_summary', pa.string()),
                 ('error', pa.string()),
                 ('last_seq', pa.int64()),
+                ('resolution', pa.string()),
+                ('resolved_by', pa.string()),
+                ('resolved_at', ts),
+                ('resolution_note', pa.string()),
                 ('date', pa.string()),
             ]
         ),
@@ -271,6 +275,7 @@ def _request_row(e: StepEvent) -> dict[str, Any]:
 
 
 def _effect_row(effect: ToolEffectRecord, run: RunRecord) -> dict[str, Any]:
+    resolution = effect.resolution
     return {
         'run_id': effect.run_id,
         'agent_name': run.agent_name,
@@ -285,6 +290,10 @@ def _effect_row(effect: ToolEffectRecord, run: RunRecord) -> dict[str, Any]:
         'effect_summary': effect.effect_summary,
         'error': effect.error,
         'last_seq': effect.last_seq,
+        'resolution': resolution.resolution if resolution else None,
+        'resolved_by': resolution.resolved_by if resolution else None,
+        'resolved_at': resolution.resolved_at if resolution else None,
+        'resolution_note': resolution.note if resolution else None,
         'date': _day(effect.started_at or run.started_at),
     }
 

@@ -18,6 +18,7 @@ from typing import Any
 import duckdb
 import pyarrow.dataset as ds
 import pytest
+from aiokafka.structs import TopicPartition
 from pydantic_ai import Agent, ModelRetry, RunContext
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
@@ -27,6 +28,7 @@ from test_cli import cli
 from stepstream import Settings
 from stepstream.producer import EventLog, StepPersistence, annotate_tool_effect
 from stepstream.projector import Projector, export_filesystem
+from stepstream.topics import log_end_offsets, murmur2_partition
 
 DOC = Path(__file__).parent.parent / 'docs' / 'analytics.md'
 
@@ -220,6 +222,29 @@ async def test_every_query_in_analytics_md_answers_on_a_real_export(
     assert [r['kind'] for r in conversation] == ['request', 'response']
     assert 'fetch the page about tides' in conversation[0]['contents']
     assert conversation[1]['contents'] == ['local-llama done']
+
+    # An operator answers the unknown effect; the next export says so and the query no longer lists it.
+    code, _, stderr = await cli(
+        settings,
+        db_path,
+        'resolve',
+        unknown['run_id'],
+        unknown['tool_call_id'],
+        '--did-not-happen',
+        '--note',
+        'not on the blog',
+    )
+    assert code == 0, stderr
+    home = murmur2_partition(unknown['run_id'].encode(), settings.partitions)
+    ends = await log_end_offsets(settings, {(settings.tool_effects_topic, home): 0})
+    await projector.wait_for(
+        {TopicPartition(topic, partition): end for (topic, partition), end in ends.items()}
+    )
+    code, _, stderr = await cli(settings, db_path, 'export', '--out', str(out))
+    assert code == 0, stderr
+    assert rows('unknown_effects') == []
+    resolved = db.execute("SELECT resolution, resolution_note FROM tool_effects WHERE tool_name = 'publish'")
+    assert resolved.fetchall() == [('did_not_happen', 'not on the blog')]
 
 
 async def test_the_export_goes_to_s3_with_hive_paths_and_reads_the_topics_too(
