@@ -18,14 +18,23 @@ import asyncio
 import hashlib
 import logging
 import secrets
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from opentelemetry import trace
 from pydantic_ai import CallToolsNode, CapabilityEvent, ModelRequestNode
 from pydantic_ai.capabilities import AbstractCapability, durable_operation
-from pydantic_ai.capabilities.abstract import AgentNode, NodeResult, WrapRunHandler
+from pydantic_ai.capabilities.abstract import (
+    AgentNode,
+    NodeResult,
+    ValidatedToolArgs,
+    WrapRunHandler,
+    WrapToolExecuteHandler,
+)
+from pydantic_ai.exceptions import ModelRetry, ToolFailed, ToolFailedError, ToolRetryError
 from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart
 from pydantic_ai.models import ModelRequestContext
 from pydantic_ai.run import AgentRunResult
@@ -40,12 +49,14 @@ from stepstream.producer._snapshots import SnapshotWriter
 from stepstream.schemas import (
     EventKind,
     LogRecord,
+    ModelUsage,
     SnapshotDelta,
     SnapshotState,
     StepEvent,
     ToolEffectTransition,
 )
 from stepstream.settings import Settings
+from stepstream.telemetry import span
 
 logger = logging.getLogger('stepstream.producer')
 
@@ -152,7 +163,10 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
     _held: list[LogRecord] = field(default_factory=list, init=False, repr=False)
     _attempt: Attempt | None = field(default=None, init=False, repr=False)
     _context_run_id: str | None = field(default=None, init=False, repr=False)
-    _open_calls: set[str] = field(default_factory=set, init=False, repr=False)
+    _open_calls: dict[str, int] = field(default_factory=dict, init=False, repr=False)
+    """Tool calls recorded as started, with when their body began (`time.perf_counter_ns`)."""
+    _request_started: int = field(default=0, init=False, repr=False)
+    """When the current model request began (`time.perf_counter_ns`); one at a time per run."""
     _snapshots: SnapshotWriter | None = field(default=None, init=False, repr=False)
     _default_store: MediaStore | None = field(default=None, init=False, repr=False)
     _last_snapshot_step: int | None = field(default=None, init=False, repr=False)
@@ -303,8 +317,11 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         tool_name: str | None = None,
         error: str | None = None,
         snapshot: SnapshotDelta | None = None,
+        usage: ModelUsage | None = None,
+        duration_us: int | None = None,
     ) -> None:
         envelope = self._envelope()
+        current = trace.get_current_span().get_span_context()
         record = StepEvent(
             **envelope,
             kind=kind,
@@ -315,6 +332,10 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
             metadata=self._event_metadata() if self._durable_engine else self.metadata,
             idempotency_key=f'{envelope["seq"]}:{ctx.run_step}:{kind}:{tool_call_id or ""}',
             snapshot=snapshot,
+            usage=usage,
+            duration_us=duration_us,
+            trace_id=f'{current.trace_id:032x}' if current.is_valid else None,
+            span_id=f'{current.span_id:016x}' if current.is_valid else None,
         )
         await self._append(record)
 
@@ -344,12 +365,13 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         Under a durable-execution engine, the records held since the last point are written
         here by one durable operation, so a recovered run does not write them again.
         """
-        if self._durable_engine:
-            held, self._held = self._held, []
-            self._attempt = await self._write_durably(ctx, held, self._attempt)
-            return
-        unacked, self._unacked = self._unacked, []
-        await self.log.wait_acked(unacked)
+        with span('stepstream.durability_point', attributes={'stepstream.run_id': self.run_id or ''}):
+            if self._durable_engine:
+                held, self._held = self._held, []
+                self._attempt = await self._write_durably(ctx, held, self._attempt)
+                return
+            unacked, self._unacked = self._unacked, []
+            await self.log.wait_acked(unacked)
 
     @durable_operation('write')
     async def _write_durably(
@@ -494,20 +516,23 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
             self._live = (ctx.messages, ctx.run_step)
             await self._snapshot(ctx, ctx.messages, ctx.run_step)
         await self._event(ctx, 'model_request_started')
+        self._request_started = time.perf_counter_ns()
         return request_context
 
     async def after_model_request(
         self, ctx: RunContext[AgentDepsT], *, request_context: ModelRequestContext, response: ModelResponse
     ) -> ModelResponse:
-        """Append `model_request_completed`."""
-        await self._event(ctx, 'model_request_completed')
+        """Append `model_request_completed` with the response's usage and the request's duration."""
+        duration_us = (time.perf_counter_ns() - self._request_started) // 1000
+        await self._event(ctx, 'model_request_completed', usage=_usage_of(response), duration_us=duration_us)
         return response
 
     async def on_model_request_error(
         self, ctx: RunContext[AgentDepsT], *, request_context: ModelRequestContext, error: Exception
     ) -> ModelResponse:
         """Append `model_request_failed` and re-raise; `on_run_error` saves the history."""
-        await self._event(ctx, 'model_request_failed', error=repr(error))
+        duration_us = (time.perf_counter_ns() - self._request_started) // 1000
+        await self._event(ctx, 'model_request_failed', error=repr(error), duration_us=duration_us)
         raise error
 
     # -- tools ---------------------------------------------------------------------------------
@@ -519,7 +544,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         await self._effect(call, 'started')
         await self._event(ctx, 'tool_call_started', tool_call_id=call.tool_call_id, tool_name=call.tool_name)
         await self._durable(ctx)
-        self._open_calls.add(call.tool_call_id)
+        self._open_calls[call.tool_call_id] = time.perf_counter_ns()
         return args
 
     async def after_tool_execute(
@@ -532,10 +557,14 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         result: Any,
     ) -> Any:
         """Append the `completed` transition and event (acknowledged with the next snapshot)."""
-        self._open_calls.discard(call.tool_call_id)
+        duration_us = self._tool_duration(call)
         await self._effect(call, 'completed')
         await self._event(
-            ctx, 'tool_call_completed', tool_call_id=call.tool_call_id, tool_name=call.tool_name
+            ctx,
+            'tool_call_completed',
+            tool_call_id=call.tool_call_id,
+            tool_name=call.tool_name,
+            duration_us=duration_us,
         )
         return result
 
@@ -549,7 +578,35 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         error: Exception,
     ) -> Any:
         """Append the `failed` transition and event, then re-raise."""
-        self._open_calls.discard(call.tool_call_id)
+        await self._tool_failed(ctx, call, error)
+        raise error
+
+    async def wrap_tool_execute(
+        self,
+        ctx: RunContext[AgentDepsT],
+        *,
+        call: ToolCallPart,
+        tool_def: ToolDefinition,
+        args: ValidatedToolArgs,
+        handler: WrapToolExecuteHandler,
+    ) -> Any:
+        """Record a body that ended by asking the model to retry (`ModelRetry`) or by `ToolFailed`.
+
+        Pydantic AI treats those as control flow and calls neither `after_tool_execute` nor
+        `on_tool_execute_error` for them; without this the call's effect would stay `started`
+        (`unknown_after_crash`) although its body ended, and its end would not be timed.
+        """
+        try:
+            return await handler(args)
+        except (ModelRetry, ToolFailed, ToolRetryError, ToolFailedError) as error:
+            if call.tool_call_id in self._open_calls:
+                await self._tool_failed(ctx, call, error)
+            raise
+
+    async def _tool_failed(
+        self, ctx: RunContext[AgentDepsT], call: ToolCallPart, error: BaseException
+    ) -> None:
+        duration_us = self._tool_duration(call)
         await self._effect(call, 'failed', error=repr(error))
         await self._event(
             ctx,
@@ -557,8 +614,13 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
             tool_call_id=call.tool_call_id,
             tool_name=call.tool_name,
             error=repr(error),
+            duration_us=duration_us,
         )
-        raise error
+
+    def _tool_duration(self, call: ToolCallPart) -> int | None:
+        """How long the call's body ran, in microseconds; None for a call not recorded as started."""
+        started = self._open_calls.pop(call.tool_call_id, None)
+        return None if started is None else (time.perf_counter_ns() - started) // 1000
 
     async def annotate(
         self,
@@ -635,6 +697,22 @@ async def annotate_tool_effect(
             idempotency_key,
             ctx.tool_call_id,
         )
+
+
+def _usage_of(response: ModelResponse) -> ModelUsage:
+    """What the response says it used: `RequestUsage`'s token counts and cost, its model and provider."""
+    usage = response.usage
+    return ModelUsage(
+        model_name=response.model_name,
+        provider=response.provider_name,
+        input_tokens=usage.input_tokens,
+        output_tokens=usage.output_tokens,
+        cache_read_tokens=usage.cache_read_tokens,
+        cache_write_tokens=usage.cache_write_tokens,
+        requests=usage.requests,
+        finish_reason=response.finish_reason,
+        cost_usd=None if usage.cost is None else str(usage.cost),
+    )
 
 
 def _writer_id(run_id: str, context_run_id: str | None) -> str:

@@ -17,6 +17,7 @@ import bisect
 import contextlib
 import functools
 import logging
+import time
 from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import ClassVar, Self
@@ -36,8 +37,9 @@ from stepstream.producer._protocol import (
     record_headers,
     topic_of,
 )
-from stepstream.schemas import LogRecord
+from stepstream.schemas import LogRecord, StepEvent
 from stepstream.settings import Settings
+from stepstream.telemetry import ack_latency, records_appended
 from stepstream.topics import Position, ensure_topics, murmur2_partition, supports_idempotence, unavailable
 
 Serializer = Callable[[LogRecord, int], bytes]
@@ -305,9 +307,12 @@ class EventLog:
         key = record.run_id.encode()
         partition = self.partitioner(key, self._partition_count)
         topic = topic_of(record, self.settings)
+        sent_at = time.perf_counter()
         ack: Ack = await self._producer.send(
             topic, value, key=key, headers=self.headers(record), partition=partition
         )
+        records_appended.add(1, _TOPIC_ATTRIBUTES[isinstance(record, StepEvent)])
+        ack.add_done_callback(functools.partial(_observe_ack, sent_at))
         return ack
 
     def _keep(self, record: LogRecord) -> Ack:
@@ -436,3 +441,12 @@ class EventLog:
     def position(self) -> Position:
         """The acknowledged position so far, without waiting."""
         return dict(self._written)
+
+
+_TOPIC_ATTRIBUTES = {True: {'stepstream.topic': 'step-events'}, False: {'stepstream.topic': 'tool-effects'}}
+
+
+def _observe_ack(sent_at: float, ack: Ack) -> None:
+    """Record an acknowledged record's latency (`stepstream.producer.ack_latency`)."""
+    if not ack.cancelled() and ack.exception() is None:
+        ack_latency.record(time.perf_counter() - sent_at)

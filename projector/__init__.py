@@ -1,6 +1,7 @@
 """The read side: the `Projector` that materializes the log, and the queries over it."""
 
 from stepstream.projector._checkpoints import Checkpoints
+from stepstream.projector._export import ExportReport, export_filesystem, export_parquet
 from stepstream.projector._membership import Membership
 from stepstream.projector._projector import Projector
 from stepstream.projector._reader import (
@@ -18,6 +19,7 @@ from stepstream.projector._verify import Difference, verify_paths
 __all__ = [
     'Checkpoints',
     'Difference',
+    'ExportReport',
     'Membership',
     'ProjectionReader',
     'ProjectionStatus',
@@ -25,6 +27,8 @@ __all__ = [
     'RecoveryReport',
     'ShardUnavailable',
     'continue_run',
+    'export_filesystem',
+    'export_parquet',
     'fork_run',
     'inspect_recovery',
     'progress_bar',

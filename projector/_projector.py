@@ -20,6 +20,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.errors import GroupAuthorizationFailedError, KafkaError, MessageSizeTooLargeError
 from aiokafka.structs import TopicPartition
+from opentelemetry.trace import Span
 from rocksdict import Rdict
 
 from stepstream.errors import ProjectionInUse, ProjectionMismatch, StepStreamError, UsageError
@@ -51,6 +52,7 @@ from stepstream.projector._store import (
     write_identity,
 )
 from stepstream.settings import Settings
+from stepstream.telemetry import lag, records_applied, records_dead_lettered, span
 from stepstream.timestamps import micros
 from stepstream.topics import Position, TopicLayout, ensure_topics, unavailable
 
@@ -621,8 +623,6 @@ class Projector:
         await self._seek(self._consumer.assignment())
 
     async def _apply_batch(self, batches: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]) -> None:
-        assert self._applier is not None
-        applier = self._applier
         by_shard: dict[int, list[SourceRecord]] = {}
         for tp, messages in batches.items():
             if tp.partition not in self._shards:
@@ -633,6 +633,12 @@ class Projector:
             )
         if not by_shard:
             return
+        with span('stepstream.projector.batch') as current:
+            await self._stage_batch(by_shard, current)
+
+    async def _stage_batch(self, by_shard: dict[int, list[SourceRecord]], current: Span | None) -> None:
+        applier = self._applier
+        assert applier is not None
         send = self.send_dead_letters
         shards = self._shards
 
@@ -664,10 +670,35 @@ class Projector:
             self.dead_lettered += len(outcome.dead)
             for (topic, partition), offset in outcome.next_offsets.items():
                 next_offsets[TopicPartition(self._topics[topic], partition)] = offset
+        self._observe(outcomes, next_offsets, current)
         async with self._progress:
             self._applied.update(next_offsets)
             self._progress.notify_all()
         await self._commit_group_offsets(next_offsets)
+
+    def _observe(self, outcomes: list[BatchOutcome], next_offsets: Position, current: Span | None) -> None:
+        """The batch's figures as OpenTelemetry metrics and span attributes (no-ops without an SDK)."""
+        applied = sum(o.applied for o in outcomes)
+        records_applied.add(applied)
+        dead = [d for o in outcomes for d in o.dead]
+        for letter in dead:
+            records_dead_lettered.add(1, {'stepstream.reason': letter.reason})
+        assert self._consumer is not None
+        for tp, offset in next_offsets.items():
+            highwater = self._consumer.highwater(tp)
+            if highwater is not None:
+                lag.set(
+                    max(highwater - offset, 0),
+                    {'stepstream.topic': tp.topic, 'stepstream.partition': tp.partition},
+                )
+        if current is not None and current.is_recording():
+            current.set_attributes(
+                {
+                    'stepstream.records': sum(o.applied + o.duplicates + len(o.dead) for o in outcomes),
+                    'stepstream.applied': applied,
+                    'stepstream.dead_lettered': len(dead),
+                }
+            )
 
     async def _dead_letter(self, dead: list[DeadLetter]) -> bool:
         """Send dead letters until the DLQ acknowledges them all; False if stopped meanwhile.

@@ -48,6 +48,7 @@ from stepstream.schemas import (
     ContinuableSnapshot,
     EffectResolution,
     RunRecord,
+    RunUsage,
     StepEvent,
     ToolEffectRecord,
     apply_patch,
@@ -383,6 +384,7 @@ class ProjectionReader:
             gaps=state.gaps(),
             conflicting_writers=list(state.conflicting_writers),
             rejected=dict(state.rejected),
+            usage=RunUsage(**state.usage, cost_usd=state.cost_usd),
         )
 
     # -- events ----------------------------------------------------------------------------------
@@ -403,9 +405,12 @@ class ProjectionReader:
     # -- snapshots -------------------------------------------------------------------------------
 
     async def latest_snapshot(
-        self, run_id: str, include_interrupted: bool = False
+        self, run_id: str, include_interrupted: bool = False, *, restore: bool = True
     ) -> ContinuableSnapshot | None:
-        """The newest `complete` snapshot (or newest of any state), or None."""
+        """The newest `complete` snapshot (or newest of any state), or None.
+
+        `restore` as in `list_snapshots`.
+        """
 
         def query() -> list[SnapshotEntry]:
             entries = self._snapshot_entries(run_id)
@@ -415,7 +420,7 @@ class ProjectionReader:
         entries = await self._query(query)
         if not entries:
             return None
-        return (await self._materialize(run_id, entries, {entries[-1].snapshot_seq}))[0]
+        return (await self._materialize(run_id, entries, {entries[-1].snapshot_seq}, restore=restore))[0]
 
     async def list_snapshots(
         self,

@@ -126,6 +126,10 @@ class RunState(_Json):
     """The snapshot_seqs saved so far, as ranges like `seqs`."""
     retained_snapshots: list[int] = field(default_factory=_no_ints)
     newest_complete_snapshot: int = -1
+    usage: dict[str, int] = field(default_factory=_no_counts)
+    """Sums over the owner's step events, by `RunUsage` field (only the ones not zero)."""
+    cost_usd: str | None = None
+    """The sum of the priced model requests' costs, as decimal text; None while none was."""
 
     @property
     def last_seq(self) -> int:

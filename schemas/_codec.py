@@ -19,7 +19,7 @@ from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
 from stepstream.errors import SchemaError
-from stepstream.schemas._types import LogRecord, SnapshotDelta, StepEvent, ToolEffectTransition
+from stepstream.schemas._types import LogRecord, ModelUsage, SnapshotDelta, StepEvent, ToolEffectTransition
 from stepstream.schemas._writer import compile_writer
 
 SCHEMA_DIR = Path(__file__).parent / 'avro'
@@ -70,6 +70,7 @@ def load_schema_versions(directory: Path = SCHEMA_DIR) -> dict[str, list[SchemaV
 _VERSIONS = load_schema_versions()
 STEP_EVENT_SCHEMA = _VERSIONS['step_event'][-1]
 TOOL_EFFECT_SCHEMA = _VERSIONS['tool_effect_transition'][-1]
+_USAGE_TYPE = 'io.stepstream.ModelUsage'
 _BY_FINGERPRINT: dict[bytes, SchemaVersion] = {v.fingerprint: v for vs in _VERSIONS.values() for v in vs}
 _STEP_EVENT_WRITER = compile_writer(STEP_EVENT_SCHEMA.parsed)
 _TOOL_EFFECT_WRITER = compile_writer(TOOL_EFFECT_SCHEMA.parsed)
@@ -141,6 +142,10 @@ def _to_avro(record: LogRecord) -> dict[str, Any]:
     snapshot = value.get('snapshot')
     if snapshot is not None:
         value['snapshot'] = {name: getattr(snapshot, name) for name in SnapshotDelta.__slots__}
+    usage = value.get('usage')
+    if usage is not None:
+        # Named, so that fastavro takes the union's record branch without validating the value against it.
+        value['usage'] = (_USAGE_TYPE, {name: getattr(usage, name) for name in ModelUsage.__slots__})
     return value
 
 
@@ -148,7 +153,12 @@ def _from_avro(name: str, value: dict[str, Any]) -> LogRecord:
     try:
         if name == 'step_event':
             snapshot = value.pop('snapshot', None)
-            return StepEvent(**value, snapshot=SnapshotDelta(**snapshot) if snapshot is not None else None)
+            usage = value.pop('usage', None)
+            return StepEvent(
+                **value,
+                snapshot=SnapshotDelta(**snapshot) if snapshot is not None else None,
+                usage=ModelUsage(**usage) if usage is not None else None,
+            )
         return ToolEffectTransition(**value)
     except TypeError as exc:
         raise SchemaError(f'{name} record does not match the record type: {exc}') from exc

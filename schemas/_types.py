@@ -80,6 +80,26 @@ class SnapshotDelta:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class ModelUsage:
+    """Since schema v3: what one model request used, as Pydantic AI reported it on its response.
+
+    Token counts follow `pydantic_ai.usage.RequestUsage` (`input_tokens` includes the cache reads
+    and writes). `cost_usd` is `RequestUsage.cost` as decimal text, None where it could not be
+    priced: money stays exact through the log and the per-run sums.
+    """
+
+    model_name: str | None = None
+    provider: str | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    requests: int = 1
+    finish_reason: str | None = None
+    cost_usd: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class StepEvent:
     """One boundary of an agent run, as written to `{prefix}.step-events`."""
 
@@ -98,6 +118,14 @@ class StepEvent:
     metadata: dict[str, str] = field(default_factory=_no_metadata)
     idempotency_key: str | None = None
     snapshot: SnapshotDelta | None = None
+    usage: ModelUsage | None = None
+    """Since schema v3, on `model_request_completed`: the response's model, tokens and cost."""
+    duration_us: int | None = None
+    """Since schema v3, on model request and tool call ends: how long it took (writer's monotonic clock)."""
+    trace_id: str | None = None
+    """Since schema v3: the OpenTelemetry trace the event was written under, as 32 hex digits."""
+    span_id: str | None = None
+    """Since schema v3: the OpenTelemetry span the event was written under, as 16 hex digits."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -130,6 +158,33 @@ LogRecord = StepEvent | ToolEffectTransition
 
 
 @dataclass(kw_only=True, slots=True)
+class RunUsage:
+    """What a run used: the sums over its `model_request_completed` and tool call end events.
+
+    Events written before schema v3 carry no usage and add nothing but their counts.
+    """
+
+    model_requests: int = 0
+    """`model_request_completed` events."""
+    requests: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    cost_usd: str | None = None
+    """The sum of the priced requests' costs as decimal text; None while none was priced."""
+    unpriced_requests: int = 0
+    """Model requests with no cost (no price known, or written before v3): `cost_usd` leaves them out."""
+    model_request_us: int = 0
+    """Time spent in model requests (completed and failed), in microseconds."""
+    tool_calls: int = 0
+    """Tool calls that ended (`tool_call_completed` or `tool_call_failed`)."""
+    tool_call_failures: int = 0
+    tool_call_us: int = 0
+    """Time spent in tool bodies, in microseconds."""
+
+
+@dataclass(kw_only=True, slots=True)
 class RunRecord:
     """Lineage and status of one run, as the projection knows it."""
 
@@ -155,6 +210,8 @@ class RunRecord:
     """Other writers that claimed this run_id; their records are kept apart."""
     rejected: dict[str, int] = field(default_factory=dict)
     """This run's own records that went to the DLQ, by reason (`seq_jump`, `duplicate_seq`, ...)."""
+    usage: RunUsage = field(default_factory=RunUsage)
+    """The sums of its model requests' usage and of its tool calls' durations."""
 
 
 @dataclass(kw_only=True, slots=True)

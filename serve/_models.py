@@ -16,6 +16,39 @@ from stepstream.projector import ProjectionStatus
 from stepstream.schemas import MAX_NOTE_CHARS, EffectResolution, RunRecord, StepEvent, ToolEffectRecord
 
 
+class Usage(BaseModel):
+    """What a run used: sums over its model requests and tool calls (events since schema v3)."""
+
+    model_requests: int
+    requests: int
+    input_tokens: int = Field(description='Including cache reads and writes, as Pydantic AI counts them.')
+    output_tokens: int
+    cache_read_tokens: int
+    cache_write_tokens: int
+    cost_usd: str | None = Field(
+        description="The priced requests' costs summed, as exact decimal text; null while none was priced."
+    )
+    unpriced_requests: int = Field(description='Model requests without a cost: cost_usd leaves them out.')
+    model_request_us: int = Field(description='Microseconds spent in model requests.')
+    tool_calls: int
+    tool_call_failures: int
+    tool_call_us: int = Field(description='Microseconds spent in tool bodies.')
+
+
+class ModelRequestUsage(BaseModel):
+    """What one model request used, as Pydantic AI reported it on the response."""
+
+    model_name: str | None
+    provider: str | None
+    input_tokens: int
+    output_tokens: int
+    cache_read_tokens: int
+    cache_write_tokens: int
+    requests: int
+    finish_reason: str | None
+    cost_usd: str | None
+
+
 class Run(BaseModel):
     """Lineage and status of one run."""
 
@@ -37,6 +70,7 @@ class Run(BaseModel):
     gaps: list[tuple[int, int]] = Field(description='Inclusive ranges of seq that never arrived.')
     conflicting_writers: list[str]
     rejected: dict[str, int] = Field(description="This run's records that went to the DLQ, by reason.")
+    usage: Usage
 
     @classmethod
     def of(cls, run: RunRecord) -> Run:
@@ -57,6 +91,7 @@ class Run(BaseModel):
             gaps=run.gaps,
             conflicting_writers=run.conflicting_writers,
             rejected=run.rejected,
+            usage=Usage.model_validate(run.usage, from_attributes=True),
         )
 
 
@@ -88,6 +123,10 @@ class Event(BaseModel):
     idempotency_key: str | None
     snapshot_seq: int | None = Field(description='For snapshot_saved: the snapshot it saved.')
     snapshot_state: str | None = Field(description='For snapshot_saved: complete | interrupted.')
+    usage: ModelRequestUsage | None = Field(description='For model_request_completed (since schema v3).')
+    duration_us: int | None = Field(description='For model request and tool call ends: microseconds taken.')
+    trace_id: str | None = Field(description='The OpenTelemetry trace the event was written under.')
+    span_id: str | None = Field(description='The OpenTelemetry span the event was written under.')
 
     @classmethod
     def of(cls, event: StepEvent) -> Event:
@@ -109,6 +148,12 @@ class Event(BaseModel):
             idempotency_key=event.idempotency_key,
             snapshot_seq=event.snapshot.snapshot_seq if event.snapshot else None,
             snapshot_state=event.snapshot.state if event.snapshot else None,
+            usage=ModelRequestUsage.model_validate(event.usage, from_attributes=True)
+            if event.usage
+            else None,
+            duration_us=event.duration_us,
+            trace_id=event.trace_id,
+            span_id=event.span_id,
         )
 
 

@@ -12,7 +12,9 @@ import logging
 import os
 import signal
 import sys
+import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from stepstream.errors import MediaUnavailable, NotFound, StepStreamError, StepStreamUnavailable, UsageError
@@ -183,6 +185,22 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         metavar='N',
         help='exit 1 when more than N records are not applied yet (a health check)',
+    )
+
+    export = command(
+        'export',
+        _export,
+        'Write the projection as Parquet tables (runs, events, model_requests, tool_effects, messages), '
+        'partitioned by date, for DuckDB and friends.',
+    )
+    export.add_argument('--format', choices=['parquet'], default='parquet', help='the file format (Parquet)')
+    export.add_argument(
+        '--out', required=True, help="a directory, or s3://BUCKET/PREFIX in the settings' S3 endpoint"
+    )
+    export.add_argument(
+        '--from-topics',
+        action='store_true',
+        help='read the topics from offset zero (a rebuild into a temporary projection), not --db-path',
     )
 
     topics = command('topics', _topics, 'Create the topics (idempotent) and check they are co-partitioned.')
@@ -447,6 +465,26 @@ async def _rebuild(args: argparse.Namespace, settings: Settings) -> int:
         jobs=args.jobs,
     )
     print(f'rebuilt {sum(end.values())} records into {args.into}')
+    return EXIT_OK
+
+
+async def _export(args: argparse.Namespace, settings: Settings) -> int:
+    from stepstream.projector import export_parquet, progress_bar, rebuild
+
+    with tempfile.TemporaryDirectory(prefix='stepstream-export-') as scratch:
+        if args.from_topics:  # the one replay of the log there is, into a projection thrown away after
+            settings = settings.replace(db_path=str(Path(scratch) / 'projection'))
+            await rebuild(settings, settings.db_path, on_progress=progress_bar())
+        async with _reader(settings) as reader:
+            report = await export_parquet(reader, args.out, settings)
+    counts = ', '.join(f'{rows} {table}' for table, rows in report.rows.items())
+    print(f'exported {counts} to {args.out}')
+    if report.unreadable_histories:
+        print(
+            f'{len(report.unreadable_histories)} run(s) have no messages rows: their snapshots cannot be '
+            f'replayed (a gap in the log): {", ".join(report.unreadable_histories[:10])}',
+            file=sys.stderr,
+        )
     return EXIT_OK
 
 

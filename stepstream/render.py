@@ -48,7 +48,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 
 
 def runs_table(runs: Sequence[RunRecord]) -> str:
-    """One line per run: id, agent, status, lineage, times, counts."""
+    """One line per run: id, agent, status, lineage, times, counts, tokens (in/out) and cost."""
     rows = [
         (
             r.run_id,
@@ -59,10 +59,54 @@ def runs_table(runs: Sequence[RunRecord]) -> str:
             _time(r.started_at),
             r.event_count,
             ','.join(str(lo) if lo == hi else f'{lo}-{hi}' for lo, hi in r.gaps) or None,
+            f'{r.usage.input_tokens}/{r.usage.output_tokens}' if r.usage.model_requests else None,
+            _cost(r.usage.cost_usd, r.usage.unpriced_requests),
         )
         for r in runs
     ]
-    return table(['run_id', 'agent', 'status', 'parent', 'conversation', 'started', 'records', 'gaps'], rows)
+    headers = [
+        'run_id',
+        'agent',
+        'status',
+        'parent',
+        'conversation',
+        'started',
+        'records',
+        'gaps',
+        'tokens',
+        'cost',
+    ]
+    return table(headers, rows)
+
+
+def _cost(cost_usd: str | None, unpriced: int) -> str | None:
+    """`$0.0041`, with `+?` when some requests could not be priced (the sum is a lower bound)."""
+    if cost_usd is None:
+        return '?' if unpriced else None
+    return f'${float(cost_usd):.4f}{"+?" if unpriced else ""}'
+
+
+def _duration(micros: int) -> str:
+    return f'{micros / 1000:.1f}ms' if micros < 10_000_000 else f'{micros / 1_000_000:.1f}s'
+
+
+def _event_detail(e: StepEvent) -> str:
+    """What a line of `events_table` says beside the kind: tool, snapshot, usage, duration, error."""
+    detail = e.tool_name or ''
+    if e.snapshot is not None:
+        detail = f'snapshot {e.snapshot.snapshot_seq} {e.snapshot.state} (prefix {e.snapshot.prefix_len})'
+    if e.usage is not None:
+        u = e.usage
+        detail = f'{u.model_name or "?"} {u.input_tokens}/{u.output_tokens} tokens'
+        if u.cost_usd is not None:
+            detail += f' {_cost(u.cost_usd, 0)}'
+        if u.finish_reason is not None:
+            detail += f' {u.finish_reason}'
+    if e.duration_us is not None:
+        detail = f'{detail} {_duration(e.duration_us)}'.strip()
+    if e.error:
+        detail = f'{detail} {e.error}'.strip()
+    return detail
 
 
 def tree(runs: Sequence[RunRecord]) -> str:
@@ -101,14 +145,7 @@ def tree(runs: Sequence[RunRecord]) -> str:
 
 def events_table(events: Sequence[StepEvent]) -> str:
     """One line per event, in seq order."""
-    rows = []
-    for e in events:
-        detail = e.tool_name or ''
-        if e.snapshot is not None:
-            detail = f'snapshot {e.snapshot.snapshot_seq} {e.snapshot.state} (prefix {e.snapshot.prefix_len})'
-        if e.error:
-            detail = f'{detail} {e.error}'.strip()
-        rows.append((e.seq, _time(e.timestamp), e.step_index, e.kind, detail or None))
+    rows = [(e.seq, _time(e.timestamp), e.step_index, e.kind, _event_detail(e) or None) for e in events]
     return table(['seq', 'time', 'step', 'kind', 'detail'], rows)
 
 

@@ -22,6 +22,7 @@ import random
 import tempfile
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal, localcontext
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,7 @@ from stepstream.projector._apply import (
     DLQ_REASONS,
     EFFECTS,
     EVENTS,
+    TIMED_KINDS,
     Applier,
     SourceRecord,
     plain_fields,
@@ -49,6 +51,8 @@ from stepstream.projector._store import open_db, stored_offsets
 from stepstream.projector._verify import logical_items
 from stepstream.schemas import (
     STEP_EVENT_SCHEMA,
+    ModelUsage,
+    RunUsage,
     SnapshotDelta,
     StepEvent,
     ToolEffectTransition,
@@ -73,7 +77,11 @@ KINDS = [
     'run_started',
     'model_request_started',
     'model_request_completed',
+    'model_request_completed',
+    'model_request_failed',
     'tool_call_started',
+    'tool_call_completed',
+    'tool_call_failed',
     'run_completed',
     'run_failed',
     'snapshot_saved',
@@ -93,7 +101,27 @@ HOSTILE = [
     'negative_seq',
     'big_value',
     'bad_resolution',
+    'misplaced_usage',
+    'bad_usage',
 ]
+TOKENS = [1000, 7, 0, 2**39]
+COSTS = ['0.004125', None, '1E-3', '0.000000000000000000000000000001']
+DURATIONS = [1234, None, 0]
+TRACE_IDS = [None, '0af7651916cd43dd8448eb211c80319c']
+GARBLED_USAGE = [
+    {'tokens': -1},
+    {'tokens': 2**41},
+    {'cost': 'abc'},
+    {'cost': 'NaN'},
+    {'cost': '-1'},
+    {'cost': '1e12'},
+    {'cost': '7' * 70},
+    {'cost': '1E-31'},
+    {'duration_us': -5},
+    {'duration_us': 2**50},
+    {'trace_id': 'not-hex'},
+]
+"""A `bad_usage` record carries one of these: every one is refused (`invalid`)."""
 
 
 @dataclass(frozen=True)
@@ -112,6 +140,10 @@ class Op:
     parent: str | None
     minute: int
     hostile: str | None
+    tokens: int = 0
+    cost: str | None = None
+    duration_us: int | None = None
+    trace_id: str | None = None
 
 
 ops = st.builds(
@@ -128,6 +160,10 @@ ops = st.builds(
     parent=st.sampled_from(PARENTS),
     minute=st.integers(0, 5),
     hostile=st.one_of(st.none(), st.none(), st.none(), st.sampled_from(HOSTILE)),
+    tokens=st.sampled_from(TOKENS),
+    cost=st.sampled_from(COSTS),
+    duration_us=st.sampled_from(DURATIONS),
+    trace_id=st.sampled_from(TRACE_IDS),
 )
 
 
@@ -165,7 +201,21 @@ def to_source(op: Op, offsets: dict[tuple[int, int], int]) -> SourceRecord:
     seq = -1 if op.hostile == 'negative_seq' else op.seq
     error = 'e' * 300_000 if op.hostile == 'big_value' else None
     record: StepEvent | ToolEffectTransition
+    if op.hostile == 'bad_usage':
+        op = replace(
+            op, kind='model_request_completed', **GARBLED_USAGE[(op.minute * 7 + op.seq) % len(GARBLED_USAGE)]
+        )
     if op.is_event:
+        usage = None
+        if op.kind == 'model_request_completed' or op.hostile == 'misplaced_usage':
+            usage = ModelUsage(
+                model_name='gpt-4o',
+                input_tokens=op.tokens,
+                output_tokens=op.tokens // 3,
+                cache_read_tokens=op.tokens // 2,
+                cache_write_tokens=op.tokens // 4,
+                cost_usd=op.cost,
+            )
         snapshot = None
         if op.kind == 'snapshot_saved':
             snapshot = SnapshotDelta(
@@ -185,6 +235,10 @@ def to_source(op: Op, offsets: dict[tuple[int, int], int]) -> SourceRecord:
             tool_call_id=call,
             error=error,
             snapshot=snapshot,
+            usage=usage,
+            duration_us=op.duration_us if op.kind in TIMED_KINDS or op.hostile == 'misplaced_usage' else None,
+            trace_id=op.trace_id,
+            span_id=op.trace_id[:16] if op.trace_id is not None else None,
         )
     else:
         resolved = op.status == 'resolved' or op.hostile == 'bad_resolution'
@@ -369,7 +423,7 @@ def test_views_agree_with_each_other(generated: list[Op]) -> None:
             assert {dead.reason for dead in outcome.dead} <= set(DLQ_REASONS)
             refused = sum(
                 op.hostile not in (None, 'big_value')
-                and (op.hostile != 'unknown_kind' or op.is_event)
+                and (op.hostile not in ('unknown_kind', 'misplaced_usage', 'bad_usage') or op.is_event)
                 and (op.hostile != 'bad_resolution' or not op.is_event)
                 for op in generated
             )
@@ -408,6 +462,7 @@ async def check_views(reader: ProjectionReader) -> None:
         assert run.event_count + missing == run.last_seq + 1
         events = await reader.list_events(run.run_id)
         assert [e.seq for e in events] == sorted({e.seq for e in events})
+        assert run.usage == usage_of(events)
         # A generated log may lack snapshot 0: the reader says so, it does not crash.
         with contextlib.suppress(StepStreamError):
             await reader.list_snapshots(run.run_id, include_interrupted=True)
@@ -681,3 +736,32 @@ def test_a_resolution_before_every_live_transition_is_dead_whichever_topic_comes
             db.close()
     assert dead[0] == dead[1] == [('duplicate_seq', 0), ('unknown_effect', 1)]
     assert dumps[0] == dumps[1]
+
+
+def usage_of(events: list[StepEvent]) -> RunUsage:
+    """The sums a run record shows, computed again from its events (a second implementation)."""
+    sums = RunUsage()
+    priced: list[Decimal] = []
+    for e in events:
+        if e.kind == 'model_request_completed':
+            sums.model_requests += 1
+            if e.usage is not None:
+                sums.requests += e.usage.requests
+                sums.input_tokens += e.usage.input_tokens
+                sums.output_tokens += e.usage.output_tokens
+                sums.cache_read_tokens += e.usage.cache_read_tokens
+                sums.cache_write_tokens += e.usage.cache_write_tokens
+            if e.usage is None or e.usage.cost_usd is None:
+                sums.unpriced_requests += 1
+            else:
+                priced.append(Decimal(e.usage.cost_usd))
+        if e.kind.startswith('model_request') and e.duration_us is not None:
+            sums.model_request_us += e.duration_us
+        if e.kind in ('tool_call_completed', 'tool_call_failed'):
+            sums.tool_calls += 1
+            sums.tool_call_failures += e.kind == 'tool_call_failed'
+            sums.tool_call_us += e.duration_us or 0
+    if priced:
+        with localcontext(prec=200):
+            sums.cost_usd = format(sum(priced, Decimal(0)), 'f')
+    return sums

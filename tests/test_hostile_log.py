@@ -24,7 +24,7 @@ from pydantic_ai import Agent
 from stepstream import Settings
 from stepstream.producer import EventLog, StepPersistence
 from stepstream.projector import ProjectionReader, rebuild, verify_paths
-from stepstream.schemas import StepEvent, ToolEffectTransition, encode
+from stepstream.schemas import ModelUsage, StepEvent, ToolEffectTransition, encode
 from stepstream.topics import Position, ensure_topics, murmur2_partition
 
 from agents import calls_then_answers
@@ -139,6 +139,32 @@ class Attacker:
                     fx(run, 0, owner, 'completed', f'c{i}'),
                     None,
                 ),  # seq 0 is run_started
+                # Schema v3 fields with garbage: usage on the wrong kind or out of range, a bad trace id.
+                ('refused', events, run.encode(), ev(run, 2000 + i, owner, usage=ModelUsage()), None),
+                (
+                    'refused',
+                    events,
+                    run.encode(),
+                    ev(
+                        run, 2100 + i, owner, 'model_request_completed', usage=ModelUsage(input_tokens=-i - 1)
+                    ),
+                    None,
+                ),
+                (
+                    'refused',
+                    events,
+                    run.encode(),
+                    ev(run, 2200 + i, owner, 'model_request_completed', usage=ModelUsage(cost_usd='NaN')),
+                    None,
+                ),
+                (
+                    'refused',
+                    events,
+                    run.encode(),
+                    ev(run, 2300 + i, owner, 'tool_call_failed', duration_us=-1),
+                    None,
+                ),
+                ('refused', events, run.encode(), ev(run, 2400 + i, owner, trace_id='../../etc'), None),
                 ('accepted', events, run.encode(), ev(run, i, f'intruder\x00{i % 3}', 'run_completed'), None),
                 ('accepted', effects, run.encode(), fx(run, i, 'intruder', 'completed'), None),
                 ('accepted', effects, f'h-parked-{i}'.encode(), fx(f'h-parked-{i}', 1, f'w\x00{i}'), None),
