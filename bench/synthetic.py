@@ -27,7 +27,7 @@ from pydantic_ai.messages import (
     UserPromptPart,
 )
 
-from stepstream.schemas import LogRecord, SnapshotDelta, StepEvent, ToolEffectTransition, encode
+from stepstream.schemas import LogRecord, SnapshotDelta, StepEvent, ToolEffectTransition, encode, schema_of
 from stepstream.settings import Settings
 
 RUN_ID_WIDTH = 18
@@ -137,7 +137,11 @@ def to_wire(record: LogRecord, settings: Settings) -> Wire:
         topic, kind = settings.step_events_topic, record.kind
     else:
         topic, kind = settings.tool_effects_topic, record.status
-    return Wire(topic, record.run_id.encode(), encode(record), [('stepstream-kind', kind.encode())])
+    headers = [
+        ('stepstream-kind', kind.encode()),
+        ('stepstream-schema', schema_of(record).fingerprint_hex.encode()),
+    ]
+    return Wire(topic, record.run_id.encode(), encode(record), headers)
 
 
 def many_runs(settings: Settings, prefix: str, total: int, steps: int) -> Iterator[Wire]:

@@ -18,7 +18,7 @@ from opentelemetry import trace
 from stepstream.errors import RecordTooLarge
 from stepstream.ids import check_record_ids
 from stepstream.kafka_client import unavailable
-from stepstream.schemas import LogRecord, StepEvent, encode
+from stepstream.schemas import LogRecord, StepEvent, encode, schema_of
 from stepstream.settings import Settings
 from stepstream.topics import Position
 
@@ -101,14 +101,16 @@ def topic_of(record: LogRecord, settings: Settings) -> str:
 
 
 def record_headers(record: LogRecord) -> list[tuple[str, bytes]]:
-    """`stepstream-kind` (a step event's kind, a transition's status) and, inside a trace, `traceparent`.
+    """`stepstream-kind`, `stepstream-schema` and, inside a trace, W3C `traceparent` (the contract).
 
-    The kind is there so that a consumer can route or filter records without decoding them. The
-    schema is not: single-object encoding starts every value with its schema's fingerprint
-    (bytes 2 to 10), which records written before decision 0024 repeated in `stepstream-schema`.
+    The kind (a step event's kind, a transition's status) lets a consumer route or filter records
+    without decoding them; the schema fingerprint in hex names the `.avsc` to decode with.
     """
     kind = record.kind if isinstance(record, StepEvent) else record.status
-    headers = [('stepstream-kind', kind.encode())]
+    headers = [
+        ('stepstream-kind', kind.encode()),
+        ('stepstream-schema', schema_of(record).fingerprint_hex.encode()),
+    ]
     span = trace.get_current_span().get_span_context()
     if span.is_valid:  # W3C trace context, so a consumer can join the agent's trace
         traceparent = f'00-{span.trace_id:032x}-{span.span_id:016x}-{int(span.trace_flags):02x}'

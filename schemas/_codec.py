@@ -41,6 +41,11 @@ class SchemaVersion:
     parsed: Any
     fingerprint: bytes
 
+    @property
+    def fingerprint_hex(self) -> str:
+        """The fingerprint as it appears in the `stepstream-schema` header."""
+        return self.fingerprint.hex()
+
 
 def load_schema_versions(directory: Path = SCHEMA_DIR) -> dict[str, list[SchemaVersion]]:
     """Every committed schema version, by record file name, oldest first."""

@@ -287,10 +287,13 @@ async def test_outside_consumer_decodes_with_only_the_avsc_files(
                     value = schemaless_reader(io.BytesIO(message.value[10:]), schema, None)
                     assert isinstance(value, dict)
                     assert message.key == str(value['run_id']).encode()
-                    # The kind is a header too, for routing without decoding; the schema is the
-                    # value's own fingerprint, not repeated in a header (decision 0024).
+                    # The kind and the schema are headers too, for routing without decoding (the
+                    # contract's headers: the fingerprint in hex, as in the value's bytes 2 to 10).
                     headers = dict(message.headers)
-                    assert headers == {'stepstream-kind': str(value.get('kind') or value['status']).encode()}
+                    assert headers == {
+                        'stepstream-kind': str(value.get('kind') or value['status']).encode(),
+                        'stepstream-schema': message.value[2:10].hex().encode(),
+                    }
                     decoded.append(value)
     finally:
         await consumer.stop()
