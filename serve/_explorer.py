@@ -20,6 +20,18 @@ from stepstream.serve._source import NotFound, Source
 from stepstream.serve._views import diff, message_views
 
 templates = Jinja2Templates(directory=Path(__file__).parent / 'templates')
+
+
+def trace_href(template: str | None, trace_id: str | None, span_id: str | None) -> str | None:
+    """The trace viewer's link for an event's trace (`Settings.trace_url`), or None without one."""
+    if template is None or trace_id is None:
+        return None
+    return template.replace('{trace_id}', quote(trace_id, safe='')).replace(
+        '{span_id}', quote(span_id or '', safe='')
+    )
+
+
+templates.env.globals['trace_href'] = trace_href
 router = APIRouter(include_in_schema=False, default_response_class=HTMLResponse)
 STATUSES = ('running', 'stale', 'completed', 'failed', 'cancelled')
 
@@ -102,6 +114,7 @@ async def run(request: Request, run_id: str) -> Response:
         children=children,
         siblings=siblings,
         events=events,
+        trace_url=source.settings.trace_url,
         effects={e.tool_call_id: e for e in effects},
         unknown=[e for e in effects if e.unknown_after_crash],
         snapshots=snapshots,

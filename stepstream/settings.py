@@ -94,6 +94,10 @@ class Settings:
     operator: str | None = None
     """Who resolves unknown tool effects from this process (`stepstream resolve`, the explorer); the
     OS user when unset. Recorded in the log with every resolution."""
+    trace_url: str | None = None
+    """The trace viewer's URL with `{trace_id}` (and `{span_id}` if it takes one), for example
+    Jaeger's `http://localhost:16686/trace/{trace_id}`: the explorer links each event to the trace
+    it was written under. Unset, the explorer shows the trace id."""
 
     def __post_init__(self) -> None:
         if not self.topic_prefix or any(c not in _TOPIC_CHARS for c in self.topic_prefix):
@@ -109,6 +113,10 @@ class Settings:
             raise ValueError(f'ack_timeout_s must be positive, got {self.ack_timeout_s}')
         if self.stale_after_s < 0:
             raise ValueError(f'stale_after_s must not be negative, got {self.stale_after_s}')
+        if self.trace_url is not None and '{trace_id}' not in self.trace_url:
+            raise ValueError(
+                f'{_name("trace_url")} must hold {{trace_id}} where the trace id goes, got {self.trace_url!r}'
+            )
         self._check_security()
         if self.s3_cafile and (self.s3_endpoint or '').startswith('http://'):
             raise ValueError(

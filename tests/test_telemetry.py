@@ -3,6 +3,7 @@ SDK nothing is recorded and events carry no trace ids."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -10,6 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
 import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import TopicPartition
@@ -25,6 +27,7 @@ from stepstream import Settings
 from stepstream.kafka_client import client_options
 from stepstream.producer import EventLog, StepPersistence
 from stepstream.projector import Projector
+from stepstream.serve import app_for, running
 from stepstream.topics import murmur2_partition
 
 from agents import calls_then_answers
@@ -85,6 +88,17 @@ async def test_spans_metrics_and_trace_ids_under_an_sdk(
     trace_id = f'{outer.get_span_context().trace_id:032x}'
     assert {e.trace_id for e in events} == {trace_id}
     assert all(e.span_id is not None and len(e.span_id) == 16 for e in events)
+
+    # The explorer links each event to its trace, in the viewer the settings name.
+    viewer = settings.replace(trace_url='https://traces.example/trace/{trace_id}?span={span_id}')
+    async with (
+        running(app_for(viewer, reader=reader), port=0) as server,
+        httpx.AsyncClient(base_url=server.url) as client,
+    ):
+        page = (await client.get(f'/runs/{run.run_id}')).text
+    links = re.findall(r'href="https://traces\.example/trace/([0-9a-f]{32})\?span=([0-9a-f]{16})"', page)
+    assert len(links) == len(events)
+    assert {t for t, _ in links} == {trace_id} and {s for _, s in links} == {e.span_id for e in events}
 
     # One span per durability point, children in that trace, naming the run.
     finished = sdk.spans.get_finished_spans()
