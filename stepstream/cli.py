@@ -202,6 +202,12 @@ def _parser() -> argparse.ArgumentParser:
         action='store_true',
         help='read the topics from offset zero (a rebuild into a temporary projection), not --db-path',
     )
+    export.add_argument(
+        '--since',
+        metavar='PATH_OR_MARK',
+        help='an earlier export (its directory, s3://BUCKET/PREFIX or _stepstream_export.json): write only '
+        'what changed after it (into that same --out: adds files; elsewhere: just the new rows)',
+    )
 
     topics = command('topics', _topics, 'Create the topics (idempotent) and check they are co-partitioned.')
     topics.add_argument('action', choices=['ensure'], help='ensure: create what is missing, then check')
@@ -470,15 +476,18 @@ async def _rebuild(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _export(args: argparse.Namespace, settings: Settings) -> int:
     from stepstream.projector import export_parquet, progress_bar, rebuild
+    from stepstream.projector._export import read_mark
 
+    mark = read_mark(args.since, settings) if args.since else None  # a bad mark fails before any work
     with tempfile.TemporaryDirectory(prefix='stepstream-export-') as scratch:
         if args.from_topics:  # the one replay of the log there is, into a projection thrown away after
             settings = settings.replace(db_path=str(Path(scratch) / 'projection'))
             await rebuild(settings, settings.db_path, on_progress=progress_bar())
         async with _reader(settings) as reader:
-            report = await export_parquet(reader, args.out, settings)
+            report = await export_parquet(reader, args.out, settings, since=mark)
     counts = ', '.join(f'{rows} {table}' for table, rows in report.rows.items())
-    print(f'exported {counts} to {args.out}')
+    since = f' (export {report.export_seq}, since {args.since})' if mark is not None else ''
+    print(f'exported {counts} to {args.out}{since}')
     if report.unreadable_histories:
         print(
             f'{len(report.unreadable_histories)} run(s) have no messages rows: their snapshots cannot be '

@@ -9,6 +9,7 @@ gpt-4o responses itself (genai-prices), as it would a real provider's.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections import defaultdict
 from decimal import Decimal
@@ -27,7 +28,7 @@ from test_cli import cli
 
 from stepstream import Settings
 from stepstream.producer import EventLog, StepPersistence, annotate_tool_effect
-from stepstream.projector import Projector, export_filesystem
+from stepstream.projector import Projector, continue_run, export_filesystem
 from stepstream.topics import log_end_offsets, murmur2_partition
 
 DOC = Path(__file__).parent.parent / 'docs' / 'analytics.md'
@@ -278,3 +279,203 @@ async def test_the_export_goes_to_s3_with_hive_paths_and_reads_the_topics_too(
     assert code == 0, stderr
     assert from_topics.replace(str(tmp_path / 'from-topics'), 'X') == from_projection.replace(target, 'X')
     assert not (elsewhere / 'projection').exists()
+
+
+def views(db: duckdb.DuckDBPyConnection, glob: str) -> None:
+    """The doc's views over the exports `glob` names (one export's directory, or several by a pattern)."""
+    db.execute(queries()['views'].replace("'analytics/", f"'{glob}/"))
+
+
+def table(db: duckdb.DuckDBPyConnection, name: str, key: str) -> list[tuple[Any, ...]]:
+    """A view's rows without `export_seq` (which says which export wrote a row, not what it holds)."""
+    cursor = db.execute(f'SELECT * FROM {name} ORDER BY {key}')
+    columns = [c[0] for c in cursor.description]
+    keep = [i for i, c in enumerate(columns) if c != 'export_seq']
+    return [tuple(row[i] for i in keep) for row in cursor.fetchall()]
+
+
+def answers(db: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, list[tuple[Any, ...]]]:
+    """Every query of the doc, answered over the views in `db`."""
+    return {
+        name: db.execute(sql, {'run_id': run_id} if '$run_id' in sql else None).fetchall()
+        for name, sql in queries().items()
+        if name != 'views'
+    }
+
+
+KEYS = {
+    'runs': 'run_id',
+    'events': 'run_id, seq',
+    'model_requests': 'run_id, seq',
+    'tool_effects': 'run_id, tool_call_id',
+    'messages': 'run_id, message_index',
+}
+
+
+async def test_an_export_since_an_earlier_one_adds_each_event_once_and_each_runs_newest_state(
+    settings: Settings, event_log: EventLog, projector: Projector, db_path: Path, tmp_path: Path
+) -> None:
+    await write_runs(event_log)
+    # A run still going when the first export is made: it finishes after, so its state rows change.
+    go, entered = asyncio.Event(), asyncio.Event()
+    editor = Agent(
+        scripted('gpt-4o', 'openai', ['review']),
+        capabilities=[StepPersistence(log=event_log, agent_name='editor')],
+    )
+
+    @editor.tool_plain
+    async def review() -> str:
+        entered.set()
+        await go.wait()
+        return 'approved'
+
+    editing = asyncio.create_task(editor.run('review the tides article', conversation_id='conv-edit'))
+    await entered.wait()
+    await projector.wait_for(await event_log.flush())
+    reader = projector.reader()
+    [running] = await reader.list_runs(agent_name='editor')
+    assert running.status == 'running'
+
+    exports = tmp_path / 'exports'
+    base, later = exports / '0-base', exports / '1-since'
+    code, stdout, stderr = await cli(settings, db_path, 'export', '--out', str(base))
+    assert code == 0, stderr
+    # The same, appended into its own directory rather than one of its own.
+    appended = tmp_path / 'appended'
+    code, _, stderr = await cli(settings, db_path, 'export', '--out', str(appended))
+    assert code == 0, stderr
+
+    # After it: the editor finishes, a follow-up run continues its history, the publisher's unknown
+    # effect is resolved by an operator (a state change with no new step event), a new run starts.
+    go.set()
+    await editing
+    await projector.wait_for(await event_log.flush())
+    history = await continue_run(reader, run_id=running.run_id)
+    await editor.run('one more pass', message_history=history, conversation_id='conv-edit')
+    await write_runs(event_log)
+    await projector.wait_for(await event_log.flush())
+    [publisher, *_] = await reader.list_runs(agent_name='publisher')
+    [effect] = await reader.list_unresolved_tool_effects(publisher.run_id)
+    code, _, stderr = await cli(
+        settings,
+        db_path,
+        'resolve',
+        publisher.run_id,
+        effect.tool_call_id,
+        '--happened',
+        '--note',
+        'it went out',
+    )
+    assert code == 0, stderr
+    home = murmur2_partition(publisher.run_id.encode(), settings.partitions)
+    ends = await log_end_offsets(settings, {(settings.tool_effects_topic, home): 0})
+    await projector.wait_for({TopicPartition(t, p): end for (t, p), end in ends.items()})
+    assert (await reader.get_tool_effect(publisher.run_id, effect.tool_call_id)).status == 'resolved'  # type: ignore[union-attr]
+
+    code, stdout, stderr = await cli(settings, db_path, 'export', '--out', str(later), '--since', str(base))
+    assert code == 0, stderr
+    assert f'(export 1, since {base})' in stdout
+    # What an export that failed half-way into the same directory left there (no mark names it).
+    written = next((appended / 'events').glob('*/part-*.parquet'))
+    stray = written.with_name('part-0badc0ffee00-0-0.parquet')
+    stray.write_bytes(written.read_bytes())
+    mark = str(appended / '_stepstream_export.json')
+    code, _, stderr = await cli(settings, db_path, 'export', '--out', str(appended), '--since', mark)
+    assert code == 0, stderr
+    assert not stray.exists()
+    fresh = tmp_path / 'fresh'
+    code, _, stderr = await cli(settings, db_path, 'export', '--out', str(fresh))
+    assert code == 0, stderr
+
+    everything = await reader.list_runs()
+    assert len(everything) == 4 + 2 + 4
+    in_base = {row[0] for row in duckdb.sql(f"SELECT run_id FROM '{base}/runs/**/*.parquet'").fetchall()}
+    changed = {r.run_id for r in everything} - in_base | {running.run_id, publisher.run_id}
+    assert len(changed) == 2 + 1 + 4  # the editor's two runs, the resolved publisher, the new four
+    incremental = duckdb.connect()
+    # Only what changed is in the later export: its runs rows are the changed runs, once each.
+    later_runs = incremental.execute(f"SELECT run_id, export_seq FROM '{later}/runs/**/*.parquet'").fetchall()
+    assert sorted(later_runs) == sorted((run_id, 1) for run_id in changed)
+
+    for glob in (f'{exports}/*', str(appended)):
+        db, full = duckdb.connect(), duckdb.connect()
+        views(db, glob)
+        views(full, str(fresh))
+        # Each event once: the base and the later export never both hold one.
+        raw = db.execute(
+            f"SELECT run_id, seq, count(*) FROM read_parquet('{glob}/events/**/*.parquet') "
+            'GROUP BY ALL HAVING count(*) > 1'
+        ).fetchall()
+        assert raw == []
+        # The editor's first run has two runs rows (running, then completed); the view keeps the newest.
+        versions = db.execute(
+            f"SELECT status, export_seq FROM read_parquet('{glob}/runs/**/*.parquet') "
+            f"WHERE run_id = '{running.run_id}' ORDER BY export_seq"
+        ).fetchall()
+        assert versions == [('running', 0), ('completed', 1)]
+        for name, key in KEYS.items():
+            assert table(db, name, key) == table(full, name, key), name
+        assert db.execute('SELECT count(*) FROM runs').fetchone() == (len(everything),)
+        assert answers(db, running.run_id) == answers(full, running.run_id)
+        assert [
+            row[0]
+            for row in db.execute(
+                'SELECT status FROM tool_effects WHERE run_id = $r', {'r': publisher.run_id}
+            ).fetchall()
+        ] == ['resolved']
+
+    # Nothing changed since: an export since the later one writes no rows at all.
+    code, stdout, stderr = await cli(
+        settings, db_path, 'export', '--out', str(exports / '2-since'), '--since', str(later)
+    )
+    assert code == 0, stderr
+    assert 'exported 0 runs, 0 events, 0 model_requests, 0 tool_effects, 0 messages' in stdout
+    code, stdout, stderr = await cli(
+        settings,
+        db_path,
+        'export',
+        '--from-topics',
+        '--out',
+        str(exports / '3-topics'),
+        '--since',
+        str(later),
+    )
+    assert code == 0, stderr
+    assert 'exported 0 runs, 0 events, 0 model_requests, 0 tool_effects, 0 messages' in stdout
+
+
+async def test_an_export_since_a_mark_that_is_not_one_of_this_log_exits_2(
+    settings: Settings, event_log: EventLog, projector: Projector, db_path: Path, tmp_path: Path
+) -> None:
+    await write_runs(event_log)
+    await projector.wait_for(await event_log.flush())
+    base = tmp_path / 'base'
+    code, _, stderr = await cli(settings, db_path, 'export', '--out', str(base))
+    assert code == 0, stderr
+    manifest = base / '_stepstream_export.json'
+    original = json.loads(manifest.read_text())
+
+    def since(mark: Path, expected: str) -> Any:
+        async def check() -> None:
+            code, stdout, stderr = await cli(
+                settings, db_path, 'export', '--out', str(tmp_path / 'next'), '--since', str(mark)
+            )
+            assert code == 2, (stdout, stderr)
+            assert expected in stderr, stderr
+            assert not (tmp_path / 'next').exists()  # refused before anything was written
+
+        return check()
+
+    # Not an export at all, or an export with no mark.
+    await since(tmp_path / 'nowhere', 'no _stepstream_export.json')
+    elsewhere = tmp_path / 'old' / '_stepstream_export.json'
+    elsewhere.parent.mkdir()
+    elsewhere.write_text(json.dumps({k: v for k, v in original.items() if k != 'mark'}))
+    await since(elsewhere, 'holds no export mark')
+    # Another log's export: another topic prefix.
+    elsewhere.write_text(json.dumps({**original, 'mark': {**original['mark'], 'topic_prefix': 'other'}}))
+    await since(elsewhere, "of topic prefix 'other'")
+    # Or a mark past what this projection applied (a log with more in it).
+    ahead = {tp: offset + 1000 for tp, offset in original['mark']['offsets'].items()}
+    elsewhere.write_text(json.dumps({**original, 'mark': {**original['mark'], 'offsets': ahead}}))
+    await since(elsewhere, 'had applied more of')
