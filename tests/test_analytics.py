@@ -340,7 +340,7 @@ async def test_an_export_since_an_earlier_one_adds_each_event_once_and_each_runs
     base, later = exports / '0-base', exports / '1-since'
     code, stdout, stderr = await cli(settings, db_path, 'export', '--out', str(base))
     assert code == 0, stderr
-    # The same, appended into its own directory rather than one of its own.
+    # A second base: the later export is appended into its directory rather than written beside it.
     appended = tmp_path / 'appended'
     code, _, stderr = await cli(settings, db_path, 'export', '--out', str(appended))
     assert code == 0, stderr
@@ -388,7 +388,7 @@ async def test_an_export_since_an_earlier_one_adds_each_event_once_and_each_runs
     assert code == 0, stderr
 
     everything = await reader.list_runs()
-    assert len(everything) == 4 + 2 + 4
+    assert len(everything) == 4 + 2 + 4  # the first four, the editor's two, the second four
     in_base = {row[0] for row in duckdb.sql(f"SELECT run_id FROM '{base}/runs/**/*.parquet'").fetchall()}
     changed = {r.run_id for r in everything} - in_base | {running.run_id, publisher.run_id}
     assert len(changed) == 2 + 1 + 4  # the editor's two runs, the resolved publisher, the new four
@@ -455,16 +455,13 @@ async def test_an_export_since_a_mark_that_is_not_one_of_this_log_exits_2(
     manifest = base / '_stepstream_export.json'
     original = json.loads(manifest.read_text())
 
-    def since(mark: Path, expected: str) -> Any:
-        async def check() -> None:
-            code, stdout, stderr = await cli(
-                settings, db_path, 'export', '--out', str(tmp_path / 'next'), '--since', str(mark)
-            )
-            assert code == 2, (stdout, stderr)
-            assert expected in stderr, stderr
-            assert not (tmp_path / 'next').exists()  # refused before anything was written
-
-        return check()
+    async def since(mark: Path, expected: str) -> None:
+        code, stdout, stderr = await cli(
+            settings, db_path, 'export', '--out', str(tmp_path / 'next'), '--since', str(mark)
+        )
+        assert code == 2, (stdout, stderr)
+        assert expected in stderr, stderr
+        assert not (tmp_path / 'next').exists()  # refused before anything was written
 
     # Not an export at all, or an export with no mark.
     await since(tmp_path / 'nowhere', 'no _stepstream_export.json')
