@@ -270,6 +270,14 @@ async def test_the_export_goes_to_s3_with_hive_paths_and_reads_the_topics_too(
     requests = ds.dataset(f'{base}/model_requests', filesystem=fs, format='parquet', partitioning='hive')
     assert requests.count_rows() == 2 + 5 + 1 + 1  # orchestrator, researcher, fetcher, publisher
 
+    # Since itself, into itself: the mark is read from the bucket, nothing changed, nothing is added.
+    events = ds.dataset(f'{base}/events', filesystem=fs, format='parquet').count_rows()
+    assert f'{events} events' in from_projection
+    code, since, stderr = await cli(settings, db_path, 'export', '--out', target, '--since', target)
+    assert code == 0, stderr
+    assert 'exported 0 runs, 0 events, 0 model_requests, 0 tool_effects, 0 messages' in since
+    assert ds.dataset(f'{base}/events', filesystem=fs, format='parquet').count_rows() == events
+
     # Straight from the topics (no projection at --db-path): the same rows.
     elsewhere = tmp_path / 'no-projection-here'
     elsewhere.mkdir()
