@@ -4,8 +4,9 @@ Members find each other through the consumer group itself, not a second registry
 member's join metadata carries the URL its `stepstream serve` answers on, and the group
 leader's assignment hands every member the whole table (partition -> owner's URL) in its
 `user_data`. Assignment stays range-style, so a member owns partition p of both log topics
-(decision 0016). The protocol has its own name; members also offer plain `range`, so a group
-that still has members without it falls back to that (and has no table until they leave).
+(decision 0016). The protocol has its own name and is the only one a member offers: a client
+that offers only plain `range` cannot join the group (the broker says the protocols are
+inconsistent), which keeps foreign members out of a shard's partitions.
 """
 
 from __future__ import annotations

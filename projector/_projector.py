@@ -17,7 +17,6 @@ from types import TracebackType
 from typing import Self
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, ConsumerRecord
-from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.errors import GroupAuthorizationFailedError, KafkaError, MessageSizeTooLargeError
 from aiokafka.structs import TopicPartition
 from opentelemetry.trace import Span
@@ -235,8 +234,10 @@ class Projector:
             request_timeout_ms=max(5000, int(self.settings.ack_timeout_s * 1000)),
             # Range assignment gives a member the same partition numbers of both topics, which
             # are co-partitioned by run_id: one member owns every record of a shard. Ours also
-            # shares the members' endpoints; plain range is the fallback of a mixed group.
-            partition_assignment_strategy=(membership_assignor(self.membership), RangePartitionAssignor),
+            # shares the members' endpoints. One assignor only: aiokafka (through 0.14) sends a
+            # JoinGroup per configured assignor, and the second one starts another rebalance,
+            # so members joining together can rebalance for minutes (decision 0016).
+            partition_assignment_strategy=(membership_assignor(self.membership),),
             session_timeout_ms=self.session_timeout_ms,
             heartbeat_interval_ms=max(100, self.session_timeout_ms // 3),
         )

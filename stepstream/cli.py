@@ -377,8 +377,8 @@ async def _projector(args: argparse.Namespace, settings: Settings) -> int:
         running = asyncio.create_task(projector.join())
         while not (stopping.done() or running.done()):
             await asyncio.wait([stopping, running], timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
-            if loss.lost and await broker_answers(settings):
-                loss.back()
+            if loss.pending:
+                loss.checked(await broker_answers(settings))
         if running.done():  # the loop ended without being asked to: it failed, and leaving the
             stopping.cancel()  # `async with` raises its error, which main() prints (exit code 1)
             return EXIT_FAILED

@@ -2,7 +2,8 @@
 
 A Kafka client retries every few milliseconds while its broker is away and logs every attempt
 (about 1,100 lines in 25 s); an operator needs to know that the broker went, that the service is
-retrying, and when it came back.
+retrying, and when it came back. A client also warns about things that are not a lost broker
+(a group rebalancing, a coordinator still loading): those say what they are.
 """
 
 from __future__ import annotations
@@ -16,11 +17,16 @@ log = logging.getLogger('stepstream.service')
 class BrokerLossLog(logging.Filter):
     """A handler filter that folds Kafka client warnings and errors into state changes.
 
+    A client warning is held until the service has asked the broker (`checked`): if the broker
+    answers, the warning is passed on as the client said it (a rebalance, a coordinator that is
+    still loading), with a count of the like lines folded meanwhile; if it does not, the broker is
+    lost, and one line says so until it answers again.
+
     ```python
     handler.addFilter(loss := BrokerLossLog(settings.bootstrap_servers))
     ...
-    if loss.lost and await broker_answers(settings):
-        loss.back()
+    if loss.pending:
+        loss.checked(await broker_answers(settings))
     ```
     """
 
@@ -28,41 +34,49 @@ class BrokerLossLog(logging.Filter):
         super().__init__()
         self.servers = servers
         self.client_logger = client_logger
+        self._held: logging.LogRecord | None = None
         self._lost_since: float | None = None
         self._folded = 0
 
     @property
     def lost(self) -> bool:
-        """Whether the client has reported trouble since the broker was last known to answer."""
+        """Whether the broker did not answer when last asked after a client warning."""
         return self._lost_since is not None
 
+    @property
+    def pending(self) -> bool:
+        """Whether a client warning waits for the broker to be asked (or the broker is lost)."""
+        return self._held is not None or self._lost_since is not None
+
     def filter(self, record: logging.LogRecord) -> bool:
-        """Let everything through except the client's warnings while the broker is lost."""
+        """Let everything through except the client's warnings, which wait for `checked`."""
         if record.levelno < logging.WARNING or not record.name.startswith(self.client_logger):
             return True
-        if self._lost_since is None:
-            self._lost_since = time.monotonic()
-            self._folded = 0
-            log.warning(
-                'lost Kafka at %s (%s); retrying, and quiet until it is back',
-                self.servers,
-                record.getMessage(),
-            )
+        if self._held is None and self._lost_since is None:
+            self._held, self._folded = record, 0
         else:
             self._folded += 1
         return False
 
-    def back(self) -> None:
-        """Record that the broker answers again (one line, with what was folded meanwhile)."""
-        if self._lost_since is None:
-            return
-        log.warning(
-            'Kafka at %s answers again after %.0fs; %d client messages were folded into these lines',
-            self.servers,
-            time.monotonic() - self._lost_since,
-            self._folded,
-        )
-        self._lost_since = None
+    def checked(self, answers: bool) -> None:
+        """Record whether the broker answered when asked; logs one line for a change of state."""
+        held, self._held = self._held, None
+        if answers:
+            if self._lost_since is not None:
+                log.warning(
+                    'Kafka at %s answers again after %.0fs; %d client messages were folded into these lines',
+                    self.servers,
+                    time.monotonic() - self._lost_since,
+                    self._folded,
+                )
+                self._lost_since = None
+            elif held is not None:
+                folded = f' ({self._folded} more client messages folded)' if self._folded else ''
+                log.log(held.levelno, 'Kafka client: %s%s', held.getMessage(), folded)
+        elif self._lost_since is None:
+            self._lost_since = time.monotonic()
+            cause = f' ({held.getMessage()})' if held is not None else ''
+            log.warning('lost Kafka at %s%s; retrying, and quiet until it is back', self.servers, cause)
 
     def summary(self) -> str | None:
         """One line on the current loss, or None if the broker is not lost."""

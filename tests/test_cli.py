@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import sys
@@ -18,6 +19,7 @@ from stepstream.embedded import EmbeddedStack
 from stepstream.producer import EventLog, StepPersistence
 from stepstream.projector import ProjectionReader, Projector, rebuild, verify_paths
 from stepstream.schemas import StepEvent
+from stepstream.service_log import BrokerLossLog
 
 from agents import calls_then_answers
 from brokers import tansu_only
@@ -290,6 +292,46 @@ async def test_max_snapshots_per_run_keeps_newest_and_newest_complete(
 def test_rejects_a_bad_retention(settings: Settings, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match='at least 1'):
         Projector(settings, db_path=tmp_path / 'p', max_snapshots_per_run=0)
+
+
+def test_a_client_warning_is_a_lost_broker_only_when_the_broker_does_not_answer(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger='stepstream.service')
+    loss = BrokerLossLog('kafka-1:9092')
+
+    def client(message: str, name: str = 'aiokafka.consumer.group_coordinator') -> bool:
+        record = logging.LogRecord(name, logging.WARNING, __file__, 1, message, None, None)
+        return loss.filter(record)
+
+    def said() -> list[str]:
+        lines = [r.getMessage() for r in caplog.records if r.name == 'stepstream.service']
+        caplog.clear()
+        return lines
+
+    assert client('not the client', name='stepstream.projector')  # other loggers pass
+    # A rebalance: the broker answers, so the client's own words are passed on, once.
+    assert not client('Heartbeat failed for group g because it is rebalancing')
+    assert not client('Heartbeat failed for group g because it is rebalancing')
+    assert loss.pending and not loss.lost and said() == []
+    loss.checked(True)
+    assert said() == [
+        'Kafka client: Heartbeat failed for group g because it is rebalancing (1 more client messages folded)'
+    ]
+    assert not loss.pending
+    # The broker is gone: one line, then quiet until it answers again.
+    assert not client('Unable connect to node with id 1')
+    loss.checked(False)
+    assert not client('Unable connect to node with id 1')
+    loss.checked(False)
+    assert loss.lost and said() == [
+        'lost Kafka at kafka-1:9092 (Unable connect to node with id 1); retrying, and quiet until it is back'
+    ]
+    assert 'away for' in (loss.summary() or '')
+    loss.checked(True)
+    [back] = said()
+    assert back.startswith('Kafka at kafka-1:9092 answers again after') and '1 client messages' in back
+    assert not loss.pending and loss.summary() is None
 
 
 @tansu_only('the service is the same client on both brokers; one pass stops a broker of its own')
