@@ -51,7 +51,7 @@ from stepstream.serve._models import (
 )
 from stepstream.serve._models import Resolution as ResolutionModel
 from stepstream.settings import Settings
-from stepstream.topics import log_end_offsets
+from stepstream.topics import log_end_offsets, partition_counts
 
 MEDIA_PATH = '/api/media/'
 """Where the service serves offloaded media by SHA-256, after checking the bytes against it."""
@@ -456,28 +456,14 @@ class Source:
             client_id='stepstream-serve',
         )
 
-    async def _partitions(self, consumer: AIOKafkaConsumer, topic: str) -> list[TopicPartition]:
-        """The topic's partitions (none if it does not exist), from fresh cluster metadata.
-
-        `consumer.partitions_for_topic` only knows topics the consumer already asked about (on
-        Apache Kafka a new consumer knows none), so this asks the broker for all of them, as
-        `consumer.topics()` does.
-        """
-        cluster = await consumer._client.fetch_all_metadata()
-        return [TopicPartition(topic, p) for p in sorted(cluster.partitions_for_topic(topic) or ())]
+    async def _partitions(self, *topics: str) -> list[TopicPartition]:
+        """The topics' partitions (none for a topic that does not exist), from the cluster now."""
+        counts = await partition_counts(self.settings, list(topics))
+        return [TopicPartition(topic, p) for topic in topics for p in range(counts.get(topic, 0))]
 
     async def _log_ends(self, applied: Mapping[tuple[str, int], int]) -> dict[TopicPartition, int]:
         """The end offset of every partition of both log topics (as `stepstream status` takes it)."""
-        consumer = self._consumer()
-        await consumer.start()
-        try:
-            tps = [
-                tp
-                for topic in (self.settings.step_events_topic, self.settings.tool_effects_topic)
-                for tp in await self._partitions(consumer, topic)
-            ]
-        finally:
-            await consumer.stop()
+        tps = await self._partitions(self.settings.step_events_topic, self.settings.tool_effects_topic)
         ends = await log_end_offsets(
             self.settings, {(tp.topic, tp.partition): applied.get((tp.topic, tp.partition), 0) for tp in tps}
         )
@@ -496,7 +482,7 @@ class Source:
         consumer = self._consumer()
         await consumer.start()
         try:
-            tps = await self._partitions(consumer, self.settings.dlq_topic)
+            tps = await self._partitions(self.settings.dlq_topic)
             if not tps:
                 return DeadLetters(entries=[], total=0, error=None)
             starts = await consumer.beginning_offsets(tps)

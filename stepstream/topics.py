@@ -149,6 +149,23 @@ def _topic_errors(response: object) -> list[tuple[str, int, str | None]]:
     return [(row[0], row[1], row[2] if len(row) > 2 else None) for row in rows]
 
 
+async def partition_counts(settings: Settings, topics: list[str]) -> dict[str, int]:
+    """Each topic's partition count, asked of the cluster now; a missing topic is left out."""
+    admin = AIOKafkaAdminClient(
+        **client_options(settings),
+        request_timeout_ms=int(settings.ack_timeout_s * 1000),
+    )
+    try:
+        await asyncio.wait_for(admin.start(), settings.ack_timeout_s)
+    except (KafkaError, OSError, TimeoutError) as exc:
+        await admin.close()
+        raise await connection_error(settings, 'could not connect to describe topics', exc) from exc
+    try:
+        return await _partition_counts(admin, topics)
+    finally:
+        await admin.close()
+
+
 async def _partition_counts(admin: AIOKafkaAdminClient, topics: list[str]) -> dict[str, int]:
     described = await admin.describe_topics(topics)
     counts: dict[str, int] = {}

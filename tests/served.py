@@ -13,10 +13,10 @@ import contextlib
 import random
 import struct
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import TopicPartition
@@ -51,6 +51,8 @@ def png(width: int = 48, height: int = 48, seed: int = 7) -> bytes:
 
 IMAGE = png()
 
+T = TypeVar('T')
+
 
 @dataclass
 class Served:
@@ -68,6 +70,21 @@ class Served:
     async def settle(self) -> None:
         """Wait until the projection holds everything written so far."""
         await self.projector.wait_for(await self.log.flush())
+
+    async def read_until(
+        self,
+        read: Callable[[ProjectionReader], Awaitable[T]],
+        done: Callable[[T], bool],
+        timeout: float = 60.0,
+    ) -> T:
+        """Read the projection until `done` holds for what `read` returns; for records written
+        by another process (the CLI), whose position this test's log does not know."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while not done(value := await read(self.projector.reader())):
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError(f'the projection did not get there in {timeout:g}s: {value!r}')
+            await asyncio.sleep(0.05)
+        return value
 
     async def add_crashed_run(self, run_id: str) -> str:
         """One more run cancelled in the middle of its tool (an unknown effect), applied on return."""

@@ -26,7 +26,7 @@ from stepstream.projector import (
     rebuild,
     verify_paths,
 )
-from stepstream.topics import murmur2_partition
+from stepstream.topics import Position, murmur2_partition
 
 from brokers import BROKER, kafka_only
 
@@ -344,6 +344,48 @@ async def test_members_killed_at_random_lose_nothing_and_restore_from_checkpoint
         return tmp_path / f'host-{generation}'
 
     members = [Member(settings, group, fresh_dir()) for _ in range(3)]
+    try:
+        end = await _chaos(settings, event_log, group, members, fresh_dir, rng)
+    finally:  # a failed wait leaves members running: they must not outlive the test
+        for member in members:
+            if member.process is not None and member.process.returncode is None:
+                await member.kill()
+    restores = sum('restored shard' in line for m in members for line in m.lines)
+
+    # A last member on an empty disk takes every shard from the checkpoints the chaos left behind
+    # and catches up: the result equals a clean rebuild, so nothing was lost or applied twice.
+    async with Projector(
+        settings,
+        db_path=tmp_path / 'last',
+        group=group,
+        checkpoints=Checkpoints.from_settings(settings, group=group, interval_s=3600),
+    ) as last:
+        await until(lambda: last.partitions == [0, 1, 2], 'the last member to own every partition', 90)
+        assert len(last.restored_from_checkpoint) == 3
+        await last.wait_for(end, timeout=120)
+        reader = last.reader()
+        runs = await reader.list_runs()
+        assert runs
+        for run in runs:  # every genuine run reads whole: its completed runs resume from a snapshot
+            if run.status == 'completed':
+                assert await reader.latest_snapshot(run.run_id) is not None
+    await rebuild(settings, tmp_path / 'clean')
+    assert verify_paths(tmp_path / 'last', tmp_path / 'clean')[1] is None
+    print(f'{KILLS} kills on {BROKER}; {restores} restores logged by the chaos members')
+
+
+async def _chaos(
+    settings: Settings,
+    event_log: EventLog,
+    group: str,
+    members: list[Member],
+    fresh_dir: Callable[[], Path],
+    rng: random.Random,
+) -> Position:
+    """Kill members at random while runs are written, replacing each; then stop them all.
+
+    Returns the log's position after the last write.
+    """
     for member in members:
         await member.start()
     writing = asyncio.create_task(write_runs(event_log, 'chaos', 10_000))
@@ -371,28 +413,7 @@ async def test_members_killed_at_random_lose_nothing_and_restore_from_checkpoint
         assert await member.stop() == 0, '\n'.join(member.lines[-20:])
         assert not any('in use by another projector' in line for line in member.lines)
         assert not any('lost Kafka' in line for line in member.lines)  # rebalances are not a lost broker
-    restores = sum('restored shard' in line for m in members for line in m.lines)
-
-    # A last member on an empty disk takes every shard from the checkpoints the chaos left behind
-    # and catches up: the result equals a clean rebuild, so nothing was lost or applied twice.
-    async with Projector(
-        settings,
-        db_path=tmp_path / 'last',
-        group=group,
-        checkpoints=Checkpoints.from_settings(settings, group=group, interval_s=3600),
-    ) as last:
-        await until(lambda: last.partitions == [0, 1, 2], 'the last member to own every partition', 90)
-        assert len(last.restored_from_checkpoint) == 3
-        await last.wait_for(end, timeout=120)
-        reader = last.reader()
-        runs = await reader.list_runs()
-        assert runs
-        for run in runs:  # every genuine run reads whole: its completed runs resume from a snapshot
-            if run.status == 'completed':
-                assert await reader.latest_snapshot(run.run_id) is not None
-    await rebuild(settings, tmp_path / 'clean')
-    assert verify_paths(tmp_path / 'last', tmp_path / 'clean')[1] is None
-    print(f'{KILLS} kills on {BROKER}; {restores} restores logged by the chaos members')
+    return end
 
 
 async def test_a_member_that_cannot_open_its_shards_stops_with_the_reason(

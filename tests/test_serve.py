@@ -383,9 +383,11 @@ async def test_the_resolve_command(served: Served) -> None:
     code, out, _ = await resolve(run_id, call, '--did-not-happen', '--note', 'no post in #releases')
     assert code == 0 and 'as did_not_happen by carol' in out, out
 
-    await served.settle()
-    effect = await served.projector.reader().get_tool_effect(run_id, call)
-    assert effect is not None and effect.status == 'resolved' and effect.resolution is not None
+    effect = await served.read_until(  # written by the CLI's own producer: wait until it is applied
+        lambda reader: reader.get_tool_effect(run_id, call),
+        lambda e: e is not None and e.status == 'resolved',
+    )
+    assert effect is not None and effect.resolution is not None
     assert (effect.resolution.resolved_by, effect.resolution.note) == ('carol', 'no post in #releases')
     assert effect.resolution.writer_id.startswith('stepstream-cli@')
     code, _, err = await resolve(run_id, call, '--happened', '--note', 'again')
