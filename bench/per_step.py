@@ -39,11 +39,11 @@ from stepstream.schemas import StepEvent, decode
 DURABLE_KINDS = frozenset({'tool_call_started', 'snapshot_saved', 'run_completed', 'run_failed'})
 
 # The headline variant (EventLog as configured by default), and two diagnoses (see
-# `_variants_at`): what a 5 ms linger would cost at the durability points, and what the
-# projector process costs by sharing the 2 cores.
+# `_variants_at`): every record sent as it is appended (`linger_ms=0`, the default before
+# decision 0025), and what the projector process costs by sharing the 2 cores.
 VARIANTS: dict[str, dict[str, Any]] = {
     'stepstream': {'linger_ms': None, 'projector': True},
-    'stepstream-linger5': {'linger_ms': 5, 'projector': True},
+    'stepstream-linger0': {'linger_ms': 0, 'projector': True},
     'stepstream-no-projector': {'linger_ms': None, 'projector': False},
 }
 

@@ -23,7 +23,7 @@ from bench.report import LABELS
 STYLE = {
     'none': ('black', '-', 'o'),
     'stepstream': ('tab:blue', '-', 'o'),
-    'stepstream-linger5': ('tab:cyan', ':', 'o'),
+    'stepstream-linger0': ('tab:cyan', ':', 'o'),
     'stepstream-no-projector': ('tab:purple', ':', 'o'),
     'none-harness-env': ('grey', '--', 's'),
     'harness-memory': ('tab:green', '--', 's'),

@@ -28,8 +28,9 @@ from stepstream.producer import EventLog, StepPersistence
 from stepstream.topics import ensure_topics
 
 STEPS_PER_RUN = 20
-# (concurrent runs, EventLog linger_ms): the default linger, and 5 ms as a diagnosis.
-CONCURRENT_RUNS = ((32, EVENTLOG_LINGER_MS), (256, EVENTLOG_LINGER_MS), (256, 5))
+# (concurrent runs, EventLog linger_ms): the default linger, and none (each record sent as
+# it is appended) as a diagnosis.
+CONCURRENT_RUNS = ((32, EVENTLOG_LINGER_MS), (256, EVENTLOG_LINGER_MS), (256, 0))
 AGENT_RUNS = 16
 AGENT_STEPS = 20
 

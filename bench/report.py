@@ -13,7 +13,7 @@ from typing import Any
 # Which baseline each variant's added cost is measured against: the one in its own environment.
 BASELINE = {
     'stepstream': 'none',
-    'stepstream-linger5': 'none',
+    'stepstream-linger0': 'none',
     'stepstream-no-projector': 'none',
     'harness-memory': 'none-harness-env',
     'harness-sqlite': 'none-harness-env',
@@ -22,7 +22,7 @@ BASELINE = {
 LABELS = {
     'none': 'no persistence (pydantic-ai 2.68)',
     'stepstream': 'stepstream (Tansu, projector running)',
-    'stepstream-linger5': 'stepstream, EventLog(linger_ms=5)',
+    'stepstream-linger0': 'stepstream, EventLog(linger_ms=0)',
     'stepstream-no-projector': 'stepstream, no projector process',
     'none-harness-env': 'no persistence (pydantic-ai 2.62)',
     'harness-memory': 'harness InMemoryStepStore',
@@ -298,7 +298,7 @@ def render(summary: dict[str, Any], raw: dict[str, Any]) -> str:
             out.append(f'\nstepstream bytes are the record batches as the broker stores them ({stored}); ')
             out.append(f'the records themselves (value + key + headers, uncompressed): {plain}.')
         cpu_rows = []
-        for variant in ('stepstream', 'stepstream-linger5', 'stepstream-no-projector'):
+        for variant in ('stepstream', 'stepstream-linger0', 'stepstream-no-projector'):
             for n, c in sorted(ps.get(variant, {}).items()):
                 parts = [c['added_cpu_ms'], c['broker_cpu_ms'], c['projector_cpu_ms']]
                 total = sum(p for p in parts if p is not None)

@@ -1,8 +1,10 @@
 """`EventLog`: the one Kafka producer a process shares among all its agents and runs.
 
-It only appends. Records are batched by aiokafka (`linger_ms`) and kept in order per partition;
-callers that reach a durability point (a tool about to run, a snapshot, the end of a run) wait
-for the acknowledgements of exactly the records they wrote, with a timeout.
+It only appends. A record waits up to `linger_ms` in the log's own queue, so that the records of
+a step leave together (one produce request, one compressed batch per partition); a caller that
+reaches a durability point (a tool about to run, a snapshot, the end of a run) hands everything
+queued to the producer at once and waits for the acknowledgements of exactly the records it
+wrote, with a timeout. Order is kept per partition throughout.
 
 A record the broker did not take (it was away, or the send expired) is not dropped: the log keeps
 it, holds every later record of the same run behind it, and sends them again, in `seq` order, as
@@ -86,7 +88,7 @@ class EventLog:
         settings: Settings,
         *,
         create_topics: bool = True,
-        linger_ms: int = 0,
+        linger_ms: int = 5,
         enable_idempotence: bool | None = None,
         max_record_bytes: int = MAX_RECORD_BYTES,
         compression_type: str | None = 'gzip',
@@ -96,6 +98,10 @@ class EventLog:
     ) -> None:
         """Configure the log; nothing connects until `start()` (or `async with`).
 
+        `linger_ms` (default 5, as Kafka's own producer since 4.0) is how long a record that no
+        durability point waits for may stay queued before it is sent; a durability point, `flush`
+        and `close` send the queue at once, so a wait never pays the linger. 0 sends each record
+        as it is appended.
         `enable_idempotence` (default None: on when the cluster grants producer ids, as Apache
         Kafka does and Tansu does not) makes the broker drop the duplicates a retried send would
         otherwise write. `compression_type` (default 'gzip', the codec that needs no
@@ -126,6 +132,11 @@ class EventLog:
         self._kept: dict[str, list[_Kept]] = {}
         """Per run, in `seq` order: records to send again (see the module docstring)."""
         self._kept_changed = asyncio.Event()
+        self._queued: list[tuple[LogRecord, bytes, Ack]] = []
+        """Appended, not yet handed to the producer, in call order (see `linger_ms`)."""
+        self._handing_over = asyncio.Lock()
+        self._linger_timer: asyncio.TimerHandle | None = None
+        self._linger_tasks: set[asyncio.Task[None]] = set()
         self._resender: asyncio.Task[None] | None = None
         self._started = False
         self._start_lock = asyncio.Lock()
@@ -173,7 +184,7 @@ class EventLog:
         producer = AIOKafkaProducer(
             **client_options(self.settings),
             acks='all',
-            linger_ms=self.linger_ms,
+            linger_ms=0,  # the log lingers itself, and sends at once at a durability point
             compression_type=self.compression_type,
             enable_idempotence=self.enable_idempotence,
             max_request_size=self.max_record_bytes + 64 * 1024,
@@ -221,6 +232,11 @@ class EventLog:
         Records the broker has not taken by then (it is still away) are lost with the process;
         a warning names their runs.
         """
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._hand_over(), self.settings.ack_timeout_s)
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+            self._linger_timer = None
         resender, self._resender = self._resender, None
         if resender is not None:
             if self._kept:
@@ -238,7 +254,9 @@ class EventLog:
         # Records still kept for a resend, and (an idempotent producer retries on its own, so its
         # sends never fail) records whose sends were still open when the producer stopped.
         lost: dict[str, list[int]] = {}
-        for record in [*self._pending.values(), *(k.record for kept in self._kept.values() for k in kept)]:
+        unsent = [record for record, _value, _ack in self._queued]
+        kept = [k.record for entries in self._kept.values() for k in entries]
+        for record in [*unsent, *self._pending.values(), *kept]:
             lost.setdefault(record.run_id, []).append(record.seq)
         lost = {run_id: sorted(set(seqs)) for run_id, seqs in lost.items()}
         if lost:
@@ -290,6 +308,59 @@ class EventLog:
         assert self._producer is not None
         if self._denied is not None:
             raise self._denied
+        if self.linger_ms <= 0:
+            return await self._hand(record, value)
+        ack: Ack = asyncio.get_running_loop().create_future()
+        ack.add_done_callback(_seen)  # a failure nobody waits for is kept and resent, not lost
+        self._queued.append((record, value, ack))
+        self._arm_linger()
+        return ack
+
+    def _arm_linger(self) -> None:
+        if self._linger_timer is None:
+            loop = asyncio.get_running_loop()
+            self._linger_timer = loop.call_later(self.linger_ms / 1000, self._linger_over)
+
+    def _linger_over(self) -> None:
+        self._linger_timer = None
+        if self._queued:
+            task = asyncio.create_task(self._hand_over_lingered(), name='stepstream-linger')
+            self._linger_tasks.add(task)
+            task.add_done_callback(self._linger_tasks.discard)
+
+    async def _hand_over_lingered(self) -> None:
+        try:
+            await self._hand_over()
+        except Exception as exc:  # the records stay queued for the next hand-over
+            logger.warning('stepstream: handing queued records to the producer failed: %r', exc)
+
+    async def _hand_over(self) -> None:
+        """Hand every queued record to the producer, in order, without waiting for the broker.
+
+        Returns once every record queued before the call is with the producer (or kept for a
+        resend), including records another hand-over had taken from the queue.
+        """
+        if not self._queued and not self._handing_over.locked():
+            return
+        async with self._handing_over:  # one hand-over at a time: a later one never overtakes
+            queued, self._queued = self._queued, []
+            if self._linger_timer is not None:
+                self._linger_timer.cancel()
+                self._linger_timer = None
+            for i, (record, value, ack) in enumerate(queued):
+                try:
+                    sent = await self._hand(record, value)
+                except BaseException:
+                    # Cancelled (the waiting caller was) or failed before the producer took it:
+                    # this record and the rest go back to the front of the queue, in order.
+                    self._queued[:0] = queued[i:]
+                    self._arm_linger()
+                    raise
+                sent.add_done_callback(functools.partial(_settle, ack))
+
+    async def _hand(self, record: LogRecord, value: bytes) -> Ack:
+        """Give one record to the producer (or keep it for a resend); its acknowledgement."""
+        assert self._producer is not None
         if self._kept and record.run_id in self._kept:
             return self._keep(record)  # behind the run's earlier records, never ahead of them
         try:
@@ -395,6 +466,8 @@ class EventLog:
         Raises `StepStreamUnavailable` naming the servers and the timeout when it does not.
         """
         acks = list(acks)
+        if self._queued:
+            await self._hand_over()
         await await_acks(self.settings, acks, timeout)
         for ack in acks:
             exc = ack.exception()
@@ -424,6 +497,7 @@ class EventLog:
         limit = self.settings.ack_timeout_s if timeout is None else timeout
         try:
             async with asyncio.timeout(limit):
+                await self._hand_over()
                 while self._pending or self._kept:
                     # A send that fails moves its record to the kept ones, so look again until none is left.
                     await asyncio.wait(
@@ -444,6 +518,24 @@ class EventLog:
 
 
 _TOPIC_ATTRIBUTES = {True: {'stepstream.topic': 'step-events'}, False: {'stepstream.topic': 'tool-effects'}}
+
+
+def _seen(ack: Ack) -> None:
+    """Mark a failed acknowledgement as retrieved: its record is kept and sent again."""
+    if not ack.cancelled():
+        ack.exception()
+
+
+def _settle(ack: Ack, sent: Ack) -> None:
+    """Resolve a queued record's acknowledgement as the producer's (or the resend's) resolved."""
+    if ack.done():
+        return
+    if sent.cancelled():
+        ack.cancel()
+    elif (exc := sent.exception()) is not None:
+        ack.set_exception(exc)
+    else:
+        ack.set_result(sent.result())
 
 
 def _observe_ack(sent_at: float, ack: Ack) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from stepstream.embedded import EmbeddedStack
 from stepstream.ids import check_run_id, to_run_id
 from stepstream.producer import EventLog, StepPersistence, annotate_tool_effect
 from stepstream.projector import Projector
-from stepstream.schemas import ToolEffectTransition, decode
+from stepstream.schemas import StepEvent, ToolEffectTransition, decode
 
 from agents import answers, calls_then_answers
 
@@ -42,6 +43,33 @@ async def read_all(settings: Settings, topic: str) -> list[object]:
         return records
     finally:
         await consumer.stop()
+
+
+def _event(run_id: str, seq: int) -> StepEvent:
+    kind = 'run_started' if seq == 0 else 'model_request_started'
+    return StepEvent(run_id=run_id, seq=seq, writer_id='w', timestamp=datetime.now(UTC), kind=kind)
+
+
+async def test_queued_records_leave_when_the_linger_ends_or_at_once_when_waited_for(
+    settings: Settings,
+) -> None:
+    """A record nobody waits for leaves the log's queue when its linger ends; a durability point,
+    `flush` and `close` send the queue at once, so with a ten-minute linger they still return."""
+    async with EventLog(settings, linger_ms=600_000) as patient:
+        queued = [await patient.append(_event('patient', seq)) for seq in range(3)]
+        assert not any(ack.done() for ack in queued)  # still in the log's queue
+        await patient.wait_acked(queued[1:2], timeout=30)  # one wait sends everything queued
+        await patient.wait_acked(queued, timeout=30)
+        await patient.append(_event('patient', 3))
+        position = await patient.flush(timeout=30)
+        assert sum(position.values()) == 4
+        await patient.append(_event('patient', 4))  # sent by close
+    async with EventLog(settings, linger_ms=200) as brief:
+        ack = await brief.append(_event('brief', 0))
+        await asyncio.wait_for(asyncio.shield(ack), 30)  # nobody calls for it: the linger sends it
+    events = [r for r in await read_all(settings, settings.step_events_topic) if isinstance(r, StepEvent)]
+    assert [(e.run_id, e.seq) for e in events if e.run_id == 'patient'] == [('patient', s) for s in range(5)]
+    assert [(e.run_id, e.seq) for e in events if e.run_id == 'brief'] == [('brief', 0)]
 
 
 async def test_started_is_acknowledged_before_the_tool_body_runs(
