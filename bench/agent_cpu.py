@@ -9,7 +9,9 @@ CPU time (`time.process_time`) of this process only, so the broker's and other p
 is not counted; the minimum over interleaved repeats is the run least disturbed by other load
 on the machine (the median is printed too). Variants: `none` (pydantic-ai alone), `memory`
 (`StepPersistence` on `InMemoryLog` with a disk media store: the capability's own cost) and
-`eventlog` (`StepPersistence` on `EventLog` to an embedded Tansu: what an agent pays in all).
+`eventlog` (`StepPersistence` on `EventLog` to an embedded Tansu: what an agent pays in all), and
+`eventlog-linger0` (the same with `linger_ms=0`: each record sent as it is appended, as before
+decision 0025).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from stepstream.producer import EventLog, InMemoryLog, StepPersistence
 
 async def measure(n: int, repeats: int) -> dict[str, list[float]]:
     """CPU ms per step of each variant, one entry per repeat."""
-    cpu: dict[str, list[float]] = {'none': [], 'memory': [], 'eventlog': []}
+    cpu: dict[str, list[float]] = {'none': [], 'memory': [], 'eventlog': [], 'eventlog-linger0': []}
     async with EmbeddedStack() as stack:
         await timed_run(5)  # imports and first-use paths, untimed
         with tempfile.TemporaryDirectory() as media:
@@ -41,6 +43,9 @@ async def measure(n: int, repeats: int) -> dict[str, list[float]]:
                 async with EventLog(fresh(stack.settings, f'cpu-{n}-{rep}')) as log:
                     on_kafka = StepPersistence(log=log, agent_name='bench')
                     cpu['eventlog'].append((await timed_run(n, [on_kafka])).cpu_s * 1000 / n)
+                async with EventLog(fresh(stack.settings, f'cpu0-{n}-{rep}'), linger_ms=0) as log:
+                    each_record = StepPersistence(log=log, agent_name='bench')
+                    cpu['eventlog-linger0'].append((await timed_run(n, [each_record])).cpu_s * 1000 / n)
     return cpu
 
 
@@ -53,7 +58,7 @@ def main() -> None:
         print(
             f'{name:9} CPU ms/step at N={n}: min {min(values):6.2f}  median {statistics.median(values):6.2f}'
         )
-    for name in ('memory', 'eventlog'):
+    for name in ('memory', 'eventlog', 'eventlog-linger0'):
         added_min = min(cpu[name]) - min(cpu['none'])
         added_median = statistics.median(cpu[name]) - statistics.median(cpu['none'])
         print(f'{name:9} adds {added_min:+.2f} ms/step (min), {added_median:+.2f} (median)')
