@@ -62,15 +62,7 @@ async def ensure_topics(settings: Settings, *, create: bool = True, dlq: bool = 
     producer passes `dlq=False`: it never writes the DLQ, and a least-privilege producer
     principal may not even see it.
     """
-    admin = AIOKafkaAdminClient(
-        **client_options(settings),
-        request_timeout_ms=int(settings.ack_timeout_s * 1000),
-    )
-    try:
-        await asyncio.wait_for(admin.start(), settings.ack_timeout_s)
-    except (KafkaError, OSError, TimeoutError) as exc:
-        await admin.close()
-        raise await connection_error(settings, 'could not connect to create or check topics', exc) from exc
+    admin = await _admin(settings, 'could not connect to create or check topics')
     try:
         log_topics = [settings.step_events_topic, settings.tool_effects_topic]
         existing = set(await admin.list_topics())
@@ -108,6 +100,20 @@ async def ensure_topics(settings: Settings, *, create: bool = True, dlq: bool = 
         cluster_id if isinstance(cluster_id, str) and cluster_id else f'servers:{settings.bootstrap_servers}'
     )
     return TopicLayout(partitions=counts[settings.step_events_topic], cluster=cluster)
+
+
+async def _admin(settings: Settings, failing: str) -> AIOKafkaAdminClient:
+    """A started admin client (close it), or the connection error that says `failing` and why."""
+    admin = AIOKafkaAdminClient(
+        **client_options(settings),
+        request_timeout_ms=int(settings.ack_timeout_s * 1000),
+    )
+    try:
+        await asyncio.wait_for(admin.start(), settings.ack_timeout_s)
+    except (KafkaError, OSError, TimeoutError) as exc:
+        await admin.close()
+        raise await connection_error(settings, failing, exc) from exc
+    return admin
 
 
 async def _create(admin: AIOKafkaAdminClient, settings: Settings, topics: list[str]) -> None:
@@ -151,15 +157,7 @@ def _topic_errors(response: object) -> list[tuple[str, int, str | None]]:
 
 async def partition_counts(settings: Settings, topics: list[str]) -> dict[str, int]:
     """Each topic's partition count, asked of the cluster now; a missing topic is left out."""
-    admin = AIOKafkaAdminClient(
-        **client_options(settings),
-        request_timeout_ms=int(settings.ack_timeout_s * 1000),
-    )
-    try:
-        await asyncio.wait_for(admin.start(), settings.ack_timeout_s)
-    except (KafkaError, OSError, TimeoutError) as exc:
-        await admin.close()
-        raise await connection_error(settings, 'could not connect to describe topics', exc) from exc
+    admin = await _admin(settings, 'could not connect to describe topics')
     try:
         return await _partition_counts(admin, topics)
     finally:
