@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer
+from aiokafka.structs import RecordMetadata
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 from pydantic_ai import Agent, RunContext
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
@@ -70,6 +76,61 @@ async def test_queued_records_leave_when_the_linger_ends_or_at_once_when_waited_
     events = [r for r in await read_all(settings, settings.step_events_topic) if isinstance(r, StepEvent)]
     assert [(e.run_id, e.seq) for e in events if e.run_id == 'patient'] == [('patient', s) for s in range(5)]
     assert [(e.run_id, e.seq) for e in events if e.run_id == 'brief'] == [('brief', 0)]
+
+
+_OPS = st.lists(
+    st.tuples(
+        # Appends the most; a wait is a durability point of one run (some have their caller
+        # cancelled at once); a sleep of 0-6 ms lets linger timers fire.
+        st.sampled_from(['append'] * 5 + ['wait', 'cancelled wait', 'sleep', 'flush']),
+        st.integers(0, 3),
+    ),
+    min_size=1,
+    max_size=30,
+)
+
+
+@hypothesis_settings(max_examples=25, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(ops=_OPS, linger_ms=st.sampled_from([0, 1, 5]))
+def test_any_mix_of_appends_waits_and_lingers_keeps_each_runs_order(
+    settings: Settings, ops: list[tuple[str, int]], linger_ms: int
+) -> None:
+    """Whatever the interleaving of appends, durability points (some cancelled), linger timers and
+    flushes, every record is acknowledged once and each run's records are stored in append order."""
+    prefix = uuid.uuid4().hex[:8]
+
+    async def scenario() -> None:
+        appended: dict[int, list[asyncio.Future[RecordMetadata]]] = {}
+        unwaited: dict[int, list[asyncio.Future[RecordMetadata]]] = {}
+        async with EventLog(settings, linger_ms=linger_ms) as log:
+            for op, arg in ops:
+                if op == 'append':
+                    acks = appended.setdefault(arg, [])
+                    ack = await log.append(_event(f'{prefix}-{arg}', len(acks)))
+                    acks.append(ack)
+                    unwaited.setdefault(arg, []).append(ack)
+                elif op == 'wait':
+                    waited = unwaited.pop(arg, [])
+                    await log.wait_acked(waited, timeout=30)
+                    assert all(a.done() and a.exception() is None for a in waited)
+                elif op == 'cancelled wait':
+                    task = asyncio.create_task(log.wait_acked(list(unwaited.get(arg, [])), timeout=30))
+                    await asyncio.sleep(0)
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+                elif op == 'sleep':
+                    await asyncio.sleep(arg * 2 / 1000)
+                else:
+                    await log.flush(timeout=30)
+            await log.flush(timeout=30)
+        for acks in appended.values():
+            stored = [ack.result() for ack in acks]
+            assert len({m.partition for m in stored}) == 1  # one run, one partition
+            offsets = [m.offset for m in stored]
+            assert offsets == sorted(set(offsets)), offsets  # stored once each, in append order
+
+    asyncio.run(scenario())
 
 
 async def test_started_is_acknowledged_before_the_tool_body_runs(
