@@ -134,7 +134,8 @@ class EventLog:
         self._kept_changed = asyncio.Event()
         self._queued: list[tuple[LogRecord, bytes, Ack]] = []
         """Appended, not yet handed to the producer, in call order (see `linger_ms`)."""
-        self._handing_over = asyncio.Lock()
+        self._handing: asyncio.Future[None] | None = None
+        """Set while a hand-over runs (see `_hand_over`)."""
         self._linger_timer: asyncio.TimerHandle | None = None
         self._linger_tasks: set[asyncio.Task[None]] = set()
         self._resender: asyncio.Task[None] | None = None
@@ -233,7 +234,7 @@ class EventLog:
         a warning names their runs.
         """
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._hand_over(), self.settings.ack_timeout_s)
+            await asyncio.wait_for(self._hand_over(settled=True), self.settings.ack_timeout_s)
         if self._linger_timer is not None:
             self._linger_timer.cancel()
             self._linger_timer = None
@@ -311,7 +312,6 @@ class EventLog:
         if self.linger_ms <= 0:
             return await self._hand(record, value)
         ack: Ack = asyncio.get_running_loop().create_future()
-        ack.add_done_callback(_seen)  # a failure nobody waits for is kept and resent, not lost
         self._queued.append((record, value, ack))
         self._arm_linger()
         return ack
@@ -334,29 +334,41 @@ class EventLog:
         except Exception as exc:  # the records stay queued for the next hand-over
             logger.warning('stepstream: handing queued records to the producer failed: %r', exc)
 
-    async def _hand_over(self) -> None:
+    async def _hand_over(self, *, settled: bool = False) -> None:
         """Hand every queued record to the producer, in order, without waiting for the broker.
 
-        Returns once every record queued before the call is with the producer (or kept for a
-        resend), including records another hand-over had taken from the queue.
+        One hand-over runs at a time and drains the queue, records queued while it runs
+        included, so a caller that finds one running leaves the work to it: a durability point
+        then waits for its acknowledgements only; `settled` (flush, close) also waits until
+        every record queued is with the producer (or kept for a resend). No lock: 256 runs
+        queueing on one would each wait a turn of the event loop.
         """
-        if not self._queued and not self._handing_over.locked():
+        while self._handing is not None:
+            if not settled:
+                return
+            await asyncio.shield(self._handing)
+        if not self._queued:
             return
-        async with self._handing_over:  # one hand-over at a time: a later one never overtakes
-            queued, self._queued = self._queued, []
-            if self._linger_timer is not None:
-                self._linger_timer.cancel()
-                self._linger_timer = None
-            for i, (record, value, ack) in enumerate(queued):
-                try:
-                    sent = await self._hand(record, value)
-                except BaseException:
-                    # Cancelled (the waiting caller was) or failed before the producer took it:
-                    # this record and the rest go back to the front of the queue, in order.
-                    self._queued[:0] = queued[i:]
-                    self._arm_linger()
-                    raise
-                sent.add_done_callback(functools.partial(_settle, ack))
+        self._handing = asyncio.get_running_loop().create_future()
+        try:
+            while self._queued:
+                queued, self._queued = self._queued, []
+                if self._linger_timer is not None:
+                    self._linger_timer.cancel()
+                    self._linger_timer = None
+                for i, (record, value, ack) in enumerate(queued):
+                    try:
+                        sent = await self._hand(record, value)
+                    except BaseException:
+                        # Cancelled (the waiting caller was) or failed before the producer took
+                        # it: this record and the rest go back to the front of the queue, in order.
+                        self._queued[:0] = queued[i:]
+                        self._arm_linger()
+                        raise
+                    sent.add_done_callback(functools.partial(_settle, ack))
+        finally:
+            handing, self._handing = self._handing, None
+            handing.set_result(None)
 
     async def _hand(self, record: LogRecord, value: bytes) -> Ack:
         """Give one record to the producer (or keep it for a resend); its acknowledgement."""
@@ -497,7 +509,7 @@ class EventLog:
         limit = self.settings.ack_timeout_s if timeout is None else timeout
         try:
             async with asyncio.timeout(limit):
-                await self._hand_over()
+                await self._hand_over(settled=True)
                 while self._pending or self._kept:
                     # A send that fails moves its record to the kept ones, so look again until none is left.
                     await asyncio.wait(
@@ -520,12 +532,6 @@ class EventLog:
 _TOPIC_ATTRIBUTES = {True: {'stepstream.topic': 'step-events'}, False: {'stepstream.topic': 'tool-effects'}}
 
 
-def _seen(ack: Ack) -> None:
-    """Mark a failed acknowledgement as retrieved: its record is kept and sent again."""
-    if not ack.cancelled():
-        ack.exception()
-
-
 def _settle(ack: Ack, sent: Ack) -> None:
     """Resolve a queued record's acknowledgement as the producer's (or the resend's) resolved."""
     if ack.done():
@@ -534,6 +540,7 @@ def _settle(ack: Ack, sent: Ack) -> None:
         ack.cancel()
     elif (exc := sent.exception()) is not None:
         ack.set_exception(exc)
+        ack.exception()  # retrieved: nobody may wait for it, and its record is kept and resent
     else:
         ack.set_result(sent.result())
 
