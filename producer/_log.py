@@ -59,14 +59,33 @@ RESEND_BACKOFF_S = 0.5
 logger = logging.getLogger('stepstream.producer')
 
 
+class _Outgoing:
+    """A record on its way to the broker, with its bytes and headers.
+
+    Made once, in the writer's context, when the record is appended: the `traceparent` header
+    names the span active then, not the one of whichever task hands the record over or resends it.
+    """
+
+    __slots__ = ('headers', 'record', 'value')
+
+    def __init__(self, record: LogRecord, value: bytes, headers: list[tuple[str, bytes]]) -> None:
+        self.record = record
+        self.value = value
+        self.headers = headers
+
+
 class _Kept:
     """A record the broker has not taken yet, and the acknowledgement its writer may wait on."""
 
-    __slots__ = ('ack', 'record')
+    __slots__ = ('ack', 'out')
 
-    def __init__(self, record: LogRecord, ack: Ack) -> None:
-        self.record = record
+    def __init__(self, out: _Outgoing, ack: Ack) -> None:
+        self.out = out
         self.ack = ack
+
+    @property
+    def record(self) -> LogRecord:
+        return self.out.record
 
     def __lt__(self, other: _Kept) -> bool:
         return self.record.seq < other.record.seq
@@ -128,11 +147,11 @@ class EventLog:
         self.enable_idempotence = enable_idempotence
         self._producer: AIOKafkaProducer | None = None
         self._written: Position = {}
-        self._pending: dict[Ack, LogRecord] = {}
+        self._pending: dict[Ack, _Outgoing] = {}
         self._kept: dict[str, list[_Kept]] = {}
         """Per run, in `seq` order: records to send again (see the module docstring)."""
         self._kept_changed = asyncio.Event()
-        self._queued: list[tuple[LogRecord, bytes, Ack]] = []
+        self._queued: list[tuple[_Outgoing, Ack]] = []
         """Appended, not yet handed to the producer, in call order (see `linger_ms`)."""
         self._handing: asyncio.Future[None] | None = None
         """Set while a hand-over runs (see `_hand_over`)."""
@@ -255,9 +274,9 @@ class EventLog:
         # Records still kept for a resend, and (an idempotent producer retries on its own, so its
         # sends never fail) records whose sends were still open when the producer stopped.
         lost: dict[str, list[int]] = {}
-        unsent = [record for record, _value, _ack in self._queued]
+        unsent = [out.record for out, _ack in self._queued]
         kept = [k.record for entries in self._kept.values() for k in entries]
-        for record in [*unsent, *self._pending.values(), *kept]:
+        for record in [*unsent, *(out.record for out in self._pending.values()), *kept]:
             lost.setdefault(record.run_id, []).append(record.seq)
         lost = {run_id: sorted(set(seqs)) for run_id, seqs in lost.items()}
         if lost:
@@ -309,10 +328,11 @@ class EventLog:
         assert self._producer is not None
         if self._denied is not None:
             raise self._denied
+        out = _Outgoing(record, value, self.headers(record))
         if self.linger_ms <= 0:
-            return await self._hand(record, value)
+            return await self._hand(out)
         ack: Ack = asyncio.get_running_loop().create_future()
-        self._queued.append((record, value, ack))
+        self._queued.append((out, ack))
         self._arm_linger()
         return ack
 
@@ -356,9 +376,9 @@ class EventLog:
                 if self._linger_timer is not None:
                     self._linger_timer.cancel()
                     self._linger_timer = None
-                for i, (record, value, ack) in enumerate(queued):
+                for i, (out, ack) in enumerate(queued):
                     try:
-                        sent = await self._hand(record, value)
+                        sent = await self._hand(out)
                     except BaseException:
                         # Cancelled (the waiting caller was) or failed before the producer took
                         # it: this record and the rest go back to the front of the queue, in order.
@@ -370,45 +390,44 @@ class EventLog:
             handing, self._handing = self._handing, None
             handing.set_result(None)
 
-    async def _hand(self, record: LogRecord, value: bytes) -> Ack:
+    async def _hand(self, out: _Outgoing) -> Ack:
         """Give one record to the producer (or keep it for a resend); its acknowledgement."""
-        assert self._producer is not None
-        if self._kept and record.run_id in self._kept:
-            return self._keep(record)  # behind the run's earlier records, never ahead of them
+        if self._kept and out.record.run_id in self._kept:
+            return self._keep(out)  # behind the run's earlier records, never ahead of them
         try:
             # asyncio.timeout, not wait_for: no extra task per record on the hot path.
             async with asyncio.timeout(self.settings.ack_timeout_s):
-                ack = await self._send(record, value)
+                ack = await self._send(out)
         except (KafkaError, TimeoutError):
-            return self._keep(record)
-        self._pending[ack] = record
+            return self._keep(out)
+        self._pending[ack] = out
         ack.add_done_callback(self._on_ack)
         return ack
 
-    async def _send(self, record: LogRecord, value: bytes) -> Ack:
+    async def _send(self, out: _Outgoing) -> Ack:
         assert self._producer is not None
-        key = record.run_id.encode()
+        key = out.record.run_id.encode()
         partition = self.partitioner(key, self._partition_count)
-        topic = topic_of(record, self.settings)
+        topic = topic_of(out.record, self.settings)
         sent_at = time.perf_counter()
         ack: Ack = await self._producer.send(
-            topic, value, key=key, headers=self.headers(record), partition=partition
+            topic, out.value, key=key, headers=out.headers, partition=partition
         )
-        records_appended.add(1, _TOPIC_ATTRIBUTES[isinstance(record, StepEvent)])
+        records_appended.add(1, _TOPIC_ATTRIBUTES[isinstance(out.record, StepEvent)])
         ack.add_done_callback(functools.partial(_observe_ack, sent_at))
         return ack
 
-    def _keep(self, record: LogRecord) -> Ack:
+    def _keep(self, out: _Outgoing) -> Ack:
         """Keep a record the broker did not take, in its run's `seq` order, and wake the resender.
 
         Only the same record is kept once: records may share a `seq` (an operator's resolution
         names the seq of the transition it answers), and each must reach the log.
         """
-        kept = self._kept.setdefault(record.run_id, [])
+        kept = self._kept.setdefault(out.record.run_id, [])
         for other in kept:
-            if other.record == record:
+            if other.record == out.record:
                 return other.ack
-        entry = _Kept(record, asyncio.get_running_loop().create_future())
+        entry = _Kept(out, asyncio.get_running_loop().create_future())
         bisect.insort(kept, entry)
         self._kept_changed.set()
         return entry.ack
@@ -432,7 +451,7 @@ class EventLog:
         try:
             async with asyncio.timeout(self.settings.ack_timeout_s):
                 for entry in list(self._kept.get(run_id, ())):
-                    ack = await self._send(entry.record, self.serializer(entry.record, self.max_record_bytes))
+                    ack = await self._send(entry.out)
                     ack.add_done_callback(functools.partial(self._on_resent, entry))
                     sent.append(ack)
                 if sent:
@@ -457,13 +476,13 @@ class EventLog:
             await asyncio.gather(*(k.ack for kept in list(self._kept.values()) for k in kept))
 
     def _on_ack(self, ack: Ack) -> None:
-        record = self._pending.pop(ack)
+        out = self._pending.pop(ack)
         if not ack.cancelled() and isinstance(ack.exception(), AUTHORIZATION_ERRORS):
             # No ACL to write: sending again cannot help. Every later wait raises this.
             self._denied = self._denied or self._no_write(ack.exception())
             return
         if ack.cancelled() or ack.exception() is not None:
-            self._keep(record)
+            self._keep(out)
             return
         self._record_position(ack.result())
 

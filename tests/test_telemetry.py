@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
@@ -27,6 +27,7 @@ from stepstream import Settings
 from stepstream.kafka_client import client_options
 from stepstream.producer import EventLog, StepPersistence
 from stepstream.projector import Projector
+from stepstream.schemas import StepEvent, decode
 from stepstream.serve import app_for, running
 from stepstream.topics import murmur2_partition
 
@@ -49,6 +50,27 @@ class Telemetry:
             if metric.name == name
             for point in metric.data.data_points
         ]
+
+
+async def _step_records(settings: Settings, run_id: str) -> list[tuple[StepEvent, dict[str, bytes]]]:
+    """The run's step events as the topic holds them, each with its Kafka headers."""
+    partition = TopicPartition(
+        settings.step_events_topic, murmur2_partition(run_id.encode(), settings.partitions)
+    )
+    consumer = AIOKafkaConsumer(**client_options(settings), enable_auto_commit=False)
+    await consumer.start()
+    try:
+        consumer.assign([partition])
+        await consumer.seek_to_beginning(partition)
+        end = (await consumer.end_offsets([partition]))[partition]
+        records = []
+        while await consumer.position(partition) < end:
+            for batch in (await consumer.getmany(partition, timeout_ms=1000)).values():
+                records.extend(r for r in batch if r.key == run_id.encode())
+    finally:
+        await consumer.stop()
+    decoded = [(decode(r.value), dict(r.headers)) for r in records if r.value is not None]
+    return [(event, headers) for event, headers in decoded if isinstance(event, StepEvent)]
 
 
 @pytest.fixture(scope='module')
@@ -88,6 +110,14 @@ async def test_spans_metrics_and_trace_ids_under_an_sdk(
     trace_id = f'{outer.get_span_context().trace_id:032x}'
     assert {e.trace_id for e in events} == {trace_id}
     assert all(e.span_id is not None and len(e.span_id) == 16 for e in events)
+    # Each record's `traceparent` names the span the event was written in, although the log
+    # sends it later, from a durability point's span (decision 0025).
+    written = await _step_records(settings, run.run_id)
+    assert len(written) == len(events)
+    assert all(
+        headers['traceparent'].decode().split('-')[1:3] == [event.trace_id, event.span_id]
+        for event, headers in written
+    ), [(event.kind, event.span_id, headers.get('traceparent')) for event, headers in written]
 
     # The explorer links each event to its trace, in the viewer the settings name.
     viewer = settings.replace(trace_url='https://traces.example/trace/{trace_id}?span={span_id}')
