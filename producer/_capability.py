@@ -43,6 +43,7 @@ from pydantic_ai.tools import AgentDepsT, RunContext, ToolDefinition
 from stepstream.ids import check_run_id, to_run_id
 from stepstream.media import MediaStore, S3MediaStore
 from stepstream.producer._helpers import current_run
+from stepstream.producer._liveness import OpenRun
 from stepstream.producer._log import EventLog
 from stepstream.producer._protocol import Ack, StepLog
 from stepstream.producer._snapshots import SnapshotWriter
@@ -172,6 +173,11 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
     _last_snapshot_step: int | None = field(default=None, init=False, repr=False)
     _live: tuple[list[ModelMessage], int] | None = field(default=None, init=False, repr=False)
     _conversation_id: str | None = field(default=None, init=False, repr=False)
+    _step_index: int = field(default=0, init=False, repr=False)
+    """The step of the newest event: what a heartbeat or a process-written end says."""
+    _open: OpenRun | None = field(default=None, init=False, repr=False)
+    """This run in its log's liveness keeper, from `run_started` until its end is appended."""
+    _ended_by_process: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.run_id is not None:
@@ -297,6 +303,8 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         """
         value = self.log.encode(record)
         self._seq += 1
+        if self._open is not None:
+            self._open.last_append = time.monotonic()
         if self._durable_engine:
             self._held.append(record)
         else:
@@ -321,6 +329,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         duration_us: int | None = None,
     ) -> None:
         envelope = self._envelope()
+        self._step_index = ctx.run_step
         current = trace.get_current_span().get_span_context()
         record = StepEvent(
             **envelope,
@@ -358,6 +367,46 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
             error=error,
         )
         await self._append(record)
+
+    def _heartbeat(self) -> StepEvent:
+        """The run's `run_heartbeat`: its writer is alive. It takes no `seq` (it names the next one)."""
+        assert self.run_id is not None
+        return StepEvent(
+            run_id=self.run_id,
+            seq=self._seq,
+            writer_id=self._writer_id,
+            timestamp=datetime.now(UTC),
+            kind='run_heartbeat',
+            step_index=self._step_index,
+            agent_name=self.agent_name,
+            conversation_id=self._conversation_id,
+            parent_run_id=self.parent_run_id,
+        )
+
+    async def _end_by_process(self, reason: str) -> None:
+        """Append `run_cancelled` for a process that stops (cleanly) while this run is open.
+
+        Not under a durable-execution engine: the engine owns the run and recovers it in another
+        process, whose records continue the trail; an end written here would take their `seq`.
+        """
+        self._open = None
+        if self._durable_engine or self._ended_by_process:
+            return
+        self._ended_by_process = True
+        record = StepEvent(
+            **self._envelope(),
+            kind='run_cancelled',
+            step_index=self._step_index,
+            error=reason,
+            metadata=self.metadata,
+            idempotency_key=f'{self._seq}:{self._step_index}:run_cancelled:',
+        )
+        await self._append(record)
+
+    def _close_liveness(self) -> None:
+        """The run's end is about to be appended: its writer stops speaking for it."""
+        self.log.liveness.close(self._open)
+        self._open = None
 
     async def _durable(self, ctx: RunContext[AgentDepsT]) -> None:
         """A durability point: wait until everything this run appended is acknowledged.
@@ -438,6 +487,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
             return await handler()
         finally:
             current_run.reset(token)
+            self._close_liveness()  # however the run ended, its writer no longer speaks for it
 
     async def before_run(self, ctx: RunContext[AgentDepsT]) -> None:
         """Append `run_started` with the run's lineage and metadata, and wait for the broker.
@@ -453,6 +503,9 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
             # Pydantic AI does not call `on_run_error` for a failure in `before_run`.
             await self._record_failure(ctx, error, repr(error))
             raise
+        assert self.run_id is not None
+        # Acknowledged, so heartbeats never reach the log before the run they speak for.
+        self._open = self.log.liveness.open(self.run_id, heartbeat=self._heartbeat, end=self._end_by_process)
 
     async def after_run(
         self, ctx: RunContext[AgentDepsT], *, result: AgentRunResult[Any]
@@ -460,6 +513,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         """Save the final history if no boundary saved it, append `run_completed`, flush the run."""
         step = self._last_snapshot_step if self._last_snapshot_step is not None else ctx.run_step
         await self._snapshot(ctx, result.all_messages(), step, settled_only=True, changed_only=True)
+        self._close_liveness()
         await self._event(ctx, 'run_completed')
         await self._durable(ctx)
         return result
@@ -497,6 +551,9 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         if len(reason) > MAX_ERROR_CHARS:  # an error text must not make the failure record too large
             reason = f'{reason[:MAX_ERROR_CHARS]}... ({len(reason) - MAX_ERROR_CHARS} more characters)'
         kind: EventKind = 'run_cancelled' if isinstance(error, asyncio.CancelledError) else 'run_failed'
+        self._close_liveness()
+        if self._ended_by_process:
+            return  # its process already wrote the end (`EventLog.close`, SIGTERM)
         try:
             await self._event(ctx, kind, error=reason)
             await self._durable(ctx)

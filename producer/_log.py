@@ -31,6 +31,7 @@ from aiokafka.structs import RecordMetadata
 from stepstream.errors import MediaUnavailable, StepStreamError
 from stepstream.kafka_client import AUTHORIZATION_ERRORS, access_denied, client_options, connection_error
 from stepstream.media import S3MediaStore
+from stepstream.producer._liveness import CLOSED_WHILE_OPEN, Liveness, unwatch_sigterm, watch_sigterm
 from stepstream.producer._protocol import (
     MAX_RECORD_BYTES,
     Ack,
@@ -114,6 +115,7 @@ class EventLog:
         serializer: Serializer = encode_record,
         partitioner: Partitioner = murmur2_partition,
         headers: Headers = record_headers,
+        end_runs_on_sigterm: bool = True,
     ) -> None:
         """Configure the log; nothing connects until `start()` (or `async with`).
 
@@ -130,6 +132,9 @@ class EventLog:
         default the Avro codec with the id rules and the size limit, Kafka's murmur2 of the run
         id, and the kind, schema and trace headers. Media offload is not the log's business: the
         capability's snapshot writer moves large values before a record reaches the log.
+        While a run is open the log keeps it alive on the log (`settings.heartbeat_interval_s`);
+        `close` ends the runs still open as `cancelled`, and so does SIGTERM when
+        `end_runs_on_sigterm` and nothing else handles that signal (docs/decisions/0026).
         """
         if settings.media_threshold_bytes >= max_record_bytes:
             raise ValueError(
@@ -145,6 +150,9 @@ class EventLog:
         self.linger_ms = linger_ms
         self.compression_type = compression_type
         self.enable_idempotence = enable_idempotence
+        self.end_runs_on_sigterm = end_runs_on_sigterm
+        self.liveness = Liveness(self, settings.heartbeat_interval_s)
+        """The open runs of this process, kept alive on the log by heartbeats."""
         self._producer: AIOKafkaProducer | None = None
         self._written: Position = {}
         self._pending: dict[Ack, _Outgoing] = {}
@@ -224,6 +232,9 @@ class EventLog:
         self._producer = producer
         self._started = True
         self._resender = asyncio.create_task(self._resend_kept(), name='stepstream-resend')
+        self.liveness.bind(asyncio.get_running_loop())
+        if self.end_runs_on_sigterm:
+            watch_sigterm(self)
 
     async def _check_media_store(self) -> None:
         """Find a wrong bucket or key now, not at the first large payload minutes into a run.
@@ -249,9 +260,15 @@ class EventLog:
     async def close(self) -> None:
         """Flush what is buffered (best effort within the timeout) and disconnect.
 
+        Runs still open are ended first (`run_cancelled`: the process closed the log while they
+        ran), except runs under a durable-execution engine, which their engine recovers.
         Records the broker has not taken by then (it is still away) are lost with the process;
         a warning names their runs.
         """
+        unwatch_sigterm(self)
+        if self._started:
+            await self.liveness.close_runs(CLOSED_WHILE_OPEN)
+        await self.liveness.stop()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._hand_over(settled=True), self.settings.ack_timeout_s)
         if self._linger_timer is not None:
@@ -277,7 +294,8 @@ class EventLog:
         unsent = [out.record for out, _ack in self._queued]
         kept = [k.record for entries in self._kept.values() for k in entries]
         for record in [*unsent, *(out.record for out in self._pending.values()), *kept]:
-            lost.setdefault(record.run_id, []).append(record.seq)
+            if not (isinstance(record, StepEvent) and record.kind == 'run_heartbeat'):  # takes no seq
+                lost.setdefault(record.run_id, []).append(record.seq)
         lost = {run_id: sorted(set(seqs)) for run_id, seqs in lost.items()}
         if lost:
             logger.warning(

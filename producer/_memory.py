@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from aiokafka.structs import RecordMetadata, TopicPartition
 
+from stepstream.producer._liveness import CLOSED_WHILE_OPEN, Liveness
 from stepstream.producer._protocol import (
     MAX_RECORD_BYTES,
     Ack,
@@ -64,6 +65,8 @@ class InMemoryLog:
         self._holding = False
         self.stored = asyncio.Condition()
         """Notified after each record is stored: `await log.wait_for_record(...)` waits on it."""
+        self.liveness = Liveness(self, self.settings.heartbeat_interval_s)
+        """Heartbeats of the open runs, as `EventLog` sends them (`beat(now=...)` runs one pass)."""
 
     def encode(self, record: LogRecord) -> bytes:
         """The record's bytes, or the error that refuses it (the same rules as `EventLog.encode`)."""
@@ -128,3 +131,8 @@ class InMemoryLog:
         await self.wait_acked([ack for ack, _ in self._held], timeout=timeout)
         await asyncio.sleep(0)  # acknowledgements scheduled for this loop turn
         return dict(self._written)
+
+    async def close(self) -> None:
+        """End the runs still open (`run_cancelled`), as `EventLog.close` does, and stop their heartbeats."""
+        await self.liveness.close_runs(CLOSED_WHILE_OPEN)
+        await self.liveness.stop()

@@ -18,6 +18,7 @@ from opentelemetry import trace
 from stepstream.errors import RecordTooLarge
 from stepstream.ids import check_record_ids
 from stepstream.kafka_client import unavailable
+from stepstream.producer._liveness import Liveness
 from stepstream.schemas import LogRecord, StepEvent, encode, schema_of
 from stepstream.settings import Settings
 from stepstream.topics import Position
@@ -36,10 +37,12 @@ class StepLog(Protocol):
     Records of one run keep their order. `encode` refuses a record before it gets its place (so
     a refused record leaves no gap in the run's `seq`); `send` queues an encoded record and
     returns its acknowledgement without waiting; `wait_acked` is a durability point and raises
-    `StepStreamUnavailable` when the acknowledgements do not come in time.
+    `StepStreamUnavailable` when the acknowledgements do not come in time. `liveness` keeps the
+    log's open runs alive on it (heartbeats) and ends them when the log closes.
     """
 
     settings: Settings
+    liveness: Liveness
 
     def encode(self, record: LogRecord) -> bytes:
         """The record's bytes, or `ValueError`/`RecordTooLarge` before anything is sent."""

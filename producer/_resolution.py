@@ -14,7 +14,7 @@ import os
 import socket
 from datetime import UTC, datetime
 
-from stepstream.errors import NotUnknown
+from stepstream.errors import EffectInFlight, NotUnknown
 from stepstream.ids import MAX_ID_BYTES
 from stepstream.producer._protocol import StepLog
 from stepstream.schemas import MAX_NOTE_CHARS, Resolution, ToolEffectRecord, ToolEffectTransition
@@ -33,17 +33,32 @@ def resolver_id(role: str) -> str:
 
 
 def resolution_for(
-    effect: ToolEffectRecord, *, resolution: Resolution, note: str, operator: str, writer_id: str
+    effect: ToolEffectRecord,
+    *,
+    resolution: Resolution,
+    note: str,
+    operator: str,
+    writer_id: str,
+    force: bool = False,
 ) -> ToolEffectTransition:
     """The `resolved` transition answering `effect`, which must be `unknown_after_crash`.
 
-    Raises `NotUnknown` for an effect that completed, failed or was resolved already, and
-    `ValueError` for an empty or too long note or an operator name the projector would refuse.
+    Raises `NotUnknown` for an effect that completed, failed or was resolved already,
+    `EffectInFlight` for a call whose run is still live (unless `force`: the operator knows its
+    process is gone), and `ValueError` for an empty or too long note or an operator name the
+    projector would refuse.
     """
-    if not effect.unknown_after_crash:
+    if effect.status != 'started':
         raise NotUnknown(
             f'tool call {effect.tool_call_id!r} of run {effect.run_id!r} is {effect.status}, not '
             'unknown_after_crash: only an effect that may or may not have happened is resolved by an operator'
+        )
+    if effect.in_flight and not force:
+        raise EffectInFlight(
+            f'tool call {effect.tool_call_id!r} of run {effect.run_id!r} is in flight: its run is live '
+            '(its writer wrote or sent a heartbeat within the stale threshold), so the call may still '
+            'end on its own. Wait until the run reads stale, or, if you know its process is gone, '
+            'resolve it with force (`stepstream resolve --force`, "force": true in the API)'
         )
     if not note.strip() or len(note) > MAX_NOTE_CHARS:
         raise ValueError(f'a resolution needs a note of 1 to {MAX_NOTE_CHARS} characters saying why')
@@ -72,12 +87,15 @@ async def resolve_tool_effect(
     note: str,
     operator: str,
     writer_id: str,
+    force: bool = False,
 ) -> ToolEffectTransition:
     """Append the operator's resolution of `effect` and wait until the broker acknowledged it.
 
     `effect` is what the projection shows (`ProjectionReader.get_tool_effect`); the projector
     then applies the record like any other, so the effect reads as `resolved` once it has.
     """
-    record = resolution_for(effect, resolution=resolution, note=note, operator=operator, writer_id=writer_id)
+    record = resolution_for(
+        effect, resolution=resolution, note=note, operator=operator, writer_id=writer_id, force=force
+    )
     await log.wait_acked([await log.append(record)])
     return record

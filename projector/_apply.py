@@ -136,6 +136,7 @@ DLQ_REASONS = (
     'duplicate_seq',
     'snapshot_conflict',
     'unknown_effect',
+    'stray_heartbeat',
     'apply_error',
 )
 """Every reason a record can be dead-lettered for (docs/decisions/0010-conflict-rules.md)."""
@@ -467,6 +468,13 @@ class Applier:
             if not loaded:
                 run, loaded = txn.get_state(keys.run, RunState), True
             if run is None:
+                if source.topic == EVENTS and record['kind'] == 'run_heartbeat':
+                    self._dead_letter(
+                        source,
+                        'stray_heartbeat',
+                        f'a heartbeat for run {keys.run_id!r}, which has no run_started before it',
+                    )
+                    continue
                 if not (source.topic == EVENTS and record['kind'] == 'run_started'):
                     parked = PARKED.key(keys.run_id, source.topic, source.partition, source.offset)
                     txn.put(parked, source.value)
@@ -598,6 +606,9 @@ class Applier:
             else:
                 self._outcome.duplicates += 1
             return
+        if source.topic == EVENTS and record['kind'] == 'run_heartbeat':
+            self._apply_heartbeat(run, source, record)
+            return
         if record['writer_id'] != run.owner:
             self._keep_apart(txn, run, source, record)
             return
@@ -629,6 +640,25 @@ class Applier:
                 run.last_record_at = record['timestamp']
         else:
             self._outcome.duplicates += 1
+
+    def _apply_heartbeat(self, run: RunState, source: SourceRecord, heartbeat: Fields) -> None:
+        """The owner is alive at the heartbeat's time; nothing else changes (decision 0026).
+
+        A heartbeat holds no seq and is not kept: its time joins the max fold `stale` is read
+        from, so any number of them, in any order, costs one run-state write per batch. One from
+        another writer says nothing about the owner and goes to the DLQ.
+        """
+        if heartbeat['writer_id'] != run.owner:
+            self._dead_letter(
+                source,
+                'stray_heartbeat',
+                f'a heartbeat of writer {heartbeat["writer_id"]!r} for run {run.run_id!r}, '
+                f'which writer {run.owner!r} owns',
+            )
+            return
+        if heartbeat['timestamp'] > run.last_record_at:
+            run.last_record_at = heartbeat['timestamp']
+        self._outcome.applied += 1
 
     def _keep_apart(self, txn: BatchTxn, run: RunState, source: SourceRecord, record: Fields) -> None:
         assert source.value is not None

@@ -523,7 +523,12 @@ class Projector:
         shard in the directory, whichever member writes it.
         """
         partitions = self._layout.partitions if self._layout is not None else max(self._dbs, default=-1) + 1
-        return ProjectionReader(self._dbs, partitions=partitions, media_store=self.media_store)
+        return ProjectionReader(
+            self._dbs,
+            partitions=partitions,
+            media_store=self.media_store,
+            stale_after_s=self.settings.stale_after_s,
+        )
 
     @property
     def partitions(self) -> list[int]:

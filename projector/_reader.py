@@ -58,8 +58,9 @@ from stepstream.timestamps import EPOCH, from_micros, micros
 from stepstream.topics import murmur2_partition
 
 T = TypeVar('T')
-DEFAULT_STALE_AFTER_S = 600.0
-"""A `running` run with no record for this long reads as `stale` (see docs/decisions/0014)."""
+DEFAULT_STALE_AFTER_S = 20.0
+"""A `running` run with no record for this long reads as `stale`: four of its writer's default
+heartbeat intervals (docs/decisions/0014 and 0026)."""
 RATE_WINDOW = timedelta(seconds=10)
 """The window of the records-per-second figure the projector keeps for `status`."""
 
@@ -120,9 +121,12 @@ class ProjectionReader:
     ) -> None:
         """Wrap open shards (`{partition: db}` with the topics' `partitions`), or one unsharded db.
 
-        `media_store` restores offloaded payloads. A `running` run whose newest record is older
-        than `stale_after_s` reads as `stale` (its process probably died): computed here, at
-        read time, never stored, so a rebuild agrees with the live projection.
+        `media_store` restores offloaded payloads. A `running` run whose newest record (its
+        writer's heartbeats included) is older than `stale_after_s` reads as `stale` (its process
+        probably died), and so does one whose newest record claims a time more than `stale_after_s`
+        ahead of this reader's clock (a writer clock that cannot be trusted is no proof of life).
+        Computed here, at read time, never stored, so a rebuild agrees with the live projection;
+        an unended tool call reads `in_flight` while its run is live, else `unknown_after_crash`.
         """
         if stale_after_s < 0:
             raise ValueError(f'stale_after_s must not be negative, got {stale_after_s}')
@@ -365,7 +369,7 @@ class ProjectionReader:
         state = RunState.decode(raw)
         last_record_at = from_micros(max(state.started_at, state.last_record_at))
         status = state.status
-        if status == 'running' and datetime.now(UTC) - last_record_at > self.stale_after:
+        if status == 'running' and not self._alive(last_record_at):
             status = 'stale'
         return RunRecord(
             run_id=state.run_id,
@@ -386,6 +390,20 @@ class ProjectionReader:
             rejected=dict(state.rejected),
             usage=RunUsage(**state.usage, cost_usd=state.cost_usd),
         )
+
+    def _alive(self, last_record_at: datetime) -> bool:
+        """Whether a `running` run's newest record is recent.
+
+        Neither older than the threshold, nor further ahead of this reader's clock than it: a
+        writer clock in the future cannot keep a dead run alive.
+        """
+        quiet = datetime.now(UTC) - last_record_at
+        return -self.stale_after <= quiet <= self.stale_after
+
+    def _live(self, run_id: str) -> bool:
+        """Whether the run reads `running` (not stale, not ended): its unended calls are in flight."""
+        run = self._run(run_id)
+        return run is not None and run.status == 'running'
 
     # -- events ----------------------------------------------------------------------------------
 
@@ -609,17 +627,20 @@ class ProjectionReader:
 
         def query() -> list[ToolEffectRecord]:
             calls = [EFFECT.last_str(k) for k, _ in scan(self._db(run_id), EFFECT.prefix(run_id))]
-            effects = [e for e in (self._effect(run_id, c) for c in calls) if e is not None]
+            live = self._live(run_id)
+            effects = [e for e in (self._effect(run_id, c, live=live) for c in calls) if e is not None]
             effects.sort(key=lambda e: (e.started_at or EPOCH, e.tool_call_id))
             return effects
 
         return await self._query(query)
 
     async def list_unresolved_tool_effects(self, run_id: str | None = None) -> list[ToolEffectRecord]:
-        """Effects whose latest status is `started` (`unknown_after_crash`), oldest first.
+        """Effects whose latest status is `started`, oldest first: every call that has not ended.
 
-        With `run_id`, for that run; without, across every run, so a recovering orchestrator
-        can sweep them all.
+        Each says what it is: `in_flight` while its run is live (the call may still finish),
+        `unknown_after_crash` once the run is stale, failed or cancelled (it may or may not have
+        happened). With `run_id`, for that run; without, across every run, so a recovering
+        orchestrator can sweep them all.
         """
 
         def query() -> list[ToolEffectRecord]:
@@ -634,8 +655,11 @@ class ProjectionReader:
                     (str(run), str(call))
                     for _, run, call in (UNRESOLVED.parse(k) for k, _ in self._scan(UNRESOLVED.prefix()))
                 ]
+            live: dict[str, bool] = {}
             for run, call in ids:
-                effect = self._effect(run, call)
+                if run not in live:
+                    live[run] = self._live(run)
+                effect = self._effect(run, call, live=live[run])
                 if effect is not None:
                     found.append(effect)
             found.sort(key=lambda e: (e.started_at or EPOCH, e.run_id, e.tool_call_id))
@@ -643,7 +667,8 @@ class ProjectionReader:
 
         return await self._query(query)
 
-    def _effect(self, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
+    def _effect(self, run_id: str, tool_call_id: str, *, live: bool | None = None) -> ToolEffectRecord | None:
+        """The merged effect; `live` is whether its run reads `running` (looked up when not given)."""
         raw = self._db(run_id).get(EFFECT.key(run_id, tool_call_id))
         if raw is None:
             return None
@@ -675,6 +700,9 @@ class ProjectionReader:
             status_seq=state.status_seq,
             resolution=resolution,
             resolutions=resolutions,
+            in_flight=resolution is None
+            and state.status == 'started'
+            and (self._live(run_id) if live is None else live),
         )
 
 
@@ -746,7 +774,8 @@ class RecoveryReport:
     """The newest snapshot of any state."""
     latest_complete_snapshot: ContinuableSnapshot | None
     unresolved: list[ToolEffectRecord]
-    """Effects in `unknown_after_crash`: they may or may not have happened."""
+    """Calls that have not ended: `unknown_after_crash` (they may or may not have happened) or,
+    while the run is live, `in_flight` (each says which: `effect.doubt`)."""
     completed_tools: list[str]
     failed_tools: list[str]
     snapshot_error: str | None = None

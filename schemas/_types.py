@@ -26,13 +26,18 @@ EventKind = Literal[
     'tool_call_completed',
     'tool_call_failed',
     'snapshot_saved',
+    'run_heartbeat',
 ]
-"""Boundary that produced a `StepEvent`."""
+"""Boundary that produced a `StepEvent`; `run_heartbeat` is no boundary but the writer saying it is alive.
+
+A heartbeat takes no `seq` (its `seq` is the one the writer's next record will take) and is not an
+event of the run's trail: the projector only reads its timestamp (docs/decisions/0026-writer-liveness.md)."""
 
 EVENT_KINDS: frozenset[str] = frozenset(EventKind.__args__)  # type: ignore[attr-defined]
 
 ToolEffectStatus = Literal['started', 'annotated', 'completed', 'failed', 'resolved']
-"""A tool call's effect status. `started` as the latest transition means `unknown_after_crash`;
+"""A tool call's effect status. `started` as the latest transition means the call has not ended:
+`in_flight` while its run is live, `unknown_after_crash` once it is not;
 `resolved` (schema v2) is an operator's answer to that: the effect `happened` or `did_not_happen`."""
 
 TOOL_EFFECT_STATUSES: frozenset[str] = frozenset(ToolEffectStatus.__args__)  # type: ignore[attr-defined]
@@ -49,7 +54,8 @@ MAX_NOTE_CHARS = 4000
 """The longest note a resolution may carry; the projector refuses longer ones as `invalid`."""
 
 RunStatus = Literal['running', 'stale', 'completed', 'failed', 'cancelled']
-"""A run's status. `stale` is never stored: a reader derives it from a `running` run's last record time."""
+"""A run's status. `stale` is never stored: a reader derives it from a `running` run's last record
+time (its writer's heartbeats included, docs/decisions/0026-writer-liveness.md)."""
 
 
 def _no_metadata() -> dict[str, str]:
@@ -200,7 +206,8 @@ class RunRecord:
     ended_at: datetime | None = None
     error: str | None = None
     last_record_at: datetime | None = None
-    """When the newest of the run's step events was written (by its own clock); `stale` is judged by it."""
+    """When the newest of the run's step events or heartbeats was written (by its writer's clock);
+    `stale` is judged by it."""
     event_count: int = 0
     """Records applied for this run, across both topics."""
     last_seq: int = -1
@@ -271,8 +278,20 @@ class ToolEffectRecord:
     """The operator's resolution that decides the status (`resolved`), if any."""
     resolutions: list[EffectResolution] = field(default_factory=_no_resolutions)
     """Every resolution written for this call, oldest first: the audit trail."""
+    in_flight: bool = False
+    """Not ended (`started`) and its run is live: the call may still finish. Read, never stored."""
 
     @property
     def unknown_after_crash(self) -> bool:
-        """True while the side effect may or may not have happened (no terminal transition)."""
-        return self.status == 'started'
+        """Not ended, and its run is not live (stale, failed, cancelled): it may or may not have happened.
+
+        A call `in_flight` is not: its writer is alive and may still record its end.
+        """
+        return self.status == 'started' and not self.in_flight
+
+    @property
+    def doubt(self) -> Literal['in_flight', 'unknown_after_crash'] | None:
+        """What an unended call is: `in_flight` or `unknown_after_crash`; None once it ended."""
+        if self.status != 'started':
+            return None
+        return 'in_flight' if self.in_flight else 'unknown_after_crash'

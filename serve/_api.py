@@ -148,7 +148,8 @@ async def lineage(request: Request, run_id: RunId) -> Lineage:
         400: {'model': Problem, 'description': 'A note of blanks, or an operator name the log refuses.'},
         409: {
             'model': Problem,
-            'description': 'The effect is not unknown_after_crash (it ended or was resolved).',
+            'description': 'The effect is not unknown_after_crash: it ended, was resolved, or is still '
+            'in flight (its run is live; `force` overrides that).',
         },
     },
 )
@@ -166,7 +167,12 @@ async def resolve(
     """
     try:
         return await source(request).resolve(
-            run_id, tool_call_id, resolution=body.resolution, note=body.note, operator=body.operator
+            run_id,
+            tool_call_id,
+            resolution=body.resolution,
+            note=body.note,
+            operator=body.operator,
+            force=body.force,
         )
     except ValueError as exc:  # a note of blanks, an operator name the log would refuse
         raise HTTPException(400, str(exc)) from None
@@ -174,7 +180,10 @@ async def resolve(
 
 @router.get('/unresolved', response_model=list[ToolEffect], summary='Unresolved tool effects')
 async def unresolved(request: Request) -> list[ToolEffect]:
-    """Every tool effect in `unknown_after_crash`, across all runs, oldest first."""
+    """Every tool call that has not ended, across all runs, oldest first.
+
+    Each row says whether it is `in_flight` (its run is live) or `unknown_after_crash`.
+    """
     return await source(request).unresolved()
 
 

@@ -117,6 +117,7 @@ async def run(request: Request, run_id: str) -> Response:
         trace_url=source.settings.trace_url,
         effects={e.tool_call_id: e for e in effects},
         unknown=[e for e in effects if e.unknown_after_crash],
+        in_flight=[e for e in effects if e.in_flight],
         snapshots=snapshots,
         latest=latest,
     )
@@ -195,7 +196,7 @@ def _same_origin(request: Request) -> bool:
 
 @router.get('/unresolved')
 async def unresolved(request: Request) -> Response:
-    """Every tool effect in `unknown_after_crash`, across runs."""
+    """Every tool call that has not ended, across runs: in doubt (`unknown_after_crash`) or in flight."""
     return _page(request, 'unresolved.html', effects=await _source(request).unresolved())
 
 

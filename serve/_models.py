@@ -198,6 +198,11 @@ class ResolveRequest(BaseModel):
         max_length=200,
         description="Who resolves it; default: the service's STEPSTREAM_OPERATOR (or its OS user).",
     )
+    force: bool = Field(
+        default=False,
+        description='Resolve a call that is still in flight (its run is live): only when you know '
+        'its process is gone.',
+    )
 
 
 class Resolved(BaseModel):
@@ -216,7 +221,12 @@ class ToolEffect(BaseModel):
     tool_name: str
     status: str = Field(description='started | annotated | completed | failed | resolved (by an operator)')
     unknown_after_crash: bool = Field(
-        description='No terminal transition: the side effect may or may not have happened.'
+        description='No terminal transition and its run is not live (stale, failed or cancelled): '
+        'the side effect may or may not have happened.'
+    )
+    in_flight: bool = Field(
+        default=False,
+        description='No terminal transition yet, and its run is live: the call may still finish.',
     )
     started_at: datetime | None
     ended_at: datetime | None
@@ -236,6 +246,7 @@ class ToolEffect(BaseModel):
             tool_name=effect.tool_name,
             status=effect.status,
             unknown_after_crash=effect.unknown_after_crash,
+            in_flight=effect.in_flight,
             started_at=effect.started_at,
             ended_at=effect.ended_at,
             idempotency_key=effect.idempotency_key,

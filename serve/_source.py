@@ -245,7 +245,7 @@ class Source:
         return Lineage(root=root, tree=nodes)
 
     async def unresolved(self) -> list[ToolEffect]:
-        """Every effect in `unknown_after_crash`, across all runs, oldest first."""
+        """Every unended effect (`in_flight` or `unknown_after_crash`), across all runs, oldest first."""
         merging = self._merging()
         parts = [[ToolEffect.of(e) for e in await self.reader.list_unresolved_tool_effects()]]
         if merging:
@@ -256,17 +256,25 @@ class Source:
     # -- the one write: an operator's resolution ----------------------------------------------------
 
     async def resolve(
-        self, run_id: str, tool_call_id: str, *, resolution: Resolution, note: str, operator: str | None
+        self,
+        run_id: str,
+        tool_call_id: str,
+        *,
+        resolution: Resolution,
+        note: str,
+        operator: str | None,
+        force: bool = False,
     ) -> Resolved:
         """Append an operator's resolution of an `unknown_after_crash` effect to the log.
 
-        `NotFound` for an unknown run or call, `NotUnknown` for an effect that is not unknown.
+        `NotFound` for an unknown run or call, `NotUnknown` for an effect that is not unknown
+        (`EffectInFlight` for a call still in flight, unless `force`).
         Returns once the broker acknowledged it, and once this service's projection shows it
         or the settings' timeout passed (`applied` says which). In a group, the member that
         owns the run's partition writes it.
         """
         if url := self._owner(run_id):
-            body = {'resolution': resolution, 'note': note, 'operator': operator}
+            body = {'resolution': resolution, 'note': note, 'operator': operator, 'force': force}
             path = _run_path(run_id, f'/tool-effects/{quote(tool_call_id, safe="")}/resolution')
             return Resolved.model_validate(await self._there(url, path, method='POST', body=body))
         await self.run_record(run_id)
@@ -280,6 +288,7 @@ class Source:
             note=note,
             operator=operator or self.settings.operator_name,
             writer_id=resolver_id('serve'),
+            force=force,
         )
         shown = await self._wait_shown(record)
         now = shown or await self.reader.get_tool_effect(run_id, tool_call_id) or effect

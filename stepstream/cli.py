@@ -228,7 +228,9 @@ def _parser() -> argparse.ArgumentParser:
         '--include-interrupted', action='store_true', help='the latest of any state, not the latest complete'
     )
     unresolved = command(
-        'unresolved', _unresolved, 'List tool effects in unknown_after_crash (with their run status).'
+        'unresolved',
+        _unresolved,
+        'List tool calls that have not ended: in_flight (run live) or unknown_after_crash, with run status.',
     )
     unresolved.add_argument('run_id', nargs='?', help='only this run (default: every run)')
     conflicts = command('conflicts', _conflicts, 'List run ids claimed by more than one writer.')
@@ -257,6 +259,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     resolve.add_argument(
         '--note', required=True, help='why: what you checked (kept in the log with your name)'
+    )
+    resolve.add_argument(
+        '--force',
+        action='store_true',
+        help='resolve a call still in flight (its run is live): only when you know its process is gone',
     )
 
     for p in (runs, tree, events, snapshot, unresolved, conflicts, status, resolve):
@@ -302,10 +309,12 @@ def _version() -> str:
 
 async def _demo(args: argparse.Namespace, settings: Settings) -> int:
     from stepstream.demo import run_demo
-    from stepstream.stack import stack_up
+    from stepstream.stack import stack_environ, stack_up
 
-    stack = await asyncio.to_thread(stack_up, args.stack_dir, broker=None, quiet=True)
-    await run_demo(stack.settings, stack_dir=args.stack_dir, serve_port=8321 if args.serve else None)
+    await asyncio.to_thread(stack_up, args.stack_dir, broker=None, quiet=True)
+    # As every command: flags, then variables, then the stack's settings (now that it is up).
+    demo_settings = Settings.from_args(args, stack_environ(args.stack_dir))
+    await run_demo(demo_settings, stack_dir=args.stack_dir, serve_port=8321 if args.serve else None)
     return EXIT_OK
 
 
@@ -672,6 +681,7 @@ async def _resolve(args: argparse.Namespace, settings: Settings) -> int:
             note=args.note,
             operator=settings.operator_name,
             writer_id=resolver_id('cli'),
+            force=args.force,
         )
     if args.json:
         print(to_json(record))

@@ -1,10 +1,12 @@
 """The `make run` demo: an orchestrator, two delegates, and a crash in the middle of a tool.
 
 The orchestrator asks a researcher (in this process) and a publisher (in a child process). The
-publisher's tool is killed with SIGKILL while it runs, so its effect stays `started`: the
-projection shows it as `unknown_after_crash`. The demo runs on the stack `stepstream stack up`
-keeps under `.stepstream`, whose log is durable, so running it again shows every earlier run too,
-and every `stepstream` command afterwards reads the same log and projection.
+publisher's tool is killed with SIGKILL while it runs, so its effect stays `started`. Its writer's
+heartbeats stop with it: once they have been missing for `stale_after_s` (20 s by default) the run
+reads `stale` and the call `unknown_after_crash`, and the demo waits for that before its summary.
+The demo runs on the stack `stepstream stack up` keeps under `.stepstream`, whose log is durable,
+so running it again shows every earlier run too, and every `stepstream` command afterwards reads
+the same log and projection.
 
 `python -m stepstream.demo --run-id R --parent-run-id P` is the publisher's child process
 (settings from `STEPSTREAM_*`); nothing else should call it.
@@ -67,7 +69,9 @@ async def run_crashing_delegate(settings: Settings, *, run_id: str, parent_run_i
         await publisher.run('announce the release', conversation_id='release-demo')
 
 
-async def _publish_in_child(settings: Settings, reader: ProjectionReader, parent_run_id: str) -> str:
+async def _publish_in_child(
+    settings: Settings, reader: ProjectionReader, parent_run_id: str, killed: list[str]
+) -> str:
     run_id = f'publisher-{secrets.token_hex(4)}'
     child = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -91,8 +95,26 @@ async def _publish_in_child(settings: Settings, reader: ProjectionReader, parent
     finally:
         if child.returncode is None:
             child.send_signal(signal.SIGKILL)
+            killed.append(run_id)
         await child.wait()
     return f'publisher {run_id} was killed in the middle of send_announcement'
+
+
+async def _until_stale(reader: ProjectionReader, run_id: str, settings: Settings) -> None:
+    """Wait until the killed run reads `stale`: its heartbeats stopped `stale_after_s` ago at most."""
+    print(
+        f'waiting up to {settings.stale_after_s:g} s for {run_id} to read stale: its process was killed, '
+        f'so its heartbeats stopped, and a run is judged dead once they have been missing for '
+        f'STEPSTREAM_STALE_AFTER_S ({settings.stale_after_s:g} s)',
+        flush=True,
+    )
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + settings.stale_after_s + 30
+    while loop.time() < deadline:
+        run = await reader.get_run(run_id)
+        if run is None or run.status != 'running':
+            return
+        await asyncio.sleep(0.2)
 
 
 async def run_demo(
@@ -125,11 +147,13 @@ async def run_demo(
         async def research(topic: str) -> str:
             return (await researcher.run(f'research {topic}', conversation_id='release-demo')).output
 
+        killed: list[str] = []
+
         @orchestrator.tool_plain
         async def publish() -> str:
             parent = current_run_id()
             assert parent is not None
-            return await _publish_in_child(settings, reader, parent)
+            return await _publish_in_child(settings, reader, parent, killed)
 
         result = await orchestrator.run(
             'research the release and announce it', conversation_id='release-demo'
@@ -137,6 +161,8 @@ async def run_demo(
         print(f'orchestrator answered: {result.output}\n')
         await projector.wait_for(await log.flush())
         await projector.catch_up()  # earlier demo runs too, if the projection was removed
+        for run_id in killed:
+            await _until_stale(reader, run_id, settings)
 
         roots = await reader.list_runs(agent_name='orchestrator')
         print(f'== lineage ({len(roots)} orchestrator run(s) in the log so far)')
@@ -146,7 +172,7 @@ async def run_demo(
         for run in latest:
             print(f'\n== events of {run.run_id} ({run.agent_name}, {run.status})')
             print(events_table(await reader.list_events(run.run_id)))
-        print('\n== unresolved tool effects (unknown_after_crash), all runs')
+        print('\n== unresolved tool effects (in_flight or unknown_after_crash), all runs')
         print(effects_table(await reader.list_unresolved_tool_effects()))
         here = '' if str(stack_dir) == '.stepstream' else f' --stack-dir {stack_dir}'
         orchestrator_id = roots[-1].run_id

@@ -76,3 +76,12 @@ class NotUnknown(StepStreamError):
     Only an effect whose side effect may or may not have happened needs an operator's answer;
     one that completed, failed or was resolved already keeps its status.
     """
+
+
+class EffectInFlight(NotUnknown):
+    """An operator tried to resolve a call that is still in flight: its run's writer is alive.
+
+    The call may still end on its own; resolving it would race the tool. An operator who knows
+    the process is gone (its writer still sends heartbeats, say, from a wedged event loop) can
+    override with `force` (`stepstream resolve --force`, `"force": true` in the API).
+    """

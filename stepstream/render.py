@@ -24,7 +24,12 @@ def to_json(value: Any) -> str:
             return {**default(obj.effect), 'run_status': obj.run_status}
         if isinstance(obj, ToolEffectRecord):  # the status the table shows, and the flag behind it
             fields = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
-            return {**fields, 'status': effect_status(obj), 'unknown_after_crash': obj.unknown_after_crash}
+            return {
+                **fields,
+                'status': effect_status(obj),
+                'unknown_after_crash': obj.unknown_after_crash,
+                'in_flight': obj.in_flight,
+            }
         if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
             return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
         if isinstance(obj, datetime):
@@ -150,12 +155,16 @@ def events_table(events: Sequence[StepEvent]) -> str:
 
 
 def effect_status(effect: ToolEffectRecord) -> str:
-    """The status views show: `unknown_after_crash` for a call whose latest transition is `started`."""
-    return 'unknown_after_crash' if effect.unknown_after_crash else effect.status
+    """The status views show.
+
+    For a call whose latest transition is `started`: `in_flight` while its run is live,
+    `unknown_after_crash` once it is not.
+    """
+    return effect.doubt or effect.status
 
 
 def effects_table(effects: Sequence[ToolEffectRecord]) -> str:
-    """One line per tool effect; `started` shows as unknown_after_crash."""
+    """One line per tool effect; `started` shows as in_flight or unknown_after_crash."""
     return unresolved_table([UnresolvedEffect(e, None) for e in effects])
 
 
@@ -163,7 +172,8 @@ def effects_table(effects: Sequence[ToolEffectRecord]) -> str:
 class UnresolvedEffect:
     """A tool effect in the unresolved sweep, beside its run's status (`stale`, `failed`, ...).
 
-    A `running` run may still finish the call; a `stale`, `failed` or `cancelled` one will not.
+    A `running` run may still finish the call (it shows `in_flight`); a `stale`, `failed` or
+    `cancelled` one will not (`unknown_after_crash`).
     """
 
     effect: ToolEffectRecord

@@ -89,8 +89,12 @@ class Settings:
     serve_token: SecretStr | None = field(default=None, repr=False)
     """Bearer token `stepstream serve` requires (from `STEPSTREAM_SERVE_TOKEN` or its `_FILE`, never
     a flag); needed to serve on anything but loopback, and enforced on every request when set."""
-    stale_after_s: float = 600.0
-    """Views show a `running` run as `stale` once it has had no record for this many seconds."""
+    heartbeat_interval_s: float = 5.0
+    """A writer appends a `run_heartbeat` for each open run that has written nothing else for this
+    many seconds, so that readers can tell a quiet run from a dead one (0: no heartbeats)."""
+    stale_after_s: float = 20.0
+    """Views show a `running` run as `stale` once it has had no record for this many seconds (keep
+    it a few heartbeat intervals: a writer whose process died reads stale within it)."""
     operator: str | None = None
     """Who resolves unknown tool effects from this process (`stepstream resolve`, the explorer); the
     OS user when unset. Recorded in the log with every resolution."""
@@ -113,6 +117,8 @@ class Settings:
             raise ValueError(f'ack_timeout_s must be positive, got {self.ack_timeout_s}')
         if self.stale_after_s < 0:
             raise ValueError(f'stale_after_s must not be negative, got {self.stale_after_s}')
+        if self.heartbeat_interval_s < 0:
+            raise ValueError(f'heartbeat_interval_s must not be negative, got {self.heartbeat_interval_s}')
         if self.trace_url is not None and '{trace_id}' not in self.trace_url:
             raise ValueError(
                 f'{_name("trace_url")} must hold {{trace_id}} where the trace id goes, got {self.trace_url!r}'

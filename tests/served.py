@@ -92,6 +92,32 @@ class Served:
         await self.settle()
         return run_id
 
+    @contextlib.asynccontextmanager
+    async def live_call(self, run_id: str) -> AsyncIterator[str]:
+        """A run whose tool runs for as long as the block lasts (a call in flight), applied on entry."""
+        entered, release = asyncio.Event(), asyncio.Event()
+        agent = Agent(
+            calls_then_answers('send_invoice'),
+            capabilities=[StepPersistence(log=self.log, agent_name='billing', run_id=run_id)],
+        )
+
+        @agent.tool
+        async def send_invoice(ctx: RunContext[Any]) -> str:
+            await annotate_tool_effect(ctx, idempotency_key='invoice:42', effect_summary='emails an invoice')
+            entered.set()
+            await release.wait()
+            return 'sent'
+
+        task = asyncio.create_task(agent.run('bill the customer', conversation_id=f'conv-{run_id}'))
+        try:
+            await asyncio.wait_for(entered.wait(), 30)
+            await self.settle()
+            yield run_id
+        finally:
+            release.set()
+            await task
+            await self.settle()
+
     async def add_run(self, conversation_id: str, agent_name: str = 'latecomer') -> str:
         """One more finished run, applied before this returns; its run_id."""
         agent = Agent(answers('late'), capabilities=[StepPersistence(log=self.log, agent_name=agent_name)])

@@ -86,6 +86,7 @@ KINDS = [
     'run_failed',
     'snapshot_saved',
     'snapshot_saved',
+    'run_heartbeat',
 ]
 STATUSES = ['started', 'started', 'completed', 'failed', 'annotated', 'resolved']
 HOSTILE = [
@@ -441,7 +442,7 @@ async def check_views(reader: ProjectionReader) -> None:
         unresolved = await reader.list_unresolved_tool_effects(run.run_id)
         per_run_unresolved |= {(e.run_id, e.tool_call_id) for e in unresolved}
         effects = await reader.list_tool_effects(run.run_id)
-        assert {e.tool_call_id for e in effects if e.unknown_after_crash} == {
+        assert {e.tool_call_id for e in effects if e.doubt is not None} == {
             e.tool_call_id for e in unresolved
         }
         for effect in effects:  # resolved: by exactly the first resolution of its latest `started`

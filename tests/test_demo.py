@@ -14,8 +14,11 @@ STEPSTREAM = str(Path(sys.executable).parent / 'stepstream')
 
 
 def stepstream(cwd: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    # No STEPSTREAM_* variables: the commands find the stack through ./.stepstream alone.
+    # No STEPSTREAM_* variables: the commands find the stack through ./.stepstream alone. Only the
+    # liveness window is shorter than the default (20 s), so the demo's wait for its killed
+    # publisher to read stale takes 2 s, not 20.
     env = {k: v for k, v in os.environ.items() if not k.startswith('STEPSTREAM_') or k.endswith('_BROKER')}
+    env |= {'STEPSTREAM_HEARTBEAT_INTERVAL_S': '0.2', 'STEPSTREAM_STALE_AFTER_S': '2'}
     done = subprocess.run([STEPSTREAM, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
     if check:
         assert done.returncode == 0, done.stderr[-3000:]
@@ -36,7 +39,8 @@ def test_demo_then_status_rebuild_verify_and_stack_down(tmp_path: Path) -> None:
         lineage = first.split('== lineage')[1].split('== events')[0]
         assert '[orchestrator, completed]' in lineage
         assert '├── researcher-' in lineage and '[researcher, completed]' in lineage
-        assert '└── publisher-' in lineage and '[publisher, running]' in lineage
+        assert '└── publisher-' in lineage and '[publisher, stale]' in lineage  # heartbeats stopped
+        assert 'waiting up to 2 s for publisher-' in first
         unresolved = first.split('== unresolved tool effects')[1]
         assert 'send_announcement' in unresolved and 'unknown_after_crash' in unresolved
         assert 'announce:#releases' in unresolved

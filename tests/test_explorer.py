@@ -150,6 +150,37 @@ async def test_a_crashed_run_highlights_its_unknown_effect(
     await shot(page, tmp_path, 'unresolved')
 
 
+async def test_a_live_call_and_a_crashed_call_read_apart_and_only_the_crashed_one_can_be_resolved(
+    served: Served, page: Page, tmp_path: Path
+) -> None:
+    async with served.live_call('billing-live') as live:
+        await page.goto('/unresolved')
+        crashed_row = page.locator(f'table.unresolved tr[data-run-id="{served.crashed_run}"]')
+        live_row = page.locator(f'table.unresolved tr[data-run-id="{live}"]')
+        await expect(crashed_row.locator('.badge')).to_have_text('unknown_after_crash')
+        await expect(live_row.locator('.badge')).to_have_text('in_flight')
+        await expect(live_row).to_have_class('in-flight-row')
+        crashed_colour = await crashed_row.locator('.badge').evaluate(
+            'e => getComputedStyle(e).backgroundColor'
+        )
+        live_colour = await live_row.locator('.badge').evaluate('e => getComputedStyle(e).backgroundColor')
+        assert crashed_colour != live_colour  # drawn apart, not only labelled apart
+        await shot(page, tmp_path, 'live-and-crashed')
+
+        await page.goto(f'/runs/{live}')
+        await expect(page.locator('section.in-flight .in-flight-effect')).to_contain_text('send_invoice')
+        await expect(page.locator('table.effects tr.effect .badge')).to_have_text('in_flight')
+        await expect(page.locator('form.resolve')).to_have_count(0)  # nothing to resolve while it runs
+        await expect(page.locator('section.unknown')).to_have_count(0)
+        await shot(page, tmp_path, 'live-run')
+
+        await page.goto(f'/runs/{served.crashed_run}')
+        await expect(page.locator('section.unknown form.resolve')).to_have_count(1)
+        await expect(page.locator('section.in-flight')).to_have_count(0)
+    await page.goto(f'/runs/{live}')
+    await expect(page.locator('table.effects tr.effect .badge')).to_have_text('completed')
+
+
 async def test_an_offloaded_image_is_drawn(served: Served, page: Page, tmp_path: Path) -> None:
     await page.goto(f'/runs/{served.image_run}')
     image = page.locator('img.media-image')
