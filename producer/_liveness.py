@@ -79,9 +79,14 @@ class Liveness:
     ```
     """
 
-    def __init__(self, log: StepLog, interval_s: float) -> None:
-        """`interval_s` 0 (or less) sends no heartbeats; runs are still ended by `close_runs`."""
+    def __init__(self, log: StepLog, interval_s: float, *, bind_on_first_open: bool = False) -> None:
+        """`interval_s` 0 (or less) sends no heartbeats; runs are still ended by `close_runs`.
+
+        The keeper times on the loop it is bound to (`bind`, which `EventLog.start` calls);
+        `bind_on_first_open` binds it to the loop of the first run instead (a log with no start).
+        """
         self._log = log
+        self._bind_on_first_open = bind_on_first_open
         self.interval_s = interval_s
         self._runs: dict[OpenRun, None] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -104,12 +109,13 @@ class Liveness:
         """Register an open run; its handle, or None where this loop cannot keep time for it.
 
         A run hooked from an event loop other than the log's (a durable-execution engine's
-        deterministic workflow loop) gets no heartbeats: no timer may run in such a loop.
+        deterministic workflow loop), or before the log started, gets no heartbeats: no timer may
+        run in such a loop.
         """
         loop = asyncio.get_running_loop()
-        if self._loop is None:
+        if self._loop is None and self._bind_on_first_open:
             self._loop = loop
-        elif loop is not self._loop:
+        if loop is not self._loop:
             return None
         run = OpenRun(run_id, heartbeat, end)
         self._runs[run] = None

@@ -65,7 +65,7 @@ class InMemoryLog:
         self._holding = False
         self.stored = asyncio.Condition()
         """Notified after each record is stored: `await log.wait_for_record(...)` waits on it."""
-        self.liveness = Liveness(self, self.settings.heartbeat_interval_s)
+        self.liveness = Liveness(self, self.settings.heartbeat_interval_s, bind_on_first_open=True)
         """Heartbeats of the open runs, as `EventLog` sends them (`beat(now=...)` runs one pass)."""
 
     def encode(self, record: LogRecord) -> bytes:

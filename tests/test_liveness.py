@@ -326,3 +326,19 @@ async def test_sigterm_is_watched_only_where_nobody_else_handles_it() -> None:
         assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the default action is back
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+async def test_a_run_hooked_from_another_loop_gets_no_timer() -> None:
+    """A Temporal workflow's deterministic loop, say: no heartbeat timer may run there."""
+    log = InMemoryLog(Settings(heartbeat_interval_s=QUIET))
+    elsewhere = asyncio.new_event_loop()
+    try:
+        log.liveness.bind(elsewhere)  # the loop the log sends on
+        assert log.liveness.open('r', heartbeat=lambda: _heartbeat_of('r'), end=_no_end) is None
+        assert log.liveness.open_runs == 0
+    finally:
+        elsewhere.close()
+
+
+def _heartbeat_of(run_id: str) -> StepEvent:
+    return StepEvent(run_id=run_id, seq=0, writer_id='w', timestamp=datetime.now(UTC), kind='run_heartbeat')

@@ -8,6 +8,7 @@ the projection shows, read every 50 ms, never on a fixed time.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import sys
@@ -28,6 +29,7 @@ from stepstream.topics import ensure_topics
 from agents import calls_then_answers
 
 CHILD = Path(__file__).with_name('liveness_child.py')
+STEPSTREAM = str(Path(sys.executable).parent / 'stepstream')
 INTERVAL_S = 0.2
 STALE_AFTER_S = 2.0
 T = TypeVar('T')
@@ -68,6 +70,21 @@ def reads(run_status: str, doubt: str) -> Callable[[tuple[RunRecord | None, Tool
     return holds
 
 
+async def cli(settings: Settings, db_path: Path, *args: str) -> tuple[int, str, str]:
+    """The installed command against this test's projection (read while the projector writes it)."""
+    process = await asyncio.create_subprocess_exec(
+        STEPSTREAM,
+        *args,
+        env={**os.environ, **settings.replace(db_path=str(db_path)).to_env()},
+        cwd=db_path.parent,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await process.communicate()
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
 async def child_in_tool(settings: Settings, run_id: str) -> asyncio.subprocess.Process:
     await ensure_topics(settings)
     env = {**os.environ, **settings.to_env(), 'PYTHONPATH': str(CHILD.parent)}
@@ -101,7 +118,7 @@ async def test_a_killed_writer_reads_stale_and_its_call_unknown_after_crash(
 
 
 async def test_a_slow_tool_of_a_live_writer_stays_in_flight_for_its_whole_duration(
-    live: Settings, reader: ProjectionReader
+    live: Settings, reader: ProjectionReader, db_path: Path
 ) -> None:
     entered, release = asyncio.Event(), asyncio.Event()
     async with EventLog(live) as log:
@@ -132,6 +149,14 @@ async def test_a_slow_tool_of_a_live_writer_stays_in_flight_for_its_whole_durati
 
         await until(lambda: state(reader, 'slow-run'), in_flight_throughout, 'kept alive by heartbeats')
         assert seen > 10 and log.liveness.sent >= 3 * STALE_AFTER_S / INTERVAL_S / 2
+
+        # The operator's views say so too, and resolving it is refused while it runs.
+        code, out, _ = await cli(live, db_path, 'unresolved', '--json')
+        assert code == 0 and [(e['tool_call_id'], e['status']) for e in json.loads(out)] == [
+            ('call-0', 'in_flight')
+        ]
+        code, _, err = await cli(live, db_path, 'resolve', 'slow-run', 'call-0', '--happened', '--note', 'x')
+        assert code == 1 and 'in flight' in err and '--force' in err
         release.set()
         await task
         await log.flush()
