@@ -50,6 +50,7 @@ from stepstream.projector._store import (
     stored_offsets,
     write_identity,
 )
+from stepstream.projector._wire import WireFormats
 from stepstream.settings import Settings
 from stepstream.telemetry import lag, records_applied, records_dead_lettered, span
 from stepstream.timestamps import micros
@@ -183,6 +184,7 @@ class Projector:
         self._topics = (settings.step_events_topic, settings.tool_effects_topic)
         self._topic_index = {settings.step_events_topic: EVENTS, settings.tool_effects_topic: EFFECTS}
         self._applier: Applier | None = None
+        self._wire = WireFormats(settings)
         self._layout: TopicLayout | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._dlq: AIOKafkaProducer | None = None
@@ -481,6 +483,7 @@ class Projector:
             except TimeoutError:
                 log.warning('the broker did not answer while the projector disconnected; stopping anyway')
         self._consumer = self._dlq = None
+        await self._wire.close()
         for shard in self._shards.values():
             shard.db.flush()
 
@@ -634,6 +637,11 @@ class Projector:
             )
         if not by_shard:
             return
+        for partition, records in by_shard.items():  # Confluent-framed records, if any, as single-object
+            read = await self._wire.read(records, lambda: self._stopping)
+            if read is None:
+                return  # stopping while the schema registry does not answer: applied on restart
+            by_shard[partition] = read
         with span('stepstream.projector.batch') as current:
             await self._stage_batch(by_shard, current)
 

@@ -76,3 +76,12 @@ class NotUnknown(StepStreamError):
     Only an effect whose side effect may or may not have happened needs an operator's answer;
     one that completed, failed or was resolved already keeps its status.
     """
+
+
+class SchemaRegistryError(StepStreamUnavailable):
+    """The schema registry (`STEPSTREAM_SCHEMA_REGISTRY_URL`) did not answer, or refused a request.
+
+    A record whose schema id the producer has not cached cannot be written without it: the record
+    is kept and sent once the registry answers, and the durability point that waits for it fails
+    with this error. The message names the registry, the setting and the registry's answer.
+    """
