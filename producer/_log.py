@@ -40,8 +40,7 @@ from stepstream.producer._protocol import (
     topic_of,
 )
 from stepstream.schema_registry import SchemaRegistry
-from stepstream.schemas import LogRecord, StepEvent, schema_of
-from stepstream.schemas._confluent import subject_of, to_confluent
+from stepstream.schemas import LogRecord, StepEvent, schema_of, subject_of, to_confluent
 from stepstream.settings import Settings
 from stepstream.telemetry import ack_latency, records_appended
 from stepstream.topics import Position, ensure_topics, murmur2_partition, supports_idempotence, unavailable

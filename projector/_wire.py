@@ -24,13 +24,11 @@ from collections.abc import Callable, Sequence
 from stepstream.errors import SchemaError, SchemaRegistryError
 from stepstream.projector._apply import SourceRecord
 from stepstream.schema_registry import SchemaRegistry
-from stepstream.schemas import SchemaVersion
-from stepstream.schemas._confluent import confluent_schema_id, from_confluent
+from stepstream.schemas import SchemaVersion, confluent_schema_id, from_confluent
+from stepstream.schemas._confluent import CONFLUENT_MAGIC
 from stepstream.settings import Settings
 
 log = logging.getLogger('stepstream.projector')
-
-_CONFLUENT = b'\x00'
 
 
 class WireFormats:
@@ -56,8 +54,8 @@ class WireFormats:
         ids = {
             schema_id
             for r in records
-            if r.value is not None
-            and r.value[:1] == _CONFLUENT
+            if r.value
+            and r.value[0] == CONFLUENT_MAGIC
             and (schema_id := confluent_schema_id(r.value)) is not None
         }
         if not ids:

@@ -22,8 +22,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from stepstream.errors import SchemaError, SchemaRegistryError, StepStreamError
-from stepstream.schemas import SchemaVersion
-from stepstream.schemas._confluent import version_of_schema
+from stepstream.schemas import SchemaVersion, version_of_schema
 from stepstream.settings import Settings
 
 if TYPE_CHECKING:
