@@ -17,7 +17,6 @@ nothing is dead-lettered for it.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 
@@ -65,16 +64,18 @@ class WireFormats:
             return None
         out = []
         for record in records:
-            schema_id = confluent_schema_id(record.value)
+            value = record.value
+            schema_id = confluent_schema_id(value) if value and value[0] == CONFLUENT_MAGIC else None
             if schema_id is None:
                 out.append(record)
                 continue
-            assert record.value is not None
+            assert value is not None
             found = resolved[schema_id]
+            where = (record.topic, record.partition, record.offset, record.key)
             if isinstance(found, SchemaVersion):
-                out.append(dataclasses.replace(record, value=from_confluent(record.value, found)))
+                out.append(SourceRecord(*where, from_confluent(value, found)))
             else:
-                out.append(dataclasses.replace(record, unreadable=found))
+                out.append(SourceRecord(*where, value, unreadable=found))
         return out
 
     async def _resolve(
