@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -119,11 +120,22 @@ async def test_a_version_that_breaks_the_rules_is_refused_by_the_registry(
 
 
 async def test_registry_mode_writes_what_confluent_kafkas_avro_deserializer_reads(
-    registry_settings: Settings, db_path: Path
+    registry_settings: Settings, registry_url: str, db_path: Path
 ) -> None:
-    async with EventLog(registry_settings) as log:
+    gate = Forwarder(int(registry_url.rsplit(':', 1)[1]))
+    async with gate, EventLog(registry_settings.replace(schema_registry_url=gate.url)) as log:
+        await run_agents(log, 'outside')
         await run_agents(log, 'outside')
         position = await log.flush()
+    # One look-up per schema (not found in a fresh registry: registered), for all the records.
+    prefix = registry_settings.topic_prefix
+    assert sorted(gate.requests) == [
+        f'POST /subjects/{prefix}.step-events-value',
+        f'POST /subjects/{prefix}.step-events-value/versions',
+        f'POST /subjects/{prefix}.tool-effects-value',
+        f'POST /subjects/{prefix}.tool-effects-value/versions',
+    ]
+    assert sum(position.values()) > 20
     raw = await read_raw(registry_settings, position)
     decoded: dict[tuple[str, int, int], LogRecord] = {}
     async with SchemaRegistry(registry_settings) as registry:
@@ -144,10 +156,10 @@ async def test_registry_mode_writes_what_confluent_kafkas_avro_deserializer_read
         await projector.wait_for(position, timeout=30)
         reader = projector.reader()
         runs = await reader.list_runs()
-        assert sorted(r.status for r in runs) == ['completed', 'completed']
+        assert sorted(r.status for r in runs) == ['completed'] * 4
         assert all(r.gaps == [] and r.event_count == r.last_seq + 1 for r in runs)
         effects = [await reader.get_tool_effect(r.run_id, 'call-0') for r in runs if r.agent_name == 'worker']
-        assert [e.status for e in effects if e is not None] == ['completed']
+        assert [e.status for e in effects if e is not None] == ['completed', 'completed']
         assert projector.dead_lettered == 0
 
 
@@ -333,6 +345,9 @@ async def test_a_producer_cut_off_from_the_registry_fails_the_durability_point_a
         assert projector.dead_lettered == 0
 
 
+REQUEST_LINE = re.compile(rb'(?:^|\r\n)((?:GET|POST|PUT|DELETE) \S+) HTTP/1\.1\r\n')
+
+
 @dataclass
 class Forwarder:
     """A TCP forwarder in front of the registry that a test cuts and restores: a real outage for
@@ -342,6 +357,8 @@ class Forwarder:
     port: int = 0
     _server: asyncio.Server | None = None
     _links: set[asyncio.StreamWriter] = field(default_factory=set)
+    requests: list[str] = field(default_factory=list)
+    """The method and path of every HTTP request forwarded."""
 
     @property
     def url(self) -> str:
@@ -370,14 +387,16 @@ class Forwarder:
         up_reader, up_writer = await asyncio.open_connection('127.0.0.1', self.target_port)
         self._links.update((writer, up_writer))
 
-        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter, requests: bool) -> None:
             with contextlib.suppress(OSError):
                 while data := await source.read(65536):
+                    if requests:
+                        self.requests += [m.decode() for m in REQUEST_LINE.findall(data)]
                     sink.write(data)
                     await sink.drain()
             sink.close()
 
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        await asyncio.gather(pipe(reader, up_writer, True), pipe(up_reader, writer, False))
         self._links.difference_update((writer, up_writer))
 
 
