@@ -345,6 +345,32 @@ async def test_a_producer_cut_off_from_the_registry_fails_the_durability_point_a
         assert projector.dead_lettered == 0
 
 
+async def test_a_projector_waits_for_a_registry_that_does_not_answer(
+    registry_settings: Settings, registry_url: str, db_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The registry being away is no fault of the records: nothing is applied or dead-lettered."""
+    async with EventLog(registry_settings) as log:
+        await run_agents(log, 'waits')
+        position = await log.flush()
+    async with Forwarder(int(registry_url.rsplit(':', 1)[1])) as gate:
+        await gate.cut()
+        settings = registry_settings.replace(schema_registry_url=gate.url)
+        with caplog.at_level('WARNING', logger='stepstream.projector'):
+            async with Projector(settings, db_path=db_path) as projector:
+                for _ in range(100):  # until it has met the registry's absence
+                    if 'the batch waits' in caplog.text:
+                        break
+                    await asyncio.sleep(0.1)
+                assert 'STEPSTREAM_SCHEMA_REGISTRY_URL' in caplog.text
+                assert (projector.records_applied, projector.dead_lettered) == (0, 0)
+        # Stopped while it waited; the registry answers again; the next start applies everything.
+        await gate.restore()
+        async with Projector(settings, db_path=db_path) as projector:
+            await projector.wait_for(position, timeout=30)
+            assert projector.dead_lettered == 0
+            assert sorted(r.status for r in await projector.reader().list_runs()) == ['completed'] * 2
+
+
 REQUEST_LINE = re.compile(rb'(?:^|\r\n)((?:GET|POST|PUT|DELETE) \S+) HTTP/1\.1\r\n')
 
 
