@@ -14,9 +14,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -215,13 +217,28 @@ async def test_a_topic_moves_to_the_registry_format_without_a_rebuild(
         assert run is not None and run.status == 'completed' and run.gaps == [] and run.event_count == 5
         assert [e.seq for e in await reader.list_events('mixed')] == [0, 1, 2, 3, 4]
         assert projector.duplicates_ignored >= 1 and projector.dead_lettered == 0
-        assert len(await reader.list_runs()) == 5
+        runs = await reader.list_runs()
+        assert len(runs) == 5
+        events = sum([len(await reader.list_events(r.run_id)) for r in runs])
     raw = await read_raw(settings, end)
     assert {value[:1] for value in raw.values()} == {b'\xc3', b'\x00'}  # both formats in the topics
 
     await rebuild(registry_settings, rebuilt, timeout=60)
     compared, difference = verify_paths(live, rebuilt)
     assert difference is None and compared > 0
+
+    # The export's replay of the topics reads both formats too.
+    process = await asyncio.create_subprocess_exec(
+        str(Path(sys.executable).parent / 'stepstream'),
+        *('export', '--from-topics', '--out', str(tmp_path / 'export')),
+        env={**os.environ, **registry_settings.to_env()},
+        cwd=tmp_path,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await process.communicate()
+    assert process.returncode == 0, err.decode()
+    assert f'exported 5 runs, {events} events' in out.decode(), out.decode()
 
 
 MIXED_KINDS = [
