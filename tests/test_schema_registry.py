@@ -84,6 +84,8 @@ async def test_every_committed_schema_version_registers_in_order_under_full_tran
     version oldest first; the registry refuses a version that breaks the rule (next test). Run
     again, it registers nothing new: the same ids.
     """
+    assert await asyncio.to_thread(main, ['schemas', 'register', '--topic-prefix', 'evolution']) == 2
+    assert 'set STEPSTREAM_SCHEMA_REGISTRY_URL' in capsys.readouterr().err
     command = ['schemas', 'register', '--schema-registry-url', registry_url, '--topic-prefix', 'evolution']
     outputs = []
     for _ in range(2):
