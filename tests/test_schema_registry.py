@@ -120,6 +120,20 @@ async def test_a_version_that_breaks_the_rules_is_refused_by_the_registry(
             await registry.register_history('evolution.broken-value', history)
 
 
+async def test_a_producer_is_told_when_the_registry_refuses_its_schema(registry_url: str) -> None:
+    """A subject whose history the newest version breaks: registering it is refused, with the reason."""
+    subject = 'refusing.step-events-value'
+    settings = Settings(schema_registry_url=registry_url)
+    other = {'type': 'record', 'name': 'StepEvent', 'namespace': 'io.stepstream'}
+    other['fields'] = [{'name': 'only_this', 'type': 'string'}]
+    async with SchemaRegistry(settings) as registry:
+        await registry._client.put(f'/config/{subject}', json={'compatibility': 'FULL_TRANSITIVE'})
+        await registry._client.post(f'/subjects/{subject}/versions', json={'schema': json.dumps(other)})
+        with pytest.raises(SchemaRegistryError, match=r'refused step_event v\d+ .* as incompatible'):
+            await registry.id_of(subject, STEP_EVENT_SCHEMA)
+        assert registry.cached_id(subject, STEP_EVENT_SCHEMA) is None
+
+
 # -- the producer writes it, outside tools read it ------------------------------------------------
 
 
