@@ -220,6 +220,11 @@ class SchemaRegistry:
         try:
             response = await self._client.request(method, path, json=body)
         except self._httpx.HTTPError as exc:
+            if _untrusted(exc):
+                raise SchemaRegistryError(
+                    f'the TLS certificate of the schema registry at {self.url} is not trusted ({what}): '
+                    f'{exc}. Set STEPSTREAM_SCHEMA_REGISTRY_CAFILE to the CA that signed it'
+                ) from exc
             raise SchemaRegistryError(
                 f'the schema registry at {self.url} did not answer ({what}): {exc!r}. Check that it is '
                 f'running and reachable ({_SETTING})'
@@ -255,4 +260,14 @@ def _field(response: httpx.Response, name: str) -> Any:
 def _said(response: httpx.Response) -> str:
     """The registry's own message, or the start of its body."""
     message = _field(response, 'message')
-    return str(message) if message else (response.text[:300] or '(no body)')
+    return str(message) if message else (' '.join(response.text[:300].split()) or '(no body)')
+
+
+def _untrusted(exc: BaseException) -> bool:
+    """Whether a request failed on the server's certificate (somewhere in its causes)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False

@@ -21,7 +21,6 @@ import shutil
 import socket
 import subprocess
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -88,29 +87,37 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_registry(log_path: Path) -> Iterator[str]:
-    """A registry on a free loopback port, with in-memory storage; yields its URL."""
+def running_registry(
+    log_path: Path, *, config: str | None = None, env: dict[str, str] | None = None, tls: bool = False
+) -> Iterator[str]:
+    """A registry on a free loopback port, with in-memory storage; yields its URL.
+
+    `config` is the YAML of a configuration file (TLS, authentication), `env` more variables.
+    """
     binary = registry_binary()
     port = _free_port()
-    env = {**os.environ, 'SCHEMA_REGISTRY_HOST': HOST, 'SCHEMA_REGISTRY_PORT': str(port)}
+    command = [str(binary)]
+    if config is not None:
+        config_path = log_path.with_suffix('.yaml')
+        config_path.write_text(config)
+        command += ['-config', str(config_path)]
+    environ = {**os.environ, **(env or {}), 'SCHEMA_REGISTRY_HOST': HOST, 'SCHEMA_REGISTRY_PORT': str(port)}
     with open(log_path, 'wb') as log:
-        child = subprocess.Popen([str(binary)], env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f'http://{HOST}:{port}'
+        child = subprocess.Popen(command, env=environ, stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 30
         while True:
             try:
-                with urllib.request.urlopen(f'{url}/config', timeout=1) as answer:
-                    if answer.status == 200:
-                        break
+                socket.create_connection((HOST, port), timeout=1).close()
+                break
             except OSError:
                 if child.poll() is not None or time.monotonic() > deadline:
                     output = log_path.read_text()[-2000:]
                     raise RuntimeError(
-                        f'the schema registry did not start (exit {child.poll()}): {output}'
+                        f'the registry did not start (exit {child.poll()}): {output}'
                     ) from None
                 time.sleep(0.05)
-        yield url
+        yield f'{"https" if tls else "http"}://{HOST}:{port}'
     finally:
         child.terminate()
         try:

@@ -56,6 +56,7 @@ from stepstream.schemas._confluent import confluent_schema_id, from_confluent, s
 from stepstream.topics import Position, ensure_topics, murmur2_partition
 
 from agents import answers, calls_then_answers
+from certificates import TestCA
 from schema_registry import running_registry
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
@@ -132,6 +133,42 @@ async def test_a_producer_is_told_when_the_registry_refuses_its_schema(registry_
         with pytest.raises(SchemaRegistryError, match=r'refused step_event v\d+ .* as incompatible'):
             await registry.id_of(subject, STEP_EVENT_SCHEMA)
         assert registry.cached_id(subject, STEP_EVENT_SCHEMA) is None
+
+
+async def test_a_registry_behind_tls_and_basic_auth(tmp_path: Path) -> None:
+    """A managed registry's setup: HTTPS from a private CA, and a user and password."""
+    ca = TestCA(tmp_path / 'ca')
+    server = ca.issue('registry', server=True)
+    config = f"""
+storage: {{type: memory}}
+security:
+  tls: {{enabled: true, cert_file: {server.cert}, key_file: {server.key}}}
+  auth: {{enabled: true, methods: [basic], bootstrap: {{enabled: true}}}}
+"""
+    users = {
+        'SCHEMA_REGISTRY_BOOTSTRAP_USERNAME': 'producer',
+        'SCHEMA_REGISTRY_BOOTSTRAP_PASSWORD': 's3cret-pw',
+    }
+    with running_registry(tmp_path / 'registry.log', config=config, env=users, tls=True) as url:
+        settings = Settings(
+            schema_registry_url=url,
+            schema_registry_username='producer',
+            schema_registry_password='s3cret-pw',  # type: ignore[arg-type]
+            schema_registry_cafile=str(ca.cafile),
+        )
+        async with SchemaRegistry(settings) as registry:
+            schema_id = await registry.id_of('secure.step-events-value', STEP_EVENT_SCHEMA)
+        async with SchemaRegistry(settings) as registry:  # a reader: nothing cached
+            assert await registry.version_of(schema_id) is STEP_EVENT_SCHEMA
+        wrong = settings.replace(schema_registry_password='wrong')
+        async with SchemaRegistry(wrong) as registry:
+            with pytest.raises(SchemaRegistryError, match=r'\(401\).*STEPSTREAM_SCHEMA_REGISTRY_PASSWORD'):
+                await registry.version_of(schema_id)
+        untrusting = settings.replace(schema_registry_cafile=None)
+        async with SchemaRegistry(untrusting) as registry:
+            with pytest.raises(SchemaRegistryError, match=r'not trusted.*STEPSTREAM_SCHEMA_REGISTRY_CAFILE'):
+                await registry.version_of(schema_id)
+    assert 's3cret-pw' not in repr(settings)
 
 
 # -- the producer writes it, outside tools read it ------------------------------------------------
