@@ -17,7 +17,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from stepstream.errors import MediaUnavailable, NotFound, StepStreamError, StepStreamUnavailable, UsageError
+from stepstream.errors import (
+    MediaUnavailable,
+    NotFound,
+    SchemaRegistryError,
+    StepStreamError,
+    StepStreamUnavailable,
+    UsageError,
+)
 from stepstream.settings import Settings
 
 if TYPE_CHECKING:
@@ -61,6 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return asyncio.run(args.command(args, settings))
     except (UsageError, ValueError) as exc:
         return _fail(exc, EXIT_USAGE)
+    except SchemaRegistryError as exc:  # a refusal is no outage: 1, not 3
+        return _fail(exc, EXIT_FAILED if exc.refused else EXIT_UNAVAILABLE)
     except (StepStreamUnavailable, MediaUnavailable) as exc:
         return _fail(exc, EXIT_UNAVAILABLE)
     except (StepStreamError, LookupError) as exc:

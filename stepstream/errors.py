@@ -84,4 +84,10 @@ class SchemaRegistryError(StepStreamUnavailable):
     A record whose schema id the producer has not cached cannot be written without it: the record
     is kept and sent once the registry answers, and the durability point that waits for it fails
     with this error. The message names the registry, the setting and the registry's answer.
+    `refused` tells a registry that answered no (an incompatible schema, a refused user) from
+    one that did not answer.
     """
+
+    def __init__(self, message: str, *, refused: bool = False) -> None:
+        super().__init__(message)
+        self.refused = refused

@@ -127,7 +127,8 @@ class SchemaRegistry:
                     f'the schema registry at {self.url} refused {version.name} v{version.version} under '
                     f'subject {subject!r} as incompatible with the versions it holds: {_said(response)}. '
                     "Check the subject's compatibility level and versions (stepstream registers every "
-                    'committed version in order under FULL_TRANSITIVE; docs/analytics.md)'
+                    'committed version in order under FULL_TRANSITIVE; docs/analytics.md)',
+                    refused=True,
                 )
         schema_id = _field(response, 'id')
         if response.status_code != 200 or not isinstance(schema_id, int):
@@ -160,7 +161,8 @@ class SchemaRegistry:
             if response.status_code != 200 or not isinstance(schema_id, int):
                 raise SchemaRegistryError(
                     f'the schema registry at {self.url} refused {version.path.name} under subject '
-                    f'{subject!r} ({compatibility}): {_said(response)}'
+                    f'{subject!r} ({compatibility}): {_said(response)}',
+                    refused=response.status_code < 500,
                 )
             self._ids[(subject, version.fingerprint)] = schema_id
             ids.append(schema_id)
@@ -233,7 +235,8 @@ class SchemaRegistry:
             raise SchemaRegistryError(
                 f'the schema registry at {self.url} refused to {what} ({response.status_code}): '
                 f'{_said(response)}. Check STEPSTREAM_SCHEMA_REGISTRY_USERNAME and '
-                'STEPSTREAM_SCHEMA_REGISTRY_PASSWORD, and what that principal may do'
+                'STEPSTREAM_SCHEMA_REGISTRY_PASSWORD, and what that principal may do',
+                refused=True,
             )
         if response.status_code >= 500:
             raise SchemaRegistryError(
@@ -245,7 +248,8 @@ class SchemaRegistry:
     def _refused(self, response: httpx.Response, what: str) -> SchemaRegistryError:
         return SchemaRegistryError(
             f'the schema registry at {self.url} answered {response.status_code} for {what}: '
-            f'{_said(response)} ({_SETTING})'
+            f'{_said(response)} ({_SETTING})',
+            refused=response.status_code < 500,
         )
 
 
