@@ -2,11 +2,13 @@
 
 One registry serves the whole module (`tests/schema_registry.py` builds and starts it); each test
 uses subjects of its own topics. What is proven here: the committed schema versions register in
-order under FULL_TRANSITIVE and an incompatible one is refused; the producer writes the Confluent
-format that confluent-kafka's `DeserializingConsumer` reads field for field; a topic moves from one
-format to the other under a live projector, which a rebuild agrees with; records that cannot be
-read go to the DLQ; and a producer cut off from the registry fails its durability point, loses
-nothing, and goes on writing what it has ids for.
+order under FULL_TRANSITIVE and an incompatible one is refused; HTTPS with a private CA and basic
+auth work, and their failures name the setting; the producer looks each schema up once and writes
+the Confluent format that confluent-kafka's `DeserializingConsumer` reads field for field; a topic
+moves from one format to the other under a live projector, which a rebuild and the export agree
+with; records that cannot be read go to the DLQ, and a registry that does not answer makes the
+projector wait; a producer cut off from the registry fails its durability point, loses nothing, and
+goes on writing what it has ids for.
 """
 
 from __future__ import annotations
@@ -31,7 +33,6 @@ from aiokafka.structs import TopicPartition
 from pydantic_ai import Agent
 
 from stepstream import Settings
-from stepstream.cli import main
 from stepstream.errors import SchemaRegistryError
 from stepstream.producer import EventLog, StepPersistence
 from stepstream.projector import Projector
@@ -47,12 +48,15 @@ from stepstream.schemas import (
     SnapshotDelta,
     StepEvent,
     ToolEffectTransition,
+    confluent_schema_id,
     decode,
     encode,
+    from_confluent,
     load_schema_versions,
     schema_of,
+    subject_of,
+    to_confluent,
 )
-from stepstream.schemas._confluent import confluent_schema_id, from_confluent, subject_of, to_confluent
 from stepstream.topics import Position, ensure_topics, murmur2_partition
 
 from agents import answers, calls_then_answers
@@ -77,7 +81,7 @@ def registry_settings(settings: Settings, registry_url: str) -> Settings:
 
 
 async def test_every_committed_schema_version_registers_in_order_under_full_transitive(
-    registry_url: str, capsys: pytest.CaptureFixture[str]
+    registry_url: str, tmp_path: Path
 ) -> None:
     """DESIGN.md's rule (every version reads every other) is FULL_TRANSITIVE; the registry checks it.
 
@@ -85,13 +89,14 @@ async def test_every_committed_schema_version_registers_in_order_under_full_tran
     version oldest first; the registry refuses a version that breaks the rule (next test). Run
     again, it registers nothing new: the same ids.
     """
-    assert await asyncio.to_thread(main, ['schemas', 'register', '--topic-prefix', 'evolution']) == 2
-    assert 'set STEPSTREAM_SCHEMA_REGISTRY_URL' in capsys.readouterr().err
+    code, _out, err = await stepstream_cli(tmp_path, 'schemas', 'register', '--topic-prefix', 'evolution')
+    assert code == 2 and 'set STEPSTREAM_SCHEMA_REGISTRY_URL' in err
     command = ['schemas', 'register', '--schema-registry-url', registry_url, '--topic-prefix', 'evolution']
     outputs = []
     for _ in range(2):
-        assert await asyncio.to_thread(main, command) == 0
-        outputs.append(capsys.readouterr().out)
+        code, out, err = await stepstream_cli(tmp_path, *command)
+        assert code == 0, err
+        outputs.append(out)
     assert outputs[0] == outputs[1]
     versions = load_schema_versions()
     expected = {
@@ -282,17 +287,10 @@ async def test_a_topic_moves_to_the_registry_format_without_a_rebuild(
     assert difference is None and compared > 0
 
     # The export's replay of the topics reads both formats too.
-    process = await asyncio.create_subprocess_exec(
-        str(Path(sys.executable).parent / 'stepstream'),
-        *('export', '--from-topics', '--out', str(tmp_path / 'export')),
-        env={**os.environ, **registry_settings.to_env()},
-        cwd=tmp_path,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await process.communicate()
-    assert process.returncode == 0, err.decode()
-    assert f'exported 5 runs, {events} events' in out.decode(), out.decode()
+    export = ('export', '--from-topics', '--out', str(tmp_path / 'export'))
+    code, out, err = await stepstream_cli(tmp_path, *export, env=registry_settings.to_env())
+    assert code == 0, err
+    assert f'exported 5 runs, {events} events' in out, out
 
 
 MIXED_KINDS = [
@@ -498,6 +496,21 @@ class Forwarder:
 
 
 # -- helpers --------------------------------------------------------------------------------------
+
+
+async def stepstream_cli(cwd: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """The `stepstream` command in a process of its own: exit code, stdout, stderr."""
+    process = await asyncio.create_subprocess_exec(
+        str(Path(sys.executable).parent / 'stepstream'),
+        *args,
+        env={**os.environ, **(env or {})},
+        cwd=cwd,  # no .stepstream stack of the checkout's `make run` in the way
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await process.communicate()
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
 
 
 async def run_agents(log: EventLog, conversation: str) -> None:
