@@ -28,7 +28,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 from aiokafka.structs import RecordMetadata
 
-from stepstream.errors import MediaUnavailable, StepStreamError
+from stepstream.errors import MediaUnavailable, SchemaRegistryError, StepStreamError, StepStreamUnavailable
 from stepstream.kafka_client import AUTHORIZATION_ERRORS, access_denied, client_options, connection_error
 from stepstream.media import S3MediaStore
 from stepstream.producer._liveness import CLOSED_WHILE_OPEN, Liveness, unwatch_sigterm, watch_sigterm
@@ -40,7 +40,8 @@ from stepstream.producer._protocol import (
     record_headers,
     topic_of,
 )
-from stepstream.schemas import LogRecord, StepEvent
+from stepstream.schema_registry import SchemaRegistry
+from stepstream.schemas import LogRecord, StepEvent, schema_of, subject_of, to_confluent
 from stepstream.settings import Settings
 from stepstream.telemetry import ack_latency, records_appended
 from stepstream.topics import Position, ensure_topics, murmur2_partition, supports_idempotence, unavailable
@@ -171,6 +172,10 @@ class EventLog:
         self._partition_count = 0
         self._denied: StepStreamError | None = None
         """Set when the broker refused a write for lack of an ACL; raised by every later wait."""
+        self._registry: SchemaRegistry | None = None
+        """Set in registry mode (`schema_registry_url`): records leave in the Confluent wire format."""
+        self._registry_failure: SchemaRegistryError | None = None
+        """Why the registry last failed to give a schema id; None once it gives one."""
 
     _shared: ClassVar[dict[Settings, EventLog]] = {}
 
@@ -230,6 +235,8 @@ class EventLog:
             await producer.stop()
             raise
         self._producer = producer
+        if self.settings.schema_registry_url is not None:
+            self._registry = SchemaRegistry(self.settings)
         self._started = True
         self._resender = asyncio.create_task(self._resend_kept(), name='stepstream-resend')
         self.liveness.bind(asyncio.get_running_loop())
@@ -285,6 +292,9 @@ class EventLog:
                 await resender
         producer, self._producer = self._producer, None
         self._started = False
+        registry, self._registry = self._registry, None
+        if registry is not None:
+            await registry.close()
         if producer is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(producer.stop(), self.settings.ack_timeout_s)
@@ -416,7 +426,7 @@ class EventLog:
             # asyncio.timeout, not wait_for: no extra task per record on the hot path.
             async with asyncio.timeout(self.settings.ack_timeout_s):
                 ack = await self._send(out)
-        except (KafkaError, TimeoutError):
+        except (KafkaError, TimeoutError, SchemaRegistryError):
             return self._keep(out)
         self._pending[ack] = out
         ack.add_done_callback(self._on_ack)
@@ -427,13 +437,47 @@ class EventLog:
         key = out.record.run_id.encode()
         partition = self.partitioner(key, self._partition_count)
         topic = topic_of(out.record, self.settings)
+        value = out.value if self._registry is None else await self._confluent(out, topic)
         sent_at = time.perf_counter()
-        ack: Ack = await self._producer.send(
-            topic, out.value, key=key, headers=out.headers, partition=partition
-        )
+        ack: Ack = await self._producer.send(topic, value, key=key, headers=out.headers, partition=partition)
         records_appended.add(1, _TOPIC_ATTRIBUTES[isinstance(out.record, StepEvent)])
         ack.add_done_callback(functools.partial(_observe_ack, sent_at))
         return ack
+
+    async def _confluent(self, out: _Outgoing, topic: str) -> bytes:
+        """The record in the Confluent wire format, its schema's id asked of the registry once per process.
+
+        Raises `SchemaRegistryError` when the id is not cached and the registry does not give it:
+        the record is then kept and sent again like one the broker did not take.
+        """
+        assert self._registry is not None
+        schema, subject = schema_of(out.record), subject_of(topic)
+        schema_id = self._registry.cached_id(subject, schema)
+        if schema_id is None:
+            try:
+                # Within the send's own timeout, so that a registry that hangs is named as the cause.
+                async with asyncio.timeout(self.settings.ack_timeout_s / 2):
+                    schema_id = await self._registry.id_of(subject, schema)
+            except (SchemaRegistryError, TimeoutError) as exc:
+                self._registry_failure = SchemaRegistryError(
+                    f'{exc if isinstance(exc, SchemaRegistryError) else self._registry_timeout()}. '
+                    f'Records of {schema.name} are kept, and sent once it gives their schema id'
+                )
+                raise self._registry_failure from exc
+            self._registry_failure = None
+        if out.value[2:10] != schema.fingerprint:
+            raise StepStreamError(
+                f'the serializer did not write {schema.name} v{schema.version} in single-object encoding, '
+                'which the registry mode reframes: use the default serializer with a schema registry'
+            )
+        return to_confluent(out.value, schema_id)
+
+    def _registry_timeout(self) -> str:
+        assert self._registry is not None
+        return (
+            f'the schema registry at {self._registry.url} did not answer within '
+            f'{self.settings.ack_timeout_s / 2:g}s: check STEPSTREAM_SCHEMA_REGISTRY_URL'
+        )
 
     def _keep(self, out: _Outgoing) -> Ack:
         """Keep a record the broker did not take, in its run's `seq` order, and wake the resender.
@@ -474,7 +518,7 @@ class EventLog:
                     sent.append(ack)
                 if sent:
                     await asyncio.wait(sent)
-        except (KafkaError, TimeoutError, OSError) as exc:
+        except (KafkaError, TimeoutError, OSError, SchemaRegistryError) as exc:
             logger.debug('stepstream: resending records of run %r failed (%r); retrying', run_id, exc)
 
     def _on_resent(self, entry: _Kept, ack: Ack) -> None:
@@ -512,12 +556,18 @@ class EventLog:
     async def wait_acked(self, acks: Iterable[Ack], *, timeout: float | None = None) -> None:
         """Wait until the broker acknowledged every record in `acks`.
 
-        Raises `StepStreamUnavailable` naming the servers and the timeout when it does not.
+        Raises `StepStreamUnavailable` naming the servers and the timeout when it does not, or
+        `SchemaRegistryError` when the records wait for a schema id the registry did not give.
         """
         acks = list(acks)
         if self._queued:
             await self._hand_over()
-        await await_acks(self.settings, acks, timeout)
+        try:
+            await await_acks(self.settings, acks, timeout)
+        except StepStreamUnavailable as missing:
+            if self._registry_failure is not None:  # the records wait for their schema id, not the broker
+                raise SchemaRegistryError(str(self._registry_failure)) from missing
+            raise
         for ack in acks:
             exc = ack.exception()
             if isinstance(exc, AUTHORIZATION_ERRORS):
@@ -555,6 +605,8 @@ class EventLog:
         except TimeoutError:
             waiting = len(self._pending) + sum(len(kept) for kept in self._kept.values())
             waited = '' if timeout is None else f' (waited {timeout:g}s)'
+            if self._registry_failure is not None:
+                raise SchemaRegistryError(str(self._registry_failure)) from None
             raise unavailable(self.settings, f'did not take {waiting} record(s){waited}') from None
         if self._denied is not None:
             raise self._denied

@@ -277,6 +277,9 @@ class SourceRecord:
     offset: int
     key: bytes | None
     value: bytes | None
+    unreadable: SchemaError | None = None
+    """Why a Confluent wire-format record could not be turned into its single-object form (the
+    value stays as it was in the log); None for every other record (`projector/_wire.py`)."""
 
     @property
     def coordinates(self) -> tuple[int, int, int]:
@@ -501,6 +504,8 @@ class Applier:
             raise Rejected('tombstone', 'a record with no value (a tombstone) on a log topic')
         if source.key is None:
             raise Rejected('no_key', 'a record with no key: log records are keyed by their run_id')
+        if source.unreadable is not None:
+            raise Rejected(source.unreadable.reason, str(source.unreadable))
         read = read_plain(source.value)
         if read is None:
             try:

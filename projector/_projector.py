@@ -50,6 +50,7 @@ from stepstream.projector._store import (
     stored_offsets,
     write_identity,
 )
+from stepstream.projector._wire import WireFormats
 from stepstream.settings import Settings
 from stepstream.telemetry import lag, records_applied, records_dead_lettered, span
 from stepstream.timestamps import micros
@@ -183,6 +184,7 @@ class Projector:
         self._topics = (settings.step_events_topic, settings.tool_effects_topic)
         self._topic_index = {settings.step_events_topic: EVENTS, settings.tool_effects_topic: EFFECTS}
         self._applier: Applier | None = None
+        self._wire: WireFormats | None = None
         self._layout: TopicLayout | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._dlq: AIOKafkaProducer | None = None
@@ -224,6 +226,7 @@ class Projector:
         self._applier = Applier(
             self._topics, partitions=layout.partitions, max_snapshots_per_run=self.max_snapshots_per_run
         )
+        self._wire = WireFormats(self.settings)
         consumer = AIOKafkaConsumer(
             **client_options(self.settings),
             group_id=self.group_id,
@@ -481,6 +484,9 @@ class Projector:
             except TimeoutError:
                 log.warning('the broker did not answer while the projector disconnected; stopping anyway')
         self._consumer = self._dlq = None
+        wire, self._wire = self._wire, None
+        if wire is not None:
+            await wire.close()
         for shard in self._shards.values():
             shard.db.flush()
 
@@ -639,6 +645,12 @@ class Projector:
             )
         if not by_shard:
             return
+        assert self._wire is not None
+        for partition, records in by_shard.items():  # Confluent-framed records, if any, as single-object
+            read = await self._wire.read(records, lambda: self._stopping)
+            if read is None:
+                return  # stopping while the schema registry does not answer: applied on restart
+            by_shard[partition] = read
         with span('stepstream.projector.batch') as current:
             await self._stage_batch(by_shard, current)
 

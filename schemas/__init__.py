@@ -12,6 +12,13 @@ from stepstream.schemas._codec import (
     load_schema_versions,
     schema_of,
 )
+from stepstream.schemas._confluent import (
+    confluent_schema_id,
+    from_confluent,
+    subject_of,
+    to_confluent,
+    version_of_schema,
+)
 from stepstream.schemas._patch import apply_patch, message_json, patch_json, stamp_changes
 from stepstream.schemas._types import (
     EVENT_KINDS,
@@ -61,12 +68,17 @@ __all__ = [
     'ToolEffectStatus',
     'ToolEffectTransition',
     'apply_patch',
+    'confluent_schema_id',
     'decode',
     'encode',
     'encode_with_fastavro',
+    'from_confluent',
     'load_schema_versions',
     'message_json',
     'patch_json',
     'schema_of',
     'stamp_changes',
+    'subject_of',
+    'to_confluent',
+    'version_of_schema',
 ]

@@ -17,7 +17,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from stepstream.errors import MediaUnavailable, NotFound, StepStreamError, StepStreamUnavailable, UsageError
+from stepstream.errors import (
+    MediaUnavailable,
+    NotFound,
+    SchemaRegistryError,
+    StepStreamError,
+    StepStreamUnavailable,
+    UsageError,
+)
 from stepstream.settings import Settings
 
 if TYPE_CHECKING:
@@ -61,6 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return asyncio.run(args.command(args, settings))
     except (UsageError, ValueError) as exc:
         return _fail(exc, EXIT_USAGE)
+    except SchemaRegistryError as exc:  # a refusal is no outage: 1, not 3
+        return _fail(exc, EXIT_FAILED if exc.refused else EXIT_UNAVAILABLE)
     except (StepStreamUnavailable, MediaUnavailable) as exc:
         return _fail(exc, EXIT_UNAVAILABLE)
     except (StepStreamError, LookupError) as exc:
@@ -211,6 +220,22 @@ def _parser() -> argparse.ArgumentParser:
 
     topics = command('topics', _topics, 'Create the topics (idempotent) and check they are co-partitioned.')
     topics.add_argument('action', choices=['ensure'], help='ensure: create what is missing, then check')
+
+    schemas = command(
+        'schemas',
+        _schemas,
+        'Register every committed schema version, in order, in the schema registry (registry mode).',
+    )
+    schemas.add_argument(
+        'action',
+        choices=['register'],
+        help="register: set each topic subject's compatibility, then register its versions oldest first",
+    )
+    schemas.add_argument(
+        '--compatibility',
+        default='FULL_TRANSITIVE',
+        help="the subjects' compatibility level (default FULL_TRANSITIVE: every version reads every other)",
+    )
 
     runs = command('runs', _runs, 'List runs, in the order they started.')
     runs.add_argument('--conversation-id', help='only runs of this conversation')
@@ -549,6 +574,23 @@ async def _topics(args: argparse.Namespace, settings: Settings) -> int:
         f'{settings.step_events_topic}, {settings.tool_effects_topic}, {settings.dlq_topic}: '
         f'{layout.partitions} partitions each'
     )
+    return EXIT_OK
+
+
+async def _schemas(args: argparse.Namespace, settings: Settings) -> int:
+    from stepstream.schema_registry import SchemaRegistry
+    from stepstream.schemas import STEP_EVENT_SCHEMA, TOOL_EFFECT_SCHEMA, load_schema_versions, subject_of
+
+    if settings.schema_registry_url is None:
+        raise UsageError('no schema registry: set STEPSTREAM_SCHEMA_REGISTRY_URL (--schema-registry-url)')
+    versions = load_schema_versions()
+    topics = {settings.step_events_topic: STEP_EVENT_SCHEMA, settings.tool_effects_topic: TOOL_EFFECT_SCHEMA}
+    async with SchemaRegistry(settings) as registry:
+        for topic, newest in topics.items():
+            subject = subject_of(topic)
+            ids = await registry.register_history(subject, versions[newest.name], args.compatibility)
+            listed = ', '.join(f'v{v.version}={i}' for v, i in zip(versions[newest.name], ids, strict=True))
+            print(f'{subject} ({args.compatibility}): {listed}')
     return EXIT_OK
 
 

@@ -85,3 +85,18 @@ class EffectInFlight(NotUnknown):
     the process is gone (its writer still sends heartbeats, say, from a wedged event loop) can
     override with `force` (`stepstream resolve --force`, `"force": true` in the API).
     """
+
+
+class SchemaRegistryError(StepStreamUnavailable):
+    """The schema registry (`STEPSTREAM_SCHEMA_REGISTRY_URL`) did not answer, or refused a request.
+
+    A record whose schema id the producer has not cached cannot be written without it: the record
+    is kept and sent once the registry answers, and the durability point that waits for it fails
+    with this error. The message names the registry, the setting and the registry's answer.
+    `refused` tells a registry that answered no (an incompatible schema, a refused user) from
+    one that did not answer.
+    """
+
+    def __init__(self, message: str, *, refused: bool = False) -> None:
+        super().__init__(message)
+        self.refused = refused

@@ -86,6 +86,19 @@ class Settings:
     """PEM client certificate (chain) for mutual TLS; may also hold the key."""
     ssl_keyfile: str | None = None
     """PEM private key of `ssl_certfile`, when it is not in that file."""
+    schema_registry_url: str | None = None
+    """A Confluent-compatible schema registry (`https://host:port`): set, the producer writes the
+    Confluent wire format (byte 0, the 4-byte schema id, the Avro body) with ids from it, and readers
+    (projector, rebuild, export) resolve such records through it; unset (the default), records are
+    Avro single-object encoded and no registry is used. Readers read both formats either way."""
+    schema_registry_username: str | None = None
+    """HTTP basic-auth user of the schema registry (Confluent Cloud: the API key)."""
+    schema_registry_password: SecretStr | None = field(default=None, repr=False)
+    """Read from `STEPSTREAM_SCHEMA_REGISTRY_PASSWORD` or the file
+    `STEPSTREAM_SCHEMA_REGISTRY_PASSWORD_FILE`, never a flag (Confluent Cloud: the API secret)."""
+    schema_registry_cafile: str | None = None
+    """PEM file of the CA(s) that signed the schema registry's certificate, trusted besides the
+    system's CAs; needs an `https://` registry URL."""
     serve_token: SecretStr | None = field(default=None, repr=False)
     """Bearer token `stepstream serve` requires (from `STEPSTREAM_SERVE_TOKEN` or its `_FILE`, never
     a flag); needed to serve on anything but loopback, and enforced on every request when set."""
@@ -124,6 +137,7 @@ class Settings:
                 f'{_name("trace_url")} must hold {{trace_id}} where the trace id goes, got {self.trace_url!r}'
             )
         self._check_security()
+        self._check_schema_registry()
         if self.s3_cafile and (self.s3_endpoint or '').startswith('http://'):
             raise ValueError(
                 f'{_name("s3_cafile")} is set but {_name("s3_endpoint")} is {self.s3_endpoint}, '
@@ -176,6 +190,36 @@ class Settings:
             )
         if self.ssl_keyfile and not self.ssl_certfile:
             raise ValueError(f'{_name("ssl_keyfile")} is set without {_name("ssl_certfile")}')
+
+    def _check_schema_registry(self) -> None:
+        """Refuse a registry setup that cannot work, naming the variable to change."""
+        url = self.schema_registry_url
+        if url is None:
+            extra = [
+                _name(n)
+                for n in ('schema_registry_username', 'schema_registry_password', 'schema_registry_cafile')
+                if getattr(self, n) is not None
+            ]
+            if extra:
+                raise ValueError(
+                    f'{", ".join(extra)} set without {_name("schema_registry_url")}: set the registry URL, '
+                    'or drop the registry settings'
+                )
+            return
+        if not url.startswith(('http://', 'https://')):
+            raise ValueError(
+                f'{_name("schema_registry_url")} must be an http:// or https:// URL, got {url!r}'
+            )
+        if (self.schema_registry_username is None) != (self.schema_registry_password is None):
+            raise ValueError(
+                f'{_name("schema_registry_username")} and {ENV_PREFIX}SCHEMA_REGISTRY_PASSWORD (or '
+                f'{ENV_PREFIX}SCHEMA_REGISTRY_PASSWORD{FILE_SUFFIX}) go together: set both, or neither'
+            )
+        if self.schema_registry_cafile and not url.startswith('https://'):
+            raise ValueError(
+                f'{_name("schema_registry_cafile")} is set but {_name("schema_registry_url")} is {url}, '
+                'which is not TLS: use an https:// URL, or drop the CA file'
+            )
 
     @property
     def operator_name(self) -> str:
@@ -264,7 +308,9 @@ class Settings:
         return cls.from_env(environ, **parsed)
 
 
-SECRET_FIELDS = frozenset({'sasl_password', 'serve_token', 's3_secret_access_key'})
+SECRET_FIELDS = frozenset(
+    {'sasl_password', 'serve_token', 's3_secret_access_key', 'schema_registry_password'}
+)
 """Fields read only from the environment or a file, hidden from `repr`, and never a CLI flag."""
 
 _TOPIC_CHARS = frozenset('abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-')

@@ -158,3 +158,45 @@ def test_a_ca_file_that_is_missing_or_not_a_certificate_names_the_variable(tmp_p
         settings = Settings(security_protocol='SSL', ssl_cafile=str(cafile))
         with pytest.raises(SecureConnectionError, match=f'STEPSTREAM_SSL_CAFILE=.*{cause}'):
             client_options(settings)
+
+
+def test_registry_settings_round_trip_and_hide_the_password(tmp_path: Path) -> None:
+    secret_file = tmp_path / 'registry-secret'
+    secret_file.write_text('api-secret\n')
+    env = {
+        'STEPSTREAM_SCHEMA_REGISTRY_URL': 'https://psrc-123.eu-west-1.aws.confluent.cloud',
+        'STEPSTREAM_SCHEMA_REGISTRY_USERNAME': 'API_KEY',
+        'STEPSTREAM_SCHEMA_REGISTRY_PASSWORD_FILE': str(secret_file),
+        'STEPSTREAM_SCHEMA_REGISTRY_CAFILE': '/etc/registry/ca.pem',
+    }
+    settings = Settings.from_env(env)
+    assert settings.schema_registry_password is not None
+    assert settings.schema_registry_password.get_secret_value() == 'api-secret'
+    assert 'api-secret' not in repr(settings)
+    assert Settings.from_env(settings.to_env()) == settings
+    parser = argparse.ArgumentParser()
+    Settings.add_arguments(parser)
+    assert '--schema-registry-url' in parser.format_help()
+    assert '--schema-registry-password' not in parser.format_help()
+
+
+@pytest.mark.parametrize(
+    ('fields', 'message'),
+    [
+        ({'schema_registry_url': 'registry:8081'}, 'STEPSTREAM_SCHEMA_REGISTRY_URL .* http:// or https://'),
+        ({'schema_registry_username': 'u'}, 'without STEPSTREAM_SCHEMA_REGISTRY_URL'),
+        (
+            {'schema_registry_url': 'https://r', 'schema_registry_username': 'u'},
+            'SCHEMA_REGISTRY_PASSWORD_FILE\\) go together',
+        ),
+        (
+            {'schema_registry_url': 'http://r:8081', 'schema_registry_cafile': '/ca.pem'},
+            'STEPSTREAM_SCHEMA_REGISTRY_CAFILE .* not TLS',
+        ),
+    ],
+)
+def test_a_registry_setup_that_cannot_work_is_refused_naming_the_variable(
+    fields: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        Settings(**fields)  # type: ignore[arg-type]
