@@ -43,7 +43,11 @@ from pydantic_ai.tools import AgentDepsT, RunContext, ToolDefinition
 
 from stepstream.ids import check_run_id, to_run_id
 from stepstream.media import MediaStore, S3MediaStore, externalize_media
-from stepstream.producer._engines import in_temporal_workflow, refuse_undeclared_engine
+from stepstream.producer._engines import (
+    in_temporal_workflow,
+    refuse_temporal_sandbox_import,
+    refuse_undeclared_engine,
+)
 from stepstream.producer._helpers import current_run
 from stepstream.producer._log import EventLog
 from stepstream.producer._protocol import Ack, StepLog
@@ -280,9 +284,13 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         if agent_name is None and ctx.agent is not None:
             agent_name = ctx.agent.name
         bound = replace(self, run_id=run_id, parent_run_id=parent, agent_name=agent_name)
-        bound._snapshots = SnapshotWriter(self._media(), self.threshold_bytes)
+        # Under an engine the media store is only used by the offload operation (an activity or
+        # step), so workflow code never builds the S3 client.
+        store = None if ctx.in_durable_context else self._media()
+        bound._snapshots = SnapshotWriter(store, self.threshold_bytes)
         bound._writer_id = _writer_id(run_id, ctx.run_id)
         bound._context_run_id = ctx.run_id
+        refuse_temporal_sandbox_import()
         refuse_undeclared_engine(ctx.in_durable_context)
         bound._durable_engine = ctx.in_durable_context
         return bound

@@ -9,6 +9,8 @@ engines' own context (only when the engine is already imported; none of them is 
   write can travel as its arguments. DBOS and Prefect run operations in the workflow's process
   and re-compute their arguments when they recover a run, so the records must first be journaled
   as an operation's *result* (see `StepPersistence._seal_durably`).
+- Was stepstream imported inside Temporal's workflow sandbox instead of passed through?
+  `refuse_temporal_sandbox_import` says what to add.
 - Is an agent run inside an engine's workflow without the durability capability (for example
   under the deprecated `DBOSAgent`/`TemporalAgent`/`PrefectAgent` wrappers)? Its run id is then
   random per attempt and its records are written outside the journal, so a recovered workflow
@@ -18,6 +20,7 @@ engines' own context (only when the engine is already imported; none of them is 
 from __future__ import annotations
 
 import sys
+from datetime import UTC, datetime
 
 from pydantic_ai.exceptions import UserError
 
@@ -72,6 +75,21 @@ def refuse_undeclared_engine(in_durable_context: bool) -> None:
     )
 
 
-def sandbox_hint() -> str:
-    """What to add to a Temporal worker when stepstream is imported inside the workflow sandbox."""
-    return _TEMPORAL_PASSTHROUGH_HINT
+def refuse_temporal_sandbox_import() -> None:
+    """Raise `UserError` in Temporal workflow code when stepstream was imported inside the sandbox.
+
+    The sandbox would re-import stepstream (and aiokafka, fastavro, the S3 client) for every
+    workflow task, give it a fresh, never started `EventLog`, and refuse its clock. Passed
+    through, stepstream is imported once by the worker and its workflow-side code only holds
+    records until the next durable write. A module imported in the sandbox sees the sandbox's
+    restricted `datetime`, which is how this tells the two apart.
+    """
+    if not in_temporal_workflow():
+        return
+    try:
+        datetime.now(UTC)
+    except Exception as restricted:  # temporalio's RestrictedWorkflowAccessError
+        raise UserError(
+            'stepstream was imported inside the Temporal workflow sandbox; pass it through: '
+            + _TEMPORAL_PASSTHROUGH_HINT
+        ) from restricted

@@ -146,8 +146,8 @@ class SnapshotWriter:
     Media is uploaded before `prepare` returns, so a record never refers to a missing object.
     """
 
-    def __init__(self, media_store: MediaStore, threshold_bytes: int) -> None:
-        """Offload values of at least `threshold_bytes` to `media_store`."""
+    def __init__(self, media_store: MediaStore | None, threshold_bytes: int) -> None:
+        """Offload values of at least `threshold_bytes` to `media_store` (or None: by `delta`'s `offload`)."""
         self.media_store = media_store
         self.threshold_bytes = threshold_bytes
         self._deltas = DeltaTracker()
@@ -183,6 +183,7 @@ class SnapshotWriter:
             if offload is not None:
                 lean = await offload(tail)
             else:
+                assert self.media_store is not None, 'a writer without a media store is given `offload`'
                 lean = await externalize_media(tail, self.media_store, self.threshold_bytes)
             tail_json = [message_json(m) for m in lean]
         return SnapshotDelta(
