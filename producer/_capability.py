@@ -9,7 +9,10 @@ records are held until the next durability point and written there by one durabl
 the engine. When the engine recovers a workflow it re-executes the run: the operations that
 already happened return their journaled result instead of writing again, and the run's id,
 writer and `seq` numbering come out the same, so the recovered run continues its own trail
-(docs/decisions/0008-replay-safe-identity.md).
+(docs/decisions/0008-replay-safe-identity.md). A write that runs again sends the same bytes: where
+the engine re-computes an operation's arguments (DBOS, Prefect) the batch is journaled first by a
+`seal` operation, and large values move to the media store in an `offload` operation, never in
+workflow code (docs/decisions/0027-durable-writes-same-bytes.md).
 """
 
 from __future__ import annotations
@@ -262,6 +265,8 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         `run_id`), never random, so that a run re-executed by a durable-execution engine is the
         same run with the same writer.
         """
+        refuse_temporal_sandbox_import()
+        refuse_undeclared_engine(ctx.in_durable_context)
         if self.run_id is not None:
             if self._explicit_run_id_used:
                 raise ValueError(
@@ -290,8 +295,6 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         bound._snapshots = SnapshotWriter(store, self.threshold_bytes)
         bound._writer_id = _writer_id(run_id, ctx.run_id)
         bound._context_run_id = ctx.run_id
-        refuse_temporal_sandbox_import()
-        refuse_undeclared_engine(ctx.in_durable_context)
         bound._durable_engine = ctx.in_durable_context
         return bound
 
