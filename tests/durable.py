@@ -125,10 +125,15 @@ async def assert_write_kill_recovered(
     assert await reader.list_unresolved_tool_effects(run.run_id) == []
 
 
-async def assert_big_run(reader: ProjectionReader, conversation_id: str) -> None:
-    """A run with a 1 MB image input and 200 KB tool outputs: complete, its media restored exactly."""
+async def assert_clean_big_run(
+    reader: ProjectionReader, projector: Projector, event_log: EventLog, conversation_id: str
+) -> RunRecord:
+    """A run without a crash, with a 1 MB image and 200 KB tool outputs: the plain trail, media intact."""
     run, events = await the_run(reader, conversation_id)
+    assert run.agent_name == 'worker'
     assert all(ATTEMPT_KEY not in e.metadata for e in events)
+    assert shape(events) == await trail_without_engine(event_log, projector)
+    assert projector.duplicates_ignored == 0
     for event in events:  # the large values went to the media store, not into records
         assert event.snapshot is None or len(event.snapshot.messages) < 64 * 1024
     snapshot = await reader.latest_snapshot(run.run_id)
@@ -140,3 +145,4 @@ async def assert_big_run(reader: ProjectionReader, conversation_id: str) -> None
     assert len(picture.data) == IMAGE_BYTES and picture.data == image()
     returns = [p for m in requests for p in m.parts if isinstance(p, ToolReturnPart)]
     assert [len(str(r.content)) for r in returns] == [TOOL_OUTPUT_CHARS, TOOL_OUTPUT_CHARS]
+    return run

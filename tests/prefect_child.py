@@ -46,7 +46,7 @@ async def step(ctx: RunContext[None]) -> str:
 
 
 with warnings.catch_warnings():
-    warnings.simplefilter('ignore', DeprecationWarning)
+    warnings.simplefilter('ignore')  # the wrapper's deprecation is the point here
     runner = PrefectAgent(agent) if DEPRECATED else agent  # the deprecated wrapper, which stepstream refuses
 
 

@@ -15,7 +15,7 @@ with workflow.unsafe.imports_passed_through():
 
 log = EventLog(Settings.from_env())
 with warnings.catch_warnings():
-    warnings.simplefilter('ignore', DeprecationWarning)
+    warnings.simplefilter('ignore')  # the wrapper's deprecation is the point here
     agent = TemporalAgent(
         Agent(
             TestModel(), name='deprecated', capabilities=[StepPersistence(log=log, agent_name='deprecated')]

@@ -21,13 +21,10 @@ from stepstream.projector import Projector
 from stepstream.topics import ensure_topics
 
 from durable import (
-    assert_big_run,
+    assert_clean_big_run,
     assert_tool_kill_recovered,
     assert_write_kill_recovered,
     kill_at,
-    shape,
-    the_run,
-    trail_without_engine,
 )
 
 pytest.importorskip('dbos')
@@ -99,27 +96,15 @@ async def test_dbos_recovers_a_run_killed_inside_its_durable_write(
     await assert_write_kill_recovered(projector.reader(), projector, event_log, 'wf-1', effects(tmp_path))
 
 
-async def test_dbos_run_without_a_crash_has_the_plain_trail(
+async def test_dbos_run_without_a_crash_has_the_plain_trail_and_large_media_intact(
     settings: Settings, tmp_path: Path, event_log: EventLog, projector: Projector
-) -> None:
-    await ensure_topics(settings)
-    output = await finish(await child(settings, tmp_path, 'start'))
-    assert 'output answered after 2 tool calls' in output
-    await projector.catch_up()
-    run, events = await the_run(projector.reader(), 'wf-1')
-    assert run.agent_name == 'worker' and run.run_id.startswith('worker-wf-1')
-    assert shape(events) == await trail_without_engine(event_log, projector)
-    assert projector.duplicates_ignored == 0
-
-
-async def test_dbos_run_with_a_large_image_and_large_tool_outputs(
-    settings: Settings, tmp_path: Path, projector: Projector
 ) -> None:
     await ensure_topics(settings)
     output = await finish(await child(settings, tmp_path, 'start', '--big'))
     assert 'output answered after 2 tool calls' in output
     await projector.catch_up()
-    await assert_big_run(projector.reader(), 'wf-1')
+    run = await assert_clean_big_run(projector.reader(), projector, event_log, 'wf-1')
+    assert run.run_id.startswith('worker-wf-1')
 
 
 async def test_deprecated_dbos_agent_is_refused_with_what_to_use(settings: Settings, tmp_path: Path) -> None:

@@ -25,13 +25,10 @@ from stepstream.projector import Projector
 from stepstream.topics import ensure_topics
 
 from durable import (
-    assert_big_run,
+    assert_clean_big_run,
     assert_tool_kill_recovered,
     assert_write_kill_recovered,
     kill_at,
-    shape,
-    the_run,
-    trail_without_engine,
 )
 from engines import prefect_server
 
@@ -123,27 +120,15 @@ async def test_prefect_recovers_a_flow_run_killed_inside_a_durable_write(
     )
 
 
-async def test_prefect_run_without_a_crash_has_the_plain_trail(
+async def test_prefect_run_without_a_crash_has_the_plain_trail_and_large_media_intact(
     settings: Settings, prefect: dict[str, str], tmp_path: Path, event_log: EventLog, projector: Projector
-) -> None:
-    await ensure_topics(settings)
-    output = await finish(await child(settings, prefect, tmp_path, 'start'))
-    assert 'output answered after 2 tool calls' in output
-    await projector.catch_up()
-    run, events = await the_run(projector.reader(), conversation(tmp_path))
-    assert run.agent_name == 'worker'
-    assert shape(events) == await trail_without_engine(event_log, projector)
-    assert projector.duplicates_ignored == 0
-
-
-async def test_prefect_run_with_a_large_image_and_large_tool_outputs(
-    settings: Settings, prefect: dict[str, str], tmp_path: Path, projector: Projector
 ) -> None:
     await ensure_topics(settings)
     output = await finish(await child(settings, prefect, tmp_path, 'start', '--big'))
     assert 'output answered after 2 tool calls' in output
     await projector.catch_up()
-    await assert_big_run(projector.reader(), conversation(tmp_path))
+    run = await assert_clean_big_run(projector.reader(), projector, event_log, conversation(tmp_path))
+    assert run.conversation_id == conversation(tmp_path)
 
 
 async def test_deprecated_prefect_agent_is_refused_with_what_to_use(
