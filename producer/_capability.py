@@ -9,12 +9,16 @@ records are held until the next durability point and written there by one durabl
 the engine. When the engine recovers a workflow it re-executes the run: the operations that
 already happened return their journaled result instead of writing again, and the run's id,
 writer and `seq` numbering come out the same, so the recovered run continues its own trail
-(docs/decisions/0008-replay-safe-identity.md).
+(docs/decisions/0008-replay-safe-identity.md). A write that runs again sends the same bytes: where
+the engine re-computes an operation's arguments (DBOS, Prefect) the batch is journaled first by a
+`seal` operation, and large values move to the media store in an `offload` operation, never in
+workflow code (docs/decisions/0027-durable-writes-same-bytes.md).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import secrets
@@ -41,7 +45,12 @@ from pydantic_ai.run import AgentRunResult
 from pydantic_ai.tools import AgentDepsT, RunContext, ToolDefinition
 
 from stepstream.ids import check_run_id, to_run_id
-from stepstream.media import MediaStore, S3MediaStore
+from stepstream.media import MediaStore, S3MediaStore, externalize_media
+from stepstream.producer._engines import (
+    in_temporal_workflow,
+    refuse_temporal_sandbox_import,
+    refuse_undeclared_engine,
+)
 from stepstream.producer._helpers import current_run
 from stepstream.producer._liveness import OpenRun
 from stepstream.producer._log import EventLog
@@ -64,8 +73,14 @@ logger = logging.getLogger('stepstream.producer')
 ATTEMPT_KEY = 'stepstream.attempt'
 """Metadata key on the events a recovered attempt writes: which attempt of the run wrote them."""
 
-_THIS_PROCESS = secrets.token_hex(8)
-"""Tells the processes that executed a run's durable operations apart (see `Attempt`)."""
+
+@functools.cache
+def _this_process() -> str:
+    """Tells the processes that executed a run's durable operations apart (see `Attempt`).
+
+    Drawn on first use, not at import: Temporal's workflow sandbox refuses randomness at import.
+    """
+    return secrets.token_hex(8)
 
 
 @dataclass(frozen=True)
@@ -82,12 +97,15 @@ class Attempt:
 
     def next_write(self) -> Attempt:
         """The attempt that performs a write in this process after this one."""
-        if self.process == _THIS_PROCESS:
+        if self.process == _this_process():
             return self
-        return Attempt(_THIS_PROCESS, self.number + 1)
+        return Attempt(_this_process(), self.number + 1)
 
+    @staticmethod
+    def first() -> Attempt:
+        """The attempt that performs a run's first write, in this process."""
+        return Attempt(_this_process(), 1)
 
-_FIRST_ATTEMPT = Attempt(_THIS_PROCESS, 1)
 
 MAX_ERROR_CHARS = 8192
 """The longest error text a `run_failed` record carries (the rest is cut, and says how much)."""
@@ -163,6 +181,8 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
     _durable_engine: bool = field(default=False, init=False, repr=False)
     _held: list[LogRecord] = field(default_factory=list, init=False, repr=False)
     _attempt: Attempt | None = field(default=None, init=False, repr=False)
+    _sealing: list[LogRecord] = field(default_factory=list, init=False, repr=False)
+    """The batch `_seal_durably` journals, handed over outside its arguments."""
     _context_run_id: str | None = field(default=None, init=False, repr=False)
     _open_calls: dict[str, int] = field(default_factory=dict, init=False, repr=False)
     """Tool calls recorded as started, with when their body began (`time.perf_counter_ns`)."""
@@ -251,6 +271,8 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         `run_id`), never random, so that a run re-executed by a durable-execution engine is the
         same run with the same writer.
         """
+        refuse_temporal_sandbox_import()
+        refuse_undeclared_engine(ctx.in_durable_context)
         if self.run_id is not None:
             if self._explicit_run_id_used:
                 raise ValueError(
@@ -273,7 +295,10 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         if agent_name is None and ctx.agent is not None:
             agent_name = ctx.agent.name
         bound = replace(self, run_id=run_id, parent_run_id=parent, agent_name=agent_name)
-        bound._snapshots = SnapshotWriter(self._media(), self.threshold_bytes)
+        # Under an engine the media store is only used by the offload operation (an activity or
+        # step), so workflow code never builds the S3 client.
+        store = None if ctx.in_durable_context else self._media()
+        bound._snapshots = SnapshotWriter(store, self.threshold_bytes)
         bound._writer_id = _writer_id(run_id, ctx.run_id)
         bound._context_run_id = ctx.run_id
         bound._durable_engine = ctx.in_durable_context
@@ -311,7 +336,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
             self._unacked.append(await self.log.send(record, value))
 
     def _event_metadata(self) -> dict[str, str]:
-        attempt = self._attempt.next_write() if self._attempt is not None else _FIRST_ATTEMPT
+        attempt = self._attempt.next_write() if self._attempt is not None else Attempt.first()
         if attempt.number == 1:
             return self.metadata
         return {**self.metadata, ATTEMPT_KEY: str(attempt.number)}
@@ -417,10 +442,52 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         with span('stepstream.durability_point', attributes={'stepstream.run_id': self.run_id or ''}):
             if self._durable_engine:
                 held, self._held = self._held, []
+                if held and not in_temporal_workflow():
+                    # DBOS and Prefect re-compute an operation's arguments when they recover a run:
+                    # journal the batch as a result first, so that a write run again sends it again
+                    # byte for byte (and, on Prefect, is recognised by its arguments).
+                    self._sealing = held
+                    try:
+                        held = await self._seal_durably(ctx, held[0].seq, len(held))
+                    finally:
+                        self._sealing = []
                 self._attempt = await self._write_durably(ctx, held, self._attempt)
                 return
             unacked, self._unacked = self._unacked, []
             await self.log.wait_acked(unacked)
+
+    @durable_operation('seal')
+    async def _seal_durably(
+        self, ctx: RunContext[Any], first_seq: int, count: int
+    ) -> list[StepEvent | ToolEffectTransition]:
+        """Journal the batch of records `first_seq .. first_seq + count - 1` as this operation's result.
+
+        Their timestamps, durations and attempt marks were decided by this execution of the run;
+        an engine that recovers the run returns the journaled batch instead, so the write that
+        follows (and its retries) sends what the first execution decided. The records travel on
+        the capability, not as arguments: the arguments, which Prefect hashes into the
+        operation's cache key, are the same on every execution.
+        """
+        sealing = self._sealing
+        if not sealing or sealing[0].seq != first_seq or len(sealing) != count:
+            raise RuntimeError(
+                'stepstream: the seal operation ran outside the process of its run; it needs an engine '
+                'that runs operations in the workflow process (DBOS, Prefect)'
+            )
+        return list(sealing)
+
+    @durable_operation('offload')
+    async def _offload_durably(
+        self, ctx: RunContext[Any], messages: list[ModelMessage]
+    ) -> list[ModelMessage]:
+        """Move the large values of `messages` to the media store: I/O, so an operation of the engine.
+
+        Under Temporal this is an activity (the walk uses a worker thread and the upload is I/O,
+        neither allowed in workflow code); under DBOS and Prefect a step or task, whose journaled
+        result (the lean messages, references in place) a recovered run reuses. The references are
+        content addresses, so an upload that runs again stores the same objects.
+        """
+        return await externalize_media(messages, self._media(), self.threshold_bytes)
 
     @durable_operation('write')
     async def _write_durably(
@@ -438,7 +505,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         """
         acks = [await self.log.append(record) for record in records]
         await self.log.wait_acked(acks)
-        return previous.next_write() if previous is not None else _FIRST_ATTEMPT
+        return previous.next_write() if previous is not None else Attempt.first()
 
     async def _snapshot(
         self,
@@ -460,7 +527,8 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         if (settled_only and not plan.valid) or (changed_only and writer.unchanged(plan)):
             return
         snapshot_seq = self._snapshot_seq
-        delta = await writer.delta(plan, snapshot_seq)
+        offload = functools.partial(self._offload_durably, ctx) if self._durable_engine else None
+        delta = await writer.delta(plan, snapshot_seq, offload=offload)
         state = delta.state
         await self._event(ctx, 'snapshot_saved', snapshot=delta)
         self._snapshot_seq += 1  # only once the record is accepted, like its `seq`

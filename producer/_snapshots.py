@@ -9,7 +9,7 @@ docs/decisions/0019-snapshot-patches.md.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +18,9 @@ from pydantic_ai.messages import ModelMessage
 from stepstream.media import MediaStore, externalize_media
 from stepstream.producer._helpers import ToolCallScan
 from stepstream.schemas import SnapshotDelta, SnapshotState, message_json, patch_json, stamp_changes
+
+Offload = Callable[[list[ModelMessage]], Awaitable[list[ModelMessage]]]
+"""Moves the large values of messages to the media store; returns the lean messages."""
 
 RECENT = 2
 """How many of a snapshot's last messages the next delta compares by JSON (see DeltaTracker)."""
@@ -143,8 +146,8 @@ class SnapshotWriter:
     Media is uploaded before `prepare` returns, so a record never refers to a missing object.
     """
 
-    def __init__(self, media_store: MediaStore, threshold_bytes: int) -> None:
-        """Offload values of at least `threshold_bytes` to `media_store`."""
+    def __init__(self, media_store: MediaStore | None, threshold_bytes: int) -> None:
+        """Offload values of at least `threshold_bytes` to `media_store` (or None: by `delta`'s `offload`)."""
         self.media_store = media_store
         self.threshold_bytes = threshold_bytes
         self._deltas = DeltaTracker()
@@ -157,8 +160,15 @@ class SnapshotWriter:
         """True when `plan` would save exactly the last committed snapshot again."""
         return self._deltas.unchanged(plan)
 
-    async def delta(self, plan: SnapshotPlan, snapshot_seq: int) -> SnapshotDelta:
-        """The record payload of `plan`, after its large values reached the media store."""
+    async def delta(
+        self, plan: SnapshotPlan, snapshot_seq: int, *, offload: Offload | None = None
+    ) -> SnapshotDelta:
+        """The record payload of `plan`, after its large values reached the media store.
+
+        `offload` moves a tail's large values (default: `externalize_media` into this writer's
+        store); under a durable-execution engine the capability passes its durable operation, so
+        the walk and the upload run as the engine's activity or step, never in workflow code.
+        """
         state: SnapshotState = 'complete' if plan.valid else 'interrupted'
         prefix_len, tail_json, patch = plan.prefix_len, plan.tail_json, patch_json(plan.patch)
         if patch is not None and len(patch) >= self.threshold_bytes:
@@ -169,7 +179,12 @@ class SnapshotWriter:
         # A value at or above the threshold makes its message's JSON at least that long, so only
         # such tails pay for the walk (in a worker thread) and the upload.
         if any(len(m) >= self.threshold_bytes for m in tail_json):
-            lean = await externalize_media(plan.messages[prefix_len:], self.media_store, self.threshold_bytes)
+            tail = list(plan.messages[prefix_len:])
+            if offload is not None:
+                lean = await offload(tail)
+            else:
+                assert self.media_store is not None, 'a writer without a media store is given `offload`'
+                lean = await externalize_media(tail, self.media_store, self.threshold_bytes)
             tail_json = [message_json(m) for m in lean]
         return SnapshotDelta(
             snapshot_seq=snapshot_seq,

@@ -66,12 +66,20 @@ BROKER_INDEPENDENT = {
 """Modules that never talk to Kafka, and the explorer's browser tests (what a page shows does not
 depend on the broker; test_serve checks the API on both): run once, in the Tansu pass."""
 
+ENGINE_BOUND = {'test_durable_exec', 'test_durable_temporal', 'test_durable_prefect'}
+"""The durable-execution engines' tests: what they prove is what each engine journals and replays
+(the broker only stores what the processes send), and each starts processes and servers for a
+minute or more, so they run once, in the Tansu pass."""
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if BROKER != 'kafka':
         return
     skip = pytest.mark.skip(reason='does not touch the broker: it runs in the Tansu pass')
+    skip_engine = pytest.mark.skip(reason="tests an engine's journal, not the broker: runs in the Tansu pass")
     for item in items:
         module = getattr(item, 'module', None)
         if module is not None and module.__name__ in BROKER_INDEPENDENT:
             item.add_marker(skip)
+        elif module is not None and module.__name__ in ENGINE_BOUND:
+            item.add_marker(skip_engine)

@@ -1,0 +1,95 @@
+"""What the capability needs to know about the durable-execution engine it runs under.
+
+The capability talks to every engine through Pydantic AI's engine-neutral `@durable_operation`
+surface. Two questions that surface does not answer are answered here, by looking at the
+engines' own context (only when the engine is already imported; none of them is a dependency):
+
+- Is this workflow code of an engine that journals an operation's *inputs*? Temporal records an
+  activity's arguments in the workflow history and retries it with them, so the records of a
+  write can travel as its arguments. DBOS and Prefect run operations in the workflow's process
+  and re-compute their arguments when they recover a run, so the records must first be journaled
+  as an operation's *result* (see `StepPersistence._seal_durably`).
+- Was stepstream imported inside Temporal's workflow sandbox instead of passed through?
+  `refuse_temporal_sandbox_import` says what to add.
+- Is an agent run inside an engine's workflow without the durability capability (for example
+  under the deprecated `DBOSAgent`/`TemporalAgent`/`PrefectAgent` wrappers)? Its run id is then
+  random per attempt and its records are written outside the journal, so a recovered workflow
+  would show as a second run; `refuse_undeclared_engine` says so before anything is written.
+"""
+
+from __future__ import annotations
+
+import sys
+from datetime import UTC, datetime
+
+from pydantic_ai.exceptions import UserError
+
+_TEMPORAL_PASSTHROUGH_HINT = (
+    "import stepstream inside `with workflow.unsafe.imports_passed_through():` in the workflow's module, "
+    'or give the worker `workflow_runner=SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default'
+    ".with_passthrough_modules('stepstream'))`"
+)
+"""What a Temporal user adds so that stepstream (and its one `EventLog`) is not re-imported per workflow."""
+
+
+def in_temporal_workflow() -> bool:
+    """True in Temporal workflow code (not in an activity), where operation inputs are journaled."""
+    workflow = sys.modules.get('temporalio.workflow')
+    return workflow is not None and bool(workflow.in_workflow())
+
+
+def workflow_engine() -> str | None:
+    """The engine whose workflow (or flow) code is running now, if any; None in its steps and tasks."""
+    if in_temporal_workflow():
+        return 'Temporal'
+    dbos = sys.modules.get('dbos')
+    if dbos is not None and dbos.DBOS.workflow_id is not None and dbos.DBOS.step_id is None:
+        return 'DBOS'
+    prefect_context = sys.modules.get('prefect.context')
+    if (
+        prefect_context is not None
+        and prefect_context.FlowRunContext.get() is not None
+        and prefect_context.TaskRunContext.get() is None
+    ):
+        return 'Prefect'
+    return None
+
+
+def refuse_undeclared_engine(in_durable_context: bool) -> None:
+    """Raise `UserError` for a run in an engine's workflow code whose agent has no durability capability.
+
+    Such a run (the deprecated `DBOSAgent`, `TemporalAgent` and `PrefectAgent` wrappers, or a plain
+    agent called from a workflow) draws a random run id on every attempt and writes outside the
+    engine's journal, so a recovered workflow would show as two runs with the first one never ended.
+    """
+    if in_durable_context:
+        return
+    engine = workflow_engine()
+    if engine is None:
+        return
+    capability = f'{engine}Durability'
+    raise UserError(
+        f'StepPersistence runs in {engine} workflow code, but the agent has no `{capability}` capability '
+        f'(the deprecated `{engine}Agent` wrapper does not provide one): a recovered workflow would be '
+        f'recorded as a second run. Use `Agent(..., capabilities=[StepPersistence(...), {capability}()])`.'
+    )
+
+
+def refuse_temporal_sandbox_import() -> None:
+    """Raise `UserError` in Temporal workflow code when stepstream was imported inside the sandbox.
+
+    The sandbox would re-import stepstream (and aiokafka, fastavro, the S3 client) for every
+    workflow task, give it a fresh, never started `EventLog`, and refuse its clock. Passed
+    through, stepstream is imported once by the worker and its workflow-side code only holds
+    records until the next durable write. A module imported in the sandbox sees the sandbox's
+    restricted `datetime`, which is how this tells the two apart.
+    """
+    if not in_temporal_workflow():
+        return
+    try:
+        datetime.now(UTC)
+    except Exception as restricted:  # temporalio's RestrictedWorkflowAccessError
+        raise UserError(
+            'stepstream was imported inside the Temporal workflow sandbox; pass it through: '
+            + _TEMPORAL_PASSTHROUGH_HINT
+        ) from restricted
