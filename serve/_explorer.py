@@ -135,7 +135,7 @@ async def snapshot(request: Request, run_id: str, snapshot_seq: int) -> Response
         'snapshot.html',
         run=record,
         snapshot=snap,
-        messages=message_views(snap.messages),
+        history=message_views(snap.messages),
         snapshots=summaries,
     )
 
@@ -212,6 +212,20 @@ async def status(request: Request, rows: bool = False) -> Response:
         dlq=await source.dead_letters(50),
         conflicts=await source.conflicts(),
     )
+
+
+@router.get('/docs')
+async def docs(request: Request) -> Response:
+    """The API's interactive docs: Swagger UI over `/openapi.json`, from this service's own files."""
+    from stepstream.serve._app import swagger_ui_assets
+
+    if swagger_ui_assets() is None:
+        return error_page(
+            request,
+            404,
+            "the API docs need Swagger UI's files: pip install 'stepstream[serve]' (swagger-ui-py)",
+        )
+    return _page(request, 'docs.html')
 
 
 @router.get('/login')

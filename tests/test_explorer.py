@@ -238,3 +238,81 @@ async def test_resolving_an_unknown_effect_changes_the_page(
     await page.goto('/unresolved')
     await expect(page.locator(f'table.unresolved tr[data-run-id="{served.crashed_run}"]')).to_be_visible()
     await expect(page.locator(f'table.unresolved tr[data-run-id="{run_id}"]')).to_have_count(0)
+
+
+SERVER_ERROR_SIGNS = ('Internal Server Error', 'Traceback (most recent call last)', 'jinja2.exceptions')
+
+
+async def test_every_link_from_the_runs_list_answers(served: Served, page: Page) -> None:
+    """A crawler: from the runs list, follow every same-origin link (pages, API, media), breadth first.
+
+    The projection holds the demo-like runs (an orchestrator, its delegates, a cancelled publisher
+    with an unknown effect), an image, a failed run, a long run and a resolved effect. Every
+    response must be a 200 and no page may show a server error.
+    """
+    variety = await served.add_variety()
+    origin = served.url.rstrip('/')
+    queue, seen = ['/'], {'/'}
+    failures: list[str] = []
+    kinds: set[str] = set()
+    while queue:
+        path = queue.pop(0)
+        response = await page.request.get(origin + path)
+        body = await response.text()
+        if response.status != 200:
+            failures.append(f'{path}: {response.status} {body[:200]}')
+            continue
+        if any(sign in body for sign in SERVER_ERROR_SIGNS):
+            failures.append(f'{path}: shows a server error')
+            continue
+        kinds.add(_kind(path))
+        if not response.headers.get('content-type', '').startswith('text/html'):
+            continue
+        await page.goto(path)  # drawn in the browser too: scripts run, images load
+        hrefs = await page.eval_on_selector_all('a[href], img[src]', 'els => els.map(e => e.href || e.src)')
+        for href in hrefs:
+            if not href.startswith(origin + '/'):
+                continue
+            link = href[len(origin) :].split('#', 1)[0]
+            if link and link not in seen:
+                seen.add(link)
+                queue.append(link)
+    assert not failures, failures
+    for run_id in (*variety.values(), served.orchestrator_run, served.image_run, served.crashed_run):
+        assert f'/runs/{run_id}' in seen, run_id
+    expected = {
+        'runs',
+        'run',
+        'snapshot',
+        'diff',
+        'conversation',
+        'unresolved',
+        'status',
+        'api',
+        'docs',
+        'media',
+    }
+    assert expected <= kinds, expected - kinds
+
+    await page.goto('/docs')  # Swagger UI, from this service's own files, draws the schema
+    await expect(page.locator('.swagger-ui .info .title')).to_contain_text('stepstream')
+    await expect(page.locator('.opblock-summary-path[data-path="/api/runs"]').first).to_be_visible()
+
+
+def _kind(path: str) -> str:
+    """Which kind of page a path is, for the crawler's account of what it reached."""
+    if path.startswith('/api/media/'):
+        return 'media'
+    if path.startswith(('/api/', '/openapi.json')):
+        return 'api'
+    if path.startswith('/?conversation_id='):
+        return 'conversation'
+    if path in ('/', '') or path.startswith('/?'):
+        return 'runs'
+    if '/snapshots/' in path:
+        return 'snapshot'
+    if path.startswith('/runs/') and '/diff' in path:
+        return 'diff'
+    if path.startswith('/runs/'):
+        return 'run'
+    return path.strip('/').split('/')[0].split('?')[0]
