@@ -6,6 +6,7 @@ import asyncio
 import heapq
 import itertools
 import json
+import os
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ from stepstream.projector._store import (
     read_identity,
     scan,
     shard_paths,
+    shard_writer,
     stored_offsets,
 )
 from stepstream.schemas import (
@@ -577,11 +579,13 @@ class ProjectionReader:
             rate, updated, conflicts, parked = 0.0, None, 0, 0
             identities = []
             now = datetime.now(UTC)
-            for db in self._shards.values():
+            last_batch: dict[int, datetime | None] = {}
+            for partition, db in self._shards.items():
                 offsets.update(
                     {(tp.topic, tp.partition): offset for tp, offset in stored_offsets(db).items()}
                 )
                 progress = json.loads(db.get(PROGRESS) or b'{}')
+                last_batch[partition] = _ts(int(progress['at'])) if progress.get('at') is not None else None
                 if progress.get('at') is not None:
                     updated = max(updated or 0, int(progress['at']))
                     # The rate is over the ten seconds before the shard's last batch: once that
@@ -614,9 +618,18 @@ class ProjectionReader:
                 max_snapshots_per_run=identity.max_snapshots_per_run if identity is not None else None,
                 shards=sorted(self._shards),
                 missing_shards=missing,
+                writers=self._writers(),
+                last_batch_at=dict(sorted(last_batch.items())),
             )
 
         return await self._query(query)
+
+    def _writers(self) -> dict[int, int | None]:
+        """Partition -> pid of the projector applying the shard (this process, for its own reader)."""
+        if self._root is None:
+            return {p: os.getpid() for p in sorted(self._shards)}
+        paths = shard_paths(self._root)
+        return {p: shard_writer(paths[p]) if p in paths else None for p in sorted(self._shards)}
 
     async def get_tool_effect(self, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
         """The merged effect record of one tool call, or None."""
@@ -763,6 +776,10 @@ class ProjectionStatus:
     """The partition numbers whose shards this reader sees."""
     missing_shards: list[int] = field(default_factory=list)
     """Partitions with no shard here (moving, on another host's member, or not made yet)."""
+    writers: dict[int, int | None] = field(default_factory=dict)
+    """Partition -> the pid of the projector applying its shard now; None: no projector does."""
+    last_batch_at: dict[int, datetime | None] = field(default_factory=dict)
+    """Partition -> when its projector last committed a batch to the shard."""
 
 
 @dataclass(kw_only=True)

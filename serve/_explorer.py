@@ -7,6 +7,7 @@ the resolve form of an unknown effect (same origin only).
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import parse_qs, quote, urlencode, urlsplit
@@ -31,7 +32,16 @@ def trace_href(template: str | None, trace_id: str | None, span_id: str | None) 
     )
 
 
+def ago(ts: datetime | None) -> str:
+    """How long ago `ts` was, for a person (`3.2 s ago`), or `never`."""
+    if ts is None:
+        return 'never'
+    seconds = max((datetime.now(UTC) - ts).total_seconds(), 0.0)
+    return f'{seconds:.1f} s ago' if seconds < 120 else f'{seconds / 60:.0f} min ago'
+
+
 templates.env.globals['trace_href'] = trace_href
+templates.env.globals['ago'] = ago
 router = APIRouter(include_in_schema=False, default_response_class=HTMLResponse)
 STATUSES = ('running', 'stale', 'completed', 'failed', 'cancelled')
 

@@ -111,7 +111,9 @@ def _parser() -> argparse.ArgumentParser:
 
     demo = command('demo', _demo, 'Run the multi-agent demo on the embedded stack (started if it is not up).')
     demo.add_argument(
-        '--serve', action='store_true', help='then serve the run explorer on 127.0.0.1:8321 until Ctrl-C'
+        '--serve',
+        action='store_true',
+        help='kept for old scripts: the stack serves the run explorer already (its URL is printed)',
     )
 
     stack = sub.add_parser(
@@ -311,10 +313,12 @@ async def _demo(args: argparse.Namespace, settings: Settings) -> int:
     from stepstream.demo import run_demo
     from stepstream.stack import stack_environ, stack_up
 
-    await asyncio.to_thread(stack_up, args.stack_dir, broker=None, quiet=True)
+    running = await asyncio.to_thread(stack_up, args.stack_dir, broker=None, quiet=True)
     # As every command: flags, then variables, then the stack's settings (now that it is up).
     demo_settings = Settings.from_args(args, stack_environ(args.stack_dir))
-    await run_demo(demo_settings, stack_dir=args.stack_dir, serve_port=8321 if args.serve else None)
+    await run_demo(demo_settings, stack_dir=args.stack_dir)
+    if running.explorer_url is not None:
+        print(f'\nRun explorer (served by the stack): {running.explorer_url}')
     return EXIT_OK
 
 

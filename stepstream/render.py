@@ -6,7 +6,7 @@ import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from stepstream.schemas import RunRecord, StepEvent, ToolEffectRecord
@@ -220,14 +220,36 @@ def status_json(status: ProjectionStatus, applied: Offsets, ends: Offsets) -> st
     return to_json({'partitions': partitions, 'total_lag': total, **figures})
 
 
+def applier(status: ProjectionStatus, partition: int) -> tuple[str, str]:
+    """Who applies a partition's shard (`pid N` or `none`) and how long ago it last committed."""
+    pid = status.writers.get(partition)
+    at = status.last_batch_at.get(partition)
+    ago = 'never' if at is None else f'{max((datetime.now(UTC) - at).total_seconds(), 0):.1f} s ago'
+    return ('none' if pid is None else f'pid {pid}'), ago
+
+
 def status_text(status: ProjectionStatus, applied: Offsets, ends: Offsets, settings: Settings) -> str:
     """`stepstream status`: the lag table and one line per figure."""
     rows = [
-        (topic, partition, offset, ends[topic, partition], max(ends[topic, partition] - offset, 0))
+        (
+            topic,
+            partition,
+            offset,
+            ends[topic, partition],
+            max(ends[topic, partition] - offset, 0),
+            *applier(status, partition),
+        )
         for (topic, partition), offset in applied.items()
     ]
-    lines = [table(['topic', 'partition', 'applied', 'end', 'lag'], rows), '']
-    lines.append(f'total lag: {sum(r[4] for r in rows)} records')
+    headers = ['topic', 'partition', 'applied', 'end', 'lag', 'projector', 'last batch']
+    lines = [table(headers, rows), '']
+    lines.append(f'total lag: {sum(int(r[4]) for r in rows)} records')
+    idle = sorted({p for p, pid in status.writers.items() if pid is None})
+    if idle:
+        lines.append(
+            f'no projector applies partition(s) {idle}: nothing new shows in the views until one runs '
+            '(`stepstream stack up` starts one; or `stepstream projector`)'
+        )
     when = _time(status.updated_at) if status.updated_at else 'never'
     lines.append(f'applied: {status.applied_per_second:g} records/s (last batch at {when})')
     reasons = ', '.join(f'{reason} {count}' for reason, count in status.dead_lettered_by_reason.items())

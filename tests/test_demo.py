@@ -5,10 +5,17 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+
+T = TypeVar('T')
 
 STEPSTREAM = str(Path(sys.executable).parent / 'stepstream')
 
@@ -25,7 +32,30 @@ def stepstream(cwd: Path, *args: str, check: bool = True) -> subprocess.Complete
     return done
 
 
+def status_json(cwd: Path) -> dict[str, Any]:
+    found: dict[str, Any] = json.loads(stepstream(cwd, 'status', '--json').stdout)
+    return found
+
+
+def until(what: str, check: Callable[[], T | None], timeout: float = 120.0) -> T:
+    """Poll `check` until it returns something (the projection, a process table), or fail naming `what`."""
+    deadline = time.monotonic() + timeout
+    while (found := check()) is None:
+        assert time.monotonic() < deadline, f'{what} did not happen within {timeout:g}s'
+        time.sleep(0.2)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f'/proc/{pid}').exists() and 'Z' not in Path(f'/proc/{pid}/stat').read_text().split()[2]
+
+
 def test_demo_then_status_rebuild_verify_and_stack_down(tmp_path: Path) -> None:
+    children: list[int] = []
     try:
         up = stepstream(tmp_path, 'stack', 'up').stdout
         assert 'stack up (pid' in up and 'stepstream stack down' in up
@@ -33,27 +63,60 @@ def test_demo_then_status_rebuild_verify_and_stack_down(tmp_path: Path) -> None:
         assert (tmp_path / '.stepstream' / 'stack.env').stat().st_mode & 0o777 == 0o600
         pid_line = next(line for line in up.splitlines() if line.startswith('stack up (pid'))
         assert stepstream(tmp_path, 'stack', 'up').stdout.startswith(f'already running: {pid_line}')
+        url = up.split('run explorer: ')[1].split()[0]
+        assert url.startswith('http://127.0.0.1:')
+        with httpx.Client(base_url=url, timeout=30) as http:
+            assert http.get('/').status_code == 200  # the stack serves the explorer at the printed URL
 
-        first = stepstream(tmp_path, 'demo').stdout
-        assert '1 orchestrator run(s)' in first
-        lineage = first.split('== lineage')[1].split('== events')[0]
-        assert '[orchestrator, completed]' in lineage
-        assert '├── researcher-' in lineage and '[researcher, completed]' in lineage
-        assert '└── publisher-' in lineage and '[publisher, stale]' in lineage  # heartbeats stopped
-        assert 'waiting up to 2 s for publisher-' in first
-        unresolved = first.split('== unresolved tool effects')[1]
-        assert 'send_announcement' in unresolved and 'unknown_after_crash' in unresolved
-        assert 'announce:#releases' in unresolved
-        assert first.rstrip().endswith('Stop it: stepstream stack down')
+            first = stepstream(tmp_path, 'demo').stdout
+            assert '1 orchestrator run(s)' in first
+            answer = first.split('orchestrator answered: ')[1].splitlines()[0]
+            assert 'publishing was interrupted' in answer and 'killed' in answer  # not "published"
+            lineage = first.split('== lineage')[1].split('== this demo')[0]
+            assert '[orchestrator, completed]' in lineage
+            assert '├── researcher-' in lineage and '[researcher, completed]' in lineage
+            assert '└── publisher-' in lineage and '[publisher, stale]' in lineage  # heartbeats stopped
+            assert 'waiting up to 2 s for publisher-' in first
+            costs = first.split("== this demo's runs")[1].split('== events')[0]
+            assert costs.count('$0.0') == 3  # the demo model has a price: every run shows a cost
+            assert 'tool_call_failed         search_docs' in first  # one tool fails, and shows so
+            unresolved = first.split('== unresolved tool effects')[1]
+            assert 'send_announcement' in unresolved and 'unknown_after_crash' in unresolved
+            assert 'announce:#releases' in unresolved
+            assert f'Run explorer (served by the stack): {url}' in first
 
-        # The log is durable under .stepstream: remove the projection and it is rebuilt.
-        shutil.rmtree(tmp_path / '.stepstream' / 'projection')
-        second = stepstream(tmp_path, 'demo').stdout
-        assert '2 orchestrator run(s)' in second
-        first_orchestrator = lineage.splitlines()[1].split()[0]
-        assert first_orchestrator.startswith('orchestrator-') and first_orchestrator in second
-        unresolved_rows = second.split('== unresolved tool effects')[1].split('\n\n')[0].splitlines()[3:]
-        assert len(unresolved_rows) == 2 and all('unknown_after_crash' in row for row in unresolved_rows)
+            # The stack's projector applies every partition; kill it and the stack starts another.
+            writers = status_json(tmp_path)['writers']
+            assert len(writers) == 3 and None not in writers.values() and len(set(writers.values())) == 1
+            [projector] = set(writers.values())
+            children += [projector]
+            os.kill(projector, signal.SIGKILL)
+            restarted = until(
+                'a new projector',
+                lambda: (
+                    w
+                    if None not in (w := status_json(tmp_path)['writers']).values()
+                    and projector not in w.values()
+                    else None
+                ),
+            )
+            children += list(set(restarted.values()))
+
+            # `make run` twice works with the stack's projector and serve running.
+            second = stepstream(tmp_path, 'demo').stdout
+            assert '2 orchestrator run(s)' in second
+            first_orchestrator = lineage.splitlines()[1].split()[0]
+            assert first_orchestrator.startswith('orchestrator-') and first_orchestrator in second
+            unresolved_rows = second.split('== unresolved tool effects')[1].split('\n\n')[0].splitlines()[3:]
+            assert len(unresolved_rows) == 2 and all('unknown_after_crash' in row for row in unresolved_rows)
+
+            # serve reads what the new projector applied: its status is current, every shard applied.
+            served = until(
+                "serve's status to catch up",
+                lambda: ((s := http.get('/api/status').json())['total_lag'] == 0 and s) or None,
+            )
+            assert all(p['projector_pid'] in restarted.values() for p in served['partitions'])
+            assert len(http.get('/api/runs').json()['runs']) == 6
 
         # What the demo's last lines suggest, without any Python.
         status = json.loads(stepstream(tmp_path, 'status', '--json', '--max-lag', '0').stdout)
@@ -67,5 +130,6 @@ def test_demo_then_status_rebuild_verify_and_stack_down(tmp_path: Path) -> None:
         down = stepstream(tmp_path, 'stack', 'down', check=False)
     assert down.returncode == 0 and 'stopped the stack' in down.stdout, down.stderr
     assert not (tmp_path / '.stepstream' / 'stack.env').exists()
+    assert not any(alive(pid) for pid in children)  # `stack down` stopped its projector
     gone = stepstream(tmp_path, 'stack', 'env', check=False)
     assert gone.returncode == 2 and 'no stack is running' in gone.stderr
