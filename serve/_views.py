@@ -79,7 +79,7 @@ def _part(part: Any) -> PartView:
     if isinstance(part, SystemPromptPart):
         return PartView(kind, 'system prompt', [ItemView('text', part.content)])
     if isinstance(part, UserPromptPart):
-        return PartView(kind, 'user', _items(part.content))
+        return PartView(kind, 'user', items_of(part.content))
     if isinstance(part, TextPart):
         return PartView(kind, 'text', [ItemView('text', part.content)])
     if isinstance(part, ThinkingPart):
@@ -88,23 +88,24 @@ def _part(part: Any) -> PartView:
         return PartView(
             kind,
             f'tool call: {part.tool_name}',
-            [ItemView('json', _pretty(part.args_as_dict()))],
+            [ItemView('json', pretty(part.args_as_dict()))],
             part.tool_call_id,
         )
     if isinstance(part, BaseToolReturnPart):
-        return PartView(kind, f'tool return: {part.tool_name}', _items(part.content), part.tool_call_id)
+        return PartView(kind, f'tool return: {part.tool_name}', items_of(part.content), part.tool_call_id)
     if isinstance(part, RetryPromptPart):
-        content = part.content if isinstance(part.content, str) else _pretty(part.content)
+        content = part.content if isinstance(part.content, str) else pretty(part.content)
         return PartView(
             kind, f'retry: {part.tool_name or "output"}', [ItemView('text', content)], part.tool_call_id
         )
     if isinstance(part, FilePart):
         return PartView(kind, 'file', [_item(part.content)])
     dumped = ModelMessagesTypeAdapter.dump_python([ModelRequest(parts=[part])], mode='json')[0]['parts'][0]
-    return PartView(kind, kind, [ItemView('json', _pretty(dumped))])
+    return PartView(kind, kind, [ItemView('json', pretty(dumped))])
 
 
-def _items(content: Any) -> list[ItemView]:
+def items_of(content: Any) -> list[ItemView]:
+    """A part's content (text, media, JSON, or a list of them) as items the templates draw."""
     if isinstance(content, list | tuple):
         return [_item(c) for c in content]
     return [_item(content)]
@@ -123,10 +124,11 @@ def _item(item: Any) -> ItemView:
     if isinstance(item, FileUrl):
         kind = 'image' if isinstance(item, ImageUrl) else 'media'
         return ItemView(kind, src=item.url, media_type=item.media_type)
-    return ItemView('json', _pretty(item))
+    return ItemView('json', pretty(item))
 
 
-def _pretty(value: Any) -> str:
+def pretty(value: Any) -> str:
+    """Indented JSON of a value, or its repr when it is not JSON."""
     try:
         return json.dumps(value, indent=2, ensure_ascii=False, default=str)
     except (TypeError, ValueError):

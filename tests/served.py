@@ -29,7 +29,7 @@ from stepstream.producer import EventLog, StepPersistence, annotate_tool_effect,
 from stepstream.projector import ProjectionReader, Projector
 from stepstream.serve import app_for, running
 
-from agents import answers, calls_then_answers
+from agents import answers, calls_then_answers, priced_calls
 
 
 def png(width: int = 48, height: int = 48, seed: int = 7) -> bytes:
@@ -138,7 +138,7 @@ class Served:
             await failing.run('charge the customer', conversation_id='conv-failed')
 
         long = Agent(
-            calls_then_answers('step', calls=25, args={'n': 1}),
+            priced_calls('step', calls=25),
             capabilities=[StepPersistence(log=self.log, agent_name='marathon', run_id='marathon-long')],
         )
 
