@@ -199,6 +199,11 @@ async def test_two_snapshots_are_compared(served: Served, page: Page, tmp_path: 
     changed = page.locator('.diff-row:not(.diff-equal)')
     await expect(changed.last.locator('.diff-right')).to_contain_text('answered after 2 tool calls')
     await expect(changed.last.locator('.diff-left')).not_to_contain_text('answered after 2 tool calls')
+    # The request both snapshots hold, stamped later by Pydantic AI: the differing fields are named.
+    replaced = page.locator('.diff-replace')
+    await expect(replaced.locator('.diff-left .changed-fields .field-path').first).to_have_text('timestamp')
+    stamped = replaced.locator('.diff-right .changed-fields ins').first
+    await expect(stamped).to_have_text(re.compile(r'^\d{4}-'))
     await shot(page, tmp_path, 'diff')
 
 
