@@ -12,14 +12,13 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import ValidationError
-from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
 from rocksdict import Rdict
 
 from stepstream.errors import StepStreamError
-from stepstream.media import NO_CONTEXT, MediaContext, MediaStore, restore_media
+from stepstream.media._types import NO_CONTEXT, MediaContext, MediaStore
 from stepstream.projector._keys import (
     CHILDREN,
     CONFLICT,
@@ -53,9 +52,11 @@ from stepstream.schemas import (
     RunUsage,
     StepEvent,
     ToolEffectRecord,
-    apply_patch,
     decode,
 )
+
+if TYPE_CHECKING:
+    from pydantic_ai.messages import ModelMessage
 from stepstream.timestamps import EPOCH, from_micros, micros
 from stepstream.topics import murmur2_partition
 
@@ -505,6 +506,9 @@ class ProjectionReader:
         Each tail is decoded, validated and has its media restored once, however many of the
         wanted snapshots include it.
         """
+        from stepstream.media._walker import restore_media
+        from stepstream.schemas._patch import apply_patch
+
         tails = await self._query(lambda: self._tails(run_id, entries))
         store: MediaStore = self.media_store or _NoMediaStore()
         history: list[ModelMessage] = []
@@ -546,6 +550,8 @@ class ProjectionReader:
     def _tails(
         self, run_id: str, entries: list[SnapshotEntry]
     ) -> tuple[list[StepEvent], list[list[ModelMessage]]]:
+        from pydantic_ai.messages import ModelMessagesTypeAdapter  # not at import: views need no Pydantic AI
+
         events, tails = [], []
         for expected, entry in enumerate(entries):
             if entry.snapshot_seq != expected:

@@ -107,6 +107,19 @@ async def test_views_tables_and_json(
     }
     assert all(p['end'] == p['applied'] for p in status['partitions'])
 
+    # A view imports what it needs and no more: not Pydantic AI (half a second), not pyarrow.
+    probe = await asyncio.create_subprocess_exec(
+        sys.executable,
+        '-c',
+        'import sys; from stepstream.cli import main; code = main(["runs", "--json"]); '
+        'print(code, sorted(m for m in ("pydantic_ai", "pyarrow", "fastapi") if m in sys.modules))',
+        env=cli_env(settings, db_path),
+        cwd=db_path.parent,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    printed = (await probe.communicate())[0].decode().splitlines()
+    assert printed[-1] == '0 []' and any(boss.run_id in line for line in printed)
+
     views = ('tree', 'events', 'snapshot', 'effects', 'unresolved')
     answers = await asyncio.gather(*(cli(settings, db_path, v, 'no-such-run', '--json') for v in views))
     for view, (code, out, err) in zip(views, answers, strict=True):
