@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -30,6 +31,44 @@ def stepstream(cwd: Path, *args: str, check: bool = True) -> subprocess.Complete
     if check:
         assert done.returncode == 0, done.stderr[-3000:]
     return done
+
+
+ATTACHED_AGENT = """
+import asyncio
+from pydantic_ai import Agent
+from pydantic_ai.models.test import TestModel
+from stepstream import Settings
+from stepstream.producer import EventLog, StepPersistence
+from stepstream.projector import ProjectionReader, continue_run
+
+async def main():
+    settings = Settings.from_env()
+    async with EventLog(settings) as log:
+        librarian = Agent(TestModel(), capabilities=[StepPersistence(log=log, agent_name='librarian')])
+        await librarian.run('find X', conversation_id='conv-1')
+        await log.flush()
+        reader = ProjectionReader.open(settings.db_path)  # beside the stack's projector
+        runs = []
+        while not runs or runs[-1].status != 'completed':  # the stack's projector applies it
+            runs = await reader.list_runs(conversation_id='conv-1')
+            await asyncio.sleep(0.05)
+        history = await continue_run(reader, run_id=runs[-1].run_id)
+        await librarian.run('follow up', message_history=history, conversation_id='conv-1')
+        reader.close()
+        print('attached', runs[-1].run_id, len(history))
+
+asyncio.run(main())
+"""
+"""The README's Usage section, with a model that needs no network."""
+
+
+def clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith('STEPSTREAM_')}
+
+
+def _export(line: str) -> tuple[str, str]:
+    name, _, value = line.removeprefix('export ').partition('=')
+    return name, shlex.split(value)[0] if value else ''
 
 
 def status_json(cwd: Path) -> dict[str, Any]:
@@ -118,14 +157,33 @@ def test_demo_then_status_rebuild_verify_and_stack_down(tmp_path: Path) -> None:
             assert all(p['projector_pid'] in restarted.values() for p in served['partitions'])
             assert len(http.get('/api/runs').json()['runs']) == 6
 
+            # The README's Usage: an agent attached to the running stack through `stack env`.
+            exported = stepstream(tmp_path, 'stack', 'env').stdout
+            assert 'export STEPSTREAM_BOOTSTRAP_SERVERS=127.0.0.1:' in exported
+            attached = subprocess.run(
+                [sys.executable, '-c', ATTACHED_AGENT],
+                env={**clean_env(), **dict(_export(line) for line in exported.splitlines())},
+                cwd=tmp_path,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert attached.returncode == 0, attached.stderr[-3000:]
+            librarian = attached.stdout.split()[1]
+
+            def both_runs() -> list[dict[str, Any]] | None:  # the run and its follow-up, newest first
+                runs = http.get('/api/runs', params={'agent_name': 'librarian'}).json()['runs']
+                return runs if len(runs) == 2 and all(r['status'] == 'completed' for r in runs) else None
+
+            listed = until('the explorer to list the attached agent', both_runs)
+            assert listed[-1]['run_id'] == librarian
+
         # What the demo's last lines suggest, without any Python.
         status = json.loads(stepstream(tmp_path, 'status', '--json', '--max-lag', '0').stdout)
         assert status['total_lag'] == 0 and sum(p['applied'] for p in status['partitions']) > 0
         assert 'rebuilt' in stepstream(tmp_path, 'rebuild', '--into', 'rebuilt').stdout
         verified = stepstream(tmp_path, 'verify', str(tmp_path / '.stepstream' / 'projection'), 'rebuilt')
         assert 'identical' in verified.stdout
-        exports = stepstream(tmp_path, 'stack', 'env').stdout
-        assert 'export STEPSTREAM_BOOTSTRAP_SERVERS=127.0.0.1:' in exports
     finally:
         down = stepstream(tmp_path, 'stack', 'down', check=False)
     assert down.returncode == 0 and 'stopped the stack' in down.stdout, down.stderr
