@@ -441,7 +441,7 @@ async def _serve(args: argparse.Namespace, settings: Settings) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             asyncio.get_running_loop().add_signal_handler(sig, served.stop)
         print(
-            f'stepstream serve: explorer at {served.url}/ (API under /api, schema at /openapi.json)',
+            f'stepstream serve: explorer at {served.url}/ (API under /api, its docs at /docs)',
             flush=True,
         )
         await served.wait()

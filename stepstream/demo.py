@@ -4,8 +4,11 @@ The orchestrator asks a researcher (in this process) and a publisher (in a child
 publisher's tool is killed with SIGKILL while it runs, so its effect stays `started`. Its writer's
 heartbeats stop with it: once they have been missing for `stale_after_s` (20 s by default) the run
 reads `stale` and the call `unknown_after_crash`, and the demo waits for that before its summary.
-The demo runs on the stack `stepstream stack up` keeps under `.stepstream`, whose log is durable,
-so running it again shows every earlier run too, and every `stepstream` command afterwards reads
+The researcher's first search fails (its call reads `failed`), every model response reports a
+price (so runs show a cost), and the orchestrator's answer says the publisher was interrupted.
+The demo runs on the stack `stepstream stack up` keeps under `.stepstream`, whose log is durable
+and whose projector applies what the demo writes (the demo only reads the projection), so
+running it again shows every earlier run too, and every `stepstream` command afterwards reads
 the same log and projection.
 
 `python -m stepstream.demo --run-id R --parent-run-id P` is the publisher's child process
@@ -48,8 +51,9 @@ PRICE_PER_OUTPUT_TOKEN = Decimal('0.000008')
 def _scripted(*steps: Step) -> FunctionModel:
     """A model that makes the given tool calls one turn at a time, then answers with the final text.
 
-    A call the tool asked to retry (`ModelRetry`) is made again. Every response reports its
-    tokens (words, roughly) and their cost at the demo's price, as a priced provider would.
+    Steps advance with the tool returns in the history, so a call whose tool failed moves the
+    script on too. Every response reports its tokens (words, roughly) and their cost at the
+    demo's price, as a priced provider would.
     """
 
     def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:

@@ -247,7 +247,6 @@ class _Supervised:
         self.name, self.argv, self.env, self.root = name, argv, env, root
         self.child: Child | None = None
         self.started_at = 0.0
-        self.starts = 0
 
     def start(self) -> None:
         from stepstream.embedded._processes import spawn
@@ -260,7 +259,7 @@ class _Supervised:
             cwd=self.root,
             log_path=self.root / f'{self.name}.log',
         )
-        self.started_at, self.starts = time.monotonic(), self.starts + 1
+        self.started_at = time.monotonic()
         print(f'started {self.name} (pid {self.child.process.pid})', flush=True)
 
     def check(self) -> None:

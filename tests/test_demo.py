@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+import pyarrow.dataset as ds
 
 T = TypeVar('T')
 
@@ -177,6 +178,12 @@ def test_demo_then_status_rebuild_verify_and_stack_down(tmp_path: Path) -> None:
 
             listed = until('the explorer to list the attached agent', both_runs)
             assert listed[-1]['run_id'] == librarian
+
+        # The demo model's price reaches the analytics export: each of its 7 requests per demo has a cost.
+        assert 'exported ' in stepstream(tmp_path, 'export', '--out', 'exported').stdout
+        requests = ds.dataset(tmp_path / 'exported' / 'model_requests', format='parquet', partitioning='hive')
+        demo = [r for r in requests.to_table().to_pylist() if r['model_name'] == 'demo-scripted']
+        assert len(demo) == 2 * 7 and all(r['cost_usd'] is not None and r['cost_usd'] > 0 for r in demo)
 
         # What the demo's last lines suggest, without any Python.
         status = json.loads(stepstream(tmp_path, 'status', '--json', '--max-lag', '0').stdout)
