@@ -286,12 +286,23 @@ async def test_projector_service_stops_gracefully_and_serves_other_processes(
             else:
                 raise AssertionError('the reader never saw the run the service applied')
             assert len(await reader.list_runs(parent_run_id=runs[0].run_id)) == 1
+            # Status names the process applying each shard (the lock's holder), here the service.
+            status = await reader.status()
+            assert status.writers == dict.fromkeys(status.shards, service.pid) and len(status.shards) == 3
+            assert any(status.last_batch_at[p] is not None for p in status.shards)  # where runs went
         finally:
             reader.close()
+        code, out, _ = await cli(settings, db_path, 'status')
+        assert code == 0 and out.splitlines()[2].split()[5:7] == ['pid', str(service.pid)]
         service.send_signal(signal.SIGTERM)
         remaining = await asyncio.wait_for(service.stdout.read(), 30)
         assert await service.wait() == 0
         assert b'stopping after' in remaining
+        # With the service gone, nothing applies the shards, and status says so.
+        code, out, _ = await cli(settings, db_path, 'status', '--json')
+        assert code == 0 and set(json.loads(out)['writers'].values()) == {None}
+        code, out, _ = await cli(settings, db_path, 'status')
+        assert 'no projector applies partition(s) [0, 1, 2]' in out
     finally:
         if service.returncode is None:
             service.kill()

@@ -212,6 +212,9 @@ async def test_status_shows_lag_per_partition_and_the_dlq(served: Served, page: 
     await page.goto('/status')
     await expect(page.locator('table.lag tbody tr')).to_have_count(6)
     await expect(page.locator('.total-lag')).to_have_text('0')
+    # The test's own projector applies every shard: its pid, and when it last committed.
+    await expect(page.locator('table.lag td.projector').first).to_have_text(f'pid {os.getpid()}')
+    await expect(page.locator('.no-projector')).to_have_count(0)
     letter = page.locator('table.dlq tr.dead-letter')
     await expect(letter).to_have_count(1)
     await expect(letter.locator('.reason')).to_have_text('not_a_record')
