@@ -11,8 +11,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urljoin
 
 import httpx
 import pyarrow.dataset as ds
@@ -61,6 +63,38 @@ async def main():
 asyncio.run(main())
 """
 """The README's Usage section, with a model that needs no network."""
+
+
+class _Links(HTMLParser):
+    """The `href` and `src` of every tag of a page."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.found += [value for name, value in attrs if name in ('href', 'src') and value]
+
+
+def crawl(http: httpx.Client, limit: int = 2000) -> tuple[set[str], list[str]]:
+    """Follow every same-origin link from `/`: the paths reached, and those that failed."""
+    queue, seen, failures = ['/'], {'/'}, []
+    while queue and len(seen) < limit:
+        path = queue.pop(0)
+        answer = http.get(path)
+        if answer.status_code != 200 or 'Internal Server Error' in answer.text:
+            failures.append(f'{path}: {answer.status_code}')
+            continue
+        if not answer.headers.get('content-type', '').startswith('text/html'):
+            continue
+        links = _Links()
+        links.feed(answer.text)
+        for found in links.found:
+            target = urljoin(path, found).split('#', 1)[0]
+            if target.startswith('/') and not target.startswith('//') and target not in seen:
+                seen.add(target)
+                queue.append(target)
+    return seen, failures
 
 
 def clean_env() -> dict[str, str]:
@@ -157,6 +191,12 @@ def test_demo_then_status_rebuild_verify_and_stack_down(tmp_path: Path) -> None:
             )
             assert all(p['projector_pid'] in restarted.values() for p in served['partitions'])
             assert len(http.get('/api/runs').json()['runs']) == 6
+
+            # Every link of the stack's explorer answers (the browser crawler in test_explorer.py
+            # does this over more kinds of runs; this one reads what `make run` made).
+            pages, failures = crawl(http)
+            assert not failures, failures
+            assert sum('/snapshots/' in p for p in pages) >= 12 and any('/diff' in p for p in pages)
 
             # The README's Usage: an agent attached to the running stack through `stack env`.
             exported = stepstream(tmp_path, 'stack', 'env').stdout
