@@ -294,7 +294,11 @@ async def test_the_run_page_says_what_each_step_took_and_cost(
     await expect(in_doubt).to_have_class(re.compile(r'\bspan-unknown_after_crash\b'))
     await expect(in_doubt.locator('.span-took')).to_have_text('not ended')
     order = await page.eval_on_selector_all('main > section', 'els => els.map(e => e.className)')
-    assert order.index('unknown') < order.index('waterfall')  # the in-doubt effects come first
+    assert order.index('unknown') < order.index('waterfall')  # the in-doubt effects come first,
+    first = await page.evaluate(  # before the totals too
+        "document.querySelector('section.unknown').compareDocumentPosition(document.querySelector('dl.totals'))"
+    )
+    assert first & 4  # DOCUMENT_POSITION_FOLLOWING: the totals follow the in-doubt effects
 
 
 async def test_the_runs_list_nests_delegates_and_reads_at_800_px(
