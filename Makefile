@@ -59,8 +59,9 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-# Leaves the embedded stack running (`.venv/bin/stepstream stack down` stops it), so that every
-# stepstream command afterwards reads the demo's log and projection.
+# Leaves the system running (`.venv/bin/stepstream stack down` stops it): the embedded broker and
+# S3, a projector and the run explorer (its URL is printed), so that every stepstream command
+# afterwards reads the demo's log and projection.
 run: $(STAMP)
 	$(BIN)/stepstream stack up
 	$(BIN)/stepstream demo

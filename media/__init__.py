@@ -7,29 +7,59 @@ the `MediaStore` protocol. `MediaExternalizer` is a capability that sends large 
 as the store's public URL instead of as bytes in every request.
 """
 
-from stepstream.media._disk import DiskMediaStore
-from stepstream.media._externalizer import MediaExternalizer
-from stepstream.media._s3 import S3MediaStore
-from stepstream.media._types import (
-    NO_CONTEXT,
-    KeyStrategy,
-    MediaContext,
-    MediaIntegrityError,
-    MediaNotFound,
-    MediaStore,
-    PublicUrlResolver,
-    default_key_strategy,
-    make_static_public_url,
-    media_uri_for,
-    parse_media_uri,
-)
-from stepstream.media._walker import (
-    DEFAULT_THRESHOLD_BYTES,
-    REFERENCE_PREFIX,
-    externalize_media,
-    link_media,
-    restore_media,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from stepstream.media._disk import DiskMediaStore
+    from stepstream.media._externalizer import MediaExternalizer
+    from stepstream.media._s3 import S3MediaStore
+    from stepstream.media._types import (
+        NO_CONTEXT,
+        KeyStrategy,
+        MediaContext,
+        MediaIntegrityError,
+        MediaNotFound,
+        MediaStore,
+        PublicUrlResolver,
+        default_key_strategy,
+        make_static_public_url,
+        media_uri_for,
+        parse_media_uri,
+    )
+    from stepstream.media._walker import (
+        DEFAULT_THRESHOLD_BYTES,
+        REFERENCE_PREFIX,
+        externalize_media,
+        link_media,
+        restore_media,
+    )
+
+_WHERE = {
+    'DEFAULT_THRESHOLD_BYTES': 'stepstream.media._walker',
+    'NO_CONTEXT': 'stepstream.media._types',
+    'REFERENCE_PREFIX': 'stepstream.media._walker',
+    'DiskMediaStore': 'stepstream.media._disk',
+    'KeyStrategy': 'stepstream.media._types',
+    'MediaContext': 'stepstream.media._types',
+    'MediaExternalizer': 'stepstream.media._externalizer',
+    'MediaIntegrityError': 'stepstream.media._types',
+    'MediaNotFound': 'stepstream.media._types',
+    'MediaStore': 'stepstream.media._types',
+    'PublicUrlResolver': 'stepstream.media._types',
+    'S3MediaStore': 'stepstream.media._s3',
+    'default_key_strategy': 'stepstream.media._types',
+    'externalize_media': 'stepstream.media._walker',
+    'link_media': 'stepstream.media._walker',
+    'make_static_public_url': 'stepstream.media._types',
+    'media_uri_for': 'stepstream.media._types',
+    'parse_media_uri': 'stepstream.media._types',
+    'restore_media': 'stepstream.media._walker',
+}
+"""Where each public name lives: imported on first use, so a reader that only needs a store
+(`stepstream runs`) does not import the capability and Pydantic AI with it."""
 
 __all__ = [
     'DEFAULT_THRESHOLD_BYTES',
@@ -52,3 +82,13 @@ __all__ = [
     'parse_media_uri',
     'restore_media',
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name's module when the name is first used (PEP 562)."""
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -1,20 +1,48 @@
 """The read side: the `Projector` that materializes the log, and the queries over it."""
 
-from stepstream.projector._checkpoints import Checkpoints
-from stepstream.projector._export import ExportReport, export_filesystem, export_parquet
-from stepstream.projector._membership import Membership
-from stepstream.projector._projector import Projector
-from stepstream.projector._reader import (
-    ProjectionReader,
-    ProjectionStatus,
-    RecoveryReport,
-    ShardUnavailable,
-    continue_run,
-    fork_run,
-    inspect_recovery,
-)
-from stepstream.projector._rebuild import progress_bar, rebuild
-from stepstream.projector._verify import Difference, verify_paths
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from stepstream.projector._checkpoints import Checkpoints
+    from stepstream.projector._export import ExportReport, export_filesystem, export_parquet
+    from stepstream.projector._membership import Membership
+    from stepstream.projector._projector import Projector
+    from stepstream.projector._reader import (
+        ProjectionReader,
+        ProjectionStatus,
+        RecoveryReport,
+        ShardUnavailable,
+        continue_run,
+        fork_run,
+        inspect_recovery,
+    )
+    from stepstream.projector._rebuild import progress_bar, rebuild
+    from stepstream.projector._verify import Difference, verify_paths
+
+_WHERE = {
+    'Checkpoints': 'stepstream.projector._checkpoints',
+    'Difference': 'stepstream.projector._verify',
+    'ExportReport': 'stepstream.projector._export',
+    'Membership': 'stepstream.projector._membership',
+    'ProjectionReader': 'stepstream.projector._reader',
+    'ProjectionStatus': 'stepstream.projector._reader',
+    'Projector': 'stepstream.projector._projector',
+    'RecoveryReport': 'stepstream.projector._reader',
+    'ShardUnavailable': 'stepstream.projector._reader',
+    'continue_run': 'stepstream.projector._reader',
+    'export_filesystem': 'stepstream.projector._export',
+    'export_parquet': 'stepstream.projector._export',
+    'fork_run': 'stepstream.projector._reader',
+    'inspect_recovery': 'stepstream.projector._reader',
+    'progress_bar': 'stepstream.projector._rebuild',
+    'rebuild': 'stepstream.projector._rebuild',
+    'verify_paths': 'stepstream.projector._verify',
+}
+"""Where each public name lives: imported on first use, so a command that needs one piece
+(a reader for `stepstream runs`) does not pay for the rest (Pydantic AI, pyarrow, ...)."""
 
 __all__ = [
     'Checkpoints',
@@ -35,3 +63,13 @@ __all__ = [
     'rebuild',
     'verify_paths',
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name's module when the name is first used (PEP 562)."""
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -6,19 +6,19 @@ import asyncio
 import heapq
 import itertools
 import json
+import os
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import ValidationError
-from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
 from rocksdict import Rdict
 
 from stepstream.errors import StepStreamError
-from stepstream.media import NO_CONTEXT, MediaContext, MediaStore, restore_media
+from stepstream.media._types import NO_CONTEXT, MediaContext, MediaStore
 from stepstream.projector._keys import (
     CHILDREN,
     CONFLICT,
@@ -42,6 +42,7 @@ from stepstream.projector._store import (
     read_identity,
     scan,
     shard_paths,
+    shard_writer,
     stored_offsets,
 )
 from stepstream.schemas import (
@@ -51,9 +52,11 @@ from stepstream.schemas import (
     RunUsage,
     StepEvent,
     ToolEffectRecord,
-    apply_patch,
     decode,
 )
+
+if TYPE_CHECKING:
+    from pydantic_ai.messages import ModelMessage
 from stepstream.timestamps import EPOCH, from_micros, micros
 from stepstream.topics import murmur2_partition
 
@@ -503,6 +506,9 @@ class ProjectionReader:
         Each tail is decoded, validated and has its media restored once, however many of the
         wanted snapshots include it.
         """
+        from stepstream.media._walker import restore_media
+        from stepstream.schemas._patch import apply_patch
+
         tails = await self._query(lambda: self._tails(run_id, entries))
         store: MediaStore = self.media_store or _NoMediaStore()
         history: list[ModelMessage] = []
@@ -544,6 +550,8 @@ class ProjectionReader:
     def _tails(
         self, run_id: str, entries: list[SnapshotEntry]
     ) -> tuple[list[StepEvent], list[list[ModelMessage]]]:
+        from pydantic_ai.messages import ModelMessagesTypeAdapter  # not at import: views need no Pydantic AI
+
         events, tails = [], []
         for expected, entry in enumerate(entries):
             if entry.snapshot_seq != expected:
@@ -577,11 +585,13 @@ class ProjectionReader:
             rate, updated, conflicts, parked = 0.0, None, 0, 0
             identities = []
             now = datetime.now(UTC)
-            for db in self._shards.values():
+            last_batch: dict[int, datetime | None] = {}
+            for partition, db in self._shards.items():
                 offsets.update(
                     {(tp.topic, tp.partition): offset for tp, offset in stored_offsets(db).items()}
                 )
                 progress = json.loads(db.get(PROGRESS) or b'{}')
+                last_batch[partition] = _ts(int(progress['at'])) if progress.get('at') is not None else None
                 if progress.get('at') is not None:
                     updated = max(updated or 0, int(progress['at']))
                     # The rate is over the ten seconds before the shard's last batch: once that
@@ -614,9 +624,18 @@ class ProjectionReader:
                 max_snapshots_per_run=identity.max_snapshots_per_run if identity is not None else None,
                 shards=sorted(self._shards),
                 missing_shards=missing,
+                writers=self._writers(),
+                last_batch_at=dict(sorted(last_batch.items())),
             )
 
         return await self._query(query)
+
+    def _writers(self) -> dict[int, int | None]:
+        """Partition -> pid of the projector applying the shard (this process, for its own reader)."""
+        if self._root is None:
+            return {p: os.getpid() for p in sorted(self._shards)}
+        paths = shard_paths(self._root)
+        return {p: shard_writer(paths[p]) if p in paths else None for p in sorted(self._shards)}
 
     async def get_tool_effect(self, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
         """The merged effect record of one tool call, or None."""
@@ -763,6 +782,10 @@ class ProjectionStatus:
     """The partition numbers whose shards this reader sees."""
     missing_shards: list[int] = field(default_factory=list)
     """Partitions with no shard here (moving, on another host's member, or not made yet)."""
+    writers: dict[int, int | None] = field(default_factory=dict)
+    """Partition -> the pid of the projector applying its shard now; None: no projector does."""
+    last_batch_at: dict[int, datetime | None] = field(default_factory=dict)
+    """Partition -> when its projector last committed a batch to the shard."""
 
 
 @dataclass(kw_only=True)

@@ -212,6 +212,36 @@ def write_identity(db: Rdict, identity: Identity) -> None:
     db.write(batch, options)
 
 
+def shard_writer(path: Path) -> int | None:
+    """The pid of the process holding the shard's RocksDB lock (its projector), or None.
+
+    Read from `/proc/locks` (the kernel's table of file locks) without touching the LOCK file:
+    opening and closing it would drop the lock of a projector in this same process. Where that
+    table is missing (not Linux), the pid file is trusted while its process lives.
+    """
+    pid = _read_pid(path)
+    try:
+        inode = (path / 'LOCK').stat().st_ino
+        table = Path('/proc/locks').read_text()
+    except OSError:
+        if pid is None:
+            return None
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            return pid
+        return pid
+    for line in table.splitlines():
+        fields = line.split()
+        for i, item in enumerate(fields[1:], start=1):
+            parts = item.split(':')
+            if len(parts) == 3 and parts[2].isdigit() and int(parts[2]) == inode and fields[i - 1].isdigit():
+                return int(fields[i - 1])
+    return None
+
+
 def _read_pid(path: Path) -> int | None:
     try:
         return int((path / PID_FILE).read_text().strip())

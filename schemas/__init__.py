@@ -1,5 +1,7 @@
 """The wire contract: Avro schemas, the record types and their codec."""
 
+from typing import TYPE_CHECKING, Any
+
 from stepstream.schemas._codec import (
     MAGIC,
     SCHEMA_DIR,
@@ -19,7 +21,9 @@ from stepstream.schemas._confluent import (
     to_confluent,
     version_of_schema,
 )
-from stepstream.schemas._patch import apply_patch, message_json, patch_json, stamp_changes
+
+if TYPE_CHECKING:
+    from stepstream.schemas._patch import apply_patch, message_json, patch_json, stamp_changes
 from stepstream.schemas._types import (
     EVENT_KINDS,
     MAX_NOTE_CHARS,
@@ -82,3 +86,18 @@ __all__ = [
     'to_confluent',
     'version_of_schema',
 ]
+
+
+_PATCH = frozenset({'apply_patch', 'message_json', 'patch_json', 'stamp_changes'})
+"""Names of `_patch`, which needs Pydantic AI: imported on first use, so reading records does not."""
+
+
+def __getattr__(name: str) -> Any:
+    """Import `_patch` when one of its names is first used (PEP 562)."""
+    if name not in _PATCH:
+        raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+    from stepstream.schemas import _patch
+
+    value = getattr(_patch, name)
+    globals()[name] = value
+    return value

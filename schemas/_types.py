@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from pydantic_ai.messages import ModelMessage
+if TYPE_CHECKING:  # importing Pydantic AI takes half a second: the CLI's views do without it
+    from pydantic_ai.messages import ModelMessage
 
 EventKind = Literal[
     'run_started',

@@ -50,7 +50,10 @@ async def list_runs(
     parent_run_id: str | None = None,
     status: Literal['running', 'stale', 'completed', 'failed', 'cancelled'] | None = None,
     agent_name: str | None = None,
-    order: Annotated[Literal['started', '-started'], Query(description='-started: newest first')] = 'started',
+    order: Annotated[
+        Literal['started', '-started'],
+        Query(description='-started (the default, as the explorer): newest first; started: oldest first'),
+    ] = '-started',
     after: Annotated[str | None, Query(description="The previous page's next_after.")] = None,
     after_started: Annotated[
         datetime | None,
@@ -61,7 +64,7 @@ async def list_runs(
     ] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
 ) -> RunPage:
-    """Runs matching every filter, in the order they started (`order=-started`: newest first)."""
+    """Runs matching every filter, newest first as in the explorer (`order=started`: oldest first)."""
     return await source(request).runs(
         conversation_id=conversation_id,
         parent_run_id=parent_run_id,

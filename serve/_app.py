@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -47,7 +48,7 @@ def create_app(
         title='stepstream',
         summary='The read model of a stepstream projection: runs, lineage, events, snapshots, tool effects.',
         version='1',
-        docs_url=None,  # Swagger UI loads its assets from a CDN; the schema is at /openapi.json
+        docs_url=None,  # FastAPI's page loads Swagger UI from a CDN: ours is `_explorer.docs`
         redoc_url=None,
         lifespan=lifespan,
     )
@@ -55,6 +56,9 @@ def create_app(
     app.state.token = token
     app.include_router(_api.router)
     app.include_router(_explorer.router)
+    swagger = swagger_ui_assets()
+    if swagger is not None:
+        app.mount('/static/swagger-ui', StaticFiles(directory=swagger), name='swagger-ui')
     app.mount('/static', StaticFiles(directory=Path(__file__).parent / 'static'), name='static')
 
     @app.exception_handler(NotFound)
@@ -97,6 +101,19 @@ def create_app(
         return response
 
     return app
+
+
+def swagger_ui_assets() -> Path | None:
+    """Where the swagger-ui-py package keeps Swagger UI's files (the `serve` extra installs it).
+
+    Found without importing the package (its `__init__` loads handlers for other frameworks);
+    None when it is missing, and `/docs` then says how to install it.
+    """
+    spec = importlib.util.find_spec('swagger_ui')
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    static = Path(next(iter(spec.submodule_search_locations))) / 'static'
+    return static if (static / 'swagger-ui-bundle.js').is_file() else None
 
 
 def _problem(request: Request, status: int, detail: str) -> Response:

@@ -7,6 +7,7 @@ the resolve form of an unknown effect (same origin only).
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import parse_qs, quote, urlencode, urlsplit
@@ -16,6 +17,8 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from stepstream.serve._auth import TOKEN_COOKIE, token_matches
+from stepstream.serve._models import Run
+from stepstream.serve._run_view import duration_ms, millis, money, tool_io, totals, waterfall
 from stepstream.serve._source import NotFound, Source
 from stepstream.serve._views import diff, message_views
 
@@ -31,7 +34,18 @@ def trace_href(template: str | None, trace_id: str | None, span_id: str | None) 
     )
 
 
+def ago(ts: datetime | None) -> str:
+    """How long ago `ts` was, for a person (`3.2 s ago`), or `never`."""
+    if ts is None:
+        return 'never'
+    seconds = max((datetime.now(UTC) - ts).total_seconds(), 0.0)
+    return f'{seconds:.1f} s ago' if seconds < 120 else f'{seconds / 60:.0f} min ago'
+
+
 templates.env.globals['trace_href'] = trace_href
+templates.env.globals['ago'] = ago
+templates.env.globals['millis'] = millis
+templates.env.globals['money'] = money
 router = APIRouter(include_in_schema=False, default_response_class=HTMLResponse)
 STATUSES = ('running', 'stale', 'completed', 'failed', 'cancelled')
 
@@ -60,8 +74,13 @@ async def runs(
     after: str = '',
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     rows: bool = False,
+    flat: bool = False,
 ) -> Response:
-    """The runs, newest first, with filters; `rows=1` gives only the table body (live refresh)."""
+    """The runs, newest first, with filters; `rows=1` gives only the table body (live refresh).
+
+    A delegate is drawn under its parent when both are on the page; `flat=1` lists every run
+    in its own place.
+    """
     filters = {
         'conversation_id': conversation_id,
         'agent_name': agent_name,
@@ -77,11 +96,60 @@ async def runs(
         after=after or None,
         limit=limit,
     )
-    query = {k: v for k, v in filters.items() if v}
+    query: dict[str, Any] = {k: v for k, v in filters.items() if v} | ({'flat': 1} if flat else {})
     more = f'/?{urlencode({**query, "after": page.next_after})}' if page.next_after else None
     live = f'/?{urlencode({**query, "rows": 1, **({"after": after} if after else {})})}'
     name = '_runs_rows.html' if rows else 'runs.html'
-    return _page(request, name, page=page, filters=filters, statuses=STATUSES, more=more, live=live)
+    now = datetime.now(UTC)
+    listed = [(0, r) for r in page.runs] if flat else nested(page.runs)
+    other_view = (
+        f'/?{urlencode({k: v for k, v in query.items() if k != "flat"} | ({} if flat else {"flat": 1}))}'
+    )
+    return _page(
+        request,
+        name,
+        page=page,
+        listed=[(depth, r, duration_ms(r, now)) for depth, r in listed],
+        flat=flat,
+        other_view=other_view,
+        filters=filters,
+        statuses=STATUSES,
+        more=more,
+        live=live,
+    )
+
+
+def nested(runs: list[Run]) -> list[tuple[int, Run]]:
+    """The runs with each delegate under its parent (when its parent is among them), with depths.
+
+    Parents keep their place in the list; a parent's delegates follow it in the order they started.
+    """
+    ids = {r.run_id for r in runs}
+    children: dict[str, list[Run]] = {}
+    for r in runs:
+        if r.parent_run_id is not None and r.parent_run_id in ids and r.parent_run_id != r.run_id:
+            children.setdefault(r.parent_run_id, []).append(r)
+    out: list[tuple[int, Run]] = []
+    seen: set[str] = set()
+
+    def add(run: Run, depth: int) -> None:
+        if run.run_id in seen:
+            return
+        seen.add(run.run_id)
+        out.append((depth, run))
+        for child in sorted(children.get(run.run_id, []), key=_started):
+            add(child, depth + 1)
+
+    for r in runs:
+        if r.parent_run_id is None or r.parent_run_id not in ids:
+            add(r, 0)
+    for r in runs:  # a cycle of parents (a hostile log) still lists every run
+        add(r, 0)
+    return out
+
+
+def _started(run: Run) -> tuple[str, str]:
+    return (run.started_at.isoformat() if run.started_at else '', run.run_id)
 
 
 @router.get('/runs/{run_id}')
@@ -101,10 +169,12 @@ async def run(request: Request, run_id: str) -> Response:
     effects = await source.effects(run_id)
     events = await source.events(run_id)
     snapshots = (await source.snapshots(run_id, limit=1000)).snapshots
-    latest = None
+    latest, io = None, {}
     if snapshots:
         snap = await source.snapshot(run_id, snapshots[-1].snapshot_seq)
-        latest = message_views(snap.messages)
+        latest, io = message_views(snap.messages), tool_io(snap.messages)
+    now = datetime.now(UTC)
+    by_call = {e.tool_call_id: e for e in effects}
     return _page(
         request,
         'run.html',
@@ -115,7 +185,9 @@ async def run(request: Request, run_id: str) -> Response:
         siblings=siblings,
         events=events,
         trace_url=source.settings.trace_url,
-        effects={e.tool_call_id: e for e in effects},
+        effects=by_call,
+        totals=totals(record, now),
+        spans=waterfall(record, events, by_call, io, now),
         unknown=[e for e in effects if e.unknown_after_crash],
         in_flight=[e for e in effects if e.in_flight],
         snapshots=snapshots,
@@ -135,7 +207,7 @@ async def snapshot(request: Request, run_id: str, snapshot_seq: int) -> Response
         'snapshot.html',
         run=record,
         snapshot=snap,
-        messages=message_views(snap.messages),
+        history=message_views(snap.messages),
         snapshots=summaries,
     )
 
@@ -212,6 +284,20 @@ async def status(request: Request, rows: bool = False) -> Response:
         dlq=await source.dead_letters(50),
         conflicts=await source.conflicts(),
     )
+
+
+@router.get('/docs')
+async def docs(request: Request) -> Response:
+    """The API's interactive docs: Swagger UI over `/openapi.json`, from this service's own files."""
+    from stepstream.serve._app import swagger_ui_assets
+
+    if swagger_ui_assets() is None:
+        return error_page(
+            request,
+            404,
+            "the API docs need Swagger UI's files: pip install 'stepstream[serve]' (swagger-ui-py)",
+        )
+    return _page(request, 'docs.html')
 
 
 @router.get('/login')

@@ -336,6 +336,12 @@ class PartitionLag(BaseModel):
     applied: int = Field(description='The next offset the projection will apply.')
     end: int | None = Field(description='The topic partition end offset; null if the broker did not answer.')
     lag: int | None
+    projector_pid: int | None = Field(
+        default=None, description="The pid of the projector applying this partition's shard; null: none does."
+    )
+    last_batch_at: datetime | None = Field(
+        default=None, description='When a projector last committed a batch to the shard.'
+    )
 
 
 class Status(BaseModel):

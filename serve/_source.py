@@ -452,6 +452,8 @@ class Source:
                     applied=done,
                     end=end,
                     lag=None if end is None else max(end - done, 0),
+                    projector_pid=status.writers.get(partition),
+                    last_batch_at=status.last_batch_at.get(partition),
                 )
             )
         return Status.of(status, partitions, error)

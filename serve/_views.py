@@ -50,6 +50,18 @@ class PartView:
     title: str
     items: list[ItemView] = field(default_factory=list)
     tool_call_id: str | None = None
+    changed: bool = False
+    """In a diff: some field of this part differs from its counterpart's."""
+
+
+@dataclass
+class FieldChange:
+    """A field that differs between a message and its counterpart in the other snapshot."""
+
+    path: str
+    """Where in Pydantic AI's JSON of the message: `parts[0].timestamp`, `usage.output_tokens`, ..."""
+    left: str
+    right: str
 
 
 @dataclass
@@ -60,6 +72,8 @@ class MessageView:
     kind: str
     """`request` or `response`."""
     parts: list[PartView]
+    changes: list[FieldChange] = field(default_factory=list)
+    """In a diff: the fields that differ from the message in the other snapshot's place."""
 
 
 def message_views(messages: list[ModelMessage], start: int = 0) -> list[MessageView]:
@@ -79,7 +93,7 @@ def _part(part: Any) -> PartView:
     if isinstance(part, SystemPromptPart):
         return PartView(kind, 'system prompt', [ItemView('text', part.content)])
     if isinstance(part, UserPromptPart):
-        return PartView(kind, 'user', _items(part.content))
+        return PartView(kind, 'user', items_of(part.content))
     if isinstance(part, TextPart):
         return PartView(kind, 'text', [ItemView('text', part.content)])
     if isinstance(part, ThinkingPart):
@@ -88,23 +102,24 @@ def _part(part: Any) -> PartView:
         return PartView(
             kind,
             f'tool call: {part.tool_name}',
-            [ItemView('json', _pretty(part.args_as_dict()))],
+            [ItemView('json', pretty(part.args_as_dict()))],
             part.tool_call_id,
         )
     if isinstance(part, BaseToolReturnPart):
-        return PartView(kind, f'tool return: {part.tool_name}', _items(part.content), part.tool_call_id)
+        return PartView(kind, f'tool return: {part.tool_name}', items_of(part.content), part.tool_call_id)
     if isinstance(part, RetryPromptPart):
-        content = part.content if isinstance(part.content, str) else _pretty(part.content)
+        content = part.content if isinstance(part.content, str) else pretty(part.content)
         return PartView(
             kind, f'retry: {part.tool_name or "output"}', [ItemView('text', content)], part.tool_call_id
         )
     if isinstance(part, FilePart):
         return PartView(kind, 'file', [_item(part.content)])
     dumped = ModelMessagesTypeAdapter.dump_python([ModelRequest(parts=[part])], mode='json')[0]['parts'][0]
-    return PartView(kind, kind, [ItemView('json', _pretty(dumped))])
+    return PartView(kind, kind, [ItemView('json', pretty(dumped))])
 
 
-def _items(content: Any) -> list[ItemView]:
+def items_of(content: Any) -> list[ItemView]:
+    """A part's content (text, media, JSON, or a list of them) as items the templates draw."""
     if isinstance(content, list | tuple):
         return [_item(c) for c in content]
     return [_item(content)]
@@ -123,10 +138,11 @@ def _item(item: Any) -> ItemView:
     if isinstance(item, FileUrl):
         kind = 'image' if isinstance(item, ImageUrl) else 'media'
         return ItemView(kind, src=item.url, media_type=item.media_type)
-    return ItemView('json', _pretty(item))
+    return ItemView('json', pretty(item))
 
 
-def _pretty(value: Any) -> str:
+def pretty(value: Any) -> str:
+    """Indented JSON of a value, or its repr when it is not JSON."""
     try:
         return json.dumps(value, indent=2, ensure_ascii=False, default=str)
     except (TypeError, ValueError):
@@ -144,10 +160,50 @@ class DiffRow:
 
 
 def diff(left: list[ModelMessage], right: list[ModelMessage]) -> list[DiffRow]:
-    """The two histories aligned message by message (messages compared as Pydantic AI's JSON)."""
+    """The two histories aligned message by message (messages compared as Pydantic AI's JSON).
+
+    Where a stretch of one replaces a stretch of the other, each message is compared with the
+    one in its place field by field, and both carry the `changes` (fields Pydantic AI stamps
+    later, such as a timestamp or a usage, show up as exactly that).
+    """
     a = [ModelMessagesTypeAdapter.dump_json([m]) for m in left]
     b = [ModelMessagesTypeAdapter.dump_json([m]) for m in right]
     rows = []
     for op, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
-        rows.append(DiffRow(op, message_views(left[i1:i2], i1), message_views(right[j1:j2], j1)))
+        row = DiffRow(op, message_views(left[i1:i2], i1), message_views(right[j1:j2], j1))
+        if op == 'replace':
+            for k, (lv, rv) in enumerate(zip(row.left, row.right, strict=False)):
+                changes = field_changes(_json(left[i1 + k]), _json(right[j1 + k]))
+                lv.changes = rv.changes = changes
+                for view in (lv, rv):
+                    touched = {int(c.path[6:].split(']')[0]) for c in changes if c.path.startswith('parts[')}
+                    for index, part in enumerate(view.parts):
+                        part.changed = index in touched
+        rows.append(row)
     return rows
+
+
+def _json(message: ModelMessage) -> Any:
+    return ModelMessagesTypeAdapter.dump_python([message], mode='json')[0]
+
+
+def field_changes(left: Any, right: Any, path: str = '') -> list[FieldChange]:
+    """Every leaf field where two JSON values differ, with its path (`parts[1].content`)."""
+    if isinstance(left, dict) and isinstance(right, dict):
+        found = []
+        for key in [*left, *(k for k in right if k not in left)]:
+            found += field_changes(left.get(key), right.get(key), f'{path}.{key}' if path else str(key))
+        return found
+    if isinstance(left, list) and isinstance(right, list) and len(left) == len(right):
+        found = []
+        for i, (x, y) in enumerate(zip(left, right, strict=True)):
+            found += field_changes(x, y, f'{path}[{i}]')
+        return found
+    if left == right:
+        return []
+    return [FieldChange(path or '(message)', _short(left), _short(right))]
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= limit else text[: limit - 1] + '…'

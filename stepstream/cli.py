@@ -52,7 +52,9 @@ EXIT_BROKEN_PIPE = 141
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `stepstream` command; returns the exit code (see `EXIT_*`)."""
     parser = _parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # the subcommand's usage and the closest flag, not the top-level usage
+        _unknown(getattr(args, 'subparser', parser), extra)
     if not hasattr(args, 'command'):
         parser.print_help()
         return EXIT_USAGE
@@ -82,6 +84,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BROKEN_PIPE
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+
+
+def _unknown(parser: argparse.ArgumentParser, extra: list[str]) -> None:
+    """Exit 2 naming what was not understood, in the subcommand's usage, with the closest flag."""
+    import difflib
+
+    flags = [flag for action in parser._actions for flag in action.option_strings]
+    hints = []
+    for word in extra:
+        if word.startswith('-'):
+            close = difflib.get_close_matches(word.split('=', 1)[0], flags, n=1, cutoff=0.6)
+            if close:
+                hints.append(f'{word}: did you mean {close[0]}?')
+    parser.error(f'unrecognized arguments: {" ".join(extra)}' + (f' ({"; ".join(hints)})' if hints else ''))
 
 
 def _fail(exc: BaseException, code: int) -> int:
@@ -115,12 +131,14 @@ def _parser() -> argparse.ArgumentParser:
             help='read settings from the stack running there (`stepstream stack up`); '
             f'flags and STEPSTREAM_* variables win (default: {DEFAULT_STACK_DIR})',
         )
-        p.set_defaults(command=fn)
+        p.set_defaults(command=fn, subparser=p)
         return p
 
     demo = command('demo', _demo, 'Run the multi-agent demo on the embedded stack (started if it is not up).')
     demo.add_argument(
-        '--serve', action='store_true', help='then serve the run explorer on 127.0.0.1:8321 until Ctrl-C'
+        '--serve',
+        action='store_true',
+        help='kept for old scripts: the stack serves the run explorer already (its URL is printed)',
     )
 
     stack = sub.add_parser(
@@ -252,6 +270,10 @@ def _parser() -> argparse.ArgumentParser:
     snapshot.add_argument(
         '--include-interrupted', action='store_true', help='the latest of any state, not the latest complete'
     )
+    effects = command(
+        'effects', _effects, "List a run's tool-effect ledger: each call's status and every resolution."
+    )
+    effects.add_argument('run_id', help='the run')
     unresolved = command(
         'unresolved',
         _unresolved,
@@ -291,7 +313,7 @@ def _parser() -> argparse.ArgumentParser:
         help='resolve a call still in flight (its run is live): only when you know its process is gone',
     )
 
-    for p in (runs, tree, events, snapshot, unresolved, conflicts, status, resolve):
+    for p in (runs, tree, events, snapshot, effects, unresolved, conflicts, status, resolve):
         p.add_argument('--json', action='store_true', help='machine-readable output')
 
     serve = command('serve', _serve, 'Serve the projection over HTTP: a JSON API and the run explorer.')
@@ -336,10 +358,12 @@ async def _demo(args: argparse.Namespace, settings: Settings) -> int:
     from stepstream.demo import run_demo
     from stepstream.stack import stack_environ, stack_up
 
-    await asyncio.to_thread(stack_up, args.stack_dir, broker=None, quiet=True)
+    running = await asyncio.to_thread(stack_up, args.stack_dir, broker=None, quiet=True)
     # As every command: flags, then variables, then the stack's settings (now that it is up).
     demo_settings = Settings.from_args(args, stack_environ(args.stack_dir))
-    await run_demo(demo_settings, stack_dir=args.stack_dir, serve_port=8321 if args.serve else None)
+    await run_demo(demo_settings, stack_dir=args.stack_dir)
+    if running.explorer_url is not None:
+        print(f'\nRun explorer (served by the stack): {running.explorer_url}')
     return EXIT_OK
 
 
@@ -442,7 +466,7 @@ async def _serve(args: argparse.Namespace, settings: Settings) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             asyncio.get_running_loop().add_signal_handler(sig, served.stop)
         print(
-            f'stepstream serve: explorer at {served.url}/ (API under /api, schema at /openapi.json)',
+            f'stepstream serve: explorer at {served.url}/ (API under /api, its docs at /docs)',
             flush=True,
         )
         await served.wait()
@@ -678,14 +702,20 @@ async def _snapshot(args: argparse.Namespace, settings: Settings) -> int:
     if args.json:
         print(ModelMessagesTypeAdapter.dump_json(snap.messages, indent=2).decode())
     else:
+        from stepstream.render import messages_text
+
         print(
             f'snapshot {snap.snapshot_seq} of {snap.run_id}: {snap.state}, step {snap.step_index}, '
             f'{len(snap.messages)} messages'
         )
-        for i, message in enumerate(snap.messages):
-            parts = ', '.join(type(p).__name__ for p in message.parts)
-            print(f'  {i:>3} {message.kind:<8} {parts}')
+        print(messages_text(snap.messages))
     return EXIT_OK
+
+
+async def _effects(args: argparse.Namespace, settings: Settings) -> int:
+    from stepstream.render import ledger
+
+    return await _show(args, settings, lambda r: r.list_tool_effects(args.run_id), ledger, run_id=args.run_id)
 
 
 async def _unresolved(args: argparse.Namespace, settings: Settings) -> int:

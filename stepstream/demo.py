@@ -4,8 +4,11 @@ The orchestrator asks a researcher (in this process) and a publisher (in a child
 publisher's tool is killed with SIGKILL while it runs, so its effect stays `started`. Its writer's
 heartbeats stop with it: once they have been missing for `stale_after_s` (20 s by default) the run
 reads `stale` and the call `unknown_after_crash`, and the demo waits for that before its summary.
-The demo runs on the stack `stepstream stack up` keeps under `.stepstream`, whose log is durable,
-so running it again shows every earlier run too, and every `stepstream` command afterwards reads
+The researcher's first search fails (its call reads `failed`), every model response reports a
+price (so runs show a cost), and the orchestrator's answer says the publisher was interrupted.
+The demo runs on the stack `stepstream stack up` keeps under `.stepstream`, whose log is durable
+and whose projector applies what the demo writes (the demo only reads the projection), so
+running it again shows every earlier run too, and every `stepstream` command afterwards reads
 the same log and projection.
 
 `python -m stepstream.demo --run-id R --parent-run-id P` is the publisher's child process
@@ -20,31 +23,78 @@ import os
 import secrets
 import signal
 import sys
+from collections.abc import Callable, Mapping
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from pydantic_ai import Agent, RunContext
+from pydantic_ai import Agent, ModelRetry, RunContext
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.usage import RequestUsage
 
+from stepstream.errors import StepStreamError
+from stepstream.media import S3MediaStore
 from stepstream.producer import EventLog, StepPersistence, annotate_tool_effect, current_run_id
-from stepstream.projector import ProjectionReader, Projector
-from stepstream.render import effects_table, events_table, tree
+from stepstream.projector import ProjectionReader
+from stepstream.render import effects_table, events_table, runs_table, tree
 from stepstream.settings import Settings
 
+Step = tuple[str, dict[str, object]] | str | Callable[[list[ModelMessage]], str]
+"""A tool call (name, arguments), the final text, or a function of the history giving the final text."""
 
-def _scripted(*steps: tuple[str, dict[str, object]] | str) -> FunctionModel:
-    """A model that makes the given tool calls one turn at a time, then answers with the final text."""
+PRICE_PER_INPUT_TOKEN = Decimal('0.000002')
+PRICE_PER_OUTPUT_TOKEN = Decimal('0.000008')
+"""The demo model's price in USD ($2 and $8 per million tokens), so its runs show a cost."""
+
+
+def _scripted(*steps: Step) -> FunctionModel:
+    """A model that makes the given tool calls one turn at a time, then answers with the final text.
+
+    Steps advance with the tool returns in the history, so a call whose tool failed moves the
+    script on too. Every response reports its tokens (words, roughly) and their cost at the
+    demo's price, as a priced provider would.
+    """
 
     def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         done = sum(isinstance(p, ToolReturnPart) for m in messages for p in m.parts)
+        calls = sum(isinstance(p, ToolCallPart) for m in messages for p in m.parts)
         step = steps[min(done, len(steps) - 1)]
-        if isinstance(step, str):
-            return ModelResponse(parts=[TextPart(step)])
-        name, args = step
-        return ModelResponse(parts=[ToolCallPart(name, args, tool_call_id=f'{name}-{done}')])
+        if isinstance(step, tuple):
+            name, args = step
+            part: TextPart | ToolCallPart = ToolCallPart(name, args, tool_call_id=f'{name}-{calls}')
+        else:
+            part = TextPart(step if isinstance(step, str) else step(messages))
+        input_tokens = 50 + sum(len(str(p).split()) for m in messages for p in m.parts)
+        output_tokens = 10 + len(str(part).split())
+        cost = input_tokens * PRICE_PER_INPUT_TOKEN + output_tokens * PRICE_PER_OUTPUT_TOKEN
+        usage = RequestUsage(input_tokens=input_tokens, output_tokens=output_tokens, cost=cost)
+        return ModelResponse(parts=[part], usage=usage, model_name=DEMO_MODEL)
 
-    return FunctionModel(model)
+    return FunctionModel(model, model_name=DEMO_MODEL)
+
+
+DEMO_MODEL = 'demo-scripted'
+
+
+def _returned(messages: list[ModelMessage], tool_name: str) -> str:
+    """What the last call of `tool_name` returned, as text."""
+    found = [
+        p for m in messages for p in m.parts if isinstance(p, ToolReturnPart) and p.tool_name == tool_name
+    ]
+    return str(found[-1].content) if found else '(no answer)'
+
+
+def _orchestrator_answer(messages: list[ModelMessage]) -> str:
+    """The orchestrator's answer says what happened, including a publisher that did not finish."""
+    published = _returned(messages, 'publish')
+    outcome = (
+        f'publishing was interrupted ({published}); whether the announcement went out is unknown '
+        'until someone checks and resolves it'
+        if 'killed' in published or 'exited' in published or 'never' in published
+        else f'published ({published})'
+    )
+    return f'researched: {_returned(messages, "research")}; {outcome}'
 
 
 async def run_crashing_delegate(settings: Settings, *, run_id: str, parent_run_id: str) -> None:
@@ -117,87 +167,112 @@ async def _until_stale(reader: ProjectionReader, run_id: str, settings: Settings
         await asyncio.sleep(0.2)
 
 
-async def run_demo(
-    settings: Settings, *, stack_dir: str | Path = '.stepstream', serve_port: int | None = None
-) -> None:
+async def wait_applied(reader: ProjectionReader, positions: Mapping[Any, int], settings: Settings) -> None:
+    """Wait until the projection applied the log up to `positions` (`EventLog.flush()`'s answer).
+
+    The stack's projector applies it; this process only reads (a RocksDB secondary), so it polls.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 60
+    while True:
+        applied = (await reader.status()).offsets
+        if all(applied.get((tp.topic, tp.partition), 0) >= end for tp, end in positions.items()):
+            return
+        if loop.time() > deadline:
+            raise StepStreamError(
+                f"the projection at {settings.db_path} did not apply the demo's records within 60 s: "
+                'is a projector running? (`stepstream stack up` starts one; `stepstream status` says)'
+            )
+        await asyncio.sleep(0.05)
+
+
+async def run_demo(settings: Settings, *, stack_dir: str | Path = '.stepstream') -> None:
     """Run the demo against `settings` (the stack under `stack_dir`); print lineage, events and effects.
 
-    With `serve_port`, then serve the run explorer over the demo's projection on that loopback
-    port until Ctrl-C (the stack stays up either way).
+    The stack's projector applies what the demo writes; the demo reads the projection beside it.
     """
-    async with EventLog(settings) as log, Projector(settings) as projector:
-        reader = projector.reader()
-        researcher = Agent(
-            _scripted(('search_docs', {'query': 'release notes'}), 'the release adds delta snapshots'),
-            name='researcher',
-            capabilities=[StepPersistence(log=log, agent_name='researcher')],
+    async with EventLog(settings) as log:
+        reader = ProjectionReader.open(
+            settings.db_path,
+            media_store=S3MediaStore.from_settings(settings),
+            stale_after_s=settings.stale_after_s,
         )
+        try:
+            await _demo(settings, log, reader, stack_dir)
+        finally:
+            reader.close()
 
-        @researcher.tool_plain
-        def search_docs(query: str) -> str:
-            return f'3 documents match {query!r}'
 
-        orchestrator = Agent(
-            _scripted(('research', {'topic': 'release'}), ('publish', {}), 'done: researched and published'),
-            name='orchestrator',
-            capabilities=[StepPersistence(log=log, agent_name='orchestrator')],
-        )
+async def _demo(settings: Settings, log: EventLog, reader: ProjectionReader, stack_dir: str | Path) -> None:
+    researcher = Agent(
+        _scripted(
+            ('search_docs', {'query': 'release notes'}),
+            ('search_docs', {'query': 'changelog'}),
+            lambda messages: f'the release adds delta snapshots ({_returned(messages, "search_docs")})',
+        ),
+        name='researcher',
+        capabilities=[StepPersistence(log=log, agent_name='researcher')],
+    )
 
-        @orchestrator.tool_plain
-        async def research(topic: str) -> str:
-            return (await researcher.run(f'research {topic}', conversation_id='release-demo')).output
+    searches: list[str] = []
 
-        killed: list[str] = []
+    @researcher.tool_plain
+    def search_docs(query: str) -> str:
+        searches.append(query)
+        if len(searches) == 1:  # a tool that fails once: its call reads `failed`, the next `completed`
+            raise ModelRetry('the search index is still warming up; search again')
+        return f'3 documents match {query!r}'
 
-        @orchestrator.tool_plain
-        async def publish() -> str:
-            parent = current_run_id()
-            assert parent is not None
-            return await _publish_in_child(settings, reader, parent, killed)
+    orchestrator = Agent(
+        _scripted(('research', {'topic': 'release'}), ('publish', {}), _orchestrator_answer),
+        name='orchestrator',
+        capabilities=[StepPersistence(log=log, agent_name='orchestrator')],
+    )
 
-        result = await orchestrator.run(
-            'research the release and announce it', conversation_id='release-demo'
-        )
-        print(f'orchestrator answered: {result.output}\n')
-        await projector.wait_for(await log.flush())
-        await projector.catch_up()  # earlier demo runs too, if the projection was removed
-        for run_id in killed:
-            await _until_stale(reader, run_id, settings)
+    @orchestrator.tool_plain
+    async def research(topic: str) -> str:
+        return (await researcher.run(f'research {topic}', conversation_id='release-demo')).output
 
-        roots = await reader.list_runs(agent_name='orchestrator')
-        print(f'== lineage ({len(roots)} orchestrator run(s) in the log so far)')
-        for root in roots:
-            print(tree(await reader.run_tree(root.run_id)))
-        latest = await reader.run_tree(roots[-1].run_id)
-        for run in latest:
-            print(f'\n== events of {run.run_id} ({run.agent_name}, {run.status})')
-            print(events_table(await reader.list_events(run.run_id)))
-        print('\n== unresolved tool effects (in_flight or unknown_after_crash), all runs')
-        print(effects_table(await reader.list_unresolved_tool_effects()))
-        here = '' if str(stack_dir) == '.stepstream' else f' --stack-dir {stack_dir}'
-        orchestrator_id = roots[-1].run_id
-        print(
-            f'\nThe stack keeps running, and its log and projection persist under {stack_dir}; '
-            '`make run` again adds to this history.\n'
-            'Inspect it (`.venv/bin/stepstream` in a checkout):\n'
-            f'  stepstream runs{here}                  # every run; also tree, events, snapshot, unresolved\n'
-            f'  stepstream tree {orchestrator_id}{here}\n'
-            f'  stepstream status{here}                # lag, apply rate, dead letters\n'
-            f'  stepstream rebuild --into /tmp/rebuilt{here} && '
-            f'stepstream verify {settings.db_path} /tmp/rebuilt\n'
-            f'  stepstream serve{here}                 # the run explorer and JSON API on 127.0.0.1:8321\n'
-            f'  stepstream projector{here}             # keep the projection current as agents write\n'
-            f'  eval "$(stepstream stack env{here})"   # the settings, for other tools and terminals\n'
-            f'Stop it: stepstream stack down{here}'
-        )
-        if serve_port is not None:
-            from stepstream.serve import app_for, running
+    killed: list[str] = []
 
-            async with running(app_for(settings, reader=reader), port=serve_port) as served:
-                for sig in (signal.SIGTERM, signal.SIGINT):
-                    asyncio.get_running_loop().add_signal_handler(sig, served.stop)
-                print(f'\nrun explorer at {served.url}/ (Ctrl-C stops it; the stack stays up)', flush=True)
-                await served.wait()
+    @orchestrator.tool_plain
+    async def publish() -> str:
+        parent = current_run_id()
+        assert parent is not None
+        return await _publish_in_child(settings, reader, parent, killed)
+
+    result = await orchestrator.run('research the release and announce it', conversation_id='release-demo')
+    print(f'orchestrator answered: {result.output}\n')
+    await wait_applied(reader, await log.flush(), settings)
+    for run_id in killed:
+        await _until_stale(reader, run_id, settings)
+
+    roots = await reader.list_runs(agent_name='orchestrator')
+    print(f'== lineage ({len(roots)} orchestrator run(s) in the log so far)')
+    for root in roots:
+        print(tree(await reader.run_tree(root.run_id)))
+    latest = await reader.run_tree(roots[-1].run_id)
+    print("\n== this demo's runs: time, tokens (in/out) and cost at the demo model's price")
+    print(runs_table(latest))
+    for run in latest:
+        print(f'\n== events of {run.run_id} ({run.agent_name}, {run.status})')
+        print(events_table(await reader.list_events(run.run_id)))
+    print('\n== unresolved tool effects (in_flight or unknown_after_crash), all runs')
+    print(effects_table(await reader.list_unresolved_tool_effects()))
+    here = '' if str(stack_dir) == '.stepstream' else f' --stack-dir {stack_dir}'
+    orchestrator_id = roots[-1].run_id
+    print(
+        f'\nThe stack keeps running, and its log and projection persist under {stack_dir}; '
+        '`make run` again adds to this history.\n'
+        'Inspect it (`.venv/bin/stepstream` in a checkout):\n'
+        f'  stepstream runs{here}                  # every run; also tree, events, snapshot, unresolved\n'
+        f'  stepstream tree {orchestrator_id}{here}\n'
+        f'  stepstream status{here}                # lag, apply rate, dead letters\n'
+        f'  stepstream rebuild --into /tmp/rebuilt{here} && '
+        f'stepstream verify {settings.db_path} /tmp/rebuilt\n'
+        f'  eval "$(stepstream stack env{here})"   # the settings, for other tools and terminals\n'
+        f'Stop it: stepstream stack down{here}'
+    )
 
 
 def _delegate_main() -> None:

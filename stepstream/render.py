@@ -6,7 +6,7 @@ import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from stepstream.schemas import RunRecord, StepEvent, ToolEffectRecord
@@ -168,6 +168,80 @@ def effects_table(effects: Sequence[ToolEffectRecord]) -> str:
     return unresolved_table([UnresolvedEffect(e, None) for e in effects])
 
 
+def ledger(effects: Sequence[ToolEffectRecord]) -> str:
+    """`stepstream effects RUN`: each call's effect, then every resolution written for it."""
+    if not effects:
+        return 'no tool calls'
+    rows = [
+        (
+            e.tool_call_id,
+            e.tool_name,
+            effect_status(e),
+            _time(e.started_at),
+            _time(e.ended_at) if e.ended_at else None,
+            e.idempotency_key,
+            e.effect_summary,
+            e.error,
+        )
+        for e in effects
+    ]
+    headers = ['tool_call_id', 'tool', 'status', 'started', 'ended', 'idempotency_key', 'summary', 'error']
+    lines = [table(headers, rows)]
+    for e in effects:
+        for r in e.resolutions:
+            applied = '' if r.applied else ' (history only: it does not decide the status)'
+            lines.append(
+                f'{e.tool_call_id}: resolved {r.resolution.replace("_", " ")} by {r.resolved_by} at '
+                f'{_time(r.resolved_at)}{applied}: {r.note}'
+            )
+    return '\n'.join(lines)
+
+
+def messages_text(messages: Sequence[Any]) -> str:
+    """A history as text a person reads: each message's parts, the prompts and answers in full."""
+    lines = []
+    for i, message in enumerate(messages):
+        lines.append(f'#{i} {message.kind}')
+        for part in message.parts:
+            lines.extend('    ' + line for line in _part_text(part).splitlines() or [''])
+    return '\n'.join(lines)
+
+
+def _part_text(part: Any) -> str:
+    kind = getattr(part, 'part_kind', type(part).__name__)
+    if kind in ('tool-call', 'builtin-tool-call'):
+        args = json.dumps(part.args_as_dict(), ensure_ascii=False)
+        return f'tool call {part.tool_name} ({part.tool_call_id}): {args}'
+    if kind in ('tool-return', 'builtin-tool-return'):
+        return f'tool return {part.tool_name} ({part.tool_call_id}): {_content_text(part.content)}'
+    if kind == 'retry-prompt':
+        target = part.tool_name or 'output'
+        return f'retry {target}: {_content_text(part.content)}'
+    if kind in ('system-prompt', 'user-prompt', 'text', 'thinking'):
+        label = {'system-prompt': 'system', 'user-prompt': 'user', 'text': 'text', 'thinking': 'thinking'}[
+            kind
+        ]
+        return f'{label}: {_content_text(part.content)}'
+    return f'{kind}: {_content_text(getattr(part, "content", part))}'
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list | tuple):
+        return ' '.join(_content_text(c) for c in content)
+    url = getattr(content, 'url', None)
+    if isinstance(url, str):
+        return f'[{getattr(content, "media_type", "media")} {url}]'
+    data = getattr(content, 'data', None)
+    if isinstance(data, bytes):
+        return f'[{getattr(content, "media_type", "binary")}, {len(data)} bytes]'
+    try:
+        return json.dumps(content, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        return repr(content)
+
+
 @dataclass(frozen=True, slots=True)
 class UnresolvedEffect:
     """A tool effect in the unresolved sweep, beside its run's status (`stale`, `failed`, ...).
@@ -220,14 +294,36 @@ def status_json(status: ProjectionStatus, applied: Offsets, ends: Offsets) -> st
     return to_json({'partitions': partitions, 'total_lag': total, **figures})
 
 
+def applier(status: ProjectionStatus, partition: int) -> tuple[str, str]:
+    """Who applies a partition's shard (`pid N` or `none`) and how long ago it last committed."""
+    pid = status.writers.get(partition)
+    at = status.last_batch_at.get(partition)
+    ago = 'never' if at is None else f'{max((datetime.now(UTC) - at).total_seconds(), 0):.1f} s ago'
+    return ('none' if pid is None else f'pid {pid}'), ago
+
+
 def status_text(status: ProjectionStatus, applied: Offsets, ends: Offsets, settings: Settings) -> str:
     """`stepstream status`: the lag table and one line per figure."""
     rows = [
-        (topic, partition, offset, ends[topic, partition], max(ends[topic, partition] - offset, 0))
+        (
+            topic,
+            partition,
+            offset,
+            ends[topic, partition],
+            max(ends[topic, partition] - offset, 0),
+            *applier(status, partition),
+        )
         for (topic, partition), offset in applied.items()
     ]
-    lines = [table(['topic', 'partition', 'applied', 'end', 'lag'], rows), '']
-    lines.append(f'total lag: {sum(r[4] for r in rows)} records')
+    headers = ['topic', 'partition', 'applied', 'end', 'lag', 'projector', 'last batch']
+    lines = [table(headers, rows), '']
+    lines.append(f'total lag: {sum(int(r[4]) for r in rows)} records')
+    idle = sorted({p for p, pid in status.writers.items() if pid is None})
+    if idle:
+        lines.append(
+            f'no projector applies partition(s) {idle}: nothing new shows in the views until one runs '
+            '(`stepstream stack up` starts one; or `stepstream projector`)'
+        )
     when = _time(status.updated_at) if status.updated_at else 'never'
     lines.append(f'applied: {status.applied_per_second:g} records/s (last batch at {when})')
     reasons = ', '.join(f'{reason} {count}' for reason, count in status.dead_lettered_by_reason.items())

@@ -1,16 +1,21 @@
 """`stepstream stack up|down|env`: an embedded stack that outlives the command that started it.
 
-`stack up` starts a background process (`python -m stepstream.stack DIR`) that runs a durable
-`EmbeddedStack` under `DIR/stack` and writes the settings that reach it to `DIR/stack.env`. Every
-`stepstream` command run beside it reads that file (flags and `STEPSTREAM_*` variables win), so
-after `make run` the CLI finds the demo's log, and `stack env` prints the `export` lines for other
-tools and terminals. `stack down` stops the process, which stops its children; the log and the
-projection stay under `DIR` for the next `stack up`.
+`stack up` starts a background process (`python -m stepstream.stack DIR`) that runs the whole
+system: a durable `EmbeddedStack` (broker and S3) under `DIR/stack`, and, as supervised child
+processes, a `stepstream projector` that keeps `DIR/projection` current and a `stepstream serve`
+(the run explorer and JSON API) over it; a child that dies is started again. It writes the
+settings that reach the stack to `DIR/stack.env`: every `stepstream` command run beside it reads
+that file (flags and `STEPSTREAM_*` variables win), so after `make run` the CLI finds the demo's
+log, and `stack env` prints the `export` lines for other tools and terminals. Readers (the CLI,
+`serve`, `ProjectionReader.open`) open the projection as RocksDB secondaries while the stack's
+projector writes it; only a second projector is refused. `stack down` stops the process, which
+stops its children; the log and the projection stay under `DIR` for the next `stack up`.
 
 Layout of `DIR` (created readable by its owner only, since `stack.env` holds the S3 secret):
 `stack.env` (the settings, present while the stack is up), `stack.pid` (the background
-process), `stack.log` (its output), `stack/` (the `EmbeddedStack` data dir), `projection/` (the
-projection `db_path` points at).
+process), `stack.log` (its output and its supervisor's), `projector.log` and `serve.log` (the
+children's output), `explorer.url` (where `serve` listens), `stack/` (the `EmbeddedStack` data
+dir), `projection/` (the projection `db_path` points at).
 """
 
 from __future__ import annotations
@@ -19,20 +24,28 @@ import contextlib
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from stepstream.errors import StepStreamError, UsageError
 from stepstream.settings import ENV_PREFIX, Settings
+
+if TYPE_CHECKING:
+    from stepstream.embedded._processes import Child
 
 DEFAULT_STACK_DIR = '.stepstream'
 ENV_FILE = 'stack.env'
 PID_FILE = 'stack.pid'
 LOG_FILE = 'stack.log'
+URL_FILE = 'explorer.url'
+EXPLORER_PORT = 8321
+"""The explorer's port when it is free; otherwise the stack's `serve` takes any free one."""
 _SERVICE_MODULE = 'stepstream.stack'
 _STARTUP_TIMEOUT_S = 180.0  # Apache Kafka may resolve its jars from Maven on the first start
 _STOP_TIMEOUT_S = 30.0
@@ -46,6 +59,8 @@ class RunningStack:
     pid: int
     environ: dict[str, str]
     """The `STEPSTREAM_*` variables that point at it."""
+    explorer_url: str | None = None
+    """Where the stack's `serve` answers (the run explorer at `/`, the API under `/api`)."""
 
     @property
     def settings(self) -> Settings:
@@ -59,10 +74,12 @@ class RunningStack:
     def describe(self) -> str:
         """What `stack up` prints: where things are and how to use and stop the stack."""
         s = self.settings
+        explorer = self.explorer_url or f'none answering yet: see {self.directory / "serve.log"}'
         return (
             f'stack up (pid {self.pid}) under {self.directory}\n'
             f'  Kafka: {s.bootstrap_servers}   S3: {s.s3_endpoint} (bucket {s.s3_bucket})\n'
-            f'  projection: {s.db_path}\n'
+            f"  projection: {s.db_path} (kept current by the stack's projector)\n"
+            f'  run explorer: {explorer}\n'
             f'stepstream commands run here use it; elsewhere: eval "$(stepstream stack env '
             f'--stack-dir {self.directory})"\n'
             'stop it with: stepstream stack down'
@@ -96,7 +113,11 @@ def running_stack(directory: str | Path) -> RunningStack:
             f'the stack under {root} is not running any more (pid {pid} is gone): '
             'start it again with `stepstream stack up`'
         )
-    return RunningStack(root, pid, environ)
+    try:
+        url: str | None = (root / URL_FILE).read_text().strip() or None
+    except OSError:
+        url = None
+    return RunningStack(root, pid, environ, url)
 
 
 def stack_up(directory: str | Path, *, broker: str | None = None, quiet: bool = False) -> RunningStack:
@@ -140,7 +161,20 @@ def stack_up(directory: str | Path, *, broker: str | None = None, quiet: bool = 
                 f'the end of {root / LOG_FILE}:\n' + _tail(root / LOG_FILE)
             )
         time.sleep(0.1)
-    return running_stack(root)
+    running = running_stack(root)
+    _wait_answering(running.explorer_url, deadline)
+    return running
+
+
+def _wait_answering(url: str | None, deadline: float) -> None:
+    """Wait until the explorer accepts connections (so the URL `stack up` prints works at once)."""
+    if url is None:
+        return
+    host, _, port = url.removeprefix('http://').rstrip('/').rpartition(':')
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection((host, int(port)), timeout=1):
+            return
+        time.sleep(0.1)
 
 
 def stack_down(directory: str | Path) -> str:
@@ -206,9 +240,76 @@ def _tail(path: Path, lines: int = 20) -> str:
     return '\n'.join('    ' + line for line in text.splitlines()[-lines:])
 
 
+class _Supervised:
+    """A child of the stack (`stepstream projector`, `stepstream serve`), started again if it dies."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], root: Path) -> None:
+        self.name, self.argv, self.env, self.root = name, argv, env, root
+        self.child: Child | None = None
+        self.started_at = 0.0
+
+    def start(self) -> None:
+        from stepstream.embedded._processes import spawn
+
+        self.child = spawn(
+            self.name,
+            f'stepstream {self.name}',
+            self.argv,
+            env=self.env,
+            cwd=self.root,
+            log_path=self.root / f'{self.name}.log',
+        )
+        self.started_at = time.monotonic()
+        print(f'started {self.name} (pid {self.child.process.pid})', flush=True)
+
+    def check(self) -> None:
+        """Start the child again if it exited (not sooner than 2 s after its last start)."""
+        if self.child is None or self.child.process.poll() is None:
+            return
+        if time.monotonic() - self.started_at < _RESTART_PAUSE_S:
+            return
+        print(
+            f'{self.name} (pid {self.child.process.pid}) exited with code {self.child.process.returncode}; '
+            f'starting it again (see {self.root / (self.name + ".log")})',
+            flush=True,
+        )
+        self.start()
+
+
+_RESTART_PAUSE_S = 2.0
+_WHERE = ('BOOTSTRAP_SERVERS', 'S3_', 'DB_PATH', 'TOPIC_PREFIX', 'PARTITIONS', 'SECURITY_', 'SASL_', 'SSL_')
+
+
+def _explorer_port() -> int:
+    """`EXPLORER_PORT` if nothing listens there on loopback, else a free port."""
+    for port in (EXPLORER_PORT, 0):
+        with socket.socket() as sock:
+            try:
+                sock.bind(('127.0.0.1', port))
+            except OSError:
+                continue
+            found: int = sock.getsockname()[1]
+            return found
+    raise StepStreamError('no free loopback port for the run explorer')
+
+
+def _wait_for_projection(path: Path, projector: _Supervised, asked: threading.Event) -> None:
+    """Wait until the projector made its shards, so that `serve` finds a projection to open."""
+    from stepstream.projector._store import shard_paths
+
+    deadline = time.monotonic() + 60
+    while not shard_paths(path) and time.monotonic() < deadline and not asked.is_set():
+        projector.check()
+        time.sleep(0.1)
+
+
 def serve(directory: str | Path) -> None:
-    """The background process of `stack up`: run the stack until SIGTERM, then stop it cleanly."""
+    """The background process of `stack up`: the stack, a projector and `serve`, until SIGTERM.
+
+    The children are started again when they die; on SIGTERM they stop first, then the stack.
+    """
     from stepstream.embedded import EmbeddedStack
+    from stepstream.embedded._processes import terminate
 
     root = Path(directory).absolute()
     received: list[signal.Signals] = []
@@ -222,20 +323,44 @@ def serve(directory: str | Path) -> None:
         signal.signal(sig, on_signal)
     stack = EmbeddedStack(root / 'stack', durable=True, partitions=3)
     stack.start()
+    children: list[_Supervised] = []
     try:
         (root / PID_FILE).write_text(f'{os.getpid()}\n')
         settings = stack.settings.replace(db_path=str(root / 'projection'))
         _make_private_dir(root / 'projection')
+        # Where the system is (broker, S3, projection) comes from the stack; tunables such as
+        # STEPSTREAM_STALE_AFTER_S from the environment `stack up` ran in, as for every command.
+        stack_env = settings.to_env()
+        where = {k: v for k, v in stack_env.items() if k.removeprefix(ENV_PREFIX).startswith(_WHERE)}
+        env = {**stack_env, **os.environ, **where}
+        command = [sys.executable, '-m', 'stepstream.cli']
+        projector = _Supervised('projector', [*command, 'projector', '--stack-dir', str(root)], env, root)
+        port = _explorer_port()
+        server = _Supervised(
+            'serve', [*command, 'serve', '--port', str(port), '--stack-dir', str(root)], env, root
+        )
+        children = [projector, server]
+        projector.start()
+        _wait_for_projection(root / 'projection', projector, asked)
+        server.start()
+        (root / URL_FILE).write_text(f'http://127.0.0.1:{port}/\n')
         env_path = root / ENV_FILE
         partial = env_path.with_suffix('.tmp')
         fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, 'w') as f:
             f.writelines(f'{name}={value}\n' for name, value in settings.to_env().items())
         partial.replace(env_path)  # appears whole: `stack up` waits for this file
-        print(f'stack up: {settings.bootstrap_servers}, {settings.s3_endpoint}', flush=True)
-        asked.wait()
+        print(
+            f'stack up: {settings.bootstrap_servers}, {settings.s3_endpoint}, http://127.0.0.1:{port}/',
+            flush=True,
+        )
+        while not asked.wait(0.5):
+            for child in children:
+                child.check()
     finally:
         (root / ENV_FILE).unlink(missing_ok=True)
+        (root / URL_FILE).unlink(missing_ok=True)
+        terminate([c.child for c in children])
         stack.stop()
         (root / PID_FILE).unlink(missing_ok=True)
         print(f'stack down ({received[0].name if received else "error"})', flush=True)

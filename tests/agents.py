@@ -65,3 +65,24 @@ def turns_then_answers(tool_name: str, calls: int) -> FunctionModel:
         return ModelResponse(parts=[TextPart(f'answered after {turn} tool calls')])
 
     return FunctionModel(model)
+
+
+def priced_calls(tool_name: str, calls: int, *, price_per_token: str = '0.00001') -> FunctionModel:
+    """Like `calls_then_answers` (argument `n` counting up), but every response reports tokens and a cost."""
+    from decimal import Decimal
+
+    from pydantic_ai.usage import RequestUsage
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        done = len(tool_returns(messages))
+        part: ToolCallPart | TextPart = (
+            ToolCallPart(tool_name, {'n': done + 1}, tool_call_id=f'call-{done}')
+            if done < calls
+            else TextPart(f'answered after {done} tool calls')
+        )
+        usage = RequestUsage(
+            input_tokens=100 + done, output_tokens=10, cost=Decimal(price_per_token) * (110 + done)
+        )
+        return ModelResponse(parts=[part], usage=usage, model_name='priced-model')
+
+    return FunctionModel(model, model_name='priced-model')

@@ -25,11 +25,11 @@ from pydantic_ai.messages import BinaryContent
 
 from stepstream import Settings
 from stepstream.media import S3MediaStore
-from stepstream.producer import EventLog, StepPersistence, annotate_tool_effect
+from stepstream.producer import EventLog, StepPersistence, annotate_tool_effect, resolve_tool_effect
 from stepstream.projector import ProjectionReader, Projector
 from stepstream.serve import app_for, running
 
-from agents import answers, calls_then_answers
+from agents import answers, calls_then_answers, priced_calls
 
 
 def png(width: int = 48, height: int = 48, seed: int = 7) -> bytes:
@@ -117,6 +117,49 @@ class Served:
             release.set()
             await task
             await self.settle()
+
+    async def add_variety(self) -> dict[str, str]:
+        """A failed run, a long run and a resolved effect, applied on return; their run_ids by kind.
+
+        With the runs the projection starts with (an orchestrator and its delegates, an image, a
+        cancelled run with an unknown effect, a dead letter), every page of the explorer has
+        something to show.
+        """
+        failing = Agent(
+            calls_then_answers('charge_card', args={'amount_cents': 4200}),
+            capabilities=[StepPersistence(log=self.log, agent_name='cashier', run_id='cashier-failed')],
+        )
+
+        @failing.tool_plain
+        def charge_card(amount_cents: int) -> str:
+            raise RuntimeError(f'card declined for {amount_cents} cents')
+
+        with contextlib.suppress(RuntimeError):
+            await failing.run('charge the customer', conversation_id='conv-failed')
+
+        long = Agent(
+            priced_calls('step', calls=25),
+            capabilities=[StepPersistence(log=self.log, agent_name='marathon', run_id='marathon-long')],
+        )
+
+        @long.tool_plain
+        def step(n: int) -> str:
+            return f'step {n} done'
+
+        await long.run('go the distance', conversation_id='conv-long')
+        resolved = await self.add_crashed_run('publisher-resolved')
+        reader = self.projector.reader()
+        [effect] = await reader.list_unresolved_tool_effects(resolved)
+        await resolve_tool_effect(
+            self.log,
+            effect,
+            resolution='happened',
+            note='the announcement is in #releases',
+            operator='oncall-bob',
+            writer_id='test-resolver',
+        )
+        await self.settle()
+        return {'failed': 'cashier-failed', 'long': 'marathon-long', 'resolved': resolved}
 
     async def add_run(self, conversation_id: str, agent_name: str = 'latecomer') -> str:
         """One more finished run, applied before this returns; its run_id."""

@@ -81,7 +81,13 @@ async def test_views_tables_and_json(
     code, out, _ = await cli(settings, db_path, 'events', boss.run_id, '--json')
     assert code == 0 and json.loads(out)[0]['kind'] == 'run_started'
     code, out, _ = await cli(settings, db_path, 'snapshot', boss.run_id)
-    assert code == 0 and 'complete' in out and 'ToolReturnPart' in out
+    assert code == 0 and 'complete' in out and 'UserPromptPart' not in out  # the messages, as text
+    assert '    user: go' in out and '    tool call delegate (call-0): {}' in out
+    assert '    tool return delegate (call-0): answered after 1 tool calls' in out
+    assert out.rstrip().endswith('text: answered after 1 tool calls')
+    code, out, _ = await cli(settings, db_path, 'effects', boss.run_id, '--json')
+    [delegated] = json.loads(out)
+    assert code == 0 and delegated['tool_name'] == 'delegate' and delegated['status'] == 'completed'
     code, out, _ = await cli(settings, db_path, 'unresolved', '--json')
     assert code == 0 and json.loads(out) == []
     code, out, _ = await cli(settings, db_path, 'topics', 'ensure')
@@ -101,7 +107,20 @@ async def test_views_tables_and_json(
     }
     assert all(p['end'] == p['applied'] for p in status['partitions'])
 
-    views = ('tree', 'events', 'snapshot', 'unresolved')
+    # A view imports what it needs and no more: not Pydantic AI (half a second), not pyarrow.
+    probe = await asyncio.create_subprocess_exec(
+        sys.executable,
+        '-c',
+        'import sys; from stepstream.cli import main; code = main(["runs", "--json"]); '
+        'print(code, sorted(m for m in ("pydantic_ai", "pyarrow", "fastapi") if m in sys.modules))',
+        env=cli_env(settings, db_path),
+        cwd=db_path.parent,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    printed = (await probe.communicate())[0].decode().splitlines()
+    assert printed[-1] == '0 []' and any(boss.run_id in line for line in printed)
+
+    views = ('tree', 'events', 'snapshot', 'effects', 'unresolved')
     answers = await asyncio.gather(*(cli(settings, db_path, v, 'no-such-run', '--json') for v in views))
     for view, (code, out, err) in zip(views, answers, strict=True):
         assert (code, out) == (1, ''), view
@@ -141,6 +160,21 @@ async def test_cancelled_and_stale_runs_in_every_view(
     code, out, _ = await cli(settings, db_path, 'unresolved', 'cx', '--json')
     [effect] = json.loads(out)
     assert effect['status'] == 'unknown_after_crash' and effect['run_status'] == 'cancelled'
+
+    # The operator resolves it; the run's ledger shows the call resolved, and by whom and why.
+    code, _, err = await cli(
+        settings, db_path, 'resolve', 'cx', 'call-0', '--did-not-happen', '--note', 'the outbox is empty'
+    )
+    assert code == 0, err
+    reader = projector.reader()
+    while (found := await reader.get_tool_effect('cx', 'call-0')) is None or found.status != 'resolved':
+        await asyncio.sleep(0.05)  # the projector (this test's) applies what the CLI appended
+    code, out, _ = await cli(settings, db_path, 'effects', 'cx')
+    assert code == 0 and 'resolved' in out.splitlines()[2] and 'slow' in out.splitlines()[2]
+    assert 'call-0: resolved did not happen by ' in out and out.rstrip().endswith(': the outbox is empty')
+    code, out, _ = await cli(settings, db_path, 'effects', 'cx', '--json')
+    [ledger] = json.loads(out)
+    assert ledger['status'] == 'resolved' and ledger['resolutions'][0]['note'] == 'the outbox is empty'
 
     # Stale is read, not stored: the same projection, read with two thresholds.
     code, out, _ = await cli(settings, db_path, 'runs', '--status', 'running', '--json')
@@ -252,12 +286,23 @@ async def test_projector_service_stops_gracefully_and_serves_other_processes(
             else:
                 raise AssertionError('the reader never saw the run the service applied')
             assert len(await reader.list_runs(parent_run_id=runs[0].run_id)) == 1
+            # Status names the process applying each shard (the lock's holder), here the service.
+            status = await reader.status()
+            assert status.writers == dict.fromkeys(status.shards, service.pid) and len(status.shards) == 3
+            assert any(status.last_batch_at[p] is not None for p in status.shards)  # where runs went
         finally:
             reader.close()
+        code, out, _ = await cli(settings, db_path, 'status')
+        assert code == 0 and out.splitlines()[2].split()[5:7] == ['pid', str(service.pid)]
         service.send_signal(signal.SIGTERM)
         remaining = await asyncio.wait_for(service.stdout.read(), 30)
         assert await service.wait() == 0
         assert b'stopping after' in remaining
+        # With the service gone, nothing applies the shards, and status says so.
+        code, out, _ = await cli(settings, db_path, 'status', '--json')
+        assert code == 0 and set(json.loads(out)['writers'].values()) == {None}
+        code, out, _ = await cli(settings, db_path, 'status')
+        assert 'no projector applies partition(s) [0, 1, 2]' in out
     finally:
         if service.returncode is None:
             service.kill()

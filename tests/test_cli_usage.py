@@ -59,6 +59,17 @@ async def test_version_and_help(tmp_path: Path) -> None:
     assert code == 0 and 'stack' in out and 'Exit codes' in out and 'demo-delegate' not in out
 
 
+async def test_a_usage_error_names_the_subcommand_and_the_closest_flag(tmp_path: Path) -> None:
+    code, _, err = await run('runs', '--statu', 'stale', cwd=tmp_path)
+    assert code == 2 and err.startswith('usage: stepstream runs ')
+    assert (
+        'stepstream runs: error: unrecognized arguments: --statu stale (--statu: did you mean --status?)'
+        in err
+    )
+    code, _, err = await run('runs', '--bogus', cwd=tmp_path)
+    assert code == 2 and 'stepstream runs: error: unrecognized arguments: --bogus' in err
+
+
 async def test_the_secret_key_is_never_a_flag(tmp_path: Path) -> None:
     code, _, err = await run('runs', '--s3-secret-access-key', 'hunter2', cwd=tmp_path)
     assert code == 2 and 'unrecognized arguments' in err

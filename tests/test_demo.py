@@ -5,10 +5,21 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
+import shlex
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
+from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urljoin
+
+import httpx
+import pyarrow.dataset as ds
+
+T = TypeVar('T')
 
 STEPSTREAM = str(Path(sys.executable).parent / 'stepstream')
 
@@ -25,7 +36,100 @@ def stepstream(cwd: Path, *args: str, check: bool = True) -> subprocess.Complete
     return done
 
 
+ATTACHED_AGENT = """
+import asyncio
+from pydantic_ai import Agent
+from pydantic_ai.models.test import TestModel
+from stepstream import Settings
+from stepstream.producer import EventLog, StepPersistence
+from stepstream.projector import ProjectionReader, continue_run
+
+async def main():
+    settings = Settings.from_env()
+    async with EventLog(settings) as log:
+        librarian = Agent(TestModel(), capabilities=[StepPersistence(log=log, agent_name='librarian')])
+        await librarian.run('find X', conversation_id='conv-1')
+        await log.flush()
+        reader = ProjectionReader.open(settings.db_path)  # beside the stack's projector
+        runs = []
+        while not runs or runs[-1].status != 'completed':  # the stack's projector applies it
+            runs = await reader.list_runs(conversation_id='conv-1')
+            await asyncio.sleep(0.05)
+        history = await continue_run(reader, run_id=runs[-1].run_id)
+        await librarian.run('follow up', message_history=history, conversation_id='conv-1')
+        reader.close()
+        print('attached', runs[-1].run_id, len(history))
+
+asyncio.run(main())
+"""
+"""The README's Usage section, with a model that needs no network."""
+
+
+class _Links(HTMLParser):
+    """The `href` and `src` of every tag of a page."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.found += [value for name, value in attrs if name in ('href', 'src') and value]
+
+
+def crawl(http: httpx.Client, limit: int = 2000) -> tuple[set[str], list[str]]:
+    """Follow every same-origin link from `/`: the paths reached, and those that failed."""
+    queue, seen, failures = ['/'], {'/'}, []
+    while queue and len(seen) < limit:
+        path = queue.pop(0)
+        answer = http.get(path)
+        if answer.status_code != 200 or 'Internal Server Error' in answer.text:
+            failures.append(f'{path}: {answer.status_code}')
+            continue
+        if not answer.headers.get('content-type', '').startswith('text/html'):
+            continue
+        links = _Links()
+        links.feed(answer.text)
+        for found in links.found:
+            target = urljoin(path, found).split('#', 1)[0]
+            if target.startswith('/') and not target.startswith('//') and target not in seen:
+                seen.add(target)
+                queue.append(target)
+    return seen, failures
+
+
+def clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith('STEPSTREAM_')}
+
+
+def _export(line: str) -> tuple[str, str]:
+    name, _, value = line.removeprefix('export ').partition('=')
+    return name, shlex.split(value)[0] if value else ''
+
+
+def status_json(cwd: Path) -> dict[str, Any]:
+    found: dict[str, Any] = json.loads(stepstream(cwd, 'status', '--json').stdout)
+    return found
+
+
+def until(what: str, check: Callable[[], T | None], timeout: float = 120.0) -> T:
+    """Poll `check` until it returns something (the projection, a process table), or fail naming `what`."""
+    deadline = time.monotonic() + timeout
+    while (found := check()) is None:
+        assert time.monotonic() < deadline, f'{what} did not happen within {timeout:g}s'
+        time.sleep(0.2)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f'/proc/{pid}').exists() and 'Z' not in Path(f'/proc/{pid}/stat').read_text().split()[2]
+
+
 def test_demo_then_status_rebuild_verify_and_stack_down(tmp_path: Path) -> None:
+    children: list[int] = []
     try:
         up = stepstream(tmp_path, 'stack', 'up').stdout
         assert 'stack up (pid' in up and 'stepstream stack down' in up
@@ -33,27 +137,93 @@ def test_demo_then_status_rebuild_verify_and_stack_down(tmp_path: Path) -> None:
         assert (tmp_path / '.stepstream' / 'stack.env').stat().st_mode & 0o777 == 0o600
         pid_line = next(line for line in up.splitlines() if line.startswith('stack up (pid'))
         assert stepstream(tmp_path, 'stack', 'up').stdout.startswith(f'already running: {pid_line}')
+        url = up.split('run explorer: ')[1].split()[0]
+        assert url.startswith('http://127.0.0.1:')
+        with httpx.Client(base_url=url, timeout=30) as http:
+            assert http.get('/').status_code == 200  # the stack serves the explorer at the printed URL
 
-        first = stepstream(tmp_path, 'demo').stdout
-        assert '1 orchestrator run(s)' in first
-        lineage = first.split('== lineage')[1].split('== events')[0]
-        assert '[orchestrator, completed]' in lineage
-        assert '├── researcher-' in lineage and '[researcher, completed]' in lineage
-        assert '└── publisher-' in lineage and '[publisher, stale]' in lineage  # heartbeats stopped
-        assert 'waiting up to 2 s for publisher-' in first
-        unresolved = first.split('== unresolved tool effects')[1]
-        assert 'send_announcement' in unresolved and 'unknown_after_crash' in unresolved
-        assert 'announce:#releases' in unresolved
-        assert first.rstrip().endswith('Stop it: stepstream stack down')
+            first = stepstream(tmp_path, 'demo').stdout
+            assert '1 orchestrator run(s)' in first
+            answer = first.split('orchestrator answered: ')[1].splitlines()[0]
+            assert 'publishing was interrupted' in answer and 'killed' in answer  # not "published"
+            lineage = first.split('== lineage')[1].split('== this demo')[0]
+            assert '[orchestrator, completed]' in lineage
+            assert '├── researcher-' in lineage and '[researcher, completed]' in lineage
+            assert '└── publisher-' in lineage and '[publisher, stale]' in lineage  # heartbeats stopped
+            assert 'waiting up to 2 s for publisher-' in first
+            costs = first.split("== this demo's runs")[1].split('== events')[0]
+            assert costs.count('$0.0') == 3  # the demo model has a price: every run shows a cost
+            assert 'tool_call_failed         search_docs' in first  # one tool fails, and shows so
+            unresolved = first.split('== unresolved tool effects')[1]
+            assert 'send_announcement' in unresolved and 'unknown_after_crash' in unresolved
+            assert 'announce:#releases' in unresolved
+            assert f'Run explorer (served by the stack): {url}' in first
 
-        # The log is durable under .stepstream: remove the projection and it is rebuilt.
-        shutil.rmtree(tmp_path / '.stepstream' / 'projection')
-        second = stepstream(tmp_path, 'demo').stdout
-        assert '2 orchestrator run(s)' in second
-        first_orchestrator = lineage.splitlines()[1].split()[0]
-        assert first_orchestrator.startswith('orchestrator-') and first_orchestrator in second
-        unresolved_rows = second.split('== unresolved tool effects')[1].split('\n\n')[0].splitlines()[3:]
-        assert len(unresolved_rows) == 2 and all('unknown_after_crash' in row for row in unresolved_rows)
+            # The stack's projector applies every partition; kill it and the stack starts another.
+            writers = status_json(tmp_path)['writers']
+            assert len(writers) == 3 and None not in writers.values() and len(set(writers.values())) == 1
+            [projector] = set(writers.values())
+            children += [projector]
+            os.kill(projector, signal.SIGKILL)
+            restarted = until(
+                'a new projector',
+                lambda: (
+                    w
+                    if None not in (w := status_json(tmp_path)['writers']).values()
+                    and projector not in w.values()
+                    else None
+                ),
+            )
+            children += list(set(restarted.values()))
+
+            # `make run` twice works with the stack's projector and serve running.
+            second = stepstream(tmp_path, 'demo').stdout
+            assert '2 orchestrator run(s)' in second
+            first_orchestrator = lineage.splitlines()[1].split()[0]
+            assert first_orchestrator.startswith('orchestrator-') and first_orchestrator in second
+            unresolved_rows = second.split('== unresolved tool effects')[1].split('\n\n')[0].splitlines()[3:]
+            assert len(unresolved_rows) == 2 and all('unknown_after_crash' in row for row in unresolved_rows)
+
+            # serve reads what the new projector applied: its status is current, every shard applied.
+            served = until(
+                "serve's status to catch up",
+                lambda: ((s := http.get('/api/status').json())['total_lag'] == 0 and s) or None,
+            )
+            assert all(p['projector_pid'] in restarted.values() for p in served['partitions'])
+            assert len(http.get('/api/runs').json()['runs']) == 6
+
+            # Every link of the stack's explorer answers (the browser crawler in test_explorer.py
+            # does this over more kinds of runs; this one reads what `make run` made).
+            pages, failures = crawl(http)
+            assert not failures, failures
+            assert sum('/snapshots/' in p for p in pages) >= 12 and any('/diff' in p for p in pages)
+
+            # The README's Usage: an agent attached to the running stack through `stack env`.
+            exported = stepstream(tmp_path, 'stack', 'env').stdout
+            assert 'export STEPSTREAM_BOOTSTRAP_SERVERS=127.0.0.1:' in exported
+            attached = subprocess.run(
+                [sys.executable, '-c', ATTACHED_AGENT],
+                env={**clean_env(), **dict(_export(line) for line in exported.splitlines())},
+                cwd=tmp_path,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert attached.returncode == 0, attached.stderr[-3000:]
+            librarian = attached.stdout.split()[1]
+
+            def both_runs() -> list[dict[str, Any]] | None:  # the run and its follow-up, newest first
+                runs = http.get('/api/runs', params={'agent_name': 'librarian'}).json()['runs']
+                return runs if len(runs) == 2 and all(r['status'] == 'completed' for r in runs) else None
+
+            listed = until('the explorer to list the attached agent', both_runs)
+            assert listed[-1]['run_id'] == librarian
+
+        # The demo model's price reaches the analytics export: each of its 7 requests per demo has a cost.
+        assert 'exported ' in stepstream(tmp_path, 'export', '--out', 'exported').stdout
+        requests = ds.dataset(tmp_path / 'exported' / 'model_requests', format='parquet', partitioning='hive')
+        demo = [r for r in requests.to_table().to_pylist() if r['model_name'] == 'demo-scripted']
+        assert len(demo) == 2 * 7 and all(r['cost_usd'] is not None and r['cost_usd'] > 0 for r in demo)
 
         # What the demo's last lines suggest, without any Python.
         status = json.loads(stepstream(tmp_path, 'status', '--json', '--max-lag', '0').stdout)
@@ -61,11 +231,10 @@ def test_demo_then_status_rebuild_verify_and_stack_down(tmp_path: Path) -> None:
         assert 'rebuilt' in stepstream(tmp_path, 'rebuild', '--into', 'rebuilt').stdout
         verified = stepstream(tmp_path, 'verify', str(tmp_path / '.stepstream' / 'projection'), 'rebuilt')
         assert 'identical' in verified.stdout
-        exports = stepstream(tmp_path, 'stack', 'env').stdout
-        assert 'export STEPSTREAM_BOOTSTRAP_SERVERS=127.0.0.1:' in exports
     finally:
         down = stepstream(tmp_path, 'stack', 'down', check=False)
     assert down.returncode == 0 and 'stopped the stack' in down.stdout, down.stderr
     assert not (tmp_path / '.stepstream' / 'stack.env').exists()
+    assert not any(alive(pid) for pid in children)  # `stack down` stopped its projector
     gone = stepstream(tmp_path, 'stack', 'env', check=False)
     assert gone.returncode == 2 and 'no stack is running' in gone.stderr

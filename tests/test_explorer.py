@@ -8,6 +8,7 @@ highlighted, the image drawn, the diff, the lag and the DLQ. Screenshots go to t
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import uuid
 from collections.abc import AsyncIterator
@@ -198,6 +199,11 @@ async def test_two_snapshots_are_compared(served: Served, page: Page, tmp_path: 
     changed = page.locator('.diff-row:not(.diff-equal)')
     await expect(changed.last.locator('.diff-right')).to_contain_text('answered after 2 tool calls')
     await expect(changed.last.locator('.diff-left')).not_to_contain_text('answered after 2 tool calls')
+    # The request both snapshots hold, stamped later by Pydantic AI: the differing fields are named.
+    replaced = page.locator('.diff-replace')
+    await expect(replaced.locator('.diff-left .changed-fields .field-path').first).to_have_text('timestamp')
+    stamped = replaced.locator('.diff-right .changed-fields ins').first
+    await expect(stamped).to_have_text(re.compile(r'^\d{4}-'))
     await shot(page, tmp_path, 'diff')
 
 
@@ -206,6 +212,9 @@ async def test_status_shows_lag_per_partition_and_the_dlq(served: Served, page: 
     await page.goto('/status')
     await expect(page.locator('table.lag tbody tr')).to_have_count(6)
     await expect(page.locator('.total-lag')).to_have_text('0')
+    # The test's own projector applies every shard: its pid, and when it last committed.
+    await expect(page.locator('table.lag td.projector').first).to_have_text(f'pid {os.getpid()}')
+    await expect(page.locator('.no-projector')).to_have_count(0)
     letter = page.locator('table.dlq tr.dead-letter')
     await expect(letter).to_have_count(1)
     await expect(letter.locator('.reason')).to_have_text('not_a_record')
@@ -238,3 +247,161 @@ async def test_resolving_an_unknown_effect_changes_the_page(
     await page.goto('/unresolved')
     await expect(page.locator(f'table.unresolved tr[data-run-id="{served.crashed_run}"]')).to_be_visible()
     await expect(page.locator(f'table.unresolved tr[data-run-id="{run_id}"]')).to_have_count(0)
+
+
+@pytest_asyncio.fixture(scope='module', loop_scope='module')
+async def variety(served: Served) -> dict[str, str]:
+    """A failed run, a long priced run and a resolved effect, added once for the tests below."""
+    return await served.add_variety()
+
+
+async def test_the_run_page_says_what_each_step_took_and_cost(
+    served: Served, variety: dict[str, str], page: Page, tmp_path: Path
+) -> None:
+    await page.goto(f'/runs/{variety["long"]}')
+    await expect(page.locator('.total-tokens')).to_have_text('2925 / 260')  # 26 responses: 100+i in, 10 out
+    await expect(page.locator('.total-cost')).to_have_text(re.compile(r'^\$0\.031[89]$'))  # 3185 x $0.00001
+    await expect(page.locator('.total-model')).to_contain_text('in 26 request(s)')
+    await expect(page.locator('.total-tool')).to_contain_text('in 25 call(s)')
+    await expect(page.locator('.total-duration')).to_have_text(re.compile(r'^\d+(\.\d+)? (ms|s)$'))
+    models, tools = page.locator('table.spans tr.span-model'), page.locator('table.spans tr.span-tool')
+    await expect(models).to_have_count(26)
+    await expect(tools).to_have_count(25)
+    first_model = models.first
+    await expect(first_model.locator('.span-what')).to_contain_text('priced-model')
+    await expect(first_model.locator('.tokens')).to_have_text('100 in / 10 out')
+    await expect(first_model.locator('.cost')).to_have_text('$0.0011')
+    await expect(first_model.locator('.span-took')).to_have_text(re.compile(r'^\d+\.\d ms$'))
+    third = page.locator('table.spans tr[data-tool-call-id="call-2"]')
+    await expect(third.locator('.tool-args')).to_contain_text('"n": 3')
+    await expect(third.locator('.tool-result')).to_contain_text('step 3 done')
+    width = float(await third.locator('svg.bar rect').get_attribute('width') or 0)
+    x = float(await third.locator('svg.bar rect').get_attribute('x') or 0)
+    assert width > 0 and 0 < x < 1000  # a bar placed on the run's clock
+    times = await page.locator('.timeline tbody tr td:nth-child(2) time').all_inner_texts()
+    assert times and all(re.search(r'\d\d:\d\d:\d\d\.\d{3}$', t) for t in times)  # milliseconds
+    await shot(page, tmp_path, 'run-page')
+
+    await page.goto(f'/runs/{variety["failed"]}')
+    failed = page.locator('table.spans tr.span-tool')
+    await expect(failed).to_have_class(re.compile(r'\bspan-failed\b'))
+    await expect(failed.locator('.tool-args')).to_contain_text('"amount_cents": 4200')
+    await expect(failed.locator('.span-detail .error')).to_contain_text('card declined for 4200 cents')
+    await expect(page.locator('.total-tool')).to_contain_text('1 failed')
+
+    await page.goto(f'/runs/{served.crashed_run}')
+    in_doubt = page.locator('table.spans tr.span-tool')
+    await expect(in_doubt).to_have_class(re.compile(r'\bspan-unknown_after_crash\b'))
+    await expect(in_doubt.locator('.span-took')).to_have_text('not ended')
+    order = await page.eval_on_selector_all('main > section', 'els => els.map(e => e.className)')
+    assert order.index('unknown') < order.index('waterfall')  # the in-doubt effects come first,
+    first = await page.evaluate(  # before the totals too
+        "document.querySelector('section.unknown').compareDocumentPosition(document.querySelector('dl.totals'))"
+    )
+    assert first & 4  # DOCUMENT_POSITION_FOLLOWING: the totals follow the in-doubt effects
+
+
+async def test_the_runs_list_nests_delegates_and_reads_at_800_px(
+    served: Served, variety: dict[str, str], page: Page, tmp_path: Path
+) -> None:
+    await page.set_viewport_size({'width': 800, 'height': 900})
+    await page.goto('/')
+    rows = page.locator('tr.run-row')
+    ids = [await r.get_attribute('data-run-id') for r in await rows.all()]
+    depths = [await r.get_attribute('data-depth') for r in await rows.all()]
+    parent = ids.index(served.orchestrator_run)
+    assert ids[parent + 1 : parent + 3] == served.delegate_runs  # under their parent, in order
+    assert depths[parent] == '0' and depths[parent + 1 : parent + 3] == ['1', '1']
+    long = page.locator(f'tr.run-row[data-run-id="{variety["long"]}"]')
+    await expect(long.locator('.run-cost')).to_have_text(re.compile(r'^\$0\.031[89]$'))
+    await expect(long.locator('.run-tokens')).to_have_text('2925/260')
+    await expect(long.locator('.run-duration')).to_have_text(re.compile(r' (ms|s)$'))
+    overflow = await page.evaluate('document.documentElement.scrollWidth')
+    assert overflow <= 800, overflow  # no sideways scrolling at 800 px
+    heights = await page.eval_on_selector_all('tr.run-row', 'rows => rows.map(r => r.offsetHeight)')
+    assert max(heights) < 40, heights  # one line per run: long ids do not wrap
+    await shot(page, tmp_path, 'runs-800')
+
+    await page.click('a.view-toggle')  # the flat view: every run in its own place, newest first
+    await expect(rows.first).to_be_visible()
+    flat = [await r.get_attribute('data-depth') for r in await rows.all()]
+    assert set(flat) == {'0'} and len(flat) == len(ids)
+
+
+SERVER_ERROR_SIGNS = ('Internal Server Error', 'Traceback (most recent call last)', 'jinja2.exceptions')
+
+
+async def test_every_link_from_the_runs_list_answers(
+    served: Served, variety: dict[str, str], page: Page
+) -> None:
+    """A crawler: from the runs list, follow every same-origin link (pages, API, media), breadth first.
+
+    The projection holds the demo-like runs (an orchestrator, its delegates, a cancelled publisher
+    with an unknown effect), an image, a failed run, a long run and a resolved effect. Every
+    response must be a 200 and no page may show a server error.
+    """
+    origin = served.url.rstrip('/')
+    queue, seen = ['/'], {'/'}
+    failures: list[str] = []
+    kinds: set[str] = set()
+    while queue:
+        path = queue.pop(0)
+        response = await page.request.get(origin + path)
+        body = await response.text()
+        if response.status != 200:
+            failures.append(f'{path}: {response.status} {body[:200]}')
+            continue
+        if any(sign in body for sign in SERVER_ERROR_SIGNS):
+            failures.append(f'{path}: shows a server error')
+            continue
+        kinds.add(_kind(path))
+        if not response.headers.get('content-type', '').startswith('text/html'):
+            continue
+        await page.goto(path)  # drawn in the browser too: scripts run, images load
+        hrefs = await page.eval_on_selector_all('a[href], img[src]', 'els => els.map(e => e.href || e.src)')
+        for href in hrefs:
+            if not href.startswith(origin + '/'):
+                continue
+            link = href[len(origin) :].split('#', 1)[0]
+            if link and link not in seen:
+                seen.add(link)
+                queue.append(link)
+    assert not failures, failures
+    for run_id in (*variety.values(), served.orchestrator_run, served.image_run, served.crashed_run):
+        assert f'/runs/{run_id}' in seen, run_id
+    expected = {
+        'runs',
+        'run',
+        'snapshot',
+        'diff',
+        'conversation',
+        'unresolved',
+        'status',
+        'api',
+        'docs',
+        'media',
+    }
+    assert expected <= kinds, expected - kinds
+
+    await page.goto('/docs')  # Swagger UI, from this service's own files, draws the schema
+    await expect(page.locator('.swagger-ui .info .title')).to_contain_text('stepstream')
+    await expect(page.locator('.opblock-summary-path[data-path="/api/runs"]').first).to_be_visible()
+
+
+def _kind(path: str) -> str:
+    """Which kind of page a path is, for the crawler's account of what it reached."""
+    if path.startswith('/api/media/'):
+        return 'media'
+    if path.startswith(('/api/', '/openapi.json')):
+        return 'api'
+    if path.startswith('/?conversation_id='):
+        return 'conversation'
+    if path in ('/', '') or path.startswith('/?'):
+        return 'runs'
+    if '/snapshots/' in path:
+        return 'snapshot'
+    if path.startswith('/runs/') and '/diff' in path:
+        return 'diff'
+    if path.startswith('/runs/'):
+        return 'run'
+    return path.strip('/').split('/')[0].split('?')[0]

@@ -46,9 +46,13 @@ async def api(served: Served) -> AsyncIterator[httpx.AsyncClient]:
 
 @in_module_loop
 async def test_runs_filter_page_and_order(served: Served, api: httpx.AsyncClient) -> None:
-    everything = (await api.get('/api/runs', params={'limit': 1000})).json()
+    everything = (await api.get('/api/runs', params={'order': 'started', 'limit': 1000})).json()
     started = [r['started_at'] for r in everything['runs']]
     assert started == sorted(started) and everything['next_after'] is None
+    by_default = (await api.get('/api/runs', params={'limit': 1000})).json()['runs']
+    assert [r['run_id'] for r in by_default] == [r['run_id'] for r in everything['runs']][
+        ::-1
+    ]  # as the explorer
     ids = [r['run_id'] for r in everything['runs']]
     assert {served.orchestrator_run, *served.delegate_runs, served.image_run, served.crashed_run} <= set(ids)
 
@@ -59,9 +63,13 @@ async def test_runs_filter_page_and_order(served: Served, api: httpx.AsyncClient
     )
     assert [r['run_id'] for r in newest['runs'] + rest.json()['runs']] == ids[::-1]
 
-    conversation = (await api.get('/api/runs', params={'conversation_id': 'conv-serve'})).json()['runs']
+    conversation = (
+        await api.get('/api/runs', params={'order': 'started', 'conversation_id': 'conv-serve'})
+    ).json()['runs']
     assert [r['agent_name'] for r in conversation] == ['orchestrator', 'researcher', 'researcher']
-    children = (await api.get('/api/runs', params={'parent_run_id': served.orchestrator_run})).json()['runs']
+    children = (
+        await api.get('/api/runs', params={'order': 'started', 'parent_run_id': served.orchestrator_run})
+    ).json()['runs']
     assert [r['run_id'] for r in children] == served.delegate_runs
     cancelled = (await api.get('/api/runs', params={'status': 'cancelled'})).json()['runs']
     assert [r['run_id'] for r in cancelled] == [served.crashed_run]

@@ -95,7 +95,7 @@ async def test_any_member_answers_for_the_whole_group(
         assert len(oldest_first) == 14
 
         for m in members:  # lists merged from every member, in the order of the runs index
-            page = (await http.get(f'{m.url}/api/runs', params={'limit': 1000})).json()
+            page = (await http.get(f'{m.url}/api/runs', params={'order': 'started', 'limit': 1000})).json()
             assert [r['run_id'] for r in page['runs']] == oldest_first and page['next_after'] is None
             unresolved = (await http.get(f'{m.url}/api/unresolved')).json()
             expected = await reference.list_unresolved_tool_effects()
@@ -116,7 +116,9 @@ async def test_any_member_answers_for_the_whole_group(
             if after is None:
                 break
         assert seen == newest_first
-        filtered = (await http.get(f'{c.url}/api/runs', params={'agent_name': 'worker'})).json()['runs']
+        filtered = (
+            await http.get(f'{c.url}/api/runs', params={'order': 'started', 'agent_name': 'worker'})
+        ).json()['runs']
         assert [r['run_id'] for r in filtered] == [
             r.run_id for r in await reference.list_runs(agent_name='worker')
         ]

@@ -1,0 +1,212 @@
+"""What the run page answers at a glance: how long each step took, what it cost, what each tool got and gave.
+
+The page is drawn from the API's own shapes (`Run`, `Event`, `ToolEffect`) plus the latest
+snapshot's messages (for tool arguments and results), so it shows nothing the API does not.
+Spans are placed on the run's own clock: milliseconds since its `run_started`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal, InvalidOperation
+
+from pydantic_ai.messages import BaseToolCallPart, BaseToolReturnPart, ModelMessage, RetryPromptPart
+
+from stepstream.serve._models import Event, Run, ToolEffect
+from stepstream.serve._views import ItemView, items_of, pretty
+
+
+@dataclass
+class ToolIO:
+    """A tool call's arguments and what it returned (or the retry it asked for), from a snapshot."""
+
+    args: str | None = None
+    result: list[ItemView] = field(default_factory=list)
+    retried: bool = False
+    """The body asked the model to retry (`ModelRetry`): `result` is that message."""
+
+
+@dataclass
+class Span:
+    """One bar of the waterfall: a model request or a tool call."""
+
+    kind: str
+    """`model` or `tool`."""
+    label: str
+    start_ms: float
+    """Milliseconds after the run started."""
+    duration_ms: float | None
+    """None while it has not ended (in flight, or never to end: its process died)."""
+    status: str
+    """`completed`, `failed`, or for a call without an end its effect's doubt (`in_flight`, ...)."""
+    seq: int
+    step_index: int
+    tool_call_id: str | None = None
+    model_name: str | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cost_usd: str | None = None
+    error: str | None = None
+    io: ToolIO | None = None
+    effect: ToolEffect | None = None
+    left: float = 0.0
+    """Where the bar starts, in thousandths of the run's span (for the SVG's `x`)."""
+    width: float = 0.0
+
+
+@dataclass
+class Totals:
+    """The run's figures: duration, tokens, cost, and the time in model requests and tools."""
+
+    duration_ms: float | None
+    input_tokens: int
+    output_tokens: int
+    cost_usd: str | None
+    unpriced_requests: int
+    model_requests: int
+    model_ms: float
+    tool_calls: int
+    tool_failures: int
+    tool_ms: float
+
+
+def totals(run: Run, now: datetime) -> Totals:
+    """The run's totals (a running run's duration is up to `now`)."""
+    u = run.usage
+    return Totals(
+        duration_ms=duration_ms(run, now),
+        input_tokens=u.input_tokens,
+        output_tokens=u.output_tokens,
+        cost_usd=u.cost_usd,
+        unpriced_requests=u.unpriced_requests,
+        model_requests=u.model_requests,
+        model_ms=u.model_request_us / 1000,
+        tool_calls=u.tool_calls,
+        tool_failures=u.tool_call_failures,
+        tool_ms=u.tool_call_us / 1000,
+    )
+
+
+def duration_ms(run: Run, now: datetime) -> float | None:
+    """From `run_started` to the run's end (or `now` while it runs); None without a start or an end.
+
+    A stale run has no end and is not running on (its writer stopped speaking): no duration.
+    """
+    if run.started_at is None or (run.ended_at is None and run.status == 'stale'):
+        return None
+    end = run.ended_at or now
+    return max((end - run.started_at).total_seconds() * 1000, 0.0)
+
+
+def tool_io(messages: list[ModelMessage]) -> dict[str, ToolIO]:
+    """Each tool call's arguments and result in a history, by tool_call_id."""
+    found: dict[str, ToolIO] = {}
+    for message in messages:
+        for part in message.parts:
+            if isinstance(part, BaseToolCallPart):
+                found.setdefault(part.tool_call_id, ToolIO()).args = pretty(part.args_as_dict())
+            elif isinstance(part, BaseToolReturnPart):
+                found.setdefault(part.tool_call_id, ToolIO()).result = items_of(part.content)
+            elif isinstance(part, RetryPromptPart) and part.tool_name is not None:
+                io = found.setdefault(part.tool_call_id, ToolIO())
+                content = part.content if isinstance(part.content, str) else pretty(part.content)
+                io.result, io.retried = [ItemView('text', content)], True
+    return found
+
+
+def waterfall(
+    run: Run, events: list[Event], effects: dict[str, ToolEffect], io: dict[str, ToolIO], now: datetime
+) -> list[Span]:
+    """The run's model requests and tool calls as bars on its own clock, in the order they started."""
+    if run.started_at is None:
+        return []
+    origin = run.started_at
+
+    def ms(ts: datetime) -> float:
+        return max((ts - origin).total_seconds() * 1000, 0.0)
+
+    spans: list[Span] = []
+    open_requests: dict[int, Span] = {}
+    open_calls: dict[str, Span] = {}
+    for ev in events:
+        if ev.kind == 'model_request_started':
+            span = Span('model', 'model request', ms(ev.timestamp), None, 'in_flight', ev.seq, ev.step_index)
+            open_requests[ev.step_index] = span
+            spans.append(span)
+        elif ev.kind in ('model_request_completed', 'model_request_failed'):
+            took = ev.duration_us / 1000 if ev.duration_us is not None else None
+            found = open_requests.pop(ev.step_index, None)
+            if found is None:  # no start recorded: place it by its end and duration
+                start = ms(ev.timestamp) - (took or 0.0)
+                found = Span('model', 'model request', max(start, 0.0), None, '', ev.seq, ev.step_index)
+                spans.append(found)
+            found.duration_ms = took if took is not None else ms(ev.timestamp) - found.start_ms
+            found.status = 'completed' if ev.kind == 'model_request_completed' else 'failed'
+            found.error = ev.error
+            if ev.usage is not None:
+                found.model_name = ev.usage.model_name
+                found.label = ev.usage.model_name or 'model request'
+                found.input_tokens, found.output_tokens = ev.usage.input_tokens, ev.usage.output_tokens
+                found.cost_usd = ev.usage.cost_usd
+        elif ev.kind == 'tool_call_started' and ev.tool_call_id is not None:
+            effect = effects.get(ev.tool_call_id)
+            status = 'in_flight'
+            if effect is not None and effect.unknown_after_crash:
+                status = 'unknown_after_crash'
+            span = Span(
+                'tool',
+                ev.tool_name or 'tool',
+                ms(ev.timestamp),
+                None,
+                status,
+                ev.seq,
+                ev.step_index,
+                tool_call_id=ev.tool_call_id,
+                io=io.get(ev.tool_call_id),
+                effect=effect,
+            )
+            open_calls[ev.tool_call_id] = span
+            spans.append(span)
+        elif ev.kind in ('tool_call_completed', 'tool_call_failed') and ev.tool_call_id is not None:
+            call = open_calls.pop(ev.tool_call_id, None)
+            if call is None:
+                continue
+            took = ev.duration_us / 1000 if ev.duration_us is not None else None
+            call.duration_ms = took if took is not None else ms(ev.timestamp) - call.start_ms
+            call.status = 'completed' if ev.kind == 'tool_call_completed' else 'failed'
+            call.error = ev.error
+    _place(spans, duration_ms(run, now) or 0.0)
+    return spans
+
+
+def _place(spans: list[Span], run_ms: float) -> None:
+    """Each bar's offset and width in thousandths of the run (an open bar runs to the end)."""
+    total = max([run_ms, *(s.start_ms + (s.duration_ms or 0.0) for s in spans), 0.001])
+    for s in spans:
+        end = s.start_ms + s.duration_ms if s.duration_ms is not None else total
+        s.left = round(1000 * s.start_ms / total, 2)
+        s.width = round(max(1000 * (end - s.start_ms) / total, 2.0), 2)  # a sliver stays visible
+
+
+def money(cost_usd: str | None, unpriced: int = 0) -> str:
+    """A cost for a person: `$0.0012`, `—` when nothing was priced, `+?` when some was not."""
+    if cost_usd is None:
+        return '—'
+    try:
+        value = Decimal(cost_usd)
+    except InvalidOperation:
+        return cost_usd
+    return f'${value:.4f}' + ('+?' if unpriced else '')
+
+
+def millis(value: float | None) -> str:
+    """A duration for a person: `12.3 ms`, `1.45 s`, `2 min 5 s`; `—` when unknown."""
+    if value is None:
+        return '—'
+    if value < 1000:
+        return f'{value:.1f} ms'
+    if value < 60_000:
+        return f'{value / 1000:.2f} s'
+    minutes, seconds = divmod(value / 1000, 60)
+    return f'{minutes:.0f} min {seconds:.0f} s'
