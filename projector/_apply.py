@@ -47,7 +47,6 @@ from types import SimpleNamespace
 from typing import Any
 
 from fastavro import parse_schema, schemaless_reader
-from rocksdict import Rdict
 
 from stepstream.errors import SchemaError
 from stepstream.ids import MAX_ID_BYTES, MAX_RUN_ID, OTHER_ID_FIELDS, check_record_ids, check_run_id
@@ -56,10 +55,8 @@ from stepstream.projector._keys import (
     CHILDREN,
     CONFLICT,
     CONVERSATION,
-    DLQ_COUNTS,
     EFFECT,
     EVENT,
-    OFFSET,
     PARKED,
     RESOLUTION,
     RUN,
@@ -68,11 +65,9 @@ from stepstream.projector._keys import (
     TRANSITION,
     UNRESOLVED,
     UNRESOLVED_RUN,
-    decode_int,
-    encode_int,
 )
-from stepstream.projector._state import EffectState, RunState, SnapshotEntry, dumps, ranges_add, ranges_hold
-from stepstream.projector._store import BatchTxn
+from stepstream.projector._shard import Transaction, Transactional
+from stepstream.projector._state import EffectState, RunState, SnapshotEntry, ranges_add, ranges_hold
 from stepstream.schemas import (
     EVENT_KINDS,
     MAGIC,
@@ -398,15 +393,17 @@ class Applier:
         """
         self._parked_bytes = 0
 
-    def stage(self, db: Rdict, records: Sequence[SourceRecord]) -> tuple[BatchTxn, BatchOutcome]:
-        """Stage a batch (state, DLQ counts and next offsets) in one transaction, not committed.
+    def stage(
+        self, shard: Transactional, records: Sequence[SourceRecord]
+    ) -> tuple[Transaction, BatchOutcome]:
+        """Stage a batch (state, DLQ counts and next offsets) in one transaction of `shard`, not committed.
 
         An unexpected exception while applying a record marks that record as poisoned and the
         whole batch is staged again, so no half-applied record is ever committed.
         """
         poisoned: dict[tuple[int, int, int], str] = {}
         while True:
-            txn = BatchTxn(db)
+            txn = shard.begin()
             try:
                 return txn, self._stage(txn, records, poisoned)
             except Exception as exc:
@@ -416,7 +413,7 @@ class Applier:
                 poisoned[current.coordinates] = f'{type(exc).__name__}: {exc}'[:2000]
 
     def _stage(
-        self, txn: BatchTxn, records: Sequence[SourceRecord], poisoned: Mapping[tuple[int, int, int], str]
+        self, txn: Transaction, records: Sequence[SourceRecord], poisoned: Mapping[tuple[int, int, int], str]
     ) -> BatchOutcome:
         self._outcome = outcome = BatchOutcome()
         self._dead = []
@@ -436,18 +433,15 @@ class Applier:
         self._dead.sort(key=_by_index)  # stable: within one record's turn, in the order they came
         outcome.dead = [dead for _, dead in self._dead]
         for (topic, partition), offset in next_offsets.items():
-            txn.put(OFFSET.key(self.topics[topic], partition), str(offset).encode())
+            txn.set_offset(self.topics[topic], partition, offset)
         if outcome.dead:
-            counts: dict[str, int] = json.loads(txn.get(DLQ_COUNTS) or b'{}')
-            for dead in outcome.dead:
-                counts[dead.reason] = counts.get(dead.reason, 0) + 1
-            txn.put(DLQ_COUNTS, dumps(counts))
+            txn.count_dead_letters(dead.reason for dead in outcome.dead)
         return outcome
 
     def _dead_letter(self, source: SourceRecord, reason: str, detail: str) -> None:
         self._dead.append((self._index, DeadLetter(source, reason, detail)))
 
-    def _apply_run(self, txn: BatchTxn, keys: _RunKeys, items: list[tuple[int, SourceRecord]]) -> None:
+    def _apply_run(self, txn: Transaction, keys: _RunKeys, items: list[tuple[int, SourceRecord]]) -> None:
         """Apply one key's records of the batch, in order; the run's state is staged once."""
         poisoned = self._poisoned
         run: RunState | None = None
@@ -540,7 +534,7 @@ class Applier:
 
     # -- registration, ownership ---------------------------------------------------------------
 
-    def _register(self, txn: BatchTxn, started: Fields) -> RunState:
+    def _register(self, txn: Transaction, started: Fields) -> RunState:
         run = RunState(
             run_id=started['run_id'],
             owner=started['writer_id'],
@@ -576,7 +570,7 @@ class Applier:
         kept = self._forget_decoded(parked)
         return kept[1] if kept is not None and kept[0] == value else _read_stored(value)
 
-    def _drain_parked(self, txn: BatchTxn, keys: _RunKeys, run: RunState) -> None:
+    def _drain_parked(self, txn: Transaction, keys: _RunKeys, run: RunState) -> None:
         """Apply what waited for the registration: step events first, each topic in log order."""
         for k, value in txn.scan(PARKED.prefix(run.run_id)):
             txn.delete(k)
@@ -592,7 +586,7 @@ class Applier:
             self._apply_registered(txn, keys, run, source, record)
 
     def _apply_registered(
-        self, txn: BatchTxn, keys: _RunKeys, run: RunState, source: SourceRecord, record: Fields
+        self, txn: Transaction, keys: _RunKeys, run: RunState, source: SourceRecord, record: Fields
     ) -> None:
         """Apply one record of a registered run: the owner's by the seq rules, others' apart."""
         if source.topic == EFFECTS and record['status'] == 'resolved':
@@ -660,7 +654,7 @@ class Applier:
             run.last_record_at = heartbeat['timestamp']
         self._outcome.applied += 1
 
-    def _keep_apart(self, txn: BatchTxn, run: RunState, source: SourceRecord, record: Fields) -> None:
+    def _keep_apart(self, txn: Transaction, run: RunState, source: SourceRecord, record: Fields) -> None:
         assert source.value is not None
         writer_id = record['writer_id']
         k = APART.key(run.run_id, writer_id, source.topic, record['seq'])
@@ -668,10 +662,7 @@ class Applier:
             self._outcome.duplicates += 1
             return
         txn.put(k, source.value)
-        conflict_key = CONFLICT.key(run.run_id, writer_id)
-        conflict = json.loads(txn.get(conflict_key) or b'{"records":0}')
-        conflict['records'] += 1
-        txn.put(conflict_key, dumps(conflict))
+        txn.count_conflict(CONFLICT.key(run.run_id, writer_id))
         if writer_id not in run.conflicting_writers:
             run.conflicting_writers = sorted([*run.conflicting_writers, writer_id])
         self._outcome.applied += 1
@@ -679,7 +670,7 @@ class Applier:
     # -- the owner's records: False for a duplicate, `Rejected` for the DLQ ----------------------
 
     def _apply_event(
-        self, txn: BatchTxn, keys: _RunKeys, run: RunState, source: SourceRecord, event: Fields
+        self, txn: Transaction, keys: _RunKeys, run: RunState, source: SourceRecord, event: Fields
     ) -> bool:
         assert source.value is not None
         seq = event['seq']
@@ -728,27 +719,27 @@ class Applier:
         return True
 
     def _apply_transition(
-        self, txn: BatchTxn, keys: _RunKeys, run: RunState, source: SourceRecord, t: Fields
+        self, txn: Transaction, keys: _RunKeys, run: RunState, source: SourceRecord, t: Fields
     ) -> bool:
         assert source.value is not None
         seq = t['seq']
         transition_key = keys.transition(seq)
         if run.holds(seq):
-            existing = txn.get(transition_key)
+            existing = txn.transition(transition_key)
             if existing is not None:
-                if existing[8:] == source.value:
+                if existing[1] == source.value:
                     return False
                 raise Rejected(
                     'duplicate_seq', f'seq {seq} of run {run.run_id!r} holds another tool-effect transition'
                 )
             # Held by a step event, which wins. Kept (dead) so that a repeat is a duplicate.
-            txn.put(transition_key, encode_int(source.offset) + source.value)
+            txn.put_transition(transition_key, source.offset, source.value)
             raise Rejected(
                 'duplicate_seq',
                 f'seq {seq} of run {run.run_id!r} holds a step event, which takes precedence',
             )
         run.claim(seq)
-        txn.put(transition_key, encode_int(source.offset) + source.value)
+        txn.put_transition(transition_key, source.offset, source.value)
         effect_key = keys.effect(t['tool_call_id'])
         effect = txn.get_state(effect_key, EffectState)
         first = effect_key not in keys.effects
@@ -765,7 +756,7 @@ class Applier:
         return True
 
     def _apply_resolution(
-        self, txn: BatchTxn, keys: _RunKeys, run: RunState, source: SourceRecord, r: Fields
+        self, txn: Transaction, keys: _RunKeys, run: RunState, source: SourceRecord, r: Fields
     ) -> bool:
         """Add an operator's resolution to the call's ledger.
 
@@ -803,13 +794,13 @@ class Applier:
         return True
 
     def _withdraw_transition(
-        self, txn: BatchTxn, keys: _RunKeys, run: RunState, partition: int, seq: int
+        self, txn: Transaction, keys: _RunKeys, run: RunState, partition: int, seq: int
     ) -> None:
         """A step event took this seq: its transition stops counting and goes to the DLQ."""
-        stored = txn.get(keys.transition(seq))
+        stored = txn.transition(keys.transition(seq))
         assert stored is not None
-        offset = decode_int(stored[:8])
-        t = _read_stored(stored[8:])
+        offset, withdrawn = stored
+        t = _read_stored(withdrawn)
         effect_key = keys.effect(t['tool_call_id'])
         before = txn.get_state(effect_key, EffectState)
         if effect_key not in keys.effects:
@@ -817,15 +808,14 @@ class Applier:
         # Rare (a reused seq), so the call's other live transitions are found by a scan of the run's.
         effect = None
         first_live = None
-        for k, other_raw in txn.scan(TRANSITION.prefix(run.run_id)):
+        for k, other_offset, other_value in txn.transitions(TRANSITION.prefix(run.run_id)):
             other_seq = TRANSITION.parse(k)[1]
             assert isinstance(other_seq, int)
             if other_seq == seq or txn.get(keys.event(other_seq)) is not None:
                 continue  # the withdrawn one, or another that a step event displaced
-            other = _read_stored(other_raw[8:])
+            other = _read_stored(other_value)
             if other['tool_call_id'] != t['tool_call_id']:
                 continue
-            other_offset = decode_int(other_raw[:8])
             first_live = other_offset if first_live is None else min(first_live, other_offset)
             if effect is None:
                 effect = EffectState(
@@ -859,7 +849,7 @@ class Applier:
             txn.put_state(effect_key, effect)
         run.count_rejected('duplicate_seq')
         self._dead_letter(
-            SourceRecord(EFFECTS, partition, offset, keys.key, stored[8:]),
+            SourceRecord(EFFECTS, partition, offset, keys.key, withdrawn),
             'duplicate_seq',
             f'seq {seq} of run {run.run_id!r} also holds a step event, which takes precedence',
         )
@@ -1009,7 +999,7 @@ def _unresolved_keys(effect: EffectState | None) -> tuple[bytes, ...]:
     )
 
 
-def _reindex_effect(txn: BatchTxn, before: tuple[bytes, ...], after: tuple[bytes, ...]) -> None:
+def _reindex_effect(txn: Transaction, before: tuple[bytes, ...], after: tuple[bytes, ...]) -> None:
     """Both unresolved indexes change together, from the same state: they cannot disagree.
 
     Called once per call and batch, with its keys before the batch and after it: a call that
@@ -1023,7 +1013,9 @@ def _reindex_effect(txn: BatchTxn, before: tuple[bytes, ...], after: tuple[bytes
         txn.put(k, b'')
 
 
-def _retain(txn: BatchTxn, keys: _RunKeys, run: RunState, snapshot_seq: int, state: str, keep: int) -> None:
+def _retain(
+    txn: Transaction, keys: _RunKeys, run: RunState, snapshot_seq: int, state: str, keep: int
+) -> None:
     """Keep the newest `keep` snapshots, the newest complete one and the newest overall.
 
     Retention hides snapshots from the read side; their deltas stay, because later snapshots
