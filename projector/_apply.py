@@ -34,7 +34,6 @@ every reason and message for a record that does not decode comes from `decode` i
 
 from __future__ import annotations
 
-import functools
 import io
 import json
 import re
@@ -49,7 +48,7 @@ from typing import Any
 from fastavro import parse_schema, schemaless_reader
 
 from stepstream.errors import SchemaError
-from stepstream.ids import MAX_ID_BYTES, MAX_RUN_ID, OTHER_ID_FIELDS, check_record_ids, check_run_id
+from stepstream.ids import MAX_ID_BYTES, OTHER_ID_FIELDS, check_record_ids, is_plain_id, is_run_id
 from stepstream.projector._keys import (
     APART,
     CHILDREN,
@@ -208,24 +207,14 @@ def plain_fields(record: LogRecord) -> tuple[int, Fields]:
     return EVENTS, fields
 
 
-def _read_stored(value: bytes) -> Fields:
-    """The fields of a record the projection accepted before (parked or a transition)."""
+def read_record(value: bytes) -> tuple[int, Fields]:
+    """A record's topic index and plain fields, whatever its version; `SchemaError` if it is not one.
+
+    The one place the apply path reads bytes: the current versions by `read_plain`, anything else
+    (older versions, and every record `decode` refuses, with its reason) by `decode`.
+    """
     read = read_plain(value)
-    return (read if read is not None else plain_fields(decode(value)))[1]
-
-
-def _is_run_id(value: str) -> bool:
-    """Whether `check_run_id` takes `value`; cached, and only ids short enough to pass are."""
-    return len(value) <= MAX_RUN_ID and _passes_run_id_rule(value)
-
-
-@functools.lru_cache(maxsize=1 << 14)
-def _passes_run_id_rule(value: str) -> bool:
-    try:
-        check_run_id(value)
-    except ValueError:
-        return False
-    return True
+    return read if read is not None else plain_fields(decode(value))
 
 
 _ENVELOPE_IDS = ('writer_id', 'conversation_id', 'agent_name', 'parent_run_id')
@@ -233,12 +222,8 @@ _CALL_IDS = ('tool_call_id', 'tool_name')
 assert {*_ENVELOPE_IDS, *_CALL_IDS} == {*OTHER_ID_FIELDS, 'parent_run_id'}
 
 
-def _plain_id(value: Any) -> bool:
-    return value is None or (type(value) is str and len(value) <= MAX_ID_BYTES and value.isascii())
-
-
 def _ids_plainly_valid(fields: Fields, keys: _RunKeys) -> bool:
-    """The common case of `check_record_ids` (short ASCII ids), without raising; False if unsure.
+    """The common case of `check_record_ids` (`is_plain_id`), without raising; False if unsure.
 
     The run id is checked against the key. A run's records share their envelope, so it is
     checked once per key and batch, and again only where it changes.
@@ -248,15 +233,15 @@ def _ids_plainly_valid(fields: Fields, keys: _RunKeys) -> bool:
     envelope = (writer_id, conversation_id, agent_name, parent)
     if envelope != keys.envelope:
         if not (
-            _plain_id(writer_id)
-            and _plain_id(conversation_id)
-            and _plain_id(agent_name)
-            and (parent is None or _is_run_id(parent))
+            is_plain_id(writer_id)
+            and is_plain_id(conversation_id)
+            and is_plain_id(agent_name)
+            and (parent is None or is_run_id(parent))
         ):
             return False
         keys.envelope = envelope
     call, tool = fields['tool_call_id'], fields['tool_name']
-    return (call is None or _plain_id(call)) and (tool is None or _plain_id(tool))
+    return is_plain_id(call) and is_plain_id(tool)
 
 
 # -- a batch ------------------------------------------------------------------------------------
@@ -343,7 +328,7 @@ class _RunKeys:
             self.run_id = key.decode()
         except UnicodeDecodeError:
             return
-        self.valid = _is_run_id(self.run_id)
+        self.valid = is_run_id(self.run_id)
         if not self.valid:
             return
         self.run = RUN.key(self.run_id)
@@ -495,13 +480,10 @@ class Applier:
             raise Rejected('tombstone', 'a record with no value (a tombstone) on a log topic')
         if source.key is None:
             raise Rejected('no_key', 'a record with no key: log records are keyed by their run_id')
-        read = read_plain(source.value)
-        if read is None:
-            try:
-                read = plain_fields(decode(source.value))
-            except SchemaError as exc:
-                raise Rejected(exc.reason, str(exc)) from None
-        topic, record = read
+        try:
+            topic, record = read_record(source.value)
+        except SchemaError as exc:
+            raise Rejected(exc.reason, str(exc)) from None
         if topic != source.topic:
             raise Rejected(
                 'wrong_topic', f'a {_RECORD_TYPES[topic]} on the {self.topics[source.topic]} topic'
@@ -568,7 +550,7 @@ class Applier:
     def _take_decoded(self, parked: bytes, value: bytes) -> Fields:
         """A parked record's fields: the kept ones if they are of these bytes, else decoded."""
         kept = self._forget_decoded(parked)
-        return kept[1] if kept is not None and kept[0] == value else _read_stored(value)
+        return kept[1] if kept is not None and kept[0] == value else read_record(value)[1]
 
     def _drain_parked(self, txn: Transaction, keys: _RunKeys, run: RunState) -> None:
         """Apply what waited for the registration: step events first, each topic in log order."""
@@ -800,7 +782,7 @@ class Applier:
         stored = txn.transition(keys.transition(seq))
         assert stored is not None
         offset, withdrawn = stored
-        t = _read_stored(withdrawn)
+        t = read_record(withdrawn)[1]
         effect_key = keys.effect(t['tool_call_id'])
         before = txn.get_state(effect_key, EffectState)
         if effect_key not in keys.effects:
@@ -813,7 +795,7 @@ class Applier:
             assert isinstance(other_seq, int)
             if other_seq == seq or txn.get(keys.event(other_seq)) is not None:
                 continue  # the withdrawn one, or another that a step event displaced
-            other = _read_stored(other_value)
+            other = read_record(other_value)[1]
             if other['tool_call_id'] != t['tool_call_id']:
                 continue
             first_live = other_offset if first_live is None else min(first_live, other_offset)
