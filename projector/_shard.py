@@ -22,7 +22,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -222,7 +222,8 @@ class Transactional(Protocol):
 class _Store(Protocol):
     """What a `ShardTransaction` needs of the shard under it."""
 
-    def get(self, k: bytes) -> bytes | None: ...
+    lookup: Callable[[bytes], bytes | None]
+    """The store's own point read, with nothing in between (it runs several times per record)."""
 
     def scan(self, prefix: bytes) -> Iterable[tuple[bytes, bytes]]: ...
 
@@ -241,7 +242,7 @@ class ShardTransaction(ShardReads):
 
     def __init__(self, store: _Store) -> None:
         self._store = store
-        self._read = store.get
+        self._read = store.lookup
         self._writes: dict[bytes, bytes | _Json | None] = {}
         self._states: dict[bytes, _Json | None] = {}
         # Staged keys by keyspace tag, so `scan` does not walk every staged write.
@@ -408,7 +409,8 @@ class Shard(ShardReads):
         self.path = path
         self.partition = partition
         self.read_only = read_only
-        self._get = db.get
+        # In raw mode RocksDB gives bytes or None: its `get` is the point read, as it is.
+        self.lookup: Callable[[bytes], bytes | None] = db.get
 
     # -- opening ------------------------------------------------------------------------------
 
@@ -487,8 +489,7 @@ class Shard(ShardReads):
 
     def get(self, k: bytes) -> bytes | None:
         """The value stored at `k`, or None."""
-        value = self._get(k)
-        return value if isinstance(value, bytes) else None
+        return self.lookup(k)
 
     def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         """Every (key, value) whose key starts with `prefix`, in key order."""
@@ -604,6 +605,7 @@ class MemoryShard(ShardReads):
         self.partition = partition
         self._values: dict[bytes, bytes] = {}
         self._keys: list[bytes] = []
+        self.lookup: Callable[[bytes], bytes | None] = self._values.get
 
     def get(self, k: bytes) -> bytes | None:
         """The value stored at `k`, or None."""
