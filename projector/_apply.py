@@ -241,7 +241,7 @@ def _ids_plainly_valid(fields: Fields, keys: _RunKeys) -> bool:
             return False
         keys.envelope = envelope
     call, tool = fields['tool_call_id'], fields['tool_name']
-    return is_plain_id(call) and is_plain_id(tool)
+    return (call is None or is_plain_id(call)) and (tool is None or is_plain_id(tool))
 
 
 # -- a batch ------------------------------------------------------------------------------------

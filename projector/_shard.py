@@ -227,7 +227,7 @@ class _Store(Protocol):
 
     def scan(self, prefix: bytes) -> Iterable[tuple[bytes, bytes]]: ...
 
-    def write(self, writes: Mapping[bytes, bytes | None], *, sync: bool) -> None: ...
+    def write(self, writes: Mapping[bytes, bytes | _Json | None], *, sync: bool) -> None: ...
 
 
 class ShardTransaction(ShardReads):
@@ -324,9 +324,7 @@ class ShardTransaction(ShardReads):
         writes = self._writes
         count = len(writes)
         if count:
-            self._store.write(
-                {k: v.encode() if isinstance(v, _Json) else v for k, v in writes.items()}, sync=sync
-            )
+            self._store.write(writes, sync=sync)
         self._writes = {}
         self._states.clear()
         self._by_tag.clear()
@@ -502,14 +500,15 @@ class Shard(ShardReads):
         """A transaction: stage a batch, then `commit` it with its offsets in one WriteBatch."""
         return ShardTransaction(self)
 
-    def write(self, writes: Mapping[bytes, bytes | None], *, sync: bool) -> None:
-        """Write `writes` (None deletes) in one atomic `WriteBatch`; what transactions commit with."""
+    def write(self, writes: Mapping[bytes, bytes | _Json | None], *, sync: bool) -> None:
+        """Write `writes` (None deletes; state records serialized here) in one atomic `WriteBatch`."""
         batch = WriteBatch(raw_mode=True)
+        put = batch.put
         for k, value in writes.items():
             if value is None:
                 batch.delete(k)
             else:
-                batch.put(k, value)
+                put(k, value.encode() if isinstance(value, _Json) else value)
         options = WriteOptions()
         options.sync = sync
         self._db.write(batch, options)
@@ -623,8 +622,8 @@ class MemoryShard(ShardReads):
         """A transaction, as on RocksDB."""
         return ShardTransaction(self)
 
-    def write(self, writes: Mapping[bytes, bytes | None], *, sync: bool) -> None:
-        """Apply `writes` (None deletes) at once."""
+    def write(self, writes: Mapping[bytes, bytes | _Json | None], *, sync: bool) -> None:
+        """Apply `writes` (None deletes; state records serialized here) at once."""
         for k, value in writes.items():
             if value is None:
                 if self._values.pop(k, None) is not None:
@@ -632,7 +631,7 @@ class MemoryShard(ShardReads):
             else:
                 if k not in self._values:
                     bisect.insort(self._keys, k)
-                self._values[k] = value
+                self._values[k] = value.encode() if isinstance(value, _Json) else value
 
     def write_identity(self, identity: Identity) -> None:
         """Store the identity."""
