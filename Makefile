@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-tansu test-kafka test-explorer soak browser lint format run bench clean lock
+.PHONY: install check test test-tansu test-kafka test-explorer soak browser lint format run bench clean lock
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -17,9 +17,15 @@ $(STAMP): $(BIN)/python pyproject.toml requirements.lock
 
 install: $(STAMP)
 
-# The whole suite on both embedded brokers: Tansu (the default) and Apache Kafka (a JVM; its jars
-# are fetched once from Maven Central into ~/.cache/stepstream).
-test: test-tansu test-kafka
+# The fast tier: unit and property tests on the in-memory implementations (MemoryShard,
+# InMemoryLog, DiskMediaStore) and RocksDB on disk; no broker, no S3, no processes started
+# (tests/conftest.py `--fast` says which). Under two minutes; run it before every commit.
+check: $(STAMP)
+	$(BIN)/python -m pytest -q --fast --durations=5
+
+# The fast tier, then the whole suite on both embedded brokers: Tansu (the default) and Apache
+# Kafka (a JVM; its jars are fetched once from Maven Central into ~/.cache/stepstream).
+test: check test-tansu test-kafka
 
 test-tansu: $(STAMP) browser
 	STEPSTREAM_EMBEDDED_BROKER=tansu $(BIN)/python -m pytest -q --durations=8

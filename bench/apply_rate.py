@@ -13,8 +13,11 @@ figures together, so the ratio is what to compare between runs. Each round measu
 ceiling, then the apply; the last line gives medians and ranges over the rounds.
 
 `--baseline REV` also measures `projector/_apply.py` as it was at git revision REV (loaded from
-`git show`, beside today's keys, state and store modules) in each round, right after today's,
-so that before and after share a machine state and a ceiling.
+`git show`, beside today's keys and state modules, and REV's own store module when it had one)
+in each round, right after today's or (every other round) right before it, so that before and
+after share a machine state and a ceiling, and neither always finds the caches both use warm.
+Each rate is given in wall time and in CPU time (the process's, RocksDB's threads included): on
+a machine other work shares, CPU time is the steadier figure.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from fastavro import schemaless_reader
 from bench.synthetic import many_runs
 from stepstream import Settings
 from stepstream.projector._apply import EFFECTS, EVENTS, Applier, SourceRecord
-from stepstream.projector._store import open_db
+from stepstream.projector._shard import Shard
 from stepstream.schemas import STEP_EVENT_SCHEMA, TOOL_EFFECT_SCHEMA
 from stepstream.topics import murmur2_partition
 
@@ -73,12 +76,22 @@ def decode_ceiling(records: list[SourceRecord]) -> float:
 def baseline_module(rev: str, scratch: Path) -> ModuleType:
     """`stepstream.projector._apply` as it was at git revision `rev`, as a separate module."""
     repo = Path(__file__).resolve().parent.parent
-    source = subprocess.run(
-        ['git', 'show', f'{rev}:projector/_apply.py'], cwd=repo, check=True, capture_output=True
-    ).stdout
-    path = scratch / f'apply_{rev}.py'
+    source = _git_show(repo, rev, 'projector/_apply.py')
+    assert source is not None, f'no projector/_apply.py at {rev}'
+    store = _git_show(repo, rev, 'projector/_store.py')  # before the Shard type (decision 0029)
+    if store is not None and b'stepstream.projector._store' in source:
+        _load(scratch, 'stepstream.projector._store', f'store_{rev}.py', store)
+    return _load(scratch, f'stepstream.projector._apply_{rev}', f'apply_{rev}.py', source)
+
+
+def _git_show(repo: Path, rev: str, path: str) -> bytes | None:
+    shown = subprocess.run(['git', 'show', f'{rev}:{path}'], cwd=repo, capture_output=True)
+    return shown.stdout if shown.returncode == 0 else None
+
+
+def _load(scratch: Path, name: str, file: str, source: bytes) -> ModuleType:
+    path = scratch / file
     path.write_bytes(source)
-    name = f'stepstream.projector._apply_{rev}'
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -87,20 +100,30 @@ def baseline_module(rev: str, scratch: Path) -> ModuleType:
     return module
 
 
-def apply_rate(settings: Settings, records: list[Any], batch: int, applier_type: Any = Applier) -> float:
-    """Records/s staged and committed into a fresh RocksDB, `batch` records per transaction."""
+def open_target(path: str, applier_type: Any) -> Any:
+    """A fresh store for `applier_type`: a `Shard`, or a raw RocksDB for an applier from before it."""
+    if applier_type is Applier or 'stepstream.projector._store' not in sys.modules:
+        return Shard.open(path, create=True)
+    return sys.modules['stepstream.projector._store'].open_db(path)
+
+
+def apply_rate(
+    settings: Settings, records: list[Any], batch: int, applier_type: Any = Applier
+) -> tuple[float, float]:
+    """Records/s staged and committed into a fresh RocksDB, `batch` records per transaction:
+    per wall-clock second and per CPU second."""
     applier = applier_type((settings.step_events_topic, settings.tool_effects_topic), partitions=PARTITIONS)
     with tempfile.TemporaryDirectory() as path:
-        db = open_db(path)
+        db = open_target(path, applier_type)
         try:
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             for i in range(0, len(records), batch):
                 txn, _ = applier.stage(db, records[i : i + batch])
                 txn.commit()
-            elapsed = time.perf_counter() - start
+            elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
         finally:
             db.close()
-    return len(records) / elapsed
+    return len(records) / elapsed, len(records) / cpu
 
 
 def main() -> None:
@@ -111,25 +134,39 @@ def main() -> None:
     parser.add_argument('--baseline', metavar='REV', help='also measure the apply module at git revision REV')
     args = parser.parse_args()
     settings, records = workload(args.records)
-    rounds, before = [], []
+    rounds, before, cpu_now, cpu_before = [], [], [], []
     with tempfile.TemporaryDirectory() as scratch:
         old = baseline_module(args.baseline, Path(scratch)) if args.baseline else None
     old_records = [old.SourceRecord(*vars_of(r)) for r in records] if old else []
     for n in range(1, args.rounds + 1):
         ceiling = decode_ceiling(records)
-        rate = apply_rate(settings, records, args.batch)
+        # Which goes first alternates: the first warms caches both share (`_keys.encode_text`).
+        if old is not None and n % 2 == 0:
+            old_rate, old_cpu = apply_rate(settings, old_records, args.batch, old.Applier)
+        rate, cpu_rate = apply_rate(settings, records, args.batch)
         rounds.append((rate, ceiling))
+        cpu_now.append(cpu_rate)
         line = (
-            f'round {n}: {len(records)} records applied at {rate:,.0f} records/s; '
+            f'round {n}: {len(records)} records applied at {rate:,.0f} records/s '
+            f'({cpu_rate:,.0f} per CPU second); '
             f'decode ceiling {ceiling:,.0f} records/s; apply/ceiling {rate / ceiling:.2f}'
         )
         if old is not None:
-            before.append((apply_rate(settings, old_records, args.batch, old.Applier), ceiling))
-            line += f'; at {args.baseline}: {before[-1][0]:,.0f} records/s ({before[-1][0] / ceiling:.2f})'
+            if n % 2:
+                old_rate, old_cpu = apply_rate(settings, old_records, args.batch, old.Applier)
+            before.append((old_rate, ceiling))
+            cpu_before.append(old_cpu)
+            line += (
+                f'; at {args.baseline}: {old_rate:,.0f} records/s ({old_rate / ceiling:.2f}, '
+                f'{old_cpu:,.0f} per CPU second)'
+            )
         print(line, flush=True)
-    print(summary('apply', rounds))
+    print(summary('apply', rounds) + f'; {statistics.median(cpu_now):,.0f} records per CPU second median')
     if before:
-        print(summary(f'at {args.baseline}', before))
+        print(
+            summary(f'at {args.baseline}', before)
+            + f'; {statistics.median(cpu_before):,.0f} records per CPU second median'
+        )
 
 
 def vars_of(record: SourceRecord) -> tuple[int, int, int, bytes | None, bytes | None]:

@@ -27,7 +27,7 @@ from pydantic_ai.messages import (
 
 from stepstream.projector import ProjectionReader
 from stepstream.projector._apply import EVENTS, Applier, SourceRecord
-from stepstream.projector._store import open_db
+from stepstream.projector._shard import Shard
 from stepstream.schemas import SnapshotDelta, StepEvent, encode
 from stepstream.topics import murmur2_partition
 
@@ -84,7 +84,7 @@ def rss_mb() -> float:
 
 async def main(steps: int) -> None:
     with tempfile.TemporaryDirectory() as path:
-        db = open_db(path)
+        db = Shard.open(path, create=True)
         txn, _ = Applier(('e', 'x'), partitions=1).stage(db, records(steps))
         txn.commit()
         reader = ProjectionReader(db)

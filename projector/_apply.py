@@ -34,7 +34,6 @@ every reason and message for a record that does not decode comes from `decode` i
 
 from __future__ import annotations
 
-import functools
 import io
 import json
 import re
@@ -47,19 +46,16 @@ from types import SimpleNamespace
 from typing import Any
 
 from fastavro import parse_schema, schemaless_reader
-from rocksdict import Rdict
 
 from stepstream.errors import SchemaError
-from stepstream.ids import MAX_ID_BYTES, MAX_RUN_ID, OTHER_ID_FIELDS, check_record_ids, check_run_id
+from stepstream.ids import MAX_ID_BYTES, OTHER_ID_FIELDS, check_record_ids, is_plain_id, is_run_id
 from stepstream.projector._keys import (
     APART,
     CHILDREN,
     CONFLICT,
     CONVERSATION,
-    DLQ_COUNTS,
     EFFECT,
     EVENT,
-    OFFSET,
     PARKED,
     RESOLUTION,
     RUN,
@@ -68,11 +64,9 @@ from stepstream.projector._keys import (
     TRANSITION,
     UNRESOLVED,
     UNRESOLVED_RUN,
-    decode_int,
-    encode_int,
 )
-from stepstream.projector._state import EffectState, RunState, SnapshotEntry, dumps, ranges_add, ranges_hold
-from stepstream.projector._store import BatchTxn
+from stepstream.projector._shard import Transaction, Transactional
+from stepstream.projector._state import EffectState, RunState, SnapshotEntry, ranges_add, ranges_hold
 from stepstream.schemas import (
     EVENT_KINDS,
     MAGIC,
@@ -213,24 +207,14 @@ def plain_fields(record: LogRecord) -> tuple[int, Fields]:
     return EVENTS, fields
 
 
-def _read_stored(value: bytes) -> Fields:
-    """The fields of a record the projection accepted before (parked or a transition)."""
+def read_record(value: bytes) -> tuple[int, Fields]:
+    """A record's topic index and plain fields, whatever its version; `SchemaError` if it is not one.
+
+    The one place the apply path reads bytes: the current versions by `read_plain`, anything else
+    (older versions, and every record `decode` refuses, with its reason) by `decode`.
+    """
     read = read_plain(value)
-    return (read if read is not None else plain_fields(decode(value)))[1]
-
-
-def _is_run_id(value: str) -> bool:
-    """Whether `check_run_id` takes `value`; cached, and only ids short enough to pass are."""
-    return len(value) <= MAX_RUN_ID and _passes_run_id_rule(value)
-
-
-@functools.lru_cache(maxsize=1 << 14)
-def _passes_run_id_rule(value: str) -> bool:
-    try:
-        check_run_id(value)
-    except ValueError:
-        return False
-    return True
+    return read if read is not None else plain_fields(decode(value))
 
 
 _ENVELOPE_IDS = ('writer_id', 'conversation_id', 'agent_name', 'parent_run_id')
@@ -238,12 +222,8 @@ _CALL_IDS = ('tool_call_id', 'tool_name')
 assert {*_ENVELOPE_IDS, *_CALL_IDS} == {*OTHER_ID_FIELDS, 'parent_run_id'}
 
 
-def _plain_id(value: Any) -> bool:
-    return value is None or (type(value) is str and len(value) <= MAX_ID_BYTES and value.isascii())
-
-
 def _ids_plainly_valid(fields: Fields, keys: _RunKeys) -> bool:
-    """The common case of `check_record_ids` (short ASCII ids), without raising; False if unsure.
+    """The common case of `check_record_ids` (`is_plain_id`), without raising; False if unsure.
 
     The run id is checked against the key. A run's records share their envelope, so it is
     checked once per key and batch, and again only where it changes.
@@ -253,23 +233,27 @@ def _ids_plainly_valid(fields: Fields, keys: _RunKeys) -> bool:
     envelope = (writer_id, conversation_id, agent_name, parent)
     if envelope != keys.envelope:
         if not (
-            _plain_id(writer_id)
-            and _plain_id(conversation_id)
-            and _plain_id(agent_name)
-            and (parent is None or _is_run_id(parent))
+            is_plain_id(writer_id)
+            and is_plain_id(conversation_id)
+            and is_plain_id(agent_name)
+            and (parent is None or is_run_id(parent))
         ):
             return False
         keys.envelope = envelope
     call, tool = fields['tool_call_id'], fields['tool_name']
-    return (call is None or _plain_id(call)) and (tool is None or _plain_id(tool))
+    return (call is None or is_plain_id(call)) and (tool is None or is_plain_id(tool))
 
 
 # -- a batch ------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SourceRecord:
-    """A record as consumed: where it is in the log, and its bytes."""
+    """A record as consumed: where it is in the log, and its bytes.
+
+    Never changed once made; not frozen only because a frozen dataclass is four times slower to
+    make, and one is made per record.
+    """
 
     topic: int
     """`EVENTS` or `EFFECTS`."""
@@ -351,7 +335,7 @@ class _RunKeys:
             self.run_id = key.decode()
         except UnicodeDecodeError:
             return
-        self.valid = _is_run_id(self.run_id)
+        self.valid = is_run_id(self.run_id)
         if not self.valid:
             return
         self.run = RUN.key(self.run_id)
@@ -401,15 +385,17 @@ class Applier:
         """
         self._parked_bytes = 0
 
-    def stage(self, db: Rdict, records: Sequence[SourceRecord]) -> tuple[BatchTxn, BatchOutcome]:
-        """Stage a batch (state, DLQ counts and next offsets) in one transaction, not committed.
+    def stage(
+        self, shard: Transactional, records: Sequence[SourceRecord]
+    ) -> tuple[Transaction, BatchOutcome]:
+        """Stage a batch (state, DLQ counts and next offsets) in one transaction of `shard`, not committed.
 
         An unexpected exception while applying a record marks that record as poisoned and the
         whole batch is staged again, so no half-applied record is ever committed.
         """
         poisoned: dict[tuple[int, int, int], str] = {}
         while True:
-            txn = BatchTxn(db)
+            txn = shard.begin()
             try:
                 return txn, self._stage(txn, records, poisoned)
             except Exception as exc:
@@ -419,7 +405,7 @@ class Applier:
                 poisoned[current.coordinates] = f'{type(exc).__name__}: {exc}'[:2000]
 
     def _stage(
-        self, txn: BatchTxn, records: Sequence[SourceRecord], poisoned: Mapping[tuple[int, int, int], str]
+        self, txn: Transaction, records: Sequence[SourceRecord], poisoned: Mapping[tuple[int, int, int], str]
     ) -> BatchOutcome:
         self._outcome = outcome = BatchOutcome()
         self._dead = []
@@ -439,18 +425,15 @@ class Applier:
         self._dead.sort(key=_by_index)  # stable: within one record's turn, in the order they came
         outcome.dead = [dead for _, dead in self._dead]
         for (topic, partition), offset in next_offsets.items():
-            txn.put(OFFSET.key(self.topics[topic], partition), str(offset).encode())
+            txn.set_offset(self.topics[topic], partition, offset)
         if outcome.dead:
-            counts: dict[str, int] = json.loads(txn.get(DLQ_COUNTS) or b'{}')
-            for dead in outcome.dead:
-                counts[dead.reason] = counts.get(dead.reason, 0) + 1
-            txn.put(DLQ_COUNTS, dumps(counts))
+            txn.count_dead_letters(dead.reason for dead in outcome.dead)
         return outcome
 
     def _dead_letter(self, source: SourceRecord, reason: str, detail: str) -> None:
         self._dead.append((self._index, DeadLetter(source, reason, detail)))
 
-    def _apply_run(self, txn: BatchTxn, keys: _RunKeys, items: list[tuple[int, SourceRecord]]) -> None:
+    def _apply_run(self, txn: Transaction, keys: _RunKeys, items: list[tuple[int, SourceRecord]]) -> None:
         """Apply one key's records of the batch, in order; the run's state is staged once."""
         poisoned = self._poisoned
         run: RunState | None = None
@@ -506,13 +489,10 @@ class Applier:
             raise Rejected('no_key', 'a record with no key: log records are keyed by their run_id')
         if source.unreadable is not None:
             raise Rejected(source.unreadable.reason, str(source.unreadable))
-        read = read_plain(source.value)
-        if read is None:
-            try:
-                read = plain_fields(decode(source.value))
-            except SchemaError as exc:
-                raise Rejected(exc.reason, str(exc)) from None
-        topic, record = read
+        try:
+            topic, record = read_record(source.value)
+        except SchemaError as exc:
+            raise Rejected(exc.reason, str(exc)) from None
         if topic != source.topic:
             raise Rejected(
                 'wrong_topic', f'a {_RECORD_TYPES[topic]} on the {self.topics[source.topic]} topic'
@@ -545,7 +525,7 @@ class Applier:
 
     # -- registration, ownership ---------------------------------------------------------------
 
-    def _register(self, txn: BatchTxn, started: Fields) -> RunState:
+    def _register(self, txn: Transaction, started: Fields) -> RunState:
         run = RunState(
             run_id=started['run_id'],
             owner=started['writer_id'],
@@ -579,9 +559,9 @@ class Applier:
     def _take_decoded(self, parked: bytes, value: bytes) -> Fields:
         """A parked record's fields: the kept ones if they are of these bytes, else decoded."""
         kept = self._forget_decoded(parked)
-        return kept[1] if kept is not None and kept[0] == value else _read_stored(value)
+        return kept[1] if kept is not None and kept[0] == value else read_record(value)[1]
 
-    def _drain_parked(self, txn: BatchTxn, keys: _RunKeys, run: RunState) -> None:
+    def _drain_parked(self, txn: Transaction, keys: _RunKeys, run: RunState) -> None:
         """Apply what waited for the registration: step events first, each topic in log order."""
         for k, value in txn.scan(PARKED.prefix(run.run_id)):
             txn.delete(k)
@@ -597,7 +577,7 @@ class Applier:
             self._apply_registered(txn, keys, run, source, record)
 
     def _apply_registered(
-        self, txn: BatchTxn, keys: _RunKeys, run: RunState, source: SourceRecord, record: Fields
+        self, txn: Transaction, keys: _RunKeys, run: RunState, source: SourceRecord, record: Fields
     ) -> None:
         """Apply one record of a registered run: the owner's by the seq rules, others' apart."""
         if source.topic == EFFECTS and record['status'] == 'resolved':
@@ -665,7 +645,7 @@ class Applier:
             run.last_record_at = heartbeat['timestamp']
         self._outcome.applied += 1
 
-    def _keep_apart(self, txn: BatchTxn, run: RunState, source: SourceRecord, record: Fields) -> None:
+    def _keep_apart(self, txn: Transaction, run: RunState, source: SourceRecord, record: Fields) -> None:
         assert source.value is not None
         writer_id = record['writer_id']
         k = APART.key(run.run_id, writer_id, source.topic, record['seq'])
@@ -673,10 +653,7 @@ class Applier:
             self._outcome.duplicates += 1
             return
         txn.put(k, source.value)
-        conflict_key = CONFLICT.key(run.run_id, writer_id)
-        conflict = json.loads(txn.get(conflict_key) or b'{"records":0}')
-        conflict['records'] += 1
-        txn.put(conflict_key, dumps(conflict))
+        txn.count_conflict(CONFLICT.key(run.run_id, writer_id))
         if writer_id not in run.conflicting_writers:
             run.conflicting_writers = sorted([*run.conflicting_writers, writer_id])
         self._outcome.applied += 1
@@ -684,7 +661,7 @@ class Applier:
     # -- the owner's records: False for a duplicate, `Rejected` for the DLQ ----------------------
 
     def _apply_event(
-        self, txn: BatchTxn, keys: _RunKeys, run: RunState, source: SourceRecord, event: Fields
+        self, txn: Transaction, keys: _RunKeys, run: RunState, source: SourceRecord, event: Fields
     ) -> bool:
         assert source.value is not None
         seq = event['seq']
@@ -733,27 +710,27 @@ class Applier:
         return True
 
     def _apply_transition(
-        self, txn: BatchTxn, keys: _RunKeys, run: RunState, source: SourceRecord, t: Fields
+        self, txn: Transaction, keys: _RunKeys, run: RunState, source: SourceRecord, t: Fields
     ) -> bool:
         assert source.value is not None
         seq = t['seq']
         transition_key = keys.transition(seq)
         if run.holds(seq):
-            existing = txn.get(transition_key)
+            existing = txn.transition(transition_key)
             if existing is not None:
-                if existing[8:] == source.value:
+                if existing[1] == source.value:
                     return False
                 raise Rejected(
                     'duplicate_seq', f'seq {seq} of run {run.run_id!r} holds another tool-effect transition'
                 )
             # Held by a step event, which wins. Kept (dead) so that a repeat is a duplicate.
-            txn.put(transition_key, encode_int(source.offset) + source.value)
+            txn.put_transition(transition_key, source.offset, source.value)
             raise Rejected(
                 'duplicate_seq',
                 f'seq {seq} of run {run.run_id!r} holds a step event, which takes precedence',
             )
         run.claim(seq)
-        txn.put(transition_key, encode_int(source.offset) + source.value)
+        txn.put_transition(transition_key, source.offset, source.value)
         effect_key = keys.effect(t['tool_call_id'])
         effect = txn.get_state(effect_key, EffectState)
         first = effect_key not in keys.effects
@@ -770,7 +747,7 @@ class Applier:
         return True
 
     def _apply_resolution(
-        self, txn: BatchTxn, keys: _RunKeys, run: RunState, source: SourceRecord, r: Fields
+        self, txn: Transaction, keys: _RunKeys, run: RunState, source: SourceRecord, r: Fields
     ) -> bool:
         """Add an operator's resolution to the call's ledger.
 
@@ -808,13 +785,13 @@ class Applier:
         return True
 
     def _withdraw_transition(
-        self, txn: BatchTxn, keys: _RunKeys, run: RunState, partition: int, seq: int
+        self, txn: Transaction, keys: _RunKeys, run: RunState, partition: int, seq: int
     ) -> None:
         """A step event took this seq: its transition stops counting and goes to the DLQ."""
-        stored = txn.get(keys.transition(seq))
+        stored = txn.transition(keys.transition(seq))
         assert stored is not None
-        offset = decode_int(stored[:8])
-        t = _read_stored(stored[8:])
+        offset, withdrawn = stored
+        t = read_record(withdrawn)[1]
         effect_key = keys.effect(t['tool_call_id'])
         before = txn.get_state(effect_key, EffectState)
         if effect_key not in keys.effects:
@@ -822,15 +799,14 @@ class Applier:
         # Rare (a reused seq), so the call's other live transitions are found by a scan of the run's.
         effect = None
         first_live = None
-        for k, other_raw in txn.scan(TRANSITION.prefix(run.run_id)):
+        for k, other_offset, other_value in txn.transitions(TRANSITION.prefix(run.run_id)):
             other_seq = TRANSITION.parse(k)[1]
             assert isinstance(other_seq, int)
             if other_seq == seq or txn.get(keys.event(other_seq)) is not None:
                 continue  # the withdrawn one, or another that a step event displaced
-            other = _read_stored(other_raw[8:])
+            other = read_record(other_value)[1]
             if other['tool_call_id'] != t['tool_call_id']:
                 continue
-            other_offset = decode_int(other_raw[:8])
             first_live = other_offset if first_live is None else min(first_live, other_offset)
             if effect is None:
                 effect = EffectState(
@@ -864,7 +840,7 @@ class Applier:
             txn.put_state(effect_key, effect)
         run.count_rejected('duplicate_seq')
         self._dead_letter(
-            SourceRecord(EFFECTS, partition, offset, keys.key, stored[8:]),
+            SourceRecord(EFFECTS, partition, offset, keys.key, withdrawn),
             'duplicate_seq',
             f'seq {seq} of run {run.run_id!r} also holds a step event, which takes precedence',
         )
@@ -1014,7 +990,7 @@ def _unresolved_keys(effect: EffectState | None) -> tuple[bytes, ...]:
     )
 
 
-def _reindex_effect(txn: BatchTxn, before: tuple[bytes, ...], after: tuple[bytes, ...]) -> None:
+def _reindex_effect(txn: Transaction, before: tuple[bytes, ...], after: tuple[bytes, ...]) -> None:
     """Both unresolved indexes change together, from the same state: they cannot disagree.
 
     Called once per call and batch, with its keys before the batch and after it: a call that
@@ -1028,7 +1004,9 @@ def _reindex_effect(txn: BatchTxn, before: tuple[bytes, ...], after: tuple[bytes
         txn.put(k, b'')
 
 
-def _retain(txn: BatchTxn, keys: _RunKeys, run: RunState, snapshot_seq: int, state: str, keep: int) -> None:
+def _retain(
+    txn: Transaction, keys: _RunKeys, run: RunState, snapshot_seq: int, state: str, keep: int
+) -> None:
     """Keep the newest `keep` snapshots, the newest complete one and the newest overall.
 
     Retention hides snapshots from the read side; their deltas stay, because later snapshots

@@ -33,18 +33,16 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import obstore
 from obstore.exceptions import BaseError as ObstoreError
-from rocksdict import Checkpoint
 
 from stepstream.media import S3MediaStore
+from stepstream.projector._shard import PID_FILE, Shard, shard_path
 from stepstream.projector._state import Identity, dumps
-from stepstream.projector._store import PID_FILE, open_db, read_identity, shard_path, stored_offsets
 
 if TYPE_CHECKING:
-    from stepstream.projector._projector import Projector
     from stepstream.settings import Settings
 
 log = logging.getLogger('stepstream.projector.checkpoints')
@@ -52,6 +50,24 @@ log = logging.getLogger('stepstream.projector.checkpoints')
 _SAFE_NAME = re.compile(r'[A-Za-z0-9][A-Za-z0-9._-]{0,127}')
 """A RocksDB file name: no path separators, no `..`."""
 _SHA256 = re.compile(r'[0-9a-f]{64}')
+
+
+class HeldShards(Protocol):
+    """The shards a process holds (a `ShardSet`), and the lock that keeps batches off them."""
+
+    @property
+    def lock(self) -> asyncio.Lock:
+        """Held while a batch applies: a checkpoint copies a shard between two batches."""
+        ...
+
+    @property
+    def partitions(self) -> list[int]:
+        """The partitions whose shards are held."""
+        ...
+
+    def get(self, partition: int) -> Shard | None:
+        """The held shard of `partition`, or None (revoked meanwhile)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,19 +118,19 @@ class Checkpoints:
 
     # -- upload --------------------------------------------------------------------------------
 
-    async def maybe_upload(self, projector: Projector) -> None:
-        """Upload every owned shard that moved on, if `interval_s` passed since the last round."""
+    async def maybe_upload(self, shards: HeldShards) -> None:
+        """Upload every held shard that moved on, if `interval_s` passed since the last round."""
         if time.monotonic() - self._last_upload < self.interval_s:
             return
         self._last_upload = time.monotonic()
-        await self.upload_all(projector)
+        await self.upload_all(shards)
 
-    async def upload_all(self, projector: Projector) -> list[CheckpointObject]:
-        """Checkpoint and upload each shard the projector holds whose offsets moved on."""
+    async def upload_all(self, shards: HeldShards) -> list[CheckpointObject]:
+        """Checkpoint and upload each held shard whose offsets moved on (`projector.shards`)."""
         done = []
-        for partition in projector.partitions:
+        for partition in shards.partitions:
             try:
-                uploaded = await self.upload(projector, partition)
+                uploaded = await self.upload(shards, partition)
             except (ObstoreError, OSError) as exc:  # a missed checkpoint only costs a longer catch-up
                 log.warning(
                     'checkpoint of shard %d not uploaded to %s: %r', partition, self.store.location, exc
@@ -124,18 +140,18 @@ class Checkpoints:
                 done.append(uploaded)
         return done
 
-    async def upload(self, projector: Projector, partition: int) -> CheckpointObject | None:
+    async def upload(self, shards: HeldShards, partition: int) -> CheckpointObject | None:
         """Checkpoint one shard between two batches and upload what is new; None when unchanged."""
         with tempfile.TemporaryDirectory(prefix='stepstream-checkpoint-') as scratch:
             where = Path(scratch) / 'shard'
-            async with projector._batch_lock:
-                shard = projector._shards.get(partition)
+            async with shards.lock:
+                shard = shards.get(partition)
                 if shard is None:
                     return None  # revoked meanwhile
-                records = sum(stored_offsets(shard.db).values())
+                records = sum(shard.offsets().values())
                 if records == 0 or self._uploaded.get(partition) == records:
                     return None
-                await asyncio.to_thread(Checkpoint(shard.db).create_checkpoint, str(where))
+                await asyncio.to_thread(shard.checkpoint, where)
             hashes = await asyncio.to_thread(self._hash_files, partition, where)
             present = await self._present_files(partition)
             sent = 0
@@ -279,14 +295,14 @@ def _check_and_place(
 ) -> None:
     """Open a downloaded checkpoint as the expected shard, then rename it into place."""
     try:
-        db = open_db(staging, create=False)
+        shard = Shard.open(staging)
     except Exception as exc:  # rocksdict raises a bare Exception carrying RocksDB's status text
         raise ValueError(f'RocksDB cannot open it: {exc}') from None
     try:
-        identity = read_identity(db)
-        records = sum(stored_offsets(db).values())
+        identity = shard.identity()
+        records = sum(shard.offsets().values())
     finally:
-        db.close()
+        shard.close()
     (staging / PID_FILE).unlink(missing_ok=True)
     if identity is None or identity.format != Identity.FORMAT:
         raise ValueError('it is not a shard of this stepstream version')

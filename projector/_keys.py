@@ -16,7 +16,8 @@ No other module spells key bytes: they ask a `Keyspace` for a key, a prefix or t
 | `OFFSET`           | `o`  | topic, partition                      | next offset to apply (ASCII)   |
 | `RUN`              | `r`  | run_id                                | `RunState`                     |
 | `EVENT`            | `e`  | run_id, seq                           | the step event as logged (Avro)|
-| `TRANSITION`       | `t`  | run_id, seq                           | the first transition at seq    |
+| `TRANSITION`       | `t`  | run_id, seq                           | its offset (8 bytes), then the |
+|                    |      |                                       | first transition at seq (Avro) |
 | `SNAPSHOT`         | `s`  | run_id, snapshot_seq                  | `SnapshotEntry`                |
 | `EFFECT`           | `x`  | run_id, tool_call_id                  | `EffectState`                  |
 | `UNRESOLVED`       | `u`  | started_at, run_id, tool_call_id      | empty: oldest first, all runs  |
@@ -28,6 +29,9 @@ No other module spells key bytes: they ask a `Keyspace` for a key, a prefix or t
 | `APART`            | `w`  | run_id, writer_id, topic, seq         | another writer's record        |
 | `CONFLICT`         | `k`  | run_id, writer_id                     | JSON: records kept apart       |
 | `RESOLUTION`       | `z`  | run_id, tool_call_id, offset          | an operator's resolution (Avro)|
+
+Values that are not a state record are read and written through `_shard` (its
+`pack_transition`, `offsets`, `dlq_counts`, ...): no other module slices stored bytes.
 
 `topic` in `PARKED` and `APART` is the topic's index (0 step events, 1 tool effects). `offset` in
 `RESOLUTION` is the resolution's offset in its tool-effects partition: resolutions are not the

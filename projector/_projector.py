@@ -1,90 +1,46 @@
-"""`Projector`: consumes both log topics and applies each batch to RocksDB atomically."""
+"""`Projector`: consumes both log topics and applies each batch to its shards atomically.
+
+The projector coordinates: it consumes, routes each partition's records to its shard, has the
+`Applier` stage them, hands dead letters to the `DeadLetterSender`, commits, and tells the
+`GroupOffsets` and `ApplyMetrics` what it applied. The shards themselves (opening, restoring,
+identity, hand-off) are the `ShardSet`'s.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
-import hashlib
 import logging
 import time
-from collections import deque
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, ConsumerRecord
-from aiokafka.errors import GroupAuthorizationFailedError, KafkaError, MessageSizeTooLargeError
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, ConsumerRecord
+from aiokafka.errors import GroupAuthorizationFailedError, KafkaError
 from aiokafka.structs import TopicPartition
 from opentelemetry.trace import Span
-from rocksdict import Rdict
 
-from stepstream.errors import ProjectionInUse, ProjectionMismatch, StepStreamError, UsageError
+from stepstream.errors import StepStreamError, UsageError
 from stepstream.kafka_client import AUTHORIZATION_ERRORS, access_denied, client_options, connection_error
 from stepstream.media import MediaStore, S3MediaStore
-from stepstream.projector._apply import (
-    EFFECTS,
-    EVENTS,
-    Applier,
-    BatchOutcome,
-    DeadLetter,
-    SourceRecord,
-)
+from stepstream.projector._apply import EFFECTS, EVENTS, Applier, BatchOutcome, SourceRecord
 from stepstream.projector._checkpoints import Checkpoints
-from stepstream.projector._keys import PROGRESS
+from stepstream.projector._commits import GroupOffsets
+from stepstream.projector._dead_letters import DeadLetterSender
 from stepstream.projector._membership import Membership, membership_assignor
+from stepstream.projector._metrics import ApplyMetrics
 from stepstream.projector._reader import ProjectionReader
-from stepstream.projector._state import Identity, dumps
-from stepstream.projector._store import (
-    BatchTxn,
-    check_projection,
-    create_shard,
-    open_db,
-    read_identity,
-    read_projection_identity,
-    shard_path,
-    shard_paths,
-    stored_offsets,
-    write_identity,
-)
+from stepstream.projector._shard import Shard, Transaction, check_projection
+from stepstream.projector._shard_set import ShardSet
+from stepstream.projector._state import Identity
 from stepstream.projector._wire import WireFormats
 from stepstream.settings import Settings
-from stepstream.telemetry import lag, records_applied, records_dead_lettered, span
-from stepstream.timestamps import micros
-from stepstream.topics import Position, TopicLayout, ensure_topics, unavailable
-
-DLQ_INLINE_BYTES = 512 * 1024
-"""A dead letter whose key and value exceed this goes to the DLQ as an envelope (see `dlq_envelope`)."""
-
-DLQ_HEAD_BYTES = 1024
-"""How much of an oversized record's value an envelope keeps."""
+from stepstream.telemetry import span
+from stepstream.topics import Position, TopicLayout, ensure_topics
 
 log = logging.getLogger('stepstream.projector')
-
-
-SHARD_HANDOFF_TIMEOUT_S = 30.0
-"""How long a member waits for a shard's previous owner (same directory) to close it."""
-
-
-@dataclass(eq=False)
-class _Shard:
-    """One open shard: its partition number, its RocksDB and its recent apply rate."""
-
-    partition: int
-    db: Rdict
-    recent: deque[tuple[float, int]] = field(default_factory=deque)
-
-    def progress_figures(self, consumed: int) -> dict[str, float | int]:
-        """Records per second over the last ten seconds, for `stepstream status`."""
-        now = time.monotonic()
-        self.recent.append((now, consumed))
-        while self.recent and self.recent[0][0] < now - 10:
-            self.recent.popleft()
-        span = max(now - self.recent[0][0], 1.0)
-        return {'rate': round(sum(n for _, n in self.recent) / span, 1), 'at': micros(datetime.now(UTC))}
 
 
 class _Rebalance(ConsumerRebalanceListener):
@@ -143,6 +99,9 @@ class Projector:
         session_timeout_ms: int = 10_000,
         on_assignment: Callable[[list[int]], None] | None = None,
         membership: Membership | None = None,
+        dead_letters: DeadLetterSender | None = None,
+        group_offsets: GroupOffsets | None = None,
+        metrics: ApplyMetrics | None = None,
     ) -> None:
         """Check the projection directory; nothing connects until `start()` (or `async with`).
 
@@ -157,6 +116,9 @@ class Projector:
         silent member before its partitions move; `on_assignment` is called with the partitions
         a member holds after every change. A member tells the group `membership.endpoint` (the
         URL its service answers on) and learns there who owns each partition (`_membership`).
+
+        The parts it coordinates are made from `settings` unless given: `dead_letters` sends to
+        the DLQ, `group_offsets` commits to the consumer group for lag tooling, `metrics` counts.
         """
         if max_snapshots_per_run is not None and max_snapshots_per_run < 1:
             raise ValueError(f'max_snapshots_per_run must be at least 1, got {max_snapshots_per_run}')
@@ -164,13 +126,21 @@ class Projector:
             raise UsageError('a group member owns the partitions its group assigns; give group or partitions')
         self.settings = settings
         self.db_path = check_projection(db_path if db_path is not None else settings.db_path, create=True)
+        self.shards = ShardSet(
+            self.db_path,
+            settings,
+            group=group,
+            rebuilding=rebuilding,
+            max_snapshots_per_run=max_snapshots_per_run,
+            checkpoints=checkpoints,
+        )
+        """The shards this projector holds (assign, revoke, restore: `ShardSet`)."""
         self.group = group
         self.group_id = group or group_id or f'{settings.topic_prefix}.projector'
         self.only = frozenset(partitions) if partitions is not None else None
         self.create_topics = create_topics
         self.max_batch_records = max_batch_records
         self.poll_timeout_ms = poll_timeout_ms
-        self.max_snapshots_per_run = max_snapshots_per_run
         self.commit_group_offsets = commit_group_offsets
         self.send_dead_letters = send_dead_letters
         self.rebuilding = rebuilding
@@ -179,41 +149,60 @@ class Projector:
         self.on_assignment = on_assignment
         self.membership = membership if membership is not None else Membership()
         self.media_store: MediaStore = media_store or S3MediaStore.from_settings(settings)
-        self._uncommitted: Position = {}
-        self._last_group_commit = 0.0
         self._topics = (settings.step_events_topic, settings.tool_effects_topic)
+        self.dead_letters = dead_letters or DeadLetterSender(settings, topics=self._topics)
+        self.group_offsets = group_offsets or GroupOffsets(enabled=commit_group_offsets)
+        self.metrics = metrics or ApplyMetrics()
         self._topic_index = {settings.step_events_topic: EVENTS, settings.tool_effects_topic: EFFECTS}
         self._applier: Applier | None = None
         self._wire: WireFormats | None = None
         self._layout: TopicLayout | None = None
         self._consumer: AIOKafkaConsumer | None = None
-        self._dlq: AIOKafkaProducer | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self._failure: BaseException | None = None
         self._progress = asyncio.Condition()
-        self._batch_lock = asyncio.Lock()
         self._assignments = 0
         """Counts assignment changes, so a batch fetched across one is recognised and dropped."""
-        self._shards: dict[int, _Shard] = {}
-        self._dbs: dict[int, Rdict] = {}
-        """The open shards' databases, shared (and kept current) with `reader()`."""
         self._applied: Position = {}
-        self.identity: Identity | None = None
-        self.records_applied = 0
-        self.duplicates_ignored = 0
-        self.dead_lettered = 0
-        self.restored_from_checkpoint: dict[int, int] = {}
-        """Partition -> records the shard's restored checkpoint held, for shards restored so far."""
         if group is None:
             # Open the shards that exist now, so a second writer is refused before connecting.
             try:
-                for partition, path in shard_paths(self.db_path).items():
-                    if self.only is None or partition in self.only:
-                        self._adopt(partition, open_db(path, create=False))
+                for shard in self.shards.open_existing(self.only):
+                    self._applied.update(shard.offsets())
             except BaseException:
                 self.close()
                 raise
+
+    @property
+    def records_applied(self) -> int:
+        """Records applied since this projector was made (duplicates and dead letters not counted)."""
+        return self.metrics.records_applied
+
+    @property
+    def duplicates_ignored(self) -> int:
+        """Repeats of records already applied, ignored."""
+        return self.metrics.duplicates_ignored
+
+    @property
+    def dead_lettered(self) -> int:
+        """Records that went to the DLQ."""
+        return self.metrics.dead_lettered
+
+    @property
+    def identity(self) -> Identity | None:
+        """The identity of the projection's shards (None before one is opened)."""
+        return self.shards.identity
+
+    @property
+    def max_snapshots_per_run(self) -> int | None:
+        """The projection's option: the one asked for, or the one its shards were built with."""
+        return self.shards.max_snapshots_per_run
+
+    @property
+    def restored_from_checkpoint(self) -> dict[int, int]:
+        """Partition -> records the shard's restored checkpoint held, for shards restored so far."""
+        return self.shards.restored_from_checkpoint
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -221,8 +210,8 @@ class Projector:
         """Check the projection is of these topics, seek to its offsets and consume in the background."""
         layout = await ensure_topics(self.settings, create=self.create_topics)
         self._layout = layout
-        for shard in list(self._shards.values()):
-            self._claim_identity(shard, layout)
+        for partition in self.shards.partitions:
+            self.shards.claim(self.shards[partition], layout)
         self._applier = Applier(
             self._topics, partitions=layout.partitions, max_snapshots_per_run=self.max_snapshots_per_run
         )
@@ -244,23 +233,19 @@ class Projector:
             session_timeout_ms=self.session_timeout_ms,
             heartbeat_interval_ms=max(100, self.session_timeout_ms // 3),
         )
-        dlq = AIOKafkaProducer(
-            **client_options(self.settings),
-            acks='all',
-            client_id='stepstream-projector-dlq',
-        )
         try:
             await asyncio.wait_for(consumer.start(), self.settings.ack_timeout_s)
-            await asyncio.wait_for(dlq.start(), self.settings.ack_timeout_s)
+            if self.send_dead_letters:
+                await self.dead_letters.start()
         except (KafkaError, OSError, TimeoutError) as exc:
             await consumer.stop()
-            await dlq.stop()
+            await self.dead_letters.stop()
             raise await connection_error(self.settings, 'did not accept the projector', exc) from exc
-        self._consumer, self._dlq = consumer, dlq
+        self._consumer = consumer
         if self.group is None:
             mine = [p for p in range(layout.partitions) if self.only is None or p in self.only]
             for partition in mine:
-                if partition not in self._shards:
+                if partition not in self.shards:
                     await self._open_shard(partition)
             assigned = {TopicPartition(t, p) for t in self._topics for p in mine}
             consumer.assign(sorted(assigned))
@@ -271,9 +256,9 @@ class Projector:
                     await consumer.committed(min(assigned))
                 await self._seek(assigned)
             except AUTHORIZATION_ERRORS as exc:
-                self._consumer = self._dlq = None
+                self._consumer = None
                 await consumer.stop()
-                await dlq.stop()
+                await self.dead_letters.stop()
                 raise self._may_not_read(exc) from exc
         else:
             consumer.subscribe(list(self._topics), listener=_Rebalance(self))
@@ -290,61 +275,13 @@ class Projector:
         fix = f'grant it {grant} (the projector ACL), or use the projector principal'
         return access_denied(self.settings, what, exc, fix=fix)
 
-    async def _open_shard(self, partition: int) -> _Shard:
-        """Open the shard of `partition` here, restoring it from a checkpoint or making it new."""
+    async def _open_shard(self, partition: int) -> Shard:
+        """Open, restore or create the shard of `partition`; the consumer starts at its offsets."""
         assert self._layout is not None
-        path = shard_path(self.db_path, partition)
-        if not (path / 'CURRENT').exists() and self.checkpoints is not None:
-            restored = await self.checkpoints.restore(self.db_path, partition, self._layout.partitions)
-            if restored is not None:
-                self.restored_from_checkpoint[partition] = restored
-        if (path / 'CURRENT').exists():
-            db = await self._open_when_free(path)
-            shard = self._adopt(partition, db)
-            self._claim_identity(shard, self._layout)
-            return shard
-        identity = Identity(
-            format=Identity.FORMAT,
-            topic_prefix=self.settings.topic_prefix,
-            cluster=self._layout.cluster,
-            max_snapshots_per_run=self._options_from_shards(),
-            state='rebuilding' if self.rebuilding else 'live',
-            partitions=self._layout.partitions,
-            partition=partition,
-        )
-        shard = self._adopt(
-            partition, await asyncio.to_thread(create_shard, self.db_path, partition, identity)
-        )
-        if self.identity is None:
-            self.identity = identity
-        return shard
-
-    async def _open_when_free(self, path: Path) -> Rdict:
-        """Open a shard for writing; in a group, wait a while for its previous owner to let go."""
-        deadline = time.monotonic() + (SHARD_HANDOFF_TIMEOUT_S if self.group is not None else 0)
-        while True:
-            try:
-                return await asyncio.to_thread(open_db, path, create=False)
-            except ProjectionInUse:
-                if time.monotonic() >= deadline:
-                    raise
-                await asyncio.sleep(0.2)
-
-    def _options_from_shards(self) -> int | None:
-        """`max_snapshots_per_run` for a new shard: the one asked for, or the existing shards'."""
-        if self.max_snapshots_per_run is None:
-            existing = read_projection_identity(self.db_path)
-            if existing is not None:
-                self.max_snapshots_per_run = existing.max_snapshots_per_run
-        return self.max_snapshots_per_run
-
-    def _adopt(self, partition: int, db: Rdict) -> _Shard:
-        shard = _Shard(partition, db)
-        self._shards[partition] = shard
-        self._dbs[partition] = db
-        self._applied.update(stored_offsets(db))
-        if self.identity is None:
-            self.identity = read_identity(db)
+        shard = await self.shards.assign(partition, self._layout)
+        self._applied.update(shard.offsets())
+        if self._applier is not None:
+            self._applier.max_snapshots = self.shards.max_snapshots_per_run
         return shard
 
     async def _seek(self, assigned: Collection[TopicPartition]) -> None:
@@ -382,9 +319,9 @@ class Projector:
                 'without the other; '
                 'every member must be a stepstream projector (range assignment keeps a shard together)'
             )
-        async with self._batch_lock:
+        async with self.shards.lock:
             self._assignments += 1
-            for partition in sorted(numbers - self._shards.keys()):
+            for partition in sorted(numbers - set(self.shards.partitions)):
                 await self._open_shard(partition)
             await self._seek(assigned)
         log.info('member of %s: owns partitions %s', self.group, self.partitions)
@@ -393,7 +330,7 @@ class Projector:
 
     async def _revoked(self, revoked: set[TopicPartition]) -> None:
         """Partitions are moving away: finish the batch in hand, then flush and close their shards."""
-        async with self._batch_lock:
+        async with self.shards.lock:
             self._assignments += 1
             for partition in sorted({tp.partition for tp in revoked}):
                 self._release(partition)
@@ -401,65 +338,14 @@ class Projector:
             self.on_assignment(self.partitions)
 
     def _release(self, partition: int) -> None:
-        shard = self._shards.pop(partition, None)
-        self._dbs.pop(partition, None)
+        self.shards.revoke(partition)
+        self.metrics.forget(partition)
         for topic in self._topics:
             self._applied.pop(TopicPartition(topic, partition), None)
-        if shard is not None:
-            shard.db.flush()
-            shard.db.close()
-
-    def _claim_identity(self, shard: _Shard, layout: TopicLayout) -> None:
-        """Check a shard was built from these topics and options, or refuse it."""
-        stored = read_identity(shard.db)
-        where = shard_path(self.db_path, shard.partition)
-        if stored is None or stored.format != Identity.FORMAT:
-            found = 'no identity record' if stored is None else f'format {stored.format}'
-            raise ProjectionMismatch(
-                f'{where} holds a projection made by another stepstream version ({found}); this one reads '
-                f'format {Identity.FORMAT}. Rebuild it with `stepstream rebuild --into NEW_DIR`'
-            )
-        if stored.topic_prefix != self.settings.topic_prefix:
-            raise ProjectionMismatch(
-                f'{self.db_path} was built from the topics {stored.topic_prefix}.*, '
-                f'not {self.settings.topic_prefix}.*: set STEPSTREAM_TOPIC_PREFIX (--topic-prefix) '
-                'to match, or use another --db-path'
-            )
-        if stored.cluster != layout.cluster:
-            raise ProjectionMismatch(
-                f'{self.db_path} was built from Kafka cluster {stored.cluster!r}, '
-                f'but {self.settings.bootstrap_servers} is cluster {layout.cluster!r}: point '
-                'STEPSTREAM_BOOTSTRAP_SERVERS at the cluster it was built from, or use another --db-path'
-            )
-        if stored.partitions != layout.partitions or stored.partition != shard.partition:
-            raise ProjectionMismatch(
-                f'{where} is shard {stored.partition} of {stored.partitions} partitions, but the topics '
-                f'now have {layout.partitions}: runs moved between partitions, so rebuild the projection '
-                'with `stepstream rebuild --into NEW_DIR`'
-            )
-        wanted = self.max_snapshots_per_run
-        if wanted is not None and wanted != stored.max_snapshots_per_run:
-            raise ProjectionMismatch(
-                f'{self.db_path} was built with '
-                f'max_snapshots_per_run={stored.max_snapshots_per_run}, not {wanted}: '
-                'leave the option out (it is kept), or rebuild into a new directory with the new value'
-            )
-        self.max_snapshots_per_run = stored.max_snapshots_per_run
-        if self._applier is not None:
-            self._applier.max_snapshots = stored.max_snapshots_per_run
-        if stored.state == 'rebuilding' and not self.rebuilding:
-            stored.state = 'live'  # a live projector carries an interrupted rebuild on to the end
-            write_identity(shard.db, stored)
-        self.identity = stored
 
     def mark_rebuilt(self) -> None:
         """Record that a rebuild reached the end it was after: its shards are complete."""
-        for shard in self._shards.values():
-            identity = read_identity(shard.db)
-            if identity is not None:
-                identity.state = 'rebuilt'
-                write_identity(shard.db, identity)
-                self.identity = identity
+        self.shards.mark_rebuilt()
 
     async def stop(self) -> None:
         """Finish the batch in hand, then disconnect and flush the shards."""
@@ -468,31 +354,30 @@ class Projector:
             with contextlib.suppress(Exception):  # kept in self._failure, raised by __aexit__
                 await self._task
             self._task = None
-        if self._consumer is not None and self.commit_group_offsets and self._uncommitted:
+        if self._consumer is not None and self.group_offsets.pending:
             # The last second's offsets too, so lag tooling reads the position the projector left at.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._commit_uncommitted(), self.settings.ack_timeout_s)
+                await asyncio.wait_for(self.group_offsets.commit(self._consumer), self.settings.ack_timeout_s)
         # A member's shards are revoked (and closed) as its consumer leaves the group. With the
         # broker gone, leaving cannot finish: give up after the ack timeout, since the shards'
         # offsets are stored with their state and `close()` closes them all the same.
-        for client in (self._consumer, self._dlq):
-            if client is None:
-                continue
-            stopping = _stop_consumer(client) if isinstance(client, AIOKafkaConsumer) else client.stop()
+        stopping = [self.dead_letters.stop()]
+        if self._consumer is not None:
+            stopping.insert(0, _stop_consumer(self._consumer))
+        for client in stopping:
             try:
-                await asyncio.wait_for(stopping, self.settings.ack_timeout_s)
+                await asyncio.wait_for(client, self.settings.ack_timeout_s)
             except TimeoutError:
                 log.warning('the broker did not answer while the projector disconnected; stopping anyway')
-        self._consumer = self._dlq = None
+        self._consumer = None
         wire, self._wire = self._wire, None
         if wire is not None:
             await wire.close()
-        for shard in self._shards.values():
-            shard.db.flush()
+        self.shards.flush()
 
     def close(self) -> None:
         """Close the shards' RocksDB handles (after `stop()`)."""
-        for partition in list(self._shards):
+        for partition in self.shards.partitions:
             self._release(partition)
 
     async def __aenter__(self) -> Self:
@@ -501,8 +386,7 @@ class Projector:
         except BaseException:
             if self._consumer is not None:
                 await self._consumer.stop()
-            if self._dlq is not None:
-                await self._dlq.stop()
+            await self.dead_letters.stop()
             self.close()
             raise
         return self
@@ -528,9 +412,11 @@ class Projector:
         A group member holds only its own shards; `ProjectionReader.open(db_path)` reads every
         shard in the directory, whichever member writes it.
         """
-        partitions = self._layout.partitions if self._layout is not None else max(self._dbs, default=-1) + 1
+        partitions = (
+            self._layout.partitions if self._layout is not None else max(self.shards.view, default=-1) + 1
+        )
         return ProjectionReader(
-            self._dbs,
+            self.shards.view,
             partitions=partitions,
             media_store=self.media_store,
             stale_after_s=self.settings.stale_after_s,
@@ -539,7 +425,7 @@ class Projector:
     @property
     def partitions(self) -> list[int]:
         """The partition numbers whose shards this projector holds now."""
-        return sorted(self._shards)
+        return self.shards.partitions
 
     @property
     def applied(self) -> Position:
@@ -599,13 +485,13 @@ class Projector:
                     timeout_ms=self.poll_timeout_ms, max_records=self.max_batch_records
                 )
                 if batches:
-                    async with self._batch_lock:
+                    async with self.shards.lock:
                         if assignments == self._assignments:
                             await self._apply_batch(batches)
                         else:
                             await self._refetch()
                 if self.checkpoints is not None:
-                    await self.checkpoints.maybe_upload(self)
+                    await self.checkpoints.maybe_upload(self.shards)
             if self._failure is not None:  # set by a failed assignment
                 raise self._failure
         except asyncio.CancelledError:
@@ -637,7 +523,7 @@ class Projector:
     async def _apply_batch(self, batches: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]) -> None:
         by_shard: dict[int, list[SourceRecord]] = {}
         for tp, messages in batches.items():
-            if tp.partition not in self._shards:
+            if tp.partition not in self.shards:
                 continue  # revoked meanwhile: its next owner reads these from the shard's offsets
             topic = self._topic_index[tp.topic]
             by_shard.setdefault(tp.partition, []).extend(
@@ -656,16 +542,15 @@ class Projector:
 
     async def _stage_batch(self, by_shard: dict[int, list[SourceRecord]], current: Span | None) -> None:
         applier = self._applier
-        assert applier is not None
+        assert applier is not None and self._consumer is not None
         send = self.send_dead_letters
-        shards = self._shards
+        shards, metrics = self.shards, self.metrics
 
-        def stage_and_commit() -> tuple[list[BatchTxn], list[BatchOutcome], bool]:
+        def stage_and_commit() -> tuple[list[Transaction], list[BatchOutcome], bool]:
             txns, outcomes = [], []
             for partition, records in by_shard.items():
-                shard = shards[partition]
-                txn, outcome = applier.stage(shard.db, records)
-                txn.put(PROGRESS, dumps(shard.progress_figures(len(records))))
+                txn, outcome = applier.stage(shards[partition], records)
+                txn.set_progress(metrics.rate(partition, len(records)))
                 txns.append(txn)
                 outcomes.append(outcome)
             held = send and any(o.dead for o in outcomes)
@@ -678,123 +563,19 @@ class Projector:
         # Dead letters are acknowledged by the DLQ before the batch (and its offsets) commits:
         # a crash in between repeats them in the DLQ on restart, and never loses one.
         if held:
-            if not await self._dead_letter([d for o in outcomes for d in o.dead]):
+            dead = [d for o in outcomes for d in o.dead]
+            if not await self.dead_letters.send(dead, stopping=lambda: self._stopping):
                 return  # stopping while the DLQ was unreachable: the batch is applied on restart
             await asyncio.to_thread(lambda: [txn.commit() for txn in txns])
         next_offsets: Position = {}
         for outcome in outcomes:
-            self.records_applied += outcome.applied
-            self.duplicates_ignored += outcome.duplicates
-            self.dead_lettered += len(outcome.dead)
             for (topic, partition), offset in outcome.next_offsets.items():
                 next_offsets[TopicPartition(self._topics[topic], partition)] = offset
-        self._observe(outcomes, next_offsets, current)
+        self.metrics.observe(outcomes, next_offsets, self._consumer.highwater, current)
         async with self._progress:
             self._applied.update(next_offsets)
             self._progress.notify_all()
-        await self._commit_group_offsets(next_offsets)
-
-    def _observe(self, outcomes: list[BatchOutcome], next_offsets: Position, current: Span | None) -> None:
-        """The batch's figures as OpenTelemetry metrics and span attributes (no-ops without an SDK)."""
-        applied = sum(o.applied for o in outcomes)
-        records_applied.add(applied)
-        dead = [d for o in outcomes for d in o.dead]
-        for letter in dead:
-            records_dead_lettered.add(1, {'stepstream.reason': letter.reason})
-        assert self._consumer is not None
-        for tp, offset in next_offsets.items():
-            highwater = self._consumer.highwater(tp)
-            if highwater is not None:
-                lag.set(
-                    max(highwater - offset, 0),
-                    {'stepstream.topic': tp.topic, 'stepstream.partition': tp.partition},
-                )
-        if current is not None and current.is_recording():
-            current.set_attributes(
-                {
-                    'stepstream.records': sum(o.applied + o.duplicates + len(o.dead) for o in outcomes),
-                    'stepstream.applied': applied,
-                    'stepstream.dead_lettered': len(dead),
-                }
-            )
-
-    async def _dead_letter(self, dead: list[DeadLetter]) -> bool:
-        """Send dead letters until the DLQ acknowledges them all; False if stopped meanwhile.
-
-        The DLQ being unreachable is no reason to stop projecting for good: the batch waits,
-        and the sends are retried with backoff.
-        """
-        delay = 0.2
-        while True:
-            try:
-                await self._send_dead_letters(dead)
-                return True
-            except AUTHORIZATION_ERRORS as exc:  # no ACL to write the DLQ: retrying cannot help
-                raise access_denied(
-                    self.settings,
-                    f'write dead letters to {self.settings.dlq_topic}',
-                    exc,
-                    fix=f'grant it WRITE on {self.settings.dlq_topic} (the projector ACL)',
-                ) from exc
-            except (KafkaError, TimeoutError, OSError) as exc:
-                if self._stopping:
-                    return False
-                log.warning('the DLQ did not take %d record(s), retrying in %.1fs: %r', len(dead), delay, exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-
-    async def _send_dead_letters(self, dead: list[DeadLetter]) -> None:
-        assert self._dlq is not None
-        acks = []
-        for letter in dead:
-            source = letter.source
-            headers = [
-                ('stepstream-dlq-reason', letter.reason.encode()),
-                ('stepstream-dlq-detail', letter.detail.encode(errors='replace')[:4096]),
-                ('stepstream-source-topic', self._topics[source.topic].encode()),
-                ('stepstream-source-partition', str(source.partition).encode()),
-                ('stepstream-source-offset', str(source.offset).encode()),
-            ]
-            key, value = source.key, source.value
-            if len(key or b'') + len(value or b'') > DLQ_INLINE_BYTES:
-                key, value = None, dlq_envelope(letter, self._topics[source.topic])
-                headers.append(('stepstream-dlq-envelope', b'1'))
-            try:
-                ack = await self._dlq.send(self.settings.dlq_topic, value, key=key, headers=headers)
-            except MessageSizeTooLargeError:  # the DLQ's own limit is below ours: send the envelope
-                envelope = dlq_envelope(letter, self._topics[source.topic])
-                headers.append(('stepstream-dlq-envelope', b'1'))
-                ack = await self._dlq.send(self.settings.dlq_topic, envelope, headers=headers)
-            acks.append(ack)
-        try:
-            await asyncio.wait_for(asyncio.gather(*acks), self.settings.ack_timeout_s)
-        except AUTHORIZATION_ERRORS:
-            raise
-        except (KafkaError, TimeoutError) as exc:
-            raise unavailable(self.settings, 'did not acknowledge dead-lettered records', exc) from exc
-
-    async def _commit_group_offsets(self, offsets: Position) -> None:
-        """Commit to the consumer group at most once a second: it only feeds lag tooling."""
-        assert self._consumer is not None
-        self._uncommitted.update(offsets)
-        now = time.monotonic()
-        if not self.commit_group_offsets or now - self._last_group_commit < 1.0:
-            return
-        self._last_group_commit = now
-        await self._commit_uncommitted()
-
-    async def _commit_uncommitted(self) -> None:
-        """Commit the offsets applied since the last commit, for the partitions still owned."""
-        assert self._consumer is not None
-        owned = self._consumer.assignment()
-        offsets = {tp: offset for tp, offset in self._uncommitted.items() if tp in owned}
-        self._uncommitted = {}
-        if not offsets:
-            return
-        try:
-            await self._consumer.commit(offsets)
-        except KafkaError as exc:  # lag tooling only; the stored offsets are what counts
-            log.debug('group offset commit failed: %r', exc)
+        await self.group_offsets.applied(self._consumer, next_offsets)
 
 
 async def _stop_consumer(consumer: AIOKafkaConsumer) -> None:
@@ -811,27 +592,3 @@ async def _stop_consumer(consumer: AIOKafkaConsumer) -> None:
             raise  # a real cancellation of the caller
         # stop() ended early: close the connections it did not get to.
         await consumer._client.close()
-
-
-def dlq_envelope(letter: DeadLetter, topic: str) -> bytes:
-    """What goes to the DLQ in place of a record too large for it: JSON, a few KiB at most.
-
-    `{"reason", "detail", "topic", "partition", "offset", "key_sha256", "value_sha256",
-    "value_bytes", "value_head"}`, the head being the first `DLQ_HEAD_BYTES` of the value in
-    base64. The record itself stays in the source topic at those coordinates.
-    """
-    source = letter.source
-    value = source.value or b''
-    return dumps(
-        {
-            'reason': letter.reason,
-            'detail': letter.detail[:2000],
-            'topic': topic,
-            'partition': source.partition,
-            'offset': source.offset,
-            'key_sha256': hashlib.sha256(source.key).hexdigest() if source.key is not None else None,
-            'value_sha256': hashlib.sha256(value).hexdigest(),
-            'value_bytes': len(value),
-            'value_head': base64.b64encode(value[:DLQ_HEAD_BYTES]).decode(),
-        }
-    )

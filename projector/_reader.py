@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-import json
 import os
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
@@ -15,7 +14,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import ValidationError
-from rocksdict import Rdict
 
 from stepstream.errors import StepStreamError
 from stepstream.media._types import NO_CONTEXT, MediaContext, MediaStore
@@ -23,28 +21,24 @@ from stepstream.projector._keys import (
     CHILDREN,
     CONFLICT,
     CONVERSATION,
-    DLQ_COUNTS,
     EFFECT,
     EVENT,
     PARKED,
-    PROGRESS,
     RUN,
     RUNS,
     SNAPSHOT,
     UNRESOLVED,
     UNRESOLVED_RUN,
 )
-from stepstream.projector._state import EffectState, RunState, SnapshotEntry
-from stepstream.projector._store import (
+from stepstream.projector._shard import (
+    MemoryShard,
+    Shard,
     check_projection,
     combined_state,
-    open_secondary,
-    read_identity,
-    scan,
     shard_paths,
     shard_writer,
-    stored_offsets,
 )
+from stepstream.projector._state import EffectState, RunState, SnapshotEntry
 from stepstream.schemas import (
     ContinuableSnapshot,
     EffectResolution,
@@ -61,6 +55,8 @@ from stepstream.timestamps import EPOCH, from_micros, micros
 from stepstream.topics import murmur2_partition
 
 T = TypeVar('T')
+ReadableShard = Shard | MemoryShard
+"""A shard a reader can read: on disk (its writer's own, or a read-only secondary), or in memory."""
 DEFAULT_STALE_AFTER_S = 20.0
 """A `running` run with no record for this long reads as `stale`: four of its writer's default
 heartbeat intervals (docs/decisions/0014 and 0026)."""
@@ -114,7 +110,7 @@ class ProjectionReader:
 
     def __init__(
         self,
-        db: Rdict | Mapping[int, Rdict],
+        shards: ReadableShard | Mapping[int, ReadableShard],
         *,
         partitions: int | None = None,
         secondary: bool = False,
@@ -122,7 +118,9 @@ class ProjectionReader:
         media_store: MediaStore | None = None,
         stale_after_s: float = DEFAULT_STALE_AFTER_S,
     ) -> None:
-        """Wrap open shards (`{partition: db}` with the topics' `partitions`), or one unsharded db.
+        """Wrap open shards (`{partition: shard}` with the topics' `partitions`), or one shard.
+
+        One shard given alone holds every partition's runs (tests and benchmarks).
 
         `media_store` restores offloaded payloads. A `running` run whose newest record (its
         writer's heartbeats included) is older than `stale_after_s` reads as `stale` (its process
@@ -133,7 +131,9 @@ class ProjectionReader:
         """
         if stale_after_s < 0:
             raise ValueError(f'stale_after_s must not be negative, got {stale_after_s}')
-        self._shards: Mapping[int, Rdict] = {0: db} if isinstance(db, Rdict) else db
+        self._shards: Mapping[int, ReadableShard] = (
+            {0: shards} if isinstance(shards, Shard | MemoryShard) else shards
+        )
         self._partitions = partitions
         """None: one db holds every partition's runs (tests and benchmarks)."""
         self.media_store = media_store
@@ -176,24 +176,24 @@ class ProjectionReader:
         for partition, path in shard_paths(self._root).items():
             if partition in self._shards:
                 continue
-            db = open_secondary(path, Path(self._tmp.name) / path.name)
-            identity = read_identity(db)
-            assert identity is not None  # open_secondary checked it
+            shard = Shard.open_read_only(path, Path(self._tmp.name) / path.name)
+            identity = shard.identity()
+            assert identity is not None  # open_read_only checked it
             if self._partitions is not None and identity.partitions != self._partitions:
-                db.close()
+                shard.close()
                 raise StepStreamError(
                     f'{path} is a shard of {identity.partitions} partitions, '
                     f'the others of {self._partitions}: '
                     'the directory mixes two projections; rebuild it'
                 )
             self._partitions = identity.partitions
-            self._shards[partition] = db
+            self._shards[partition] = shard
 
     def close(self) -> None:
         """Release the database handles if this reader opened them."""
         if self._owns_db:
-            for db in self._shards.values():
-                db.close()
+            for shard in self._shards.values():
+                shard.close()
             if isinstance(self._shards, dict):
                 self._shards.clear()
         if self._tmp is not None:
@@ -205,23 +205,23 @@ class ProjectionReader:
             if self._secondary:
                 if self._root is not None:
                     self._open_new_shards()
-                for db in self._shards.values():
-                    db.try_catch_up_with_primary()
+                for shard in self._shards.values():
+                    shard.catch_up()
             return fn()
 
         return await asyncio.to_thread(run)
 
-    def _db(self, run_id: str) -> Rdict:
+    def _db(self, run_id: str) -> ReadableShard:
         """The shard holding `run_id`'s records."""
         if self._partitions is None:
             return self._shards[0]
         partition = murmur2_partition(run_id.encode(), self._partitions)
-        db = self._shards.get(partition)
-        if db is None:
+        shard = self._shards.get(partition)
+        if shard is None:
             raise ShardUnavailable(self._missing_message([partition]))
-        return db
+        return shard
 
-    def _all(self) -> list[Rdict]:
+    def _all(self) -> list[ReadableShard]:
         """Every shard, or `ShardUnavailable` naming those missing."""
         if self._partitions is None:
             return list(self._shards.values())
@@ -243,8 +243,8 @@ class ProjectionReader:
         """Every shard's keys under `prefix`, merged in key order (a k-way merge, not a sort)."""
         shards = self._all()
         if len(shards) == 1:
-            return scan(shards[0], prefix)
-        return heapq.merge(*(scan(db, prefix) for db in shards), key=lambda item: item[0])
+            return shards[0].scan(prefix)
+        return heapq.merge(*(shard.scan(prefix) for shard in shards), key=lambda item: item[0])
 
     # -- runs ------------------------------------------------------------------------------------
 
@@ -366,10 +366,9 @@ class ProjectionReader:
         return [c for c in children if c is not None and c.parent_run_id == run_id]
 
     def _run(self, run_id: str) -> RunRecord | None:
-        raw = self._db(run_id).get(RUN.key(run_id))
-        if raw is None:
+        state = self._db(run_id).get_state(RUN.key(run_id), RunState)
+        if state is None:
             return None
-        state = RunState.decode(raw)
         last_record_at = from_micros(max(state.started_at, state.last_record_at))
         status = state.status
         if status == 'running' and not self._alive(last_record_at):
@@ -415,7 +414,7 @@ class ProjectionReader:
 
         def query() -> list[StepEvent]:
             events = []
-            for _, raw in scan(self._db(run_id), EVENT.prefix(run_id)):
+            for _, raw in self._db(run_id).scan(EVENT.prefix(run_id)):
                 event = decode(raw)
                 assert isinstance(event, StepEvent)
                 events.append(event)
@@ -496,7 +495,7 @@ class ProjectionReader:
         return (await self._materialize(run_id, entries, {snapshot_seq}, restore=restore))[0]
 
     def _snapshot_entries(self, run_id: str) -> list[SnapshotEntry]:
-        return [SnapshotEntry.decode(v) for _, v in scan(self._db(run_id), SNAPSHOT.prefix(run_id))]
+        return [SnapshotEntry.decode(v) for _, v in self._db(run_id).scan(SNAPSHOT.prefix(run_id))]
 
     async def _materialize(
         self, run_id: str, entries: list[SnapshotEntry], wanted: set[int], *, restore: bool = True
@@ -586,11 +585,9 @@ class ProjectionReader:
             identities = []
             now = datetime.now(UTC)
             last_batch: dict[int, datetime | None] = {}
-            for partition, db in self._shards.items():
-                offsets.update(
-                    {(tp.topic, tp.partition): offset for tp, offset in stored_offsets(db).items()}
-                )
-                progress = json.loads(db.get(PROGRESS) or b'{}')
+            for partition, shard in self._shards.items():
+                offsets.update({(tp.topic, tp.partition): offset for tp, offset in shard.offsets().items()})
+                progress = shard.progress()
                 last_batch[partition] = _ts(int(progress['at'])) if progress.get('at') is not None else None
                 if progress.get('at') is not None:
                     updated = max(updated or 0, int(progress['at']))
@@ -599,11 +596,11 @@ class ProjectionReader:
                     at = _ts(int(progress['at']))
                     if at is not None and now - at <= RATE_WINDOW:
                         rate += float(progress.get('rate', 0.0))
-                for reason, count in json.loads(db.get(DLQ_COUNTS) or b'{}').items():
+                for reason, count in shard.dlq_counts().items():
                     dlq[reason] = dlq.get(reason, 0) + count
-                conflicts += len({CONFLICT.parse(k)[0] for k, _ in scan(db, CONFLICT.prefix())})
-                parked += sum(1 for _ in scan(db, PARKED.prefix()))
-                identities.append(read_identity(db))
+                conflicts += len({CONFLICT.parse(k)[0] for k, _ in shard.scan(CONFLICT.prefix())})
+                parked += sum(1 for _ in shard.scan(PARKED.prefix()))
+                identities.append(shard.identity())
             identity = next((i for i in identities if i is not None), None)
             missing = (
                 []
@@ -645,7 +642,7 @@ class ProjectionReader:
         """Every tool effect of the run, in the order the calls started."""
 
         def query() -> list[ToolEffectRecord]:
-            calls = [EFFECT.last_str(k) for k, _ in scan(self._db(run_id), EFFECT.prefix(run_id))]
+            calls = [EFFECT.last_str(k) for k, _ in self._db(run_id).scan(EFFECT.prefix(run_id))]
             live = self._live(run_id)
             effects = [e for e in (self._effect(run_id, c, live=live) for c in calls) if e is not None]
             effects.sort(key=lambda e: (e.started_at or EPOCH, e.tool_call_id))
@@ -667,7 +664,7 @@ class ProjectionReader:
             if run_id is not None:
                 ids = [
                     (run_id, UNRESOLVED_RUN.last_str(k))
-                    for k, _ in scan(self._db(run_id), UNRESOLVED_RUN.prefix(run_id))
+                    for k, _ in self._db(run_id).scan(UNRESOLVED_RUN.prefix(run_id))
                 ]
             else:
                 ids = [
@@ -688,10 +685,9 @@ class ProjectionReader:
 
     def _effect(self, run_id: str, tool_call_id: str, *, live: bool | None = None) -> ToolEffectRecord | None:
         """The merged effect; `live` is whether its run reads `running` (looked up when not given)."""
-        raw = self._db(run_id).get(EFFECT.key(run_id, tool_call_id))
-        if raw is None:
+        state = self._db(run_id).get_state(EFFECT.key(run_id, tool_call_id), EffectState)
+        if state is None:
             return None
-        state = EffectState.decode(raw)
         resolutions = [
             EffectResolution(
                 resolution=r['resolution'],

@@ -14,7 +14,7 @@ from aiokafka.structs import TopicPartition
 
 from stepstream.errors import StepStreamError, UsageError
 from stepstream.projector._projector import Projector
-from stepstream.projector._store import check_projection, read_projection_identity, shard_paths
+from stepstream.projector._shard import check_projection, read_projection_identity, shard_paths
 from stepstream.settings import Settings
 from stepstream.topics import Position, ensure_topics
 

@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import json
 import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from rocksdict import Rdict
-
-from stepstream.projector._keys import APART, EVENT, PARKED, PROCESS_LOCAL, TRANSITION, render_key
-from stepstream.projector._store import check_projection, open_secondary, read_identity, shard_paths
+from stepstream.projector._keys import APART, EVENT, PARKED, TRANSITION, render_key
+from stepstream.projector._shard import Shard, ShardReads, check_projection, shard_paths, unpack_transition
 from stepstream.schemas import decode
 
 
@@ -33,33 +30,25 @@ class Difference:
         return f'first difference at {self.key}:\n  left:  {self.left}\n  right: {self.right}'
 
 
-def logical_items(db: Rdict) -> Iterator[tuple[bytes, bytes]]:
-    """Every (key, value) that belongs to the logical content, in key order."""
-    for k, v in db.items():
-        assert isinstance(k, bytes) and isinstance(v, bytes)
-        if not k.startswith(PROCESS_LOCAL):
-            yield k, v
-
-
 def render_value(k: bytes, v: bytes) -> str:
     """A value as readable text: decoded records, JSON as JSON."""
     try:
         if k.startswith((EVENT.tag, PARKED.tag, APART.tag)):
             return repr(decode(v))
         if k.startswith(TRANSITION.tag):
-            return repr(decode(v[8:]))
+            return repr(decode(unpack_transition(v)[1]))
         return json.dumps(json.loads(v), sort_keys=True)
     except ValueError:
         return v.decode(errors='replace') or '(empty)'
 
 
-def compare(left: Rdict, right: Rdict) -> tuple[int, Difference | None]:
+def compare(left: ShardReads, right: ShardReads) -> tuple[int, Difference | None]:
     """Walk both projections in key order; the number of equal items and the first difference.
 
     The options the projections were built with are compared first: projections of one log
     built with different options differ for that reason alone, and the difference says so.
     """
-    id_left, id_right = read_identity(left), read_identity(right)
+    id_left, id_right = left.identity(), right.identity()
     for side, identity in (('left', id_left), ('right', id_right)):
         if identity is not None and identity.state == 'rebuilding':
             return 0, Difference(
@@ -71,7 +60,7 @@ def compare(left: Rdict, right: Rdict) -> tuple[int, Difference | None]:
         return 0, Difference(
             'options (the projections were built differently)', str(options_left), str(options_right)
         )
-    a, b = logical_items(left), logical_items(right)
+    a, b = left.logical_items(), right.logical_items()
     item_a, item_b = next(a, None), next(b, None)
     equal = 0
     while item_a is not None or item_b is not None:
@@ -106,15 +95,14 @@ def verify_paths(left: str | Path, right: str | Path) -> tuple[int, Difference |
                     'present' if right_path else 'missing',
                 )
             paths = left_path, right_path
-            dbs: list[Rdict] = []
+            opened: list[Shard] = []
             try:
                 for side, path in (('a', paths[0]), ('b', paths[1])):
-                    dbs.append(open_secondary(path, Path(scratch) / f'{side}{partition}'))
-                    dbs[-1].try_catch_up_with_primary()
-                count, difference = compare(dbs[0], dbs[1])
+                    opened.append(Shard.open_read_only(path, Path(scratch) / f'{side}{partition}'))
+                count, difference = compare(opened[0], opened[1])
             finally:
-                for db in dbs:
-                    db.close()
+                for shard in opened:
+                    shard.close()
             equal += count
             if difference is not None:
                 if not difference.key.startswith(('options', 'identity')):

@@ -17,6 +17,7 @@ Two rules:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from typing import Any
@@ -49,7 +50,29 @@ def check_run_id(run_id: str, *, what: str = 'run_id') -> str:
     return run_id
 
 
-def check_id(value: str, *, what: str) -> str:
+def is_run_id(value: str) -> bool:
+    """Whether `check_run_id` takes `value`, without raising (cached: a run's ids recur)."""
+    return len(value) <= MAX_RUN_ID and _passes_run_id_rule(value)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _passes_run_id_rule(value: str) -> bool:
+    try:
+        check_run_id(value)
+    except ValueError:
+        return False
+    return True
+
+
+def is_plain_id(value: object) -> bool:
+    """The common case of the second rule, decided without encoding: None or short ASCII text.
+
+    False only means "not decided here": `check_id` has the last word.
+    """
+    return value is None or (type(value) is str and len(value) <= MAX_ID_BYTES and value.isascii())
+
+
+def check_id(value: object, *, what: str) -> str:
     """Return `value` if it is usable as an id other than a run id (see the module docstring)."""
     if not isinstance(value, str):
         raise ValueError(f'{what} must be a string, got {type(value).__name__}')
@@ -71,8 +94,7 @@ def check_record_ids(record: Any) -> None:
         check_run_id(record.parent_run_id, what='parent_run_id')
     for name in OTHER_ID_FIELDS:
         value = getattr(record, name, None)
-        # The common case inline (this runs for every record on both sides); the rest in check_id.
-        if value is not None and not (type(value) is str and len(value) <= MAX_ID_BYTES and value.isascii()):
+        if not is_plain_id(value):  # the common case first: this runs for every record on both sides
             check_id(value, what=name)
 
 

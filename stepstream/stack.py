@@ -295,7 +295,7 @@ def _explorer_port() -> int:
 
 def _wait_for_projection(path: Path, projector: _Supervised, asked: threading.Event) -> None:
     """Wait until the projector made its shards, so that `serve` finds a projection to open."""
-    from stepstream.projector._store import shard_paths
+    from stepstream.projector._shard import shard_paths
 
     deadline = time.monotonic() + 60
     while not shard_paths(path) and time.monotonic() < deadline and not asked.is_set():

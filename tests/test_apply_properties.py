@@ -8,8 +8,10 @@ oversized values. Each log is applied in one pass and again in a random interlea
 partitions, cut into random batches, with crashes (a staged batch thrown away) and resumes from
 the stored offsets; the logical dumps must be identical.
 
-These run the real `Applier` on RocksDB on disk, without Kafka; `test_hostile_log.py` proves the
-same rules end to end through the broker.
+These run the real `Applier` without Kafka, each on an in-memory shard (`MemoryShard`, the fast
+tier) and on RocksDB on disk (`Shard`): the same transactions over two stores, so a property that
+holds on one and not the other points at the store. `test_hostile_log.py` proves the same rules
+end to end through the broker.
 """
 
 from __future__ import annotations
@@ -46,9 +48,8 @@ from stepstream.projector._apply import (
     read_plain,
 )
 from stepstream.projector._keys import KEYSPACES, RUN, Keyspace
+from stepstream.projector._shard import MemoryShard, Shard
 from stepstream.projector._state import RunState
-from stepstream.projector._store import open_db, stored_offsets
-from stepstream.projector._verify import logical_items
 from stepstream.schemas import (
     STEP_EVENT_SCHEMA,
     ModelUsage,
@@ -289,34 +290,55 @@ def make_log(generated: list[Op]) -> dict[tuple[int, int], list[SourceRecord]]:
     return log
 
 
+STORES = ['memory', 'rocksdb']
+"""Every rule below is proven on both stores (`store` parametrizes the tests)."""
+
+AnyShard = Shard | MemoryShard
+
+
+def open_store(path: str | Path, store: str) -> AnyShard:
+    """A new, empty shard of the kind `store` names (`path` is where RocksDB keeps it)."""
+    return MemoryShard() if store == 'memory' else Shard.open(path, create=True)
+
+
+def reopen(shard: AnyShard) -> AnyShard:
+    """A process restart: RocksDB is closed and opened again; memory is all a process keeps."""
+    if isinstance(shard, MemoryShard):
+        return shard
+    shard.close()
+    return Shard.open(shard.path)
+
+
 def applier() -> Applier:
     return Applier(TOPICS, partitions=PARTITIONS, max_snapshots_per_run=2, max_seq_jump=SEQ_JUMP)
 
 
-def apply_in_one_pass(path: str, log: dict[tuple[int, int], list[SourceRecord]]) -> list[tuple[bytes, bytes]]:
+def apply_in_one_pass(
+    path: str, log: dict[tuple[int, int], list[SourceRecord]], store: str
+) -> list[tuple[bytes, bytes]]:
     """One batch, the tool-effects topic first: every transition arrives before any step event."""
-    db = open_db(path)
+    db = open_store(path, store)
     try:
         txn, _ = applier().stage(db, [r for tp in sorted(log, reverse=True) for r in log[tp]])
         txn.commit()
-        return list(logical_items(db))
+        return list(db.logical_items())
     finally:
         db.close()
 
 
 def apply_with_crashes(
-    path: str, log: dict[tuple[int, int], list[SourceRecord]], seed: int
+    path: str, log: dict[tuple[int, int], list[SourceRecord]], seed: int, store: str
 ) -> list[tuple[bytes, bytes]]:
     """Random interleaving, random batches, random crashes and resumes from the stored offsets."""
     rng = random.Random(seed)
-    db = open_db(path)
+    db = open_store(path, store)
     crashes = 0
     try:
         while True:
-            stored = stored_offsets(db)
+            stored = db.offsets()
             cursor = {tp: stored.get(_tp(tp), 0) for tp in log}
             if all(cursor[tp] >= len(seq) for tp, seq in log.items()):
-                return list(logical_items(db))
+                return list(db.logical_items())
             batch: list[SourceRecord] = []
             for _ in range(rng.randint(1, 12)):
                 open_seqs = [tp for tp in log if cursor[tp] < len(log[tp])]
@@ -330,8 +352,7 @@ def apply_with_crashes(
             if crashes < 6 and rng.random() < 0.2:
                 crashes += 1
                 if rng.random() < 0.5:  # a process restart: the store is closed and reopened
-                    db.close()
-                    db = open_db(path)
+                    db = reopen(db)
                 continue
             txn.commit()
     finally:
@@ -344,13 +365,14 @@ def _tp(tp: tuple[int, int]) -> object:
     return TopicPartition(TOPICS[tp[0]], tp[1])
 
 
+@pytest.mark.parametrize('store', STORES)
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(generated=logs(), seed=st.integers(0, 2**32))
-def test_the_projection_is_a_pure_function_of_the_log(generated: list[Op], seed: int) -> None:
+def test_the_projection_is_a_pure_function_of_the_log(generated: list[Op], seed: int, store: str) -> None:
     log = make_log(generated)
     with tempfile.TemporaryDirectory() as one, tempfile.TemporaryDirectory() as other:
-        reference = apply_in_one_pass(one, log)
-        replayed = apply_with_crashes(other, log, seed)
+        reference = apply_in_one_pass(one, log, store)
+        replayed = apply_with_crashes(other, log, seed, store)
     assert replayed == reference
 
 
@@ -366,13 +388,13 @@ def interleave(log: dict[tuple[int, int], list[SourceRecord]], rng: random.Rando
 
 
 def apply_in_batches(
-    path: str, records: list[SourceRecord], sizes: list[int], *, one_applier: bool
+    path: str, records: list[SourceRecord], sizes: list[int], *, one_applier: bool, store: str
 ) -> tuple[list[tuple[bytes, bytes]], list[tuple[str, tuple[int, int, int], str]], int, int]:
     """Every key and value of the store, with the batches' dead letters and counts, in order.
 
     With `one_applier` every batch goes to one `Applier` (as in a projector), else each batch
     to a new one (as after restarts)."""
-    db = open_db(path)
+    db = open_store(path, store)
     dead, applied, duplicates, at = [], 0, 0, 0
     shared = applier()
     try:
@@ -387,9 +409,12 @@ def apply_in_batches(
         db.close()
 
 
+@pytest.mark.parametrize('store', STORES)
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(generated=logs(), seed=st.integers(0, 2**32), one_partition=st.booleans())
-def test_batch_cuts_change_nothing_in_the_store(generated: list[Op], seed: int, one_partition: bool) -> None:
+def test_batch_cuts_change_nothing_in_the_store(
+    generated: list[Op], seed: int, one_partition: bool, store: str
+) -> None:
     """The same records applied one per batch (a new `Applier` each) and in batches of random
     sizes (one `Applier`): the stores are equal byte for byte (offsets and DLQ counts included),
     and so are the dead letters. Either the partitions mixed, or each batch from one partition
@@ -407,17 +432,18 @@ def test_batch_cuts_change_nothing_in_the_store(generated: list[Op], seed: int, 
             sizes.append(min(left, rng.choice([1, 2, 3, 5, 8, 13, len(part)])))
             left -= sizes[-1]
     with tempfile.TemporaryDirectory() as one, tempfile.TemporaryDirectory() as other:
-        single = apply_in_batches(one, records, [1] * len(records), one_applier=False)
-        batched = apply_in_batches(other, records, sizes, one_applier=True)
+        single = apply_in_batches(one, records, [1] * len(records), one_applier=False, store=store)
+        batched = apply_in_batches(other, records, sizes, one_applier=True, store=store)
     assert batched == single
 
 
+@pytest.mark.parametrize('store', STORES)
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(generated=logs())
-def test_views_agree_with_each_other(generated: list[Op]) -> None:
+def test_views_agree_with_each_other(generated: list[Op], store: str) -> None:
     log = make_log(generated)
     with tempfile.TemporaryDirectory() as path:
-        db = open_db(path)
+        db = open_store(path, store)
         try:
             txn, outcome = applier().stage(db, [r for seq in log.values() for r in seq])
             txn.commit()
@@ -470,8 +496,9 @@ async def check_views(reader: ProjectionReader) -> None:
     assert per_run_unresolved == every_unresolved
 
 
+@pytest.mark.parametrize('store', STORES)
 def test_parked_records_are_kept_decoded_within_bounds(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, store: str
 ) -> None:
     """A run's transitions parked over many batches stay decoded only within the byte bound,
     and its registration applies every one of them, the kept and the dropped alike."""
@@ -489,7 +516,7 @@ def test_parked_records_are_kept_decoded_within_bounds(
         run_id=run_id, seq=0, writer_id='owner', timestamp=T0, kind='run_started'
     )))  # fmt: skip
     one = applier()
-    db = open_db(tmp_path / 'projection')
+    db = open_store(tmp_path / 'projection', store)
     try:
         for at in range(0, len(transitions), 7):
             txn, _ = one.stage(db, transitions[at : at + 7])
@@ -596,6 +623,7 @@ RESOLVE_TARGETS = [
 ]
 
 
+@pytest.mark.parametrize('store', STORES)
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     targets=st.lists(st.sampled_from(RESOLVE_TARGETS), min_size=1, max_size=6),
@@ -603,7 +631,11 @@ RESOLVE_TARGETS = [
     sizes=st.lists(st.integers(1, 4), min_size=1, max_size=4),
 )
 def test_a_resolution_resolves_only_an_unknown_effect(
-    targets: list[str], resolution: str, sizes: list[int], tmp_path_factory: pytest.TempPathFactory
+    targets: list[str],
+    resolution: str,
+    sizes: list[int],
+    tmp_path_factory: pytest.TempPathFactory,
+    store: str,
 ) -> None:
     """Operators' resolutions of every kind, after a run with an unknown, a completed and a failed
     call: the unknown one is resolved by the first resolution that answers its `started`; a
@@ -664,7 +696,7 @@ def test_a_resolution_resolves_only_an_unknown_effect(
             first_answer = f'ops-{n}'
 
     path = tmp_path_factory.mktemp('resolve') / 'projection'
-    db = open_db(path)
+    db = open_store(path, store)
     try:
         dead, at = [], 0
         one = applier()
@@ -696,8 +728,9 @@ def test_a_resolution_resolves_only_an_unknown_effect(
         db.close()
 
 
+@pytest.mark.parametrize('store', STORES)
 def test_a_resolution_before_every_live_transition_is_dead_whichever_topic_comes_first(
-    tmp_path: Path,
+    tmp_path: Path, store: str
 ) -> None:
     """A step event takes the seq of the `started` a resolution answers, and the call's only other
     transition comes after the resolution: the resolution answered nothing that stays, so it goes
@@ -725,11 +758,11 @@ def test_a_resolution_before_every_live_transition_is_dead_whichever_topic_comes
     ]
     dumps, dead = [], []
     for name, order in (('events-first', events + effects), ('effects-first', effects + events)):
-        db = open_db(tmp_path / name)
+        db = open_store(tmp_path / name, store)
         try:
             txn, outcome = applier().stage(db, order)
             txn.commit()
-            dumps.append(list(logical_items(db)))
+            dumps.append(list(db.logical_items()))
             dead.append(
                 sorted((d.reason, d.source.offset) for d in outcome.dead if d.source.topic == EFFECTS)
             )

@@ -46,8 +46,9 @@ async def test_orchestrator_and_delegate_round_trip(event_log: EventLog, project
     assert (
         kinds.index('tool_call_started') < kinds.index('tool_call_completed') < kinds.index('snapshot_saved')
     )
-    seqs = [e.seq for e in events]
-    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+    # Every seq up to the last holds one record (`gaps == []` above), and the call's transitions
+    # hold some of them: fewer step events than records.
+    assert len(events) < orch_run.event_count == orch_run.last_seq + 1
     assert {e.tool_name for e in events if e.kind.startswith('tool_call')} == {'ask_delegate'}
 
     snapshot = await reader.latest_snapshot(orch_run.run_id)

@@ -25,7 +25,7 @@ from stepstream.producer import InMemoryLog, StepPersistence, resolution_for
 from stepstream.producer._liveness import unwatch_sigterm, watch_sigterm
 from stepstream.projector import ProjectionReader
 from stepstream.projector._apply import EFFECTS, EVENTS, Applier, SourceRecord
-from stepstream.projector._store import open_db
+from stepstream.projector._shard import MemoryShard
 from stepstream.schemas import StepEvent, ToolEffectRecord, ToolEffectTransition, encode
 from stepstream.topics import murmur2_partition
 
@@ -36,11 +36,12 @@ QUIET = 60.0
 
 
 class Projection:
-    """The records of an `InMemoryLog` (or any list), applied by the projector's rules into RocksDB."""
+    """The records of an `InMemoryLog` (or any list), applied by the projector's rules to an in-memory
+    shard (test_liveness_e2e.py proves the same rules through the broker and RocksDB)."""
 
     def __init__(self, path: Path, settings: Settings) -> None:
         self.settings = settings
-        self.db = open_db(path)
+        self.db = MemoryShard()
         self.applier = Applier(
             (settings.step_events_topic, settings.tool_effects_topic), partitions=settings.partitions
         )

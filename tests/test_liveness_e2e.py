@@ -58,8 +58,11 @@ async def until(read: Callable[[], Awaitable[T]], holds: Callable[[T], bool], wh
 
 
 async def state(reader: ProjectionReader, run_id: str) -> tuple[RunRecord | None, ToolEffectRecord | None]:
+    """The run, then its first effect: two reads, in that order, so that an effect is never read
+    from an earlier projection than its run (a run read `cancelled` has its call read after it)."""
+    run = await reader.get_run(run_id)
     effects = await reader.list_tool_effects(run_id)
-    return await reader.get_run(run_id), (effects[0] if effects else None)
+    return run, (effects[0] if effects else None)
 
 
 def reads(run_status: str, doubt: str) -> Callable[[tuple[RunRecord | None, ToolEffectRecord | None]], bool]:

@@ -103,16 +103,15 @@ async def test_a_late_member_restores_shards_from_checkpoints(
     async with Projector(settings, db_path=tmp_path / 'first', group=group, checkpoints=checkpoints) as first:
         await until(lambda: first.partitions == [0, 1, 2], 'the only member to own every partition')
         await first.wait_for(end)
-        uploaded = await checkpoints.upload_all(first)
+        uploaded = await checkpoints.upload_all(first.shards)
         nonempty = sorted({tp.partition for tp, offset in first.applied.items() if offset > 0})
         assert sorted(int(c.key.split('/')[-2]) for c in uploaded) == nonempty  # an empty shard has none
         # A later checkpoint uploads only the files the earlier ones lack.
         await write_runs(event_log, 'middle', 2)
         end = await event_log.flush()
         await first.wait_for(end)
-        for shard in first._shards.values():
-            shard.db.flush()  # the new records become SST files of their own
-        again = await checkpoints.upload_all(first)
+        first.shards.flush()  # the new records become SST files of their own
+        again = await checkpoints.upload_all(first.shards)
         assert again and all(
             later.uploaded_bytes < earlier.uploaded_bytes
             for later in again
@@ -175,7 +174,7 @@ async def test_a_batch_fetched_before_the_assignment_seek_is_fetched_again(
     async with Projector(settings, db_path=tmp_path / 'first', group=group, checkpoints=checkpoints) as first:
         await until(lambda: first.partitions == [0, 1, 2], 'the only member to own every partition')
         await first.wait_for(early)
-        assert await checkpoints.upload_all(first)  # the checkpoints hold the early runs only
+        assert await checkpoints.upload_all(first.shards)  # the checkpoints hold the early runs only
         await write_runs(event_log, 'middle', 3)
         middle = await event_log.flush()
         await first.wait_for(middle)

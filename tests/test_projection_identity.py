@@ -16,7 +16,7 @@ from test_hostile_log import start_projector
 from stepstream import ProjectionInUse, ProjectionMismatch, Settings, UsageError
 from stepstream.producer import EventLog
 from stepstream.projector import ProjectionReader, Projector, rebuild, verify_paths
-from stepstream.projector._store import read_projection_identity
+from stepstream.projector._shard import read_projection_identity
 
 
 async def test_paths_that_are_not_projections_are_refused_and_left_alone(

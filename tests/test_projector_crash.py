@@ -1,4 +1,8 @@
-"""The projector SIGKILLed at random moments, many times, converges to a clean rebuild."""
+"""The projector SIGKILLed at random moments, many times, converges to a clean rebuild.
+
+Half the kills are aimed: the child (`projector_child.py`) announces each shard commit, and the
+test kills it between a batch's staging and its commit, so kills are shown to land mid-batch.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from stepstream.projector import ProjectionReader, rebuild, verify_paths
 from agents import turns_then_answers
 from brokers import tansu_only
 
+CHILD = Path(__file__).with_name('projector_child.py')
 KILLS = int(os.environ.get('STEPSTREAM_SOAK_KILLS', '10'))
 """SIGKILLs of the projector; `make soak` raises it (and the runs written with it)."""
 RUNS = 15 * KILLS
@@ -50,18 +55,41 @@ async def produce(log: EventLog, runs: int) -> None:
     await log.flush()
 
 
-async def start_projector(settings: Settings, db_path: Path) -> asyncio.subprocess.Process:
+async def start_projector(
+    settings: Settings, db_path: Path, marks: Path | None = None
+) -> asyncio.subprocess.Process:
+    """`stepstream projector`; with `marks`, the child that announces each commit in that file."""
     env = {**os.environ, **settings.replace(db_path=str(db_path)).to_env()}
+    command = ['-m', 'stepstream.cli']
+    if marks is not None:
+        env |= {'STEPSTREAM_TEST_BATCH_MARKS': str(marks), 'PYTHONPATH': str(CHILD.parent)}
+        command = [str(CHILD)]
     return await asyncio.create_subprocess_exec(
         sys.executable,
-        '-m',
-        'stepstream.cli',
+        *command,
         'projector',
         '--max-batch-records',
         '200',
         env=env,
         stdout=asyncio.subprocess.PIPE,
     )
+
+
+def in_a_batch(marks: Path) -> bool:
+    """Whether the child's last announced commit has begun and not ended."""
+    lines = marks.read_text().split() if marks.exists() else []
+    return bool(lines) and lines[-1] == 'b'
+
+
+async def kill_mid_batch(child: asyncio.subprocess.Process, marks: Path, timeout: float = 10.0) -> bool:
+    """SIGKILL the child inside a batch (staged, not committed); True if it was caught in one."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not in_a_batch(marks) and loop.time() < deadline:
+        await asyncio.sleep(0.002)
+    child.send_signal(signal.SIGKILL)
+    await child.wait()
+    return in_a_batch(marks)  # still `b` after the kill: that commit never ended
 
 
 @tansu_only(
@@ -73,14 +101,19 @@ async def test_sigkilled_projector_equals_clean_rebuild(settings: Settings, tmp_
     rng = random.Random(11)
     async with EventLog(settings) as log:
         producer = asyncio.create_task(produce(log, runs=RUNS))
-        kills = 0
+        kills = mid_batch = 0
         while kills < KILLS or not producer.done():
-            child = await start_projector(settings, db_path)
+            marks = tmp_path / f'marks-{kills}'
+            child = await start_projector(settings, db_path, marks)
             await asyncio.sleep(rng.uniform(0.8, 2.5))  # the child needs ~1 s to import and start
-            child.send_signal(signal.SIGKILL)
-            await child.wait()
+            if kills % 2:
+                mid_batch += await kill_mid_batch(child, marks)
+            else:
+                child.send_signal(signal.SIGKILL)
+                await child.wait()
             kills += 1
         await producer
+        assert mid_batch >= 1, f'none of {kills} kills landed between a batch and its commit'
         written = log.position
 
     # One last, uninterrupted run to the end of the log, then a graceful stop.

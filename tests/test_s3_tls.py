@@ -95,7 +95,7 @@ async def test_agent_to_log_to_projection_with_media_and_checkpoints_over_https(
         assert any(
             isinstance(p, ToolReturnPart) and p.content == TOOL_OUTPUT for m in history for p in m.parts
         )
-        uploaded = await checkpoints.upload_all(projector)
+        uploaded = await checkpoints.upload_all(projector.shards)
     # The payload went to S3: the log holds its reference, never the 200 KB.
     values = await logged_values(settings)
     assert values and all(TOOL_OUTPUT.encode() not in value for value in values)

@@ -1,0 +1,148 @@
+"""`DeadLetterSender`: the projector's one write to Kafka, the dead-letter queue.
+
+A record that cannot apply goes to the DLQ with its reason, and the batch holding it commits
+only once the DLQ acknowledged it: a crash in between repeats it in the DLQ on restart, and
+never loses one. The DLQ being unreachable is no reason to stop projecting for good, so the
+sends are retried with backoff until they are acknowledged or the projector stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import logging
+from collections.abc import Callable
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError, MessageSizeTooLargeError
+
+from stepstream.kafka_client import AUTHORIZATION_ERRORS, access_denied, client_options
+from stepstream.projector._apply import DeadLetter
+from stepstream.projector._state import dumps
+from stepstream.settings import Settings
+from stepstream.topics import unavailable
+
+DLQ_INLINE_BYTES = 512 * 1024
+"""A dead letter whose key and value exceed this goes to the DLQ as an envelope (see `dlq_envelope`)."""
+
+DLQ_HEAD_BYTES = 1024
+"""How much of an oversized record's value an envelope keeps."""
+
+log = logging.getLogger('stepstream.projector')
+
+
+class DeadLetterSender:
+    """Sends dead letters to `settings.dlq_topic`, each with its reason and source coordinates.
+
+    ```python
+    sender = DeadLetterSender(settings, topics=(events_topic, effects_topic))
+    await sender.start()
+    if await sender.send(outcome.dead, stopping=lambda: False):
+        txn.commit()
+    ```
+    """
+
+    def __init__(self, settings: Settings, *, topics: tuple[str, str]) -> None:
+        """`topics` are the step-events and tool-effects topic names (a letter's source topic index)."""
+        self.settings = settings
+        self.topics = topics
+        self._producer: AIOKafkaProducer | None = None
+
+    async def start(self) -> None:
+        """Connect the DLQ producer (`acks=all`)."""
+        producer = AIOKafkaProducer(
+            **client_options(self.settings), acks='all', client_id='stepstream-projector-dlq'
+        )
+        try:
+            await asyncio.wait_for(producer.start(), self.settings.ack_timeout_s)
+        except BaseException:
+            await producer.stop()
+            raise
+        self._producer = producer
+
+    async def stop(self) -> None:
+        """Disconnect (a no-op when not started)."""
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            await producer.stop()
+
+    async def send(self, dead: list[DeadLetter], *, stopping: Callable[[], bool]) -> bool:
+        """Send `dead` until the DLQ acknowledges them all; False if `stopping()` meanwhile.
+
+        A missing WRITE grant on the DLQ is raised at once: retrying cannot help.
+        """
+        delay = 0.2
+        while True:
+            try:
+                await self._send(dead)
+                return True
+            except AUTHORIZATION_ERRORS as exc:
+                raise access_denied(
+                    self.settings,
+                    f'write dead letters to {self.settings.dlq_topic}',
+                    exc,
+                    fix=f'grant it WRITE on {self.settings.dlq_topic} (the projector ACL)',
+                ) from exc
+            except (KafkaError, TimeoutError, OSError) as exc:
+                if stopping():
+                    return False
+                log.warning('the DLQ did not take %d record(s), retrying in %.1fs: %r', len(dead), delay, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    async def _send(self, dead: list[DeadLetter]) -> None:
+        assert self._producer is not None, 'DeadLetterSender.start() first'
+        acks = []
+        for letter in dead:
+            source = letter.source
+            topic = self.topics[source.topic]
+            headers = [
+                ('stepstream-dlq-reason', letter.reason.encode()),
+                ('stepstream-dlq-detail', letter.detail.encode(errors='replace')[:4096]),
+                ('stepstream-source-topic', topic.encode()),
+                ('stepstream-source-partition', str(source.partition).encode()),
+                ('stepstream-source-offset', str(source.offset).encode()),
+            ]
+            key, value = source.key, source.value
+            if len(key or b'') + len(value or b'') > DLQ_INLINE_BYTES:
+                key, value = None, dlq_envelope(letter, topic)
+                headers.append(('stepstream-dlq-envelope', b'1'))
+            try:
+                ack = await self._producer.send(self.settings.dlq_topic, value, key=key, headers=headers)
+            except MessageSizeTooLargeError:  # the DLQ's own limit is below ours: send the envelope
+                headers.append(('stepstream-dlq-envelope', b'1'))
+                ack = await self._producer.send(
+                    self.settings.dlq_topic, dlq_envelope(letter, topic), headers=headers
+                )
+            acks.append(ack)
+        try:
+            await asyncio.wait_for(asyncio.gather(*acks), self.settings.ack_timeout_s)
+        except AUTHORIZATION_ERRORS:
+            raise
+        except (KafkaError, TimeoutError) as exc:
+            raise unavailable(self.settings, 'did not acknowledge dead-lettered records', exc) from exc
+
+
+def dlq_envelope(letter: DeadLetter, topic: str) -> bytes:
+    """What goes to the DLQ in place of a record too large for it: JSON, a few KiB at most.
+
+    `{"reason", "detail", "topic", "partition", "offset", "key_sha256", "value_sha256",
+    "value_bytes", "value_head"}`, the head being the first `DLQ_HEAD_BYTES` of the value in
+    base64. The record itself stays in the source topic at those coordinates.
+    """
+    source = letter.source
+    value = source.value or b''
+    return dumps(
+        {
+            'reason': letter.reason,
+            'detail': letter.detail[:2000],
+            'topic': topic,
+            'partition': source.partition,
+            'offset': source.offset,
+            'key_sha256': hashlib.sha256(source.key).hexdigest() if source.key is not None else None,
+            'value_sha256': hashlib.sha256(value).hexdigest(),
+            'value_bytes': len(value),
+            'value_head': base64.b64encode(value[:DLQ_HEAD_BYTES]).decode(),
+        }
+    )
