@@ -9,8 +9,9 @@ as the store's public URL instead of as bytes in every request.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from stepstream.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from stepstream.media._disk import DiskMediaStore
@@ -83,12 +84,4 @@ __all__ = [
     'restore_media',
 ]
 
-
-def __getattr__(name: str) -> Any:
-    """Import a public name's module when the name is first used (PEP 562)."""
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _WHERE)

@@ -1,7 +1,8 @@
 """The wire contract: Avro schemas, the record types and their codec."""
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from stepstream.lazy import lazy_exports
 from stepstream.schemas._codec import (
     MAGIC,
     SCHEMA_DIR,
@@ -88,16 +89,10 @@ __all__ = [
 ]
 
 
-_PATCH = frozenset({'apply_patch', 'message_json', 'patch_json', 'stamp_changes'})
-"""Names of `_patch`, which needs Pydantic AI: imported on first use, so reading records does not."""
-
-
-def __getattr__(name: str) -> Any:
-    """Import `_patch` when one of its names is first used (PEP 562)."""
-    if name not in _PATCH:
-        raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
-    from stepstream.schemas import _patch
-
-    value = getattr(_patch, name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(
+    __name__,
+    dict.fromkeys(
+        ('apply_patch', 'message_json', 'patch_json', 'stamp_changes'), 'stepstream.schemas._patch'
+    ),
+)
+"""`_patch` needs Pydantic AI: its names are imported on first use, so reading records does not."""
