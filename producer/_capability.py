@@ -395,18 +395,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
 
     def _heartbeat(self) -> StepEvent:
         """The run's `run_heartbeat`: its writer is alive. It takes no `seq` (it names the next one)."""
-        assert self.run_id is not None
-        return StepEvent(
-            run_id=self.run_id,
-            seq=self._seq,
-            writer_id=self._writer_id,
-            timestamp=datetime.now(UTC),
-            kind='run_heartbeat',
-            step_index=self._step_index,
-            agent_name=self.agent_name,
-            conversation_id=self._conversation_id,
-            parent_run_id=self.parent_run_id,
-        )
+        return StepEvent(**self._envelope(), kind='run_heartbeat', step_index=self._step_index)
 
     async def _end_by_process(self, reason: str) -> None:
         """Append `run_cancelled` for a process that stops (cleanly) while this run is open.

@@ -28,7 +28,7 @@ import signal
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from stepstream.schemas import StepEvent
 
@@ -192,18 +192,12 @@ def _retrieved(ack: Ack) -> None:
         ack.exception()
 
 
-class _Closing(Protocol):
-    liveness: Liveness
-
-    async def flush(self, *, timeout: float | None = None) -> object: ...
-
-
-_watched: dict[asyncio.AbstractEventLoop, set[_Closing]] = {}
+_watched: dict[asyncio.AbstractEventLoop, set[StepLog]] = {}
 """The logs whose open runs SIGTERM ends, by the loop they run on."""
 _terminating: set[asyncio.Task[None]] = set()
 
 
-def watch_sigterm(log: _Closing) -> bool:
+def watch_sigterm(log: StepLog) -> bool:
     """End `log`'s open runs when the process gets SIGTERM, then let SIGTERM end the process.
 
     Only where nobody else handles SIGTERM (its handler is the default) or where we already do,
@@ -221,7 +215,7 @@ def watch_sigterm(log: _Closing) -> bool:
     return True
 
 
-def unwatch_sigterm(log: _Closing) -> None:
+def unwatch_sigterm(log: StepLog) -> None:
     """Stop watching `log`; with no log left, SIGTERM gets its default action back (if still ours)."""
     for loop, logs in list(_watched.items()):
         logs.discard(log)
@@ -243,13 +237,13 @@ def _on_sigterm(signum: int, frame: object) -> None:
         loop.call_soon_threadsafe(_start_terminating, loop, logs)
 
 
-def _start_terminating(loop: asyncio.AbstractEventLoop, logs: set[_Closing]) -> None:
+def _start_terminating(loop: asyncio.AbstractEventLoop, logs: set[StepLog]) -> None:
     task = loop.create_task(_terminate(logs), name='stepstream-sigterm')
     _terminating.add(task)
     task.add_done_callback(_terminating.discard)
 
 
-async def _terminate(logs: set[_Closing]) -> None:
+async def _terminate(logs: set[StepLog]) -> None:
     """Write the ends of the open runs, wait (within each log's timeout) for them, then die of SIGTERM."""
     try:
         for log in logs:
