@@ -58,7 +58,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	rm -rf build/typecheck && mkdir -p build/typecheck/stepstream
 	ln -s $(CURDIR)/stepstream/* build/typecheck/stepstream/
-	for p in schemas producer projector media serve; do ln -s $(CURDIR)/$$p build/typecheck/stepstream/$$p; done
+	for p in schemas producer projector media serve analytics; do ln -s $(CURDIR)/$$p build/typecheck/stepstream/$$p; done
 	$(BIN)/mypy
 
 format: $(STAMP)

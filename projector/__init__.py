@@ -8,7 +8,6 @@ from stepstream.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from stepstream.projector._checkpoints import Checkpoints
-    from stepstream.projector._export import ExportReport, export_filesystem, export_parquet
     from stepstream.projector._membership import Membership
     from stepstream.projector._projector import Projector
     from stepstream.projector._reader import (
@@ -26,7 +25,6 @@ if TYPE_CHECKING:
 _WHERE = {
     'Checkpoints': 'stepstream.projector._checkpoints',
     'Difference': 'stepstream.projector._verify',
-    'ExportReport': 'stepstream.projector._export',
     'Membership': 'stepstream.projector._membership',
     'ProjectionReader': 'stepstream.projector._reader',
     'ProjectionStatus': 'stepstream.projector._reader',
@@ -34,8 +32,6 @@ _WHERE = {
     'RecoveryReport': 'stepstream.projector._reader',
     'ShardUnavailable': 'stepstream.projector._reader',
     'continue_run': 'stepstream.projector._reader',
-    'export_filesystem': 'stepstream.projector._export',
-    'export_parquet': 'stepstream.projector._export',
     'fork_run': 'stepstream.projector._reader',
     'inspect_recovery': 'stepstream.projector._reader',
     'progress_bar': 'stepstream.projector._rebuild',
@@ -43,12 +39,11 @@ _WHERE = {
     'verify_paths': 'stepstream.projector._verify',
 }
 """Where each public name lives: imported on first use, so a command that needs one piece
-(a reader for `stepstream runs`) does not pay for the rest (Pydantic AI, pyarrow, ...)."""
+(a reader for `stepstream runs`) does not pay for the rest (Pydantic AI, ...)."""
 
 __all__ = [
     'Checkpoints',
     'Difference',
-    'ExportReport',
     'Membership',
     'ProjectionReader',
     'ProjectionStatus',
@@ -56,8 +51,6 @@ __all__ = [
     'RecoveryReport',
     'ShardUnavailable',
     'continue_run',
-    'export_filesystem',
-    'export_parquet',
     'fork_run',
     'inspect_recovery',
     'progress_bar',

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -12,12 +11,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
-from stepstream.errors import NotUnknown, StepStreamError
+from stepstream.errors import NotFound, NotUnknown, StepStreamError
 from stepstream.projector import ShardUnavailable
 from stepstream.serve import _api, _explorer
 from stepstream.serve._auth import authorized
 from stepstream.serve._group import FORWARDED_HEADER, forwarded
-from stepstream.serve._source import NotFound, Source
+from stepstream.serve._source import Source
 
 PUBLIC_PATHS = ('/login', '/static/')
 PAGE_POLICY = (
@@ -56,7 +55,7 @@ def create_app(
     app.state.token = token
     app.include_router(_api.router)
     app.include_router(_explorer.router)
-    swagger = swagger_ui_assets()
+    swagger = _explorer.swagger_ui_assets()
     if swagger is not None:
         app.mount('/static/swagger-ui', StaticFiles(directory=swagger), name='swagger-ui')
     app.mount('/static', StaticFiles(directory=Path(__file__).parent / 'static'), name='static')
@@ -101,19 +100,6 @@ def create_app(
         return response
 
     return app
-
-
-def swagger_ui_assets() -> Path | None:
-    """Where the swagger-ui-py package keeps Swagger UI's files (the `serve` extra installs it).
-
-    Found without importing the package (its `__init__` loads handlers for other frameworks);
-    None when it is missing, and `/docs` then says how to install it.
-    """
-    spec = importlib.util.find_spec('swagger_ui')
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    static = Path(next(iter(spec.submodule_search_locations))) / 'static'
-    return static if (static / 'swagger-ui-bundle.js').is_file() else None
 
 
 def _problem(request: Request, status: int, detail: str) -> Response:

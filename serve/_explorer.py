@@ -7,6 +7,7 @@ the resolve form of an unknown effect (same origin only).
 
 from __future__ import annotations
 
+import importlib.util
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -16,10 +17,11 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
+from stepstream.errors import NotFound
 from stepstream.serve._auth import TOKEN_COOKIE, token_matches
 from stepstream.serve._models import Run
 from stepstream.serve._run_view import duration_ms, millis, money, tool_io, totals, waterfall
-from stepstream.serve._source import NotFound, Source
+from stepstream.serve._source import Source
 from stepstream.serve._views import diff, message_views
 
 templates = Jinja2Templates(directory=Path(__file__).parent / 'templates')
@@ -289,8 +291,6 @@ async def status(request: Request, rows: bool = False) -> Response:
 @router.get('/docs')
 async def docs(request: Request) -> Response:
     """The API's interactive docs: Swagger UI over `/openapi.json`, from this service's own files."""
-    from stepstream.serve._app import swagger_ui_assets
-
     if swagger_ui_assets() is None:
         return error_page(
             request,
@@ -325,3 +325,16 @@ def _local(target: str) -> str:
     """Only a path of this service: `/login?next=` must never send a person elsewhere."""
     local = target.startswith('/') and not target.startswith('//') and '\\' not in target
     return target if local else '/'
+
+
+def swagger_ui_assets() -> Path | None:
+    """Where the swagger-ui-py package keeps Swagger UI's files (the `serve` extra installs it).
+
+    Found without importing the package (its `__init__` loads handlers for other frameworks);
+    None when it is missing, and `/docs` then says how to install it.
+    """
+    spec = importlib.util.find_spec('swagger_ui')
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    static = Path(next(iter(spec.submodule_search_locations))) / 'static'
+    return static if (static / 'swagger-ui-bundle.js').is_file() else None

@@ -1,22 +1,34 @@
 """The API's response models: what every JSON endpoint returns, and so what its OpenAPI schema says.
 
-They are Pydantic models built from the read-side records (`RunRecord`, `StepEvent`,
-`ToolEffectRecord`, ...) rather than those dataclasses themselves, so the wire shape of the API
-is written down here and does not change when a record grows an internal field.
+The wire shape of a read-side record (`RunRecord`, `StepEvent`, `ToolEffectRecord`, ...) is declared
+here once, with its descriptions, and read off the record by field name (`FromRecord.of`): there is
+no copy written by hand, and tests/test_record_shapes.py fails when a record grows a field that no
+shape here, nor its list of internal fields, names.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
-from pydantic import BaseModel, Field
+from pydantic import AliasPath, BaseModel, ConfigDict, Field
 
 from stepstream.projector import ProjectionStatus
-from stepstream.schemas import MAX_NOTE_CHARS, EffectResolution, RunRecord, StepEvent, ToolEffectRecord
+from stepstream.schemas import MAX_NOTE_CHARS
 
 
-class Usage(BaseModel):
+class FromRecord(BaseModel):
+    """An API shape read off a read-side record by its attributes' names, nested shapes included."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    @classmethod
+    def of(cls, record: object) -> Self:
+        """The API shape of `record` (a `RunRecord`, `StepEvent`, ... dataclass)."""
+        return cls.model_validate(record, from_attributes=True)
+
+
+class Usage(FromRecord):
     """What a run used: sums over its model requests and tool calls (events since schema v3)."""
 
     model_requests: int
@@ -35,7 +47,7 @@ class Usage(BaseModel):
     tool_call_us: int = Field(description='Microseconds spent in tool bodies.')
 
 
-class ModelRequestUsage(BaseModel):
+class ModelRequestUsage(FromRecord):
     """What one model request used, as Pydantic AI reported it on the response."""
 
     model_name: str | None
@@ -49,7 +61,7 @@ class ModelRequestUsage(BaseModel):
     cost_usd: str | None
 
 
-class Run(BaseModel):
+class Run(FromRecord):
     """Lineage and status of one run."""
 
     run_id: str
@@ -72,28 +84,6 @@ class Run(BaseModel):
     rejected: dict[str, int] = Field(description="This run's records that went to the DLQ, by reason.")
     usage: Usage
 
-    @classmethod
-    def of(cls, run: RunRecord) -> Run:
-        """The API shape of a `RunRecord`."""
-        return cls(
-            run_id=run.run_id,
-            conversation_id=run.conversation_id,
-            parent_run_id=run.parent_run_id,
-            agent_name=run.agent_name,
-            metadata=run.metadata,
-            started_at=run.started_at,
-            registration_id=run.registration_id,
-            status=run.status,
-            ended_at=run.ended_at,
-            error=run.error,
-            event_count=run.event_count,
-            last_seq=run.last_seq,
-            gaps=run.gaps,
-            conflicting_writers=run.conflicting_writers,
-            rejected=run.rejected,
-            usage=Usage.model_validate(run.usage, from_attributes=True),
-        )
-
 
 class RunPage(BaseModel):
     """One page of runs and the cursor of the next."""
@@ -104,7 +94,7 @@ class RunPage(BaseModel):
     )
 
 
-class Event(BaseModel):
+class Event(FromRecord):
     """One step event; a `snapshot_saved` event names its snapshot but does not carry its messages."""
 
     run_id: str
@@ -121,43 +111,23 @@ class Event(BaseModel):
     error: str | None
     metadata: dict[str, str]
     idempotency_key: str | None
-    snapshot_seq: int | None = Field(description='For snapshot_saved: the snapshot it saved.')
-    snapshot_state: str | None = Field(description='For snapshot_saved: complete | interrupted.')
+    snapshot_seq: int | None = Field(
+        default=None,
+        validation_alias=AliasPath('snapshot', 'snapshot_seq'),
+        description='For snapshot_saved: the snapshot it saved.',
+    )
+    snapshot_state: str | None = Field(
+        default=None,
+        validation_alias=AliasPath('snapshot', 'state'),
+        description='For snapshot_saved: complete | interrupted.',
+    )
     usage: ModelRequestUsage | None = Field(description='For model_request_completed (since schema v3).')
     duration_us: int | None = Field(description='For model request and tool call ends: microseconds taken.')
     trace_id: str | None = Field(description='The OpenTelemetry trace the event was written under.')
     span_id: str | None = Field(description='The OpenTelemetry span the event was written under.')
 
-    @classmethod
-    def of(cls, event: StepEvent) -> Event:
-        """The API shape of a `StepEvent`."""
-        return cls(
-            run_id=event.run_id,
-            seq=event.seq,
-            writer_id=event.writer_id,
-            timestamp=event.timestamp,
-            kind=event.kind,
-            step_index=event.step_index,
-            agent_name=event.agent_name,
-            conversation_id=event.conversation_id,
-            parent_run_id=event.parent_run_id,
-            tool_call_id=event.tool_call_id,
-            tool_name=event.tool_name,
-            error=event.error,
-            metadata=event.metadata,
-            idempotency_key=event.idempotency_key,
-            snapshot_seq=event.snapshot.snapshot_seq if event.snapshot else None,
-            snapshot_state=event.snapshot.state if event.snapshot else None,
-            usage=ModelRequestUsage.model_validate(event.usage, from_attributes=True)
-            if event.usage
-            else None,
-            duration_us=event.duration_us,
-            trace_id=event.trace_id,
-            span_id=event.span_id,
-        )
 
-
-class Resolution(BaseModel):
+class Resolution(FromRecord):
     """An operator's resolution of an unknown effect, as the ledger keeps it."""
 
     resolution: Literal['happened', 'did_not_happen']
@@ -170,19 +140,6 @@ class Resolution(BaseModel):
         description='Whether it decides the status; false: history only (the effect had ended, or '
         'an earlier resolution decided it).'
     )
-
-    @classmethod
-    def of(cls, r: EffectResolution) -> Resolution:
-        """The API shape of an `EffectResolution`."""
-        return cls(
-            resolution=r.resolution,
-            resolved_by=r.resolved_by,
-            writer_id=r.writer_id,
-            resolved_at=r.resolved_at,
-            note=r.note,
-            resolves_seq=r.resolves_seq,
-            applied=r.applied,
-        )
 
 
 class ResolveRequest(BaseModel):
@@ -213,7 +170,7 @@ class Resolved(BaseModel):
     effect: ToolEffect
 
 
-class ToolEffect(BaseModel):
+class ToolEffect(FromRecord):
     """The merged state of one tool call's side effect."""
 
     run_id: str
@@ -236,26 +193,6 @@ class ToolEffect(BaseModel):
     last_seq: int
     resolution: Resolution | None = Field(description="The operator's resolution that decides the status.")
     resolutions: list[Resolution] = Field(description='Every resolution written for the call, oldest first.')
-
-    @classmethod
-    def of(cls, effect: ToolEffectRecord) -> ToolEffect:
-        """The API shape of a `ToolEffectRecord`."""
-        return cls(
-            run_id=effect.run_id,
-            tool_call_id=effect.tool_call_id,
-            tool_name=effect.tool_name,
-            status=effect.status,
-            unknown_after_crash=effect.unknown_after_crash,
-            in_flight=effect.in_flight,
-            started_at=effect.started_at,
-            ended_at=effect.ended_at,
-            idempotency_key=effect.idempotency_key,
-            effect_summary=effect.effect_summary,
-            error=effect.error,
-            last_seq=effect.last_seq,
-            resolution=Resolution.of(effect.resolution) if effect.resolution is not None else None,
-            resolutions=[Resolution.of(r) for r in effect.resolutions],
-        )
 
 
 class SnapshotSummary(BaseModel):

@@ -20,7 +20,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
 
-from stepstream.errors import StepStreamError
+from stepstream.errors import NotFound, StepStreamError
 from stepstream.kafka_client import client_options
 from stepstream.media import MediaContext, MediaStore, link_media, media_uri_for, parse_media_uri
 from stepstream.producer import EventLog, StepLog, resolve_tool_effect, resolver_id
@@ -55,10 +55,6 @@ from stepstream.topics import log_end_offsets, partition_counts
 
 MEDIA_PATH = '/api/media/'
 """Where the service serves offloaded media by SHA-256, after checking the bytes against it."""
-
-
-class NotFound(LookupError):
-    """The projection has no such run or snapshot (an HTTP 404)."""
 
 
 class Source:

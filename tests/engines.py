@@ -4,57 +4,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-HOST = '127.0.0.1'
-READY_S = 120.0
-
-
-def free_port() -> int:
-    """A loopback port nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_for_port(process: subprocess.Popen[bytes], port: int, log: Path) -> None:
-    """Return once something accepts connections on `port`; fail with the log if the server exits."""
-    deadline = time.monotonic() + READY_S
-    while True:
-        if process.poll() is not None:
-            raise RuntimeError(f'the server exited with {process.returncode}: {log.read_text()[-3000:]}')
-        try:
-            with socket.create_connection((HOST, port), timeout=1.0):
-                return
-        except OSError as error:
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f'nothing listens on {port} after {READY_S}s: {log.read_text()[-3000:]}'
-                ) from error
-            time.sleep(0.1)  # a readiness probe's interval, not a wait for an outcome
-
-
-@contextmanager
-def server(command: list[str], port: int, log: Path, env: dict[str, str] | None = None) -> Iterator[None]:
-    """Run `command` until the block ends, once it listens on `port`."""
-    with log.open('wb') as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
-    try:
-        wait_for_port(process, port, log)
-        yield
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+from processes import HOST, free_port, running
 
 
 def temporal_binary() -> str | None:
@@ -87,7 +42,7 @@ def temporal_dev_server(data_dir: Path) -> Iterator[str]:
         '--log-level',
         'warn',
     ]
-    with server(command, port, data_dir / 'temporal.log'):
+    with running(command, data_dir / 'temporal.log', port=port):
         yield f'{HOST}:{port}'
 
 
@@ -121,5 +76,5 @@ def prefect_server(home: Path) -> Iterator[dict[str, str]]:
         '--no-ui',
         '--no-services',
     ]
-    with server(command, port, home / 'prefect-server.log', env={**os.environ, **env}):
+    with running(command, home / 'prefect-server.log', port=port, env={**os.environ, **env}):
         yield env

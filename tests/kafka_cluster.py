@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import socket
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,7 @@ from aiokafka.errors import KafkaError
 
 from stepstream.embedded import apache_kafka
 
-HOST = '127.0.0.1'
+from processes import HOST, free_port, spawn, stop
 
 CLUSTER_OVERRIDES = {
     'default.replication.factor': '3',
@@ -47,12 +46,6 @@ class Node:
     process: subprocess.Popen[bytes] | None = None
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
-
-
 class KafkaCluster:
     """Three Apache Kafka nodes; `kill(n)` SIGKILLs one, `restart(n)` brings it back."""
 
@@ -60,7 +53,7 @@ class KafkaCluster:
         self.data_dir = data_dir
         self.java = apache_kafka.java_binary()
         self.lib = apache_kafka.resolve_jars()
-        ports = [(_free_port(), _free_port()) for _ in range(size)]
+        ports = [(free_port(), free_port()) for _ in range(size)]
         voters = ','.join(f'{i + 1}@{HOST}:{controller}' for i, (_, controller) in enumerate(ports))
         cluster_id = apache_kafka.new_cluster_id()
         self.nodes: dict[int, Node] = {}
@@ -92,14 +85,9 @@ class KafkaCluster:
         return ','.join(f'{HOST}:{n.port}' for n in self.nodes.values())
 
     def _spawn(self, node: Node) -> None:
-        with open(node.log, 'ab') as log:
-            node.process = subprocess.Popen(
-                apache_kafka.broker_command(self.java, self.lib, node.properties),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+        node.process = spawn(
+            apache_kafka.broker_command(self.java, self.lib, node.properties), node.log, new_session=True
+        )
 
     async def start(self) -> None:
         for node in self.nodes.values():
@@ -159,13 +147,4 @@ class KafkaCluster:
         self._spawn(self.nodes[node_id])
 
     def stop(self) -> None:
-        for node in self.nodes.values():
-            if node.process is not None and node.process.poll() is None:
-                node.process.send_signal(signal.SIGTERM)
-        for node in self.nodes.values():
-            if node.process is not None:
-                try:
-                    node.process.wait(10)
-                except subprocess.TimeoutExpired:
-                    node.process.kill()
-                    node.process.wait()
+        stop(*(node.process for node in self.nodes.values()), grace_s=10)

@@ -18,15 +18,15 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from stepstream.embedded.apache_kafka import _locked
+
+from processes import free_port, running
 
 REGISTRY_MODULE = 'github.com/axonops/axonops-schema-registry'
 REGISTRY_VERSION = 'v0.2.1'
@@ -80,12 +80,6 @@ def registry_binary() -> Path:
     return binary
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.contextmanager
 def running_registry(
     log_path: Path, *, config: str | None = None, env: dict[str, str] | None = None, tls: bool = False
@@ -95,33 +89,12 @@ def running_registry(
     `config` is the YAML of a configuration file (TLS, authentication), `env` more variables.
     """
     binary = registry_binary()
-    port = _free_port()
+    port = free_port()
     command = [str(binary)]
     if config is not None:
         config_path = log_path.with_suffix('.yaml')
         config_path.write_text(config)
         command += ['-config', str(config_path)]
     environ = {**os.environ, **(env or {}), 'SCHEMA_REGISTRY_HOST': HOST, 'SCHEMA_REGISTRY_PORT': str(port)}
-    with open(log_path, 'wb') as log:
-        child = subprocess.Popen(command, env=environ, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection((HOST, port), timeout=1).close()
-                break
-            except OSError:
-                if child.poll() is not None or time.monotonic() > deadline:
-                    output = log_path.read_text()[-2000:]
-                    raise RuntimeError(
-                        f'the registry did not start (exit {child.poll()}): {output}'
-                    ) from None
-                time.sleep(0.05)
+    with running(command, log_path, port=port, env=environ):
         yield f'{"https" if tls else "http"}://{HOST}:{port}'
-    finally:
-        child.terminate()
-        try:
-            child.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()

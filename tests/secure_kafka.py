@@ -19,8 +19,6 @@ import asyncio
 import contextlib
 import json
 import shlex
-import signal
-import socket
 import subprocess
 import time
 from base64 import urlsafe_b64encode
@@ -35,6 +33,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from stepstream.embedded import apache_kafka
 
 from certificates import HOST, TestCA
+from processes import free_port, spawn, stop
 
 USERS = {name: f'{name}-secret' for name in ('admin', 'producer', 'projector', 'analyst', 'stranger')}
 """SCRAM users (SHA-256 and SHA-512) and PLAIN users; ACLs decide what each may do."""
@@ -66,12 +65,6 @@ class ProducerToken(AbstractTokenProvider):
 # -- the broker -------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
-
-
 class SecureKafka:
     """One secured Apache Kafka node; `start()` returns once its admin listener answers."""
 
@@ -84,8 +77,8 @@ class SecureKafka:
         self.stranger_cert = self.other_ca.issue('producer')  # right name, wrong CA
         keystore = directory / 'broker-keystore.pem'  # Kafka's PEM key store: key, then chain
         keystore.write_bytes(self.broker_cert.key.read_bytes() + self.broker_cert.cert.read_bytes())
-        self.plaintext_port, self.sasl_ssl_port, self.ssl_port = _free_port(), _free_port(), _free_port()
-        controller = _free_port()
+        self.plaintext_port, self.sasl_ssl_port, self.ssl_port = free_port(), free_port(), free_port()
+        controller = free_port()
         jaas = {
             'scram-sha-256': 'org.apache.kafka.common.security.scram.ScramLoginModule required;',
             'scram-sha-512': 'org.apache.kafka.common.security.scram.ScramLoginModule required;',
@@ -154,24 +147,13 @@ class SecureKafka:
             check=True,
             capture_output=True,
         )
-        with open(self.log, 'ab') as log:
-            self.process = subprocess.Popen(
-                apache_kafka.broker_command(self.java, self.lib, self.properties),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+        self.process = spawn(
+            apache_kafka.broker_command(self.java, self.lib, self.properties), self.log, new_session=True
+        )
         await until_answers(self.process, {'bootstrap_servers': self.admin_bootstrap}, self.log, timeout)
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop(self.process)
 
 
 async def until_answers(

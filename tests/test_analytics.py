@@ -27,8 +27,9 @@ from pydantic_ai.usage import RequestUsage
 from test_cli import cli
 
 from stepstream import Settings
+from stepstream.analytics import export_filesystem
 from stepstream.producer import EventLog, StepPersistence, annotate_tool_effect
-from stepstream.projector import Projector, continue_run, export_filesystem
+from stepstream.projector import Projector, continue_run
 from stepstream.topics import log_end_offsets, murmur2_partition
 
 DOC = Path(__file__).parent.parent / 'docs' / 'analytics.md'

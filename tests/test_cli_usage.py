@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from stepstream import Settings
-from stepstream.cli import _parser
+from stepstream.cli._main import _parser
 
 STEPSTREAM = str(Path(sys.executable).parent / 'stepstream')
 

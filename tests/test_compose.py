@@ -39,10 +39,15 @@ def interpolate(value: Any) -> Any:
     return value
 
 
+def load_compose() -> dict[str, Any]:
+    """compose/docker-compose.yml with each `${VAR:-default}` read as its default."""
+    with open(COMPOSE_DIR / 'docker-compose.yml') as f:
+        return dict(interpolate(yaml.safe_load(f)))
+
+
 @pytest.fixture(scope='module')
 def compose() -> dict[str, Any]:
-    with open(COMPOSE_DIR / 'docker-compose.yml') as f:
-        return interpolate(yaml.safe_load(f))
+    return load_compose()
 
 
 def env_of(service: dict[str, Any]) -> dict[str, str]:

@@ -13,20 +13,16 @@ jars) is recorded and its rules granted through librdkafka.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import re
 import shlex
 import shutil
-import socket
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 from pydantic_ai import Agent
+from test_compose import env_of, load_compose
 
 from stepstream import Settings
 from stepstream.embedded import apache_kafka
@@ -38,25 +34,16 @@ from stepstream.topics import ensure_topics
 
 from agents import answers
 from brokers import kafka_only
+from processes import free_port, running
 from secure_kafka import acl_rules, documented_acl_rules, grant, until_answers
 
 COMPOSE = Path(__file__).resolve().parent.parent / 'compose'
-
-
-def env_of(service: dict[str, Any]) -> dict[str, str]:
-    return {k: str(v) for k, v in service.get('environment', {}).items()}
 
 
 def property_name(variable: str) -> str:
     """`KAFKA_A_B__C___D` -> `a.b_c-d`, the apache/kafka image's rule for its variables."""
     name = variable.removeprefix('KAFKA_').replace('___', '\0').replace('__', '\1').replace('_', '.')
     return name.replace('\0', '-').replace('\1', '_').lower()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(('127.0.0.1', 0))
-        return int(sock.getsockname()[1])
 
 
 class Here:
@@ -75,32 +62,10 @@ class Here:
         return value
 
 
-@pytest.fixture
-def compose() -> dict[str, Any]:
-    with open(COMPOSE / 'docker-compose.yml') as f:
-        text = re.sub(r'\$\{[A-Z_]+:-([^}]*)\}', r'\1', f.read())  # compose's defaults
-    return dict(yaml.safe_load(text))
-
-
-@contextlib.contextmanager
-def running(command: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    with open(log, 'ab') as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    try:
-        yield process
-    finally:
-        process.terminate()
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
 @kafka_only('is not what compose runs: its file sets up Apache Kafka')
 @pytest.mark.skipif(shutil.which('openssl') is None, reason='compose/certs.sh makes the CA with openssl')
 async def test_compose_kafka_with_its_certificates_users_and_acls_serves_every_role(
-    compose: dict[str, Any], tmp_path: Path
+    tmp_path: Path,
 ) -> None:
     here = Here(tmp_path)
     here.certs.mkdir()
@@ -109,7 +74,7 @@ async def test_compose_kafka_with_its_certificates_users_and_acls_serves_every_r
         script = script.replace('\nchown ', '\n: chown ')
     subprocess.run(['sh', '-c', script], check=True, capture_output=True)
 
-    services = compose['services']
+    services = load_compose()['services']
     kafka = env_of(services['kafka'])
     assert services['kafka']['image'] == f'apache/kafka:{apache_kafka.KAFKA_VERSION}'
     properties = tmp_path / 'server.properties'

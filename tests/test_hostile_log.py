@@ -28,6 +28,7 @@ from stepstream.schemas import ModelUsage, StepEvent, ToolEffectTransition, enco
 from stepstream.topics import Position, ensure_topics, murmur2_partition
 
 from agents import calls_then_answers
+from waits import wait_applied
 
 NOW = datetime(2026, 11, 30, tzinfo=UTC)
 Coordinates = tuple[str, int, int]
@@ -233,19 +234,6 @@ async def start_projector(settings: Settings, db_path: Path) -> asyncio.subproce
     assert child.stdout is not None
     assert b'projector:' in await asyncio.wait_for(child.stdout.readline(), 60)
     return child
-
-
-async def wait_applied(db_path: Path, position: Position) -> None:
-    reader = ProjectionReader.open(db_path)
-    try:
-        for _ in range(1200):
-            applied = (await reader.status()).offsets
-            if all(applied.get((tp.topic, tp.partition), 0) >= end for tp, end in position.items()):
-                return
-            await asyncio.sleep(0.1)
-        raise AssertionError(f'the projector never caught up: {applied} vs {position}')
-    finally:
-        reader.close()
 
 
 async def dead_letters(settings: Settings, expected: int) -> dict[Coordinates, bytes]:

@@ -23,6 +23,7 @@ from stepstream.projector import ProjectionReader, rebuild, verify_paths
 
 from agents import turns_then_answers
 from brokers import tansu_only
+from waits import wait_applied
 
 CHILD = Path(__file__).with_name('projector_child.py')
 KILLS = int(os.environ.get('STEPSTREAM_SOAK_KILLS', '10'))
@@ -121,17 +122,7 @@ async def test_sigkilled_projector_equals_clean_rebuild(settings: Settings, tmp_
     assert child.stdout is not None
     assert b'projector:' in await asyncio.wait_for(child.stdout.readline(), 60)  # signal handlers are set
     try:
-        reader = ProjectionReader.open(db_path)
-        try:
-            for _ in range(1200):
-                applied = (await reader.status()).offsets
-                if all(applied.get((tp.topic, tp.partition), 0) >= end for tp, end in written.items()):
-                    break
-                await asyncio.sleep(0.1)
-            else:
-                raise AssertionError(f'the projector never caught up: {applied} vs {written}')
-        finally:
-            reader.close()
+        await wait_applied(db_path, written)
     finally:
         child.send_signal(signal.SIGTERM)
         assert await child.wait() == 0

@@ -16,7 +16,8 @@ from aiokafka.admin import AIOKafkaAdminClient
 from pydantic import SecretStr
 from pydantic_ai import Agent, RunContext
 
-from stepstream import Settings, cli
+from stepstream import Settings
+from stepstream.cli import _main as cli
 from stepstream.errors import AccessDenied, SecureConnectionError, StepStreamError
 from stepstream.kafka_client import client_options
 from stepstream.producer import EventLog, StepPersistence

@@ -1,6 +1,6 @@
 """`stepstream stack up|down|env`: an embedded stack that outlives the command that started it.
 
-`stack up` starts a background process (`python -m stepstream.stack DIR`) that runs the whole
+`stack up` starts a background process (`python -m stepstream.cli.stack DIR`) that runs the whole
 system: a durable `EmbeddedStack` (broker and S3) under `DIR/stack`, and, as supervised child
 processes, a `stepstream projector` that keeps `DIR/projection` current and a `stepstream serve`
 (the run explorer and JSON API) over it; a child that dies is started again. It writes the
@@ -46,7 +46,7 @@ LOG_FILE = 'stack.log'
 URL_FILE = 'explorer.url'
 EXPLORER_PORT = 8321
 """The explorer's port when it is free; otherwise the stack's `serve` takes any free one."""
-_SERVICE_MODULE = 'stepstream.stack'
+_SERVICE_MODULE = 'stepstream.cli.stack'
 _STARTUP_TIMEOUT_S = 180.0  # Apache Kafka may resolve its jars from Maven on the first start
 _STOP_TIMEOUT_S = 30.0
 

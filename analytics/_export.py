@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import TypeAdapter
 from pydantic_ai.messages import ModelMessage, ModelResponse
 
+from stepstream.analytics._tables import COST_SCALE, ROWS, arrow_schema
 from stepstream.errors import StepStreamError, UsageError
 from stepstream.projector._reader import ProjectionReader
 from stepstream.schemas import RunRecord, StepEvent, ToolEffectRecord
@@ -48,11 +49,8 @@ if TYPE_CHECKING:
     import pyarrow as pa
     import pyarrow.fs as pafs
 
-TABLES = ('runs', 'events', 'model_requests', 'tool_effects', 'messages')
-"""The tables an export writes, each a directory under the target."""
-
-COST_SCALE = 18
-"""Decimal places of the `cost_usd` columns (`decimal(38, 18)`): costs are rounded half-even to them."""
+TABLES = tuple(ROWS)
+"""The tables an export writes, each a directory under the target (their rows: `_tables.py`)."""
 
 RUNS_PER_FILE = 1000
 """Runs whose rows go into one set of files: bounds the memory an export holds."""
@@ -118,129 +116,7 @@ class ExportMark:
 
 
 def _schemas() -> dict[str, pa.Schema]:
-    import pyarrow as pa
-
-    ts = pa.timestamp('us', tz='UTC')
-    cost = pa.decimal128(38, COST_SCALE)
-    return {
-        'runs': pa.schema(
-            [
-                ('run_id', pa.string()),
-                ('agent_name', pa.string()),
-                ('conversation_id', pa.string()),
-                ('parent_run_id', pa.string()),
-                ('status', pa.string()),
-                ('started_at', ts),
-                ('ended_at', ts),
-                ('error', pa.string()),
-                ('metadata', pa.map_(pa.string(), pa.string())),
-                ('registration_id', pa.string()),
-                ('event_count', pa.int64()),
-                ('last_seq', pa.int64()),
-                ('missing_seqs', pa.int64()),
-                ('model_requests', pa.int64()),
-                ('requests', pa.int64()),
-                ('input_tokens', pa.int64()),
-                ('output_tokens', pa.int64()),
-                ('cache_read_tokens', pa.int64()),
-                ('cache_write_tokens', pa.int64()),
-                ('cost_usd', cost),
-                ('unpriced_requests', pa.int64()),
-                ('model_request_us', pa.int64()),
-                ('tool_calls', pa.int64()),
-                ('tool_call_failures', pa.int64()),
-                ('tool_call_us', pa.int64()),
-                ('export_seq', pa.int64()),
-                ('date', pa.string()),
-            ]
-        ),
-        'events': pa.schema(
-            [
-                ('run_id', pa.string()),
-                ('seq', pa.int64()),
-                ('writer_id', pa.string()),
-                ('timestamp', ts),
-                ('kind', pa.string()),
-                ('step_index', pa.int64()),
-                ('agent_name', pa.string()),
-                ('conversation_id', pa.string()),
-                ('parent_run_id', pa.string()),
-                ('tool_call_id', pa.string()),
-                ('tool_name', pa.string()),
-                ('error', pa.string()),
-                ('idempotency_key', pa.string()),
-                ('snapshot_seq', pa.int64()),
-                ('duration_us', pa.int64()),
-                ('trace_id', pa.string()),
-                ('span_id', pa.string()),
-                ('date', pa.string()),
-            ]
-        ),
-        'model_requests': pa.schema(
-            [
-                ('run_id', pa.string()),
-                ('seq', pa.int64()),
-                ('timestamp', ts),
-                ('agent_name', pa.string()),
-                ('conversation_id', pa.string()),
-                ('step_index', pa.int64()),
-                ('failed', pa.bool_()),
-                ('error', pa.string()),
-                ('model_name', pa.string()),
-                ('provider', pa.string()),
-                ('input_tokens', pa.int64()),
-                ('output_tokens', pa.int64()),
-                ('cache_read_tokens', pa.int64()),
-                ('cache_write_tokens', pa.int64()),
-                ('requests', pa.int64()),
-                ('finish_reason', pa.string()),
-                ('cost_usd', cost),
-                ('duration_us', pa.int64()),
-                ('trace_id', pa.string()),
-                ('span_id', pa.string()),
-                ('date', pa.string()),
-            ]
-        ),
-        'tool_effects': pa.schema(
-            [
-                ('run_id', pa.string()),
-                ('agent_name', pa.string()),
-                ('tool_call_id', pa.string()),
-                ('tool_name', pa.string()),
-                ('status', pa.string()),
-                ('unknown_after_crash', pa.bool_()),
-                ('run_status', pa.string()),
-                ('started_at', ts),
-                ('ended_at', ts),
-                ('idempotency_key', pa.string()),
-                ('effect_summary', pa.string()),
-                ('error', pa.string()),
-                ('last_seq', pa.int64()),
-                ('resolution', pa.string()),
-                ('resolved_by', pa.string()),
-                ('resolved_at', ts),
-                ('resolution_note', pa.string()),
-                ('export_seq', pa.int64()),
-                ('date', pa.string()),
-            ]
-        ),
-        'messages': pa.schema(
-            [
-                ('run_id', pa.string()),
-                ('agent_name', pa.string()),
-                ('snapshot_seq', pa.int64()),
-                ('snapshot_state', pa.string()),
-                ('message_index', pa.int64()),
-                ('kind', pa.string()),
-                ('timestamp', ts),
-                ('model_name', pa.string()),
-                ('part_kinds', pa.list_(pa.string())),
-                ('message_json', pa.string()),
-                ('export_seq', pa.int64()),
-                ('date', pa.string()),
-            ]
-        ),
-    }
+    return {table: arrow_schema(row) for table, row in ROWS.items()}
 
 
 def _day(ts: datetime | None) -> str:
@@ -262,7 +138,7 @@ def _run_row(run: RunRecord) -> dict[str, Any]:
         'started_at': run.started_at,
         'ended_at': run.ended_at,
         'error': run.error,
-        'metadata': list(run.metadata.items()),
+        'metadata': run.metadata,
         'registration_id': run.registration_id,
         'event_count': run.event_count,
         'last_seq': run.last_seq,

@@ -64,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is not _projector:
         logging.getLogger('aiokafka').setLevel(logging.CRITICAL)
     try:
-        from stepstream.stack import stack_environ
+        from stepstream.cli.stack import stack_environ
 
         settings = Settings.from_args(args, stack_environ(args.stack_dir))
         return asyncio.run(args.command(args, settings))
@@ -106,7 +106,7 @@ def _fail(exc: BaseException, code: int) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from stepstream.stack import DEFAULT_STACK_DIR
+    from stepstream.cli.stack import DEFAULT_STACK_DIR
 
     parser = argparse.ArgumentParser(
         prog='stepstream',
@@ -355,8 +355,8 @@ def _version() -> str:
 
 
 async def _demo(args: argparse.Namespace, settings: Settings) -> int:
-    from stepstream.demo import run_demo
-    from stepstream.stack import stack_environ, stack_up
+    from stepstream.cli.demo import run_demo
+    from stepstream.cli.stack import stack_environ, stack_up
 
     running = await asyncio.to_thread(stack_up, args.stack_dir, broker=None, quiet=True)
     # As every command: flags, then variables, then the stack's settings (now that it is up).
@@ -368,7 +368,7 @@ async def _demo(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _stack_up(args: argparse.Namespace, settings: Settings) -> int:
-    from stepstream.stack import running_stack, stack_up
+    from stepstream.cli.stack import running_stack, stack_up
 
     with contextlib.suppress(UsageError):
         print(f'already running: {running_stack(args.stack_dir).describe()}')
@@ -379,14 +379,14 @@ async def _stack_up(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _stack_down(args: argparse.Namespace, settings: Settings) -> int:
-    from stepstream.stack import stack_down
+    from stepstream.cli.stack import stack_down
 
     print(await asyncio.to_thread(stack_down, args.stack_dir))
     return EXIT_OK
 
 
 async def _stack_env(args: argparse.Namespace, settings: Settings) -> int:
-    from stepstream.stack import running_stack
+    from stepstream.cli.stack import running_stack
 
     print(running_stack(args.stack_dir).export_lines())
     return EXIT_OK
@@ -533,8 +533,8 @@ async def _rebuild(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _export(args: argparse.Namespace, settings: Settings) -> int:
-    from stepstream.projector import export_parquet, progress_bar, rebuild
-    from stepstream.projector._export import read_mark
+    from stepstream.analytics import export_parquet, read_mark
+    from stepstream.projector import progress_bar, rebuild
 
     mark = read_mark(args.since, settings) if args.since else None  # a bad mark fails before any work
     with tempfile.TemporaryDirectory(prefix='stepstream-export-') as scratch:
@@ -567,7 +567,7 @@ async def _verify(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _status(args: argparse.Namespace, settings: Settings) -> int:
-    from stepstream.render import status_json, status_text
+    from stepstream.cli.render import status_json, status_text
     from stepstream.topics import ensure_topics, log_end_offsets
 
     async with _reader(settings) as reader:
@@ -654,7 +654,7 @@ async def _show(
 
     With `run_id`, an unknown run is `NotFound` (exit 1) rather than an empty view.
     """
-    from stepstream.render import to_json
+    from stepstream.cli.render import to_json
 
     async with _reader(settings) as reader:
         if run_id is not None:
@@ -665,7 +665,7 @@ async def _show(
 
 
 async def _runs(args: argparse.Namespace, settings: Settings) -> int:
-    from stepstream.render import runs_table
+    from stepstream.cli.render import runs_table
 
     def fetch(reader: ProjectionReader) -> Awaitable[list[RunRecord]]:
         return reader.list_runs(
@@ -679,13 +679,13 @@ async def _runs(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _tree(args: argparse.Namespace, settings: Settings) -> int:
-    from stepstream.render import tree
+    from stepstream.cli.render import tree
 
     return await _show(args, settings, lambda r: r.run_tree(args.run_id), tree, run_id=args.run_id)
 
 
 async def _events(args: argparse.Namespace, settings: Settings) -> int:
-    from stepstream.render import events_table
+    from stepstream.cli.render import events_table
 
     return await _show(args, settings, lambda r: r.list_events(args.run_id), events_table, run_id=args.run_id)
 
@@ -702,7 +702,7 @@ async def _snapshot(args: argparse.Namespace, settings: Settings) -> int:
     if args.json:
         print(ModelMessagesTypeAdapter.dump_json(snap.messages, indent=2).decode())
     else:
-        from stepstream.render import messages_text
+        from stepstream.cli.render import messages_text
 
         print(
             f'snapshot {snap.snapshot_seq} of {snap.run_id}: {snap.state}, step {snap.step_index}, '
@@ -713,13 +713,13 @@ async def _snapshot(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _effects(args: argparse.Namespace, settings: Settings) -> int:
-    from stepstream.render import ledger
+    from stepstream.cli.render import ledger
 
     return await _show(args, settings, lambda r: r.list_tool_effects(args.run_id), ledger, run_id=args.run_id)
 
 
 async def _unresolved(args: argparse.Namespace, settings: Settings) -> int:
-    from stepstream.render import UnresolvedEffect, unresolved_table
+    from stepstream.cli.render import UnresolvedEffect, unresolved_table
 
     async def fetch(reader: ProjectionReader) -> list[UnresolvedEffect]:
         effects = await reader.list_unresolved_tool_effects(args.run_id)
@@ -734,8 +734,8 @@ async def _unresolved(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _resolve(args: argparse.Namespace, settings: Settings) -> int:
+    from stepstream.cli.render import to_json
     from stepstream.producer import EventLog, resolve_tool_effect, resolver_id
-    from stepstream.render import to_json
 
     async with _reader(settings) as reader:
         await _known_run(reader, args.run_id, settings)
@@ -767,14 +767,10 @@ async def _resolve(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _conflicts(args: argparse.Namespace, settings: Settings) -> int:
-    from stepstream.render import table
+    from stepstream.cli.render import table
 
     def render(runs: list[RunRecord]) -> str:
         rows = [(r.run_id, r.registration_id, ', '.join(r.conflicting_writers)) for r in runs]
         return table(['run_id', 'registered_by', 'conflicting_writers'], rows)
 
     return await _show(args, settings, lambda reader: reader.list_conflicts(), render)
-
-
-if __name__ == '__main__':
-    sys.exit(main())

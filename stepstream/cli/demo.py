@@ -11,7 +11,7 @@ and whose projector applies what the demo writes (the demo only reads the projec
 running it again shows every earlier run too, and every `stepstream` command afterwards reads
 the same log and projection.
 
-`python -m stepstream.demo --run-id R --parent-run-id P` is the publisher's child process
+`python -m stepstream.cli.demo --run-id R --parent-run-id P` is the publisher's child process
 (settings from `STEPSTREAM_*`); nothing else should call it.
 """
 
@@ -33,11 +33,11 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCall
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.usage import RequestUsage
 
+from stepstream.cli.render import effects_table, events_table, runs_table, tree
 from stepstream.errors import StepStreamError
 from stepstream.media import S3MediaStore
 from stepstream.producer import EventLog, StepPersistence, annotate_tool_effect, current_run_id
 from stepstream.projector import ProjectionReader
-from stepstream.render import effects_table, events_table, runs_table, tree
 from stepstream.settings import Settings
 
 Step = tuple[str, dict[str, object]] | str | Callable[[list[ModelMessage]], str]
@@ -126,7 +126,7 @@ async def _publish_in_child(
     child = await asyncio.create_subprocess_exec(
         sys.executable,
         '-m',
-        'stepstream.demo',
+        'stepstream.cli.demo',
         '--run-id',
         run_id,
         '--parent-run-id',
@@ -276,7 +276,7 @@ async def _demo(settings: Settings, log: EventLog, reader: ProjectionReader, sta
 
 
 def _delegate_main() -> None:
-    parser = argparse.ArgumentParser(prog='python -m stepstream.demo', description=__doc__)
+    parser = argparse.ArgumentParser(prog='python -m stepstream.cli.demo', description=__doc__)
     parser.add_argument('--run-id', required=True)
     parser.add_argument('--parent-run-id', required=True)
     args = parser.parse_args()

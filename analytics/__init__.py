@@ -1,0 +1,15 @@
+"""The analytics export: the projection as Parquet tables for DuckDB, Polars or Spark (docs/analytics.md).
+
+A role of its own beside `serve/`: it reads the projection through `ProjectionReader`, as the API does,
+and needs the `export` extra (pyarrow).
+"""
+
+from stepstream.analytics._export import (
+    ExportMark,
+    ExportReport,
+    export_filesystem,
+    export_parquet,
+    read_mark,
+)
+
+__all__ = ['ExportMark', 'ExportReport', 'export_filesystem', 'export_parquet', 'read_mark']
