@@ -1,4 +1,9 @@
-"""StepPersistence behaviour, each through a real Agent run, the broker and the projector."""
+"""StepPersistence behaviour, each through a real Agent run.
+
+What the capability writes is checked on an `InMemoryLog` applied by the projector's own rules
+(`MemoryProjection`: the fast tier); what the log and the projector add on the way (concurrent runs
+on one shared producer, specs that build a log) is checked through the broker and the projector.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ import asyncio
 import itertools
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,7 +32,9 @@ from pydantic_ai.usage import UsageLimits
 from stepstream import Settings
 from stepstream.producer import (
     EventLog,
+    InMemoryLog,
     SnapshotSaved,
+    StepLog,
     StepPersistence,
     annotate_tool_effect,
     is_provider_valid,
@@ -36,14 +44,41 @@ from stepstream.projector import ProjectionReader, Projector, continue_run, insp
 from stepstream.schemas import encode
 
 from agents import answers, calls_then_answers, tool_returns, turns_then_answers
+from memory_projection import MemoryProjection
 
 
-async def settle(log: EventLog, projector: Projector) -> ProjectionReader:
+@pytest.fixture
+async def event_log() -> AsyncIterator[InMemoryLog]:
+    log = InMemoryLog(Settings(partitions=3))
+    yield log
+    await log.close()
+
+
+@pytest.fixture
+def projector(event_log: InMemoryLog) -> MemoryProjection:
+    return MemoryProjection(event_log)
+
+
+@pytest.fixture
+async def broker_log(settings: Settings) -> AsyncIterator[EventLog]:
+    async with EventLog(settings) as log:
+        yield log
+
+
+@pytest.fixture
+async def broker_projector(settings: Settings, db_path: Path) -> AsyncIterator[Projector]:
+    async with Projector(settings, db_path=db_path) as running:
+        yield running
+
+
+async def settle(log: StepLog, projector: MemoryProjection | Projector) -> ProjectionReader:
     await projector.wait_for(await log.flush())
     return projector.reader()
 
 
-async def test_events_carry_lineage_metadata_and_step(event_log: EventLog, projector: Projector) -> None:
+async def test_events_carry_lineage_metadata_and_step(
+    event_log: InMemoryLog, projector: MemoryProjection
+) -> None:
     capability = StepPersistence(log=event_log, agent_name='librarian', metadata={'team': 'docs'})
     agent = Agent(calls_then_answers('lookup'), capabilities=[capability])
 
@@ -77,7 +112,7 @@ async def test_events_carry_lineage_metadata_and_step(event_log: EventLog, proje
 
 
 async def test_without_agent_name_the_context_run_id_is_used(
-    event_log: EventLog, projector: Projector
+    event_log: InMemoryLog, projector: MemoryProjection
 ) -> None:
     agent = Agent(answers(), capabilities=[StepPersistence(log=event_log)])
     result = await agent.run('hi', conversation_id='conv-ctx')
@@ -86,7 +121,9 @@ async def test_without_agent_name_the_context_run_id_is_used(
     assert run.run_id == result.run_id
 
 
-async def test_concurrent_delegates_get_their_parent(event_log: EventLog, projector: Projector) -> None:
+async def test_concurrent_delegates_get_their_parent(
+    event_log: InMemoryLog, projector: MemoryProjection
+) -> None:
     delegate = Agent(answers('part'), capabilities=[StepPersistence(log=event_log, agent_name='worker')])
     orchestrator = Agent(
         calls_then_answers('fan_out'), capabilities=[StepPersistence(log=event_log, agent_name='boss')]
@@ -112,7 +149,9 @@ async def test_concurrent_delegates_get_their_parent(event_log: EventLog, projec
     assert (await reader.root_of(children[2].run_id)).run_id == boss.run_id  # type: ignore[union-attr]
 
 
-async def test_explicit_parent_overrides_inference(event_log: EventLog, projector: Projector) -> None:
+async def test_explicit_parent_overrides_inference(
+    event_log: InMemoryLog, projector: MemoryProjection
+) -> None:
     delegate = Agent(
         answers(),
         capabilities=[StepPersistence(log=event_log, run_id='remote-1', parent_run_id='elsewhere-9')],
@@ -131,7 +170,7 @@ async def test_explicit_parent_overrides_inference(event_log: EventLog, projecto
 
 
 async def test_runs_of_a_conversation_are_listed_in_start_order(
-    event_log: EventLog, projector: Projector
+    event_log: InMemoryLog, projector: MemoryProjection
 ) -> None:
     agent = Agent(answers(), capabilities=[StepPersistence(log=event_log, agent_name='chat')])
     ids = [f'chat-{(await agent.run(f"turn {i}", conversation_id="conv-order")).run_id}' for i in range(3)]
@@ -142,7 +181,7 @@ async def test_runs_of_a_conversation_are_listed_in_start_order(
 
 
 async def test_run_without_tools_is_saved_by_the_after_run_fallback(
-    event_log: EventLog, projector: Projector
+    event_log: InMemoryLog, projector: MemoryProjection
 ) -> None:
     agent = Agent(answers('plain'), capabilities=[StepPersistence(log=event_log, run_id='no-tools')])
     result = await agent.run('hello')
@@ -150,7 +189,9 @@ async def test_run_without_tools_is_saved_by_the_after_run_fallback(
     assert await continue_run(reader, run_id='no-tools') == result.all_messages()
 
 
-async def test_run_stream_is_saved_after_the_last_boundary(event_log: EventLog, projector: Projector) -> None:
+async def test_run_stream_is_saved_after_the_last_boundary(
+    event_log: InMemoryLog, projector: MemoryProjection
+) -> None:
     async def stream(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[str]:
         yield 'streamed '
         yield 'answer'
@@ -168,7 +209,9 @@ async def test_run_stream_is_saved_after_the_last_boundary(event_log: EventLog, 
     assert (await reader.get_run('st-1')).status == 'completed'  # type: ignore[union-attr]
 
 
-async def test_snapshot_folds_in_the_pending_tool_return(event_log: EventLog, projector: Projector) -> None:
+async def test_snapshot_folds_in_the_pending_tool_return(
+    event_log: InMemoryLog, projector: MemoryProjection
+) -> None:
     agent = Agent(
         calls_then_answers('work', calls=3), capabilities=[StepPersistence(log=event_log, run_id='fold')]
     )
@@ -202,7 +245,7 @@ class SnapshotListener(AbstractCapability[Any]):
             self.seen.append((event, list(ctx.messages)))
 
 
-async def test_snapshot_saved_capability_event(event_log: EventLog) -> None:
+async def test_snapshot_saved_capability_event(event_log: InMemoryLog) -> None:
     listener = SnapshotListener()
     agent = Agent(
         calls_then_answers('work'), capabilities=[StepPersistence(log=event_log, run_id='evt'), listener]
@@ -224,7 +267,7 @@ async def test_snapshot_saved_capability_event(event_log: EventLog) -> None:
 
 
 async def test_capture_frontier_saves_inputs_and_tool_call_frontiers(
-    event_log: EventLog, projector: Projector
+    event_log: InMemoryLog, projector: MemoryProjection
 ) -> None:
     agent = Agent(
         calls_then_answers('work'),
@@ -249,7 +292,9 @@ async def test_capture_frontier_saves_inputs_and_tool_call_frontiers(
     assert isinstance(frontier.messages[-1].parts[0], ToolCallPart)
 
 
-async def test_rewritten_history_reconstructs_exactly(event_log: EventLog, projector: Projector) -> None:
+async def test_rewritten_history_reconstructs_exactly(
+    event_log: InMemoryLog, projector: MemoryProjection
+) -> None:
     def keep_recent(messages: list[ModelMessage]) -> list[ModelMessage]:
         # A compaction-like processor: drops old turns and rewrites the first request.
         # Keeps the last call/return pair, so the history stays provider-valid.
@@ -278,7 +323,9 @@ async def test_rewritten_history_reconstructs_exactly(event_log: EventLog, proje
     assert any(b < a for a, b in itertools.pairwise(prefix_lens))
 
 
-async def test_failed_tool_leaves_an_interrupted_snapshot(event_log: EventLog, projector: Projector) -> None:
+async def test_failed_tool_leaves_an_interrupted_snapshot(
+    event_log: InMemoryLog, projector: MemoryProjection
+) -> None:
     def two_calls(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         if len(tool_returns(messages)) == 0 and len(messages) == 1:
             return ModelResponse(parts=[ToolCallPart('warm_up', {}, tool_call_id='w0')])
@@ -331,7 +378,7 @@ async def test_failed_tool_leaves_an_interrupted_snapshot(event_log: EventLog, p
     assert sorted(report.completed_tools) == ['fast', 'warm_up'] and report.failed_tools == ['explode']
 
 
-async def test_model_failure_is_recorded(event_log: EventLog, projector: Projector) -> None:
+async def test_model_failure_is_recorded(event_log: InMemoryLog, projector: MemoryProjection) -> None:
     def broken(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         raise ConnectionError('provider down')
 
@@ -345,7 +392,7 @@ async def test_model_failure_is_recorded(event_log: EventLog, projector: Project
         await continue_run(reader, run_id='model-down')
 
 
-async def test_retry_prompt_settles_its_call(event_log: EventLog, projector: Projector) -> None:
+async def test_retry_prompt_settles_its_call(event_log: InMemoryLog, projector: MemoryProjection) -> None:
     attempts: list[int] = []
     agent = Agent(calls_then_answers('flaky'), capabilities=[StepPersistence(log=event_log, run_id='retry')])
 
@@ -362,7 +409,9 @@ async def test_retry_prompt_settles_its_call(event_log: EventLog, projector: Pro
     assert is_provider_valid(result.all_messages())
 
 
-async def test_cancelled_run_leaves_a_usable_trail(event_log: EventLog, projector: Projector) -> None:
+async def test_cancelled_run_leaves_a_usable_trail(
+    event_log: InMemoryLog, projector: MemoryProjection
+) -> None:
     first_done, second_entered = asyncio.Event(), asyncio.Event()
     agent = Agent(
         calls_then_answers('slow', calls=2), capabilities=[StepPersistence(log=event_log, run_id='cx')]
@@ -391,7 +440,7 @@ async def test_cancelled_run_leaves_a_usable_trail(event_log: EventLog, projecto
 
 
 async def test_annotate_outside_a_persisted_tool_is_a_no_op(
-    event_log: EventLog, projector: Projector
+    event_log: InMemoryLog, projector: MemoryProjection
 ) -> None:
     agent = Agent(calls_then_answers('plain_tool'))  # no StepPersistence
 
@@ -411,7 +460,7 @@ async def test_annotate_outside_a_persisted_tool_is_a_no_op(
 
 
 async def test_annotate_in_an_unpersisted_agent_inside_a_persisted_tool_writes_nothing(
-    event_log: EventLog, projector: Projector, caplog: pytest.LogCaptureFixture
+    event_log: InMemoryLog, projector: MemoryProjection, caplog: pytest.LogCaptureFixture
 ) -> None:
     inner = Agent(calls_then_answers('charge'))  # no StepPersistence; its call ids repeat the outer's
 
@@ -440,8 +489,9 @@ async def test_annotate_in_an_unpersisted_agent_inside_a_persisted_tool_writes_n
 
 
 async def test_one_log_many_concurrent_runs_keep_per_run_order(
-    event_log: EventLog, projector: Projector
+    broker_log: EventLog, broker_projector: Projector
 ) -> None:
+    event_log, projector = broker_log, broker_projector
     agent = Agent(
         calls_then_answers('step', calls=3), capabilities=[StepPersistence(log=event_log, agent_name='c')]
     )
@@ -462,7 +512,8 @@ async def test_one_log_many_concurrent_runs_keep_per_run_order(
         assert snapshot is not None and len(tool_returns(snapshot.messages)) == 3
 
 
-async def test_from_spec_uses_a_shared_log(settings: Settings, projector: Projector) -> None:
+async def test_from_spec_uses_a_shared_log(settings: Settings, broker_projector: Projector) -> None:
+    projector = broker_projector
     spec = {
         'bootstrap_servers': settings.bootstrap_servers,
         'topic_prefix': settings.topic_prefix,
@@ -504,12 +555,12 @@ async def test_specs_for_different_principals_get_different_shared_logs(settings
         await EventLog.close_shared()
 
 
-def test_compaction_transcript_handle_is_the_run_id(event_log: EventLog) -> None:
+def test_compaction_transcript_handle_is_the_run_id(event_log: InMemoryLog) -> None:
     assert StepPersistence(log=event_log, run_id='handle-1').compaction_transcript_handle() == 'handle-1'
 
 
 async def test_snapshot_records_stay_flat_across_a_long_run(
-    event_log: EventLog, projector: Projector
+    event_log: InMemoryLog, projector: MemoryProjection
 ) -> None:
     agent = Agent(
         calls_then_answers('step', calls=200), capabilities=[StepPersistence(log=event_log, run_id='long')]

@@ -1,0 +1,46 @@
+"""The projector's rules without a broker: an `InMemoryLog`'s records applied to a `MemoryShard`.
+
+The fast tier's stand-in for `Projector` where a test is about what the capability writes: the
+same `Applier` stages the same bytes, at the offsets the in-memory log gave them, and a
+`ProjectionReader` reads the result. test_e2e.py and the property tests on the real broker prove
+that the pipeline between them (produce, fetch, commit) changes nothing.
+"""
+
+from __future__ import annotations
+
+from stepstream.producer import InMemoryLog
+from stepstream.projector import ProjectionReader
+from stepstream.projector._apply import EFFECTS, EVENTS, Applier, DeadLetter, SourceRecord
+from stepstream.projector._shard import MemoryShard
+from stepstream.topics import Position
+
+
+class MemoryProjection:
+    """`wait_for` applies what `log` stored since the last call; `reader()` reads the projection."""
+
+    def __init__(self, log: InMemoryLog) -> None:
+        settings = log.settings
+        self.log = log
+        self.shard = MemoryShard()
+        self.applier = Applier(
+            (settings.step_events_topic, settings.tool_effects_topic), partitions=settings.partitions
+        )
+        self._topics = {settings.step_events_topic: EVENTS, settings.tool_effects_topic: EFFECTS}
+        self._applied = 0
+        self.dead: list[DeadLetter] = []
+        """Every record the rules dead-lettered, in order."""
+        self.duplicates_ignored = 0
+
+    async def wait_for(self, position: Position | None = None) -> None:
+        """Apply every record stored so far, as one batch (a flush's `position` is within them)."""
+        new = self.log.records[self._applied :]
+        self._applied += len(new)
+        sources = [SourceRecord(self._topics[r.topic], r.partition, r.offset, r.key, r.value) for r in new]
+        txn, outcome = self.applier.stage(self.shard, sources)
+        txn.commit()
+        self.dead += outcome.dead
+        self.duplicates_ignored += outcome.duplicates
+
+    def reader(self) -> ProjectionReader:
+        """A reader of the projection as it stands."""
+        return ProjectionReader(self.shard)
