@@ -27,25 +27,21 @@ key), each run's records kept in batch order, and each run is applied in one go:
 checks are done once, its keys are built once, its state is loaded once and staged once. Runs
 share no keys, so applying them one after another gives what applying the batch in its order
 gives, and the dead letters are still reported in batch order. Each record is decoded once, into
-plain values (`read_plain`), parked ones included; the record types are built only for what that
+plain values (`stepstream.schemas._plain.read_plain`), parked ones included; the record types are built only for what that
 reader leaves to `stepstream.schemas.decode` (another schema version, anything malformed), so
 every reason and message for a record that does not decode comes from `decode` itself.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from decimal import Context, Decimal, InvalidOperation
 from operator import itemgetter
 from types import SimpleNamespace
 from typing import Any
-
-from fastavro import parse_schema, schemaless_reader
 
 from stepstream.errors import SchemaError
 from stepstream.ids import MAX_ID_BYTES, OTHER_ID_FIELDS, check_record_ids, is_plain_id, is_run_id
@@ -67,24 +63,17 @@ from stepstream.projector._keys import (
 )
 from stepstream.projector._shard import Transaction, Transactional
 from stepstream.projector._state import EffectState, RunState, SnapshotEntry, ranges_add, ranges_hold
-from stepstream.schemas import (
-    EVENT_KINDS,
-    MAGIC,
-    MAX_NOTE_CHARS,
-    RESOLUTIONS,
-    STEP_EVENT_SCHEMA,
-    TOOL_EFFECT_SCHEMA,
-    TOOL_EFFECT_STATUSES,
-    LogRecord,
-    SchemaVersion,
-    StepEvent,
-    decode,
+from stepstream.schemas import EVENT_KINDS, MAX_NOTE_CHARS, RESOLUTIONS, TOOL_EFFECT_STATUSES
+from stepstream.schemas._plain import (
+    RECORD_TYPES,
+    STEP_EVENTS,
+    TOOL_EFFECTS,
+    Fields,
+    read_record,
 )
-from stepstream.timestamps import micros
 from stepstream.topics import murmur2_partition
 
-EVENTS, EFFECTS = 0, 1
-"""Topic indexes: step events, tool effects."""
+EVENTS, EFFECTS = STEP_EVENTS, TOOL_EFFECTS
 
 MAX_SEQ_JUMP = 1_000_000
 """How far above the highest seq accepted in its topic a run's next record may be."""
@@ -139,82 +128,6 @@ _RESOLUTION_FIELDS = ('resolution', 'resolved_by', 'note')
 
 
 # -- reading records into plain values ---------------------------------------------------------
-
-Fields = dict[str, Any]
-"""A log record's fields as plain values: what the Avro body holds, `timestamp` in micros."""
-
-_RECORD_TYPES = ('StepEvent', 'ToolEffectTransition')
-"""The record type of each topic index, as `wrong_topic` names it."""
-
-_MIN_TIMESTAMP = micros(datetime.min.replace(tzinfo=UTC))
-_MAX_TIMESTAMP = micros(datetime.max.replace(tzinfo=UTC))
-"""The timestamps `decode` can turn into a `datetime`; it calls a record outside them corrupt."""
-
-
-def _without_timestamp_type(node: Any) -> Any:
-    if isinstance(node, list):
-        return [_without_timestamp_type(item) for item in node]
-    if not isinstance(node, dict):
-        return node
-    if node.get('logicalType') not in (None, 'timestamp-micros'):
-        raise ValueError(f'the plain reader knows no logical type {node["logicalType"]!r}')
-    return {k: _without_timestamp_type(v) for k, v in node.items() if k != 'logicalType'}
-
-
-def _plain_schema(version: SchemaVersion) -> Any:
-    """The version's writer schema with `timestamp-micros` read as the long it is on the wire."""
-    return parse_schema(_without_timestamp_type(json.loads(version.path.read_text())), named_schemas={})
-
-
-_PLAIN_READERS = {
-    MAGIC + STEP_EVENT_SCHEMA.fingerprint: (EVENTS, _plain_schema(STEP_EVENT_SCHEMA)),
-    MAGIC + TOOL_EFFECT_SCHEMA.fingerprint: (EFFECTS, _plain_schema(TOOL_EFFECT_SCHEMA)),
-}
-"""Single-object header -> (topic index, plain schema), for the current schema versions."""
-_HEADER = len(MAGIC) + len(STEP_EVENT_SCHEMA.fingerprint)
-
-
-def read_plain(value: bytes) -> tuple[int, Fields] | None:
-    """The topic index and plain fields of a current-version record; None for anything else.
-
-    It accepts exactly what `decode` accepts of the current versions (the same bodies, and the
-    timestamps a `datetime` can hold), without building the record types and the timestamp's
-    `datetime`. None leaves the record to `decode`: an older version, or one it refuses.
-    """
-    reader = _PLAIN_READERS.get(value[:_HEADER])
-    if reader is None:
-        return None
-    topic, schema = reader
-    try:
-        fields = schemaless_reader(io.BytesIO(value[_HEADER:]), schema, None)
-    except Exception:  # fastavro raises several types for garbled bodies; `decode` names it
-        return None
-    if type(fields) is not dict or not _MIN_TIMESTAMP <= fields['timestamp'] <= _MAX_TIMESTAMP:
-        return None
-    return topic, fields
-
-
-def plain_fields(record: LogRecord) -> tuple[int, Fields]:
-    """A decoded record as `read_plain` gives it: its topic index and its plain fields."""
-    fields = {name: getattr(record, name) for name in record.__slots__}
-    fields['timestamp'] = micros(record.timestamp)
-    if not isinstance(record, StepEvent):
-        return EFFECTS, fields
-    if record.snapshot is not None:
-        fields['snapshot'] = {name: getattr(record.snapshot, name) for name in record.snapshot.__slots__}
-    if record.usage is not None:
-        fields['usage'] = {name: getattr(record.usage, name) for name in record.usage.__slots__}
-    return EVENTS, fields
-
-
-def read_record(value: bytes) -> tuple[int, Fields]:
-    """A record's topic index and plain fields, whatever its version; `SchemaError` if it is not one.
-
-    The one place the apply path reads bytes: the current versions by `read_plain`, anything else
-    (older versions, and every record `decode` refuses, with its reason) by `decode`.
-    """
-    read = read_plain(value)
-    return read if read is not None else plain_fields(decode(value))
 
 
 _ENVELOPE_IDS = ('writer_id', 'conversation_id', 'agent_name', 'parent_run_id')
@@ -494,9 +407,7 @@ class Applier:
         except SchemaError as exc:
             raise Rejected(exc.reason, str(exc)) from None
         if topic != source.topic:
-            raise Rejected(
-                'wrong_topic', f'a {_RECORD_TYPES[topic]} on the {self.topics[source.topic]} topic'
-            )
+            raise Rejected('wrong_topic', f'a {RECORD_TYPES[topic]} on the {self.topics[source.topic]} topic')
         run_id = record['run_id']
         if not (keys.valid and run_id == keys.run_id and _ids_plainly_valid(record, keys)):
             try:

@@ -44,8 +44,6 @@ from stepstream.projector._apply import (
     TIMED_KINDS,
     Applier,
     SourceRecord,
-    plain_fields,
-    read_plain,
 )
 from stepstream.projector._keys import KEYSPACES, RUN, Keyspace
 from stepstream.projector._shard import MemoryShard, Shard
@@ -60,6 +58,7 @@ from stepstream.schemas import (
     decode,
     encode,
 )
+from stepstream.schemas._plain import plain_fields, read_plain
 from stepstream.timestamps import micros
 from stepstream.topics import murmur2_partition
 
