@@ -27,9 +27,10 @@ key), each run's records kept in batch order, and each run is applied in one go:
 checks are done once, its keys are built once, its state is loaded once and staged once. Runs
 share no keys, so applying them one after another gives what applying the batch in its order
 gives, and the dead letters are still reported in batch order. Each record is decoded once, into
-plain values (`stepstream.schemas._plain.read_plain`), parked ones included; the record types are built only for what that
-reader leaves to `stepstream.schemas.decode` (another schema version, anything malformed), so
-every reason and message for a record that does not decode comes from `decode` itself.
+plain values (`read_plain`, in `schemas/_plain.py`), parked ones included; the record types are
+built only for what that reader leaves to `stepstream.schemas.decode` (another schema version,
+anything malformed), so every reason and message for a record that does not decode comes from
+`decode` itself.
 """
 
 from __future__ import annotations
