@@ -354,6 +354,7 @@ class KeyRing:
         from aiokafka.structs import TopicPartition
 
         from stepstream.kafka_client import client_options
+        from stepstream.topics import partition_counts
 
         topic = key_topic(self.settings)
         await ensure_key_topic(self.settings)
@@ -366,8 +367,10 @@ class KeyRing:
         )
         await asyncio.wait_for(consumer.start(), self.settings.ack_timeout_s)
         try:
-            await consumer.topics()  # fetches the cluster's metadata
-            partitions = consumer.partitions_for_topic(topic) or set()
+            counts = await partition_counts(self.settings, [topic])
+            if not counts.get(topic):
+                raise StepStreamError(f'the key topic {topic} has no partitions this client can see')
+            partitions = range(counts[topic])
             assigned = [TopicPartition(topic, p) for p in sorted(partitions)]
             consumer.assign(assigned)
             await consumer.seek_to_beginning(*assigned)
@@ -384,6 +387,7 @@ async def ensure_key_topic(settings: Settings) -> None:
     from aiokafka.errors import TopicAlreadyExistsError
 
     from stepstream.kafka_client import client_options
+    from stepstream.topics import _topic_errors
 
     topic = key_topic(settings)
     admin = AIOKafkaAdminClient(
@@ -400,9 +404,12 @@ async def ensure_key_topic(settings: Settings) -> None:
             topic_configs=dict(KEY_TOPIC_CONFIGS),
         )
         try:
-            await admin.create_topics([new])
+            response = await admin.create_topics([new])
         except TopicAlreadyExistsError:
             return
+        for name, code, message in _topic_errors(response):
+            if code not in (0, 36):  # 36: another process made it first
+                raise StepStreamError(f'could not create the key topic {name}: error {code} {message or ""}')
         for _ in range(max(1, int(settings.ack_timeout_s / 0.05))):
             if topic in set(await admin.list_topics()):
                 break

@@ -16,19 +16,19 @@ from pathlib import Path
 import obstore
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import TopicPartition
 from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessagesTypeAdapter
 from test_partitioned import until
 
 from stepstream import Settings
-from stepstream.erasure import ContentErased, KeyRing, key_topic, new_kek
+from stepstream.erasure import KEY_TOPIC_CONFIGS, ContentErased, KeyRing, key_topic, new_kek
 from stepstream.forget import forget_conversation
 from stepstream.media import S3MediaStore
 from stepstream.producer import EventLog, StepPersistence
 from stepstream.projector import Checkpoints, ProjectionReader, Projector, continue_run, rebuild
+from stepstream.topics import partition_counts
 
 from agents import calls_then_answers
 from brokers import BROKER, kafka_only, tansu_only
@@ -54,8 +54,8 @@ async def raw_values(settings: Settings, *topics: str) -> list[bytes]:
     )
     await consumer.start()
     try:
-        await consumer.topics()
-        parts = [TopicPartition(t, p) for t in topics for p in consumer.partitions_for_topic(t) or ()]
+        counts = await partition_counts(settings, list(topics))
+        parts = [TopicPartition(t, p) for t in topics for p in range(counts[t])]
         consumer.assign(parts)
         ends = await consumer.end_offsets(parts)
         values: list[bytes] = []
@@ -242,18 +242,17 @@ async def test_tansu_keeps_a_destroyed_key_record(settings: Settings) -> None:
 @kafka_only('never compacts a topic')
 async def test_kafka_compaction_removes_a_destroyed_key_record(settings: Settings) -> None:
     settings = sealed_settings(settings)
-    await produce_and_destroy_a_key(settings)
-    admin_topic = key_topic(settings)
-    # The active segment is never cleaned: roll segments every second here (10 minutes by default),
-    # and append a record now and then so that the tombstone leaves the active segment.
+    # The active segment is never cleaned: the topic rolls segments every second here (10 minutes
+    # by default), and a record now and then makes the tombstone leave the active segment.
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
     await admin.start()
     try:
-        await admin.alter_configs(
-            [ConfigResource(ConfigResourceType.TOPIC, admin_topic, {'segment.ms': '1000'})]
-        )
+        configs = {**KEY_TOPIC_CONFIGS, 'segment.ms': '1000'}
+        await admin.create_topics([NewTopic(key_topic(settings), 1, 1, topic_configs=configs)])
     finally:
         await admin.close()
+    await produce_and_destroy_a_key(settings)
+    admin_topic = key_topic(settings)
     producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers, acks='all')
     await producer.start()
     try:
