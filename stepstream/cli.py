@@ -561,6 +561,8 @@ async def _export(args: argparse.Namespace, settings: Settings) -> int:
             f'replayed (a gap in the log): {", ".join(report.unreadable_histories[:10])}',
             file=sys.stderr,
         )
+    if report.erased_histories:
+        print(f'{len(report.erased_histories)} run(s) have no messages rows: their content was erased')
     return EXIT_OK
 
 

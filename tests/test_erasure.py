@@ -10,16 +10,21 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
+import os
+import re
 import uuid
 from pathlib import Path
 
+import httpx
 import obstore
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import TopicPartition
-from pydantic_ai import Agent
+from pydantic_ai import Agent, BinaryContent
 from pydantic_ai.messages import ModelMessagesTypeAdapter
+from test_cli import cli
 from test_partitioned import until
 
 from stepstream import Settings
@@ -27,7 +32,15 @@ from stepstream.erasure import KEY_TOPIC_CONFIGS, ContentErased, KeyRing, key_to
 from stepstream.forget import forget_conversation
 from stepstream.media import S3MediaStore
 from stepstream.producer import EventLog, StepPersistence
-from stepstream.projector import Checkpoints, ProjectionReader, Projector, continue_run, rebuild
+from stepstream.projector import (
+    Checkpoints,
+    ProjectionReader,
+    Projector,
+    continue_run,
+    export_parquet,
+    rebuild,
+)
+from stepstream.serve import app_for, running
 from stepstream.topics import partition_counts
 
 from agents import calls_then_answers
@@ -266,3 +279,56 @@ async def test_kafka_compaction_removes_a_destroyed_key_record(settings: Setting
     finally:
         await producer.stop()
     assert BROKER == 'kafka'
+
+
+async def test_the_cli_the_service_and_the_export_show_erased_content_as_erased(
+    settings: Settings, tmp_path: Path
+) -> None:
+    settings = sealed_settings(settings)
+    store = S3MediaStore.from_settings(settings)  # the store the CLI and the service use
+    secret = f'SECRET-{uuid.uuid4().hex}'
+    output = f'{secret} ' + 'x-ray finding\n' * 1000
+    db_path = tmp_path / 'projection'
+    async with (
+        EventLog(settings) as log,
+        Projector(settings, db_path=db_path, media_store=store) as projector,
+    ):
+        agent = secret_agent(log, store, output)
+        await agent.run('first', conversation_id='conv-cli')
+        image = secret.encode() + os.urandom(20_000)
+        prompt = ['second', BinaryContent(image, media_type='image/png')]
+        await agent.run(prompt, conversation_id='conv-other')
+        await projector.wait_for(await log.flush())
+        reader = projector.reader()
+        (erased,) = await reader.list_runs(conversation_id='conv-cli')
+        (kept,) = await reader.list_runs(conversation_id='conv-other')
+
+        code, out, err = await cli(settings, db_path, 'forget', '--conversation', 'conv-cli', '--json')
+        assert code == 0, err
+        report = json.loads(out)
+        assert len(report['keys_destroyed']) == 1 and len(report['media_deleted']) == 1
+        assert report['runs'] == [erased.run_id]
+        code, out, err = await cli(settings, db_path, 'snapshot', erased.run_id)
+        assert code == 0 and 'content erased' in out and secret not in out, err
+        code, out, err = await cli(settings, db_path, 'events', erased.run_id)
+        assert code == 0 and 'lookup' in out and 'tool_call_completed' in out, err  # the trail stays
+        code, out, err = await cli(settings, db_path, 'snapshot', kept.run_id)
+        assert code == 0 and secret in out, err
+
+        async with (
+            running(app_for(settings, reader=reader, media_store=store), port=0) as server,
+            httpx.AsyncClient(base_url=server.url) as client,
+        ):
+            latest = (await client.get(f'/api/runs/{erased.run_id}/snapshots/latest')).json()
+            assert latest['erased'] is True and latest['messages'] == []
+            page = await client.get(f'/runs/{erased.run_id}')
+            assert page.status_code == 200 and 'content erased' in page.text and secret not in page.text
+            other = json.dumps((await client.get(f'/api/runs/{kept.run_id}/snapshots/latest')).json())
+            assert secret in other  # offloaded text comes back inline, opened with its key
+            (link,) = set(re.findall(r'/api/media/[0-9a-f]{64}\?media_type=[^"]+', other))
+            media = await client.get(link)
+            assert media.status_code == 200 and media.content == image  # a binary is linked, opened
+
+        exported = await export_parquet(reader, str(tmp_path / 'export'), settings)
+        assert exported.erased_histories == [erased.run_id]
+        assert exported.rows['messages'] > 0 and exported.rows['runs'] == 2
