@@ -609,6 +609,11 @@ async def _topics(args: argparse.Namespace, settings: Settings) -> int:
         f'{settings.step_events_topic}, {settings.tool_effects_topic}, {settings.dlq_topic}: '
         f'{layout.partitions} partitions each'
     )
+    if settings.erasure_key is not None:  # erasure on: the compacted key topic too (decision 0033)
+        from stepstream.erasure import ensure_key_topic, key_topic
+
+        await ensure_key_topic(settings)
+        print(f'{key_topic(settings)}: compacted, the conversation keys')
     return EXIT_OK
 
 

@@ -115,6 +115,11 @@ class ConversationKey:
     key_id: str
     """32 hex digits, random: unique without coordination."""
     material: bytes = field(repr=False)
+    _cipher: Any = field(init=False, repr=False, compare=False)
+    """The AES-GCM of `material`, made once: it lives and goes with the key."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, '_cipher', _aesgcm(self.material))
 
     @classmethod
     def new(cls, conversation_id: str) -> ConversationKey:
@@ -165,8 +170,9 @@ class ConversationKey:
     def seal_text(self, text: str, *context: str) -> str:
         """`text` sealed as a JSON list a reader recognises (`is_sealed_text`); `context` binds it."""
         nonce = os.urandom(NONCE_BYTES)
-        body = nonce + _aesgcm(self.material).encrypt(nonce, text.encode(), self._aad(context))
-        return json.dumps([SEALED_TEXT_MARK, self.key_id, base64.b64encode(body).decode()])
+        body = nonce + self._cipher.encrypt(nonce, text.encode(), self._aad(context))
+        # A JSON list; neither the hex key id nor base64 needs escaping.
+        return f'["{SEALED_TEXT_MARK}","{self.key_id}","{base64.b64encode(body).decode()}"]'
 
     def open_text(self, sealed: str, *context: str) -> str:
         """The plaintext of `seal_text(text, *context)`; `ErasureError` if it was not sealed so."""
@@ -177,9 +183,7 @@ class ConversationKey:
             raise ErasureError(f'sealed with key {key_id}, not {self.key_id}')
         try:
             return str(
-                _aesgcm(self.material)
-                .decrypt(body[:NONCE_BYTES], body[NONCE_BYTES:], self._aad(context))
-                .decode()
+                self._cipher.decrypt(body[:NONCE_BYTES], body[NONCE_BYTES:], self._aad(context)).decode()
             )
         except InvalidTag:
             raise ErasureError('sealed content does not open with its key: it was altered or moved') from None
@@ -187,7 +191,7 @@ class ConversationKey:
     def seal_bytes(self, data: bytes) -> bytes:
         """A media payload sealed for this conversation (a fresh nonce: equal payloads differ)."""
         nonce = os.urandom(NONCE_BYTES)
-        ciphertext = _aesgcm(self.material).encrypt(nonce, data, self._aad(()))
+        ciphertext = self._cipher.encrypt(nonce, data, self._aad(()))
         return SEALED_MEDIA_MAGIC + bytes.fromhex(self.key_id) + nonce + ciphertext
 
     def open_bytes(self, sealed: bytes) -> bytes:
@@ -200,7 +204,7 @@ class ConversationKey:
         start = len(SEALED_MEDIA_MAGIC) + 16
         try:
             return bytes(
-                _aesgcm(self.material).decrypt(
+                self._cipher.decrypt(
                     sealed[start : start + NONCE_BYTES], sealed[start + NONCE_BYTES :], self._aad(())
                 )
             )
