@@ -241,7 +241,7 @@ class EventLog:
             raise await connection_error(self.settings, 'did not accept a producer connection', exc) from exc
         try:
             await self._check_media_store()
-            if self.sealer is not None:
+            if self.sealer is not None and self.create_topics:
                 await ensure_key_topic(self.settings)
         except BaseException:
             await producer.stop()

@@ -412,6 +412,11 @@ async def ensure_key_topic(settings: Settings) -> None:
         except TopicAlreadyExistsError:
             return
         for name, code, message in _topic_errors(response):
+            if code in (29, 31):  # TOPIC_/CLUSTER_AUTHORIZATION_FAILED
+                raise StepStreamError(
+                    f'the key topic {name} is missing and this principal may not create it: run '
+                    '`stepstream topics ensure` with STEPSTREAM_ERASURE_KEY set, as an admin principal'
+                )
             if code not in (0, 36):  # 36: another process made it first
                 raise StepStreamError(f'could not create the key topic {name}: error {code} {message or ""}')
         for _ in range(max(1, int(settings.ack_timeout_s / 0.05))):

@@ -332,3 +332,30 @@ async def test_the_cli_the_service_and_the_export_show_erased_content_as_erased(
         exported = await export_parquet(reader, str(tmp_path / 'export'), settings)
         assert exported.erased_histories == [erased.run_id]
         assert exported.rows['messages'] > 0 and exported.rows['runs'] == 2
+
+
+async def test_two_writers_of_one_conversation_use_their_own_keys_and_forget_destroys_both(
+    settings: Settings, tmp_path: Path
+) -> None:
+    settings = sealed_settings(settings)
+    store, prefix = store_for(settings)
+    output = 'lab result\n' * 1000
+    async with (
+        EventLog(settings) as first,
+        EventLog(settings) as second,  # another process, as far as keys go: its own sealer
+        Projector(settings, db_path=tmp_path / 'p', media_store=store) as projector,
+    ):
+        await asyncio.gather(
+            secret_agent(first, store, output).run('a', conversation_id='conv-two'),
+            secret_agent(second, store, output).run('b', conversation_id='conv-two'),
+        )
+        await projector.wait_for(await first.flush())
+        await projector.wait_for(await second.flush())
+        reader = projector.reader()
+        runs = await reader.list_runs(conversation_id='conv-two')
+        assert len(runs) == 2
+        report = await forget_conversation(settings, 'conv-two', reader=reader, media_store=store)
+        assert len(report.keys_destroyed) == 2 and len(report.media_deleted) == 2
+        assert object_keys(store, prefix) == set()
+        for run in runs:
+            await assert_erased(reader, run.run_id)
