@@ -805,6 +805,11 @@ async def _forget(args: argparse.Namespace, settings: Settings) -> int:
         report = await forget_conversation(
             settings, args.conversation, reader=reader, media_store=S3MediaStore.from_settings(settings)
         )
+    if not report.keys_destroyed and not report.runs:
+        raise NotFound(
+            f'conversation {args.conversation!r} has no key on {settings.topic_prefix}.conversation-keys '
+            f'and no run in the projection at {settings.db_path}: nothing to forget'
+        )
     if args.json:
         print(to_json(report))
     else:

@@ -308,6 +308,8 @@ async def test_the_cli_the_service_and_the_export_show_erased_content_as_erased(
         report = json.loads(out)
         assert len(report['keys_destroyed']) == 1 and len(report['media_deleted']) == 1
         assert report['runs'] == [erased.run_id]
+        code, out, err = await cli(settings, db_path, 'forget', '--conversation', 'conv-unknown')
+        assert code == 1 and 'nothing to forget' in err, err
         code, out, err = await cli(settings, db_path, 'snapshot', erased.run_id)
         assert code == 0 and 'content erased' in out and secret not in out, err
         code, out, err = await cli(settings, db_path, 'events', erased.run_id)
