@@ -295,6 +295,10 @@ class KeyRing:
         self.erased: set[str] = set()
         """Key ids this ring saw tombstoned (compaction later drops tombstones too)."""
         self.unreadable: dict[str, str] = {}
+        self.missed: set[str] = set()
+        """Key ids asked for and never seen, neither as a key nor as a tombstone: erased and then
+        compacted away (Kafka), or past an end offset the broker under-reported (Tansu after a
+        restart), which `refresh(thorough=True)` reads past."""
         """Key ids whose record this ring could not open, with why (another KEK, a malformed record)."""
         self._consumer: AIOKafkaConsumer | None = None
         self._lock = asyncio.Lock()
@@ -313,19 +317,31 @@ class KeyRing:
         self._keys.clear()
 
     def get(self, key_id: str) -> ConversationKey | None:
-        """The key with `key_id`, or None when it was erased or is unknown."""
-        return self._keys.get(key_id)
+        """The key with `key_id`, or None when it was erased or is unknown (noted in `missed`)."""
+        key = self._keys.get(key_id)
+        if key is None and key_id not in self.erased:
+            self.missed.add(key_id)
+        return key
 
     def of_conversation(self, conversation_id: str) -> list[ConversationKey]:
         """Every live key of `conversation_id`."""
         return [k for k in self._keys.values() if k.conversation_id == conversation_id]
 
-    async def refresh(self) -> None:
-        """Read the key topic up to its current end (the first call reads it from the start)."""
+    async def refresh(self, *, thorough: bool = False) -> None:
+        """Read the key topic up to its current end (the first call reads it from the start).
+
+        `thorough` also fetches until the fetch responses' high watermark is reached, for a broker
+        whose ListOffsets may answer short (Tansu after a restart): one fetch wait more.
+        """
         async with self._lock:
             consumer = self._consumer or await self._start()
             partitions = list(consumer.assignment())
             ends = await consumer.end_offsets(partitions)
+            if thorough:
+                for records in (await consumer.getmany(timeout_ms=200)).values():
+                    for record in records:
+                        self._apply(record.key, record.value)
+                ends = {tp: max(end, consumer.highwater(tp) or 0) for tp, end in ends.items()}
             loop = asyncio.get_running_loop()
             deadline = loop.time() + self.settings.ack_timeout_s
             while [tp for tp in partitions if await consumer.position(tp) < ends[tp]]:

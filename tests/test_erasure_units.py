@@ -151,3 +151,12 @@ async def test_sealed_media_is_opaque_unshared_and_gone_with_its_key(tmp_path: P
     assert await restore_media(lean_two, store) == messages
     with pytest.raises(ValueError, match='sealed payloads only'):
         await store.put(payload.encode())
+
+
+def test_a_key_never_seen_is_noted_so_that_a_reader_looks_again() -> None:
+    keys = ring(new_kek())
+    key = ConversationKey.new('conv-1')
+    assert keys.get(key.key_id) is None and keys.missed == {key.key_id}
+    keys.missed.clear()
+    keys._apply(key.record_key(), None)  # a tombstone seen: erased, nothing to look for
+    assert keys.get(key.key_id) is None and not keys.missed
