@@ -7,6 +7,7 @@ import hashlib
 from pathlib import Path
 
 import pytest
+from pydantic_ai import RunContext
 from pydantic_ai.messages import (
     ModelMessagesTypeAdapter,
     ModelRequest,
@@ -14,6 +15,8 @@ from pydantic_ai.messages import (
     TextPart,
     UserPromptPart,
 )
+from pydantic_ai.models.test import TestModel
+from pydantic_ai.usage import RunUsage
 
 from stepstream import Settings
 from stepstream.erasure import (
@@ -27,8 +30,11 @@ from stepstream.erasure import (
     parse_kek,
     sealed_media_key_id,
 )
+from stepstream.errors import StepStreamError
 from stepstream.media import DiskMediaStore, externalize_media, restore_media
 from stepstream.media._sealed import SealedMediaStore
+from stepstream.producer import StepPersistence
+from stepstream.producer._memory import InMemoryLog
 from stepstream.producer._sealing import Sealer
 from stepstream.producer._snapshots import SnapshotWriter
 from stepstream.settings import SECRET_FIELDS
@@ -160,3 +166,17 @@ def test_a_key_never_seen_is_noted_so_that_a_reader_looks_again() -> None:
     keys.missed.clear()
     keys._apply(key.record_key(), None)  # a tombstone seen: erased, nothing to look for
     assert keys.get(key.key_id) is None and not keys.missed
+
+
+async def test_erasure_under_a_durable_engine_is_refused_at_the_start_of_the_run(tmp_path: Path) -> None:
+    class InWorkflow(RunContext[None]):
+        @property
+        def in_durable_context(self) -> bool:
+            return True
+
+    log = InMemoryLog()
+    log.sealer = Sealer(new_kek(), lambda k, v: _noop())  # type: ignore[attr-defined]
+    persistence = StepPersistence(log=log, agent_name='a', media_store=DiskMediaStore(tmp_path))
+    ctx = InWorkflow(deps=None, model=TestModel(), usage=RunUsage(), run_id='run-1')
+    with pytest.raises(StepStreamError, match='not supported under a durable-execution engine'):
+        await persistence.for_run(ctx)
