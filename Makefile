@@ -12,7 +12,7 @@ $(BIN)/python:
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 $(STAMP): $(BIN)/python pyproject.toml requirements.lock
-	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[embedded,serve,export,registry,dev]'
+	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[embedded,serve,export,registry,erasure,dev]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -78,7 +78,7 @@ bench: $(STAMP)
 
 # Re-resolve the pins after changing dependencies in pyproject.toml.
 lock: $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[embedded,serve,export,registry,dev]'
+	$(BIN)/python -m pip install --quiet -e '.[embedded,serve,export,registry,erasure,dev]'
 	$(BIN)/python -m pip freeze --exclude-editable | grep -v '^-e ' > requirements.lock
 
 clean:

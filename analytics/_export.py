@@ -76,6 +76,8 @@ class ExportReport:
     rows: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TABLES, 0))
     unreadable_histories: list[str] = field(default_factory=list)
     """Runs whose snapshots cannot be reconstructed (a gap in the log): no `messages` rows for them."""
+    erased_histories: list[str] = field(default_factory=list)
+    """Runs whose content was erased (`stepstream forget`): no `messages` rows, every other row stays."""
     export_seq: int = 0
     """0 for a full export; one more than the mark's for an export `since` one."""
 
@@ -475,7 +477,9 @@ async def export_parquet(
             except StepStreamError:
                 report.unreadable_histories.append(run.run_id)
                 snap = None
-            if snap is not None:
+            if snap is not None and snap.erased:
+                report.erased_histories.append(run.run_id)
+            elif snap is not None:
                 rows['messages'] += _message_rows(run, snap.messages, snap.snapshot_seq, snap.state)
         done += len(page)
         if progress is not None:

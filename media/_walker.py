@@ -76,6 +76,8 @@ async def externalize_media(
     messages: Sequence[ModelMessage],
     store: MediaStore,
     threshold_bytes: int = DEFAULT_THRESHOLD_BYTES,
+    *,
+    seal: Callable[[bytes], bytes] | None = None,
 ) -> list[ModelMessage]:
     """Copies of `messages` whose payloads of `threshold_bytes` or more are references into `store`.
 
@@ -89,7 +91,8 @@ async def externalize_media(
     an unreachable store) and nothing is returned.
 
     The input is not modified. A message, part or sequence with nothing to change is returned as
-    the same object: a walk visits every value but copies only what changes.
+    the same object: a walk visits every value but copies only what changes. `seal` (erasure on,
+    decision 0033) turns each payload into the bytes stored and addressed in its place.
 
     ```python
     lean = await externalize_media(messages, store)
@@ -100,7 +103,7 @@ async def externalize_media(
     """
     if isinstance(threshold_bytes, bool) or not isinstance(threshold_bytes, int) or threshold_bytes <= 0:
         raise ValueError(f'threshold_bytes must be a positive int, got {threshold_bytes!r}')
-    externalizer = _Externalizer(threshold_bytes)
+    externalizer = _Externalizer(threshold_bytes, seal)
     lean = await asyncio.to_thread(externalizer.messages, messages)
     if externalizer.uploads:
 
@@ -179,14 +182,27 @@ async def link_media(
 class _Externalizer:
     """Walks values bottom-up; returns each lean value with the size of its JSON (an estimate)."""
 
-    def __init__(self, threshold_bytes: int) -> None:
+    def __init__(self, threshold_bytes: int, seal: Callable[[bytes], bytes] | None = None) -> None:
         self.threshold = threshold_bytes
         self.uploads: dict[_Key, bytes] = {}
+        self.seal = seal
+        self._sealed: dict[bytes, bytes] = {}
+        """Payload -> its sealed bytes: a payload repeated in one walk is stored once."""
+
+    def _stored(self, data: bytes) -> bytes:
+        """The bytes stored for `data`: itself, or sealed once per walk."""
+        if self.seal is None:
+            return data
+        sealed = self._sealed.get(data)
+        if sealed is None:
+            sealed = self._sealed[data] = self.seal(data)
+        return sealed
 
     def messages(self, messages: Sequence[ModelMessage]) -> list[ModelMessage]:
         return [self.value(m, free_form=False)[0] for m in messages]
 
     def _reference(self, data: bytes, media_type: str) -> str:
+        data = self._stored(data)
         uri = media_uri_for(data)
         self.uploads.setdefault((uri, media_type), data)
         return REFERENCE_PREFIX + uri
@@ -261,6 +277,7 @@ class _Externalizer:
         data = json.dumps(lean, ensure_ascii=False, separators=(',', ':')).encode('utf-8', _UTF8_ERRORS)
         if len(data) < self.threshold:
             return lean, len(data)
+        data = self._stored(data)
         uri = media_uri_for(data)
         self.uploads.setdefault((uri, JSON_MEDIA_TYPE), data)
         return REFERENCE_PREFIX + JSON_REFERENCE + uri, 90

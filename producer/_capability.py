@@ -26,7 +26,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from opentelemetry import trace
 from pydantic_ai import CallToolsNode, CapabilityEvent, ModelRequestNode
@@ -44,6 +44,7 @@ from pydantic_ai.models import ModelRequestContext
 from pydantic_ai.run import AgentRunResult
 from pydantic_ai.tools import AgentDepsT, RunContext, ToolDefinition
 
+from stepstream.errors import StepStreamError
 from stepstream.ids import check_run_id, to_run_id
 from stepstream.media import MediaStore, S3MediaStore, externalize_media
 from stepstream.producer._engines import (
@@ -67,6 +68,9 @@ from stepstream.schemas import (
 )
 from stepstream.settings import Settings
 from stepstream.telemetry import span
+
+if TYPE_CHECKING:
+    from stepstream.producer._sealing import Sealer
 
 logger = logging.getLogger('stepstream.producer')
 
@@ -298,6 +302,11 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         # Under an engine the media store is only used by the offload operation (an activity or
         # step), so workflow code never builds the S3 client.
         store = None if ctx.in_durable_context else self._media()
+        if ctx.in_durable_context and getattr(self.log, 'sealer', None) is not None:
+            raise StepStreamError(
+                'erasure (STEPSTREAM_ERASURE_KEY) is not supported under a durable-execution engine yet: '
+                'unset it for this process, or run the agent outside the engine (decision 0033)'
+            )
         bound._snapshots = SnapshotWriter(store, self.threshold_bytes)
         bound._writer_id = _writer_id(run_id, ctx.run_id)
         bound._context_run_id = ctx.run_id
@@ -516,8 +525,19 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         if (settled_only and not plan.valid) or (changed_only and writer.unchanged(plan)):
             return
         snapshot_seq = self._snapshot_seq
-        offload = functools.partial(self._offload_durably, ctx) if self._durable_engine else None
-        delta = await writer.delta(plan, snapshot_seq, offload=offload)
+        sealer: Sealer | None = getattr(self.log, 'sealer', None)
+        if sealer is not None:  # erasure on: content and media sealed with the conversation's key
+            assert self.run_id is not None
+            delta = await sealer.delta(
+                writer,
+                plan,
+                snapshot_seq,
+                conversation_id=self._conversation_id or self.run_id,
+                run_id=self.run_id,
+            )
+        else:
+            offload = functools.partial(self._offload_durably, ctx) if self._durable_engine else None
+            delta = await writer.delta(plan, snapshot_seq, offload=offload)
         state = delta.state
         await self._event(ctx, 'snapshot_saved', snapshot=delta)
         self._snapshot_seq += 1  # only once the record is accepted, like its `seq`

@@ -22,12 +22,13 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from types import TracebackType
-from typing import ClassVar, Self
+from typing import TYPE_CHECKING, ClassVar, Self
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 from aiokafka.structs import RecordMetadata
 
+from stepstream.erasure import ensure_key_topic, key_topic
 from stepstream.errors import MediaUnavailable, SchemaRegistryError, StepStreamError, StepStreamUnavailable
 from stepstream.kafka_client import AUTHORIZATION_ERRORS, access_denied, client_options, connection_error
 from stepstream.media import S3MediaStore
@@ -45,6 +46,9 @@ from stepstream.schemas import LogRecord, StepEvent, schema_of, subject_of, to_c
 from stepstream.settings import Settings
 from stepstream.telemetry import ack_latency, records_appended
 from stepstream.topics import Position, ensure_topics, murmur2_partition, supports_idempotence, unavailable
+
+if TYPE_CHECKING:
+    from stepstream.producer._sealing import Sealer
 
 Serializer = Callable[[LogRecord, int], bytes]
 """`(record, max_record_bytes) -> value`: encodes a record, or refuses it before it is sent."""
@@ -176,6 +180,12 @@ class EventLog:
         """Set in registry mode (`schema_registry_url`): records leave in the Confluent wire format."""
         self._registry_failure: SchemaRegistryError | None = None
         """Why the registry last failed to give a schema id; None once it gives one."""
+        self.sealer: Sealer | None = None
+        """Set when erasure is on (`settings.erasure_key`): seals snapshot content (decision 0033)."""
+        if settings.erasure_key is not None:
+            from stepstream.producer._sealing import Sealer  # not at import: erasure is optional
+
+            self.sealer = Sealer(settings.erasure_key.get_secret_value(), self._send_key)
 
     _shared: ClassVar[dict[Settings, EventLog]] = {}
 
@@ -231,6 +241,8 @@ class EventLog:
             raise await connection_error(self.settings, 'did not accept a producer connection', exc) from exc
         try:
             await self._check_media_store()
+            if self.sealer is not None and self.create_topics:
+                await ensure_key_topic(self.settings)
         except BaseException:
             await producer.stop()
             raise
@@ -242,6 +254,17 @@ class EventLog:
         self.liveness.bind(asyncio.get_running_loop())
         if self.end_runs_on_sigterm:
             watch_sigterm(self)
+
+    async def _send_key(self, key: bytes, value: bytes) -> None:
+        """Append a conversation key record to the key topic and wait for the broker (erasure on)."""
+        if self._producer is None:
+            await self.start()
+        assert self._producer is not None
+        try:
+            async with asyncio.timeout(self.settings.ack_timeout_s):
+                await self._producer.send_and_wait(key_topic(self.settings), value, key=key)
+        except (KafkaError, TimeoutError) as exc:
+            raise unavailable(self.settings, 'did not acknowledge a conversation key', exc) from exc
 
     async def _check_media_store(self) -> None:
         """Find a wrong bucket or key now, not at the first large payload minutes into a run.

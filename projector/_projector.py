@@ -22,6 +22,7 @@ from aiokafka.errors import GroupAuthorizationFailedError, KafkaError
 from aiokafka.structs import TopicPartition
 from opentelemetry.trace import Span
 
+from stepstream.erasure import KeyRing
 from stepstream.errors import StepStreamError, UsageError
 from stepstream.kafka_client import AUTHORIZATION_ERRORS, access_denied, client_options, connection_error
 from stepstream.media import MediaStore, S3MediaStore
@@ -149,6 +150,8 @@ class Projector:
         self.on_assignment = on_assignment
         self.membership = membership if membership is not None else Membership()
         self.media_store: MediaStore = media_store or S3MediaStore.from_settings(settings)
+        self.keys = KeyRing(settings) if settings.erasure_key is not None else None
+        """Erasure on: the conversation keys its readers open sealed content with, in memory only."""
         self._topics = (settings.step_events_topic, settings.tool_effects_topic)
         self.dead_letters = dead_letters or DeadLetterSender(settings, topics=self._topics)
         self.group_offsets = group_offsets or GroupOffsets(enabled=commit_group_offsets)
@@ -374,6 +377,8 @@ class Projector:
         if wire is not None:
             await wire.close()
         self.shards.flush()
+        if self.keys is not None:
+            await self.keys.close()
 
     def close(self) -> None:
         """Close the shards' RocksDB handles (after `stop()`)."""
@@ -420,6 +425,7 @@ class Projector:
             partitions=partitions,
             media_store=self.media_store,
             stale_after_s=self.settings.stale_after_s,
+            keys=self.keys,
         )
 
     @property

@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import ValidationError
 
+from stepstream.erasure import ContentErased, KeyRing, open_snapshot
 from stepstream.errors import StepStreamError
+from stepstream.media._sealed import SealedMediaStore
 from stepstream.media._types import NO_CONTEXT, MediaContext, MediaStore
 from stepstream.projector._keys import (
     CHILDREN,
@@ -89,6 +91,24 @@ class _NoMediaStore:
         raise self._missing(uri)
 
 
+def _erased_snapshot(run_id: str, entry: SnapshotEntry, event: StepEvent) -> ContinuableSnapshot:
+    """A snapshot whose content was erased: everything but its messages."""
+    return ContinuableSnapshot(
+        run_id=run_id,
+        step_index=entry.step_index,
+        messages=[],
+        snapshot_seq=entry.snapshot_seq,
+        seq=entry.seq,
+        conversation_id=event.conversation_id,
+        parent_run_id=event.parent_run_id,
+        agent_name=event.agent_name,
+        timestamp=event.timestamp,
+        state=entry.state,  # type: ignore[arg-type]
+        idempotency_key=entry.idempotency_key,
+        erased=True,
+    )
+
+
 def _ts(value: int | None) -> datetime | None:
     return None if value is None else from_micros(value)
 
@@ -117,6 +137,7 @@ class ProjectionReader:
         owns_db: bool = False,
         media_store: MediaStore | None = None,
         stale_after_s: float = DEFAULT_STALE_AFTER_S,
+        keys: KeyRing | None = None,
     ) -> None:
         """Wrap open shards (`{partition: shard}` with the topics' `partitions`), or one shard.
 
@@ -128,6 +149,7 @@ class ProjectionReader:
         ahead of this reader's clock (a writer clock that cannot be trusted is no proof of life).
         Computed here, at read time, never stored, so a rebuild agrees with the live projection;
         an unended tool call reads `in_flight` while its run is live, else `unknown_after_crash`.
+        `keys` (erasure on) opens sealed content; content whose key was destroyed reads as erased.
         """
         if stale_after_s < 0:
             raise ValueError(f'stale_after_s must not be negative, got {stale_after_s}')
@@ -137,6 +159,7 @@ class ProjectionReader:
         self._partitions = partitions
         """None: one db holds every partition's runs (tests and benchmarks)."""
         self.media_store = media_store
+        self.keys = keys
         self.stale_after = timedelta(seconds=stale_after_s)
         self._secondary = secondary
         self._owns_db = owns_db
@@ -153,15 +176,18 @@ class ProjectionReader:
         *,
         media_store: MediaStore | None = None,
         stale_after_s: float = DEFAULT_STALE_AFTER_S,
+        keys: KeyRing | None = None,
     ) -> ProjectionReader:
         """Open a projection that projectors (maybe in other processes) are writing.
 
         Give `media_store` (e.g. `S3MediaStore.from_settings(settings)`) to read snapshots whose
-        large payloads were offloaded.
+        large payloads were offloaded, and `keys` (`KeyRing(settings)`) when erasure is on.
         """
         root = check_projection(path, create=False)
         tmp = tempfile.TemporaryDirectory(prefix='stepstream-reader-')
-        reader = cls({}, secondary=True, owns_db=True, media_store=media_store, stale_after_s=stale_after_s)
+        reader = cls(
+            {}, secondary=True, owns_db=True, media_store=media_store, stale_after_s=stale_after_s, keys=keys
+        )
         reader._tmp, reader._root = tmp, root
         try:
             reader._open_new_shards()
@@ -508,26 +534,49 @@ class ProjectionReader:
         from stepstream.media._walker import restore_media
         from stepstream.schemas._patch import apply_patch
 
+        if self.keys is not None:
+            await self.keys.refresh()  # a key destroyed a moment ago is gone from here on
         tails = await self._query(lambda: self._tails(run_id, entries))
+        if self.keys is not None and self.keys.missed and None in tails[1]:
+            # A key never seen: erased long ago, or past an end the broker under-reported. Look again.
+            self.keys.missed.clear()
+            await self.keys.refresh(thorough=True)
+            tails = await self._query(lambda: self._tails(run_id, entries))
+            self.keys.erased |= self.keys.missed  # read to the end twice: gone, not late
+            self.keys.missed.clear()
         store: MediaStore = self.media_store or _NoMediaStore()
+        if self.keys is not None:
+            store = SealedMediaStore(store, lookup=self.keys.get)
         history: list[ModelMessage] = []
         out: list[ContinuableSnapshot] = []
-        for entry, event, tail in zip(entries, *tails, strict=True):
+        erased = False
+        for entry, event, tail, patch in zip(entries, *tails, strict=True):
+            erased = erased or tail is None
+            if not erased and tail is not None:
+                try:
+                    tail = await restore_media(tail, store) if restore else tail
+                except ContentErased:
+                    erased = True
+            if erased or tail is None:  # its key was destroyed: the content is gone, the structure stays
+                history.clear()
+                if entry.snapshot_seq in wanted:
+                    out.append(_erased_snapshot(run_id, entry, event))
+                continue
             if entry.prefix_len > len(history):
                 raise StepStreamError(
                     f'run {run_id!r}: snapshot {entry.snapshot_seq} keeps {entry.prefix_len} messages of a '
                     f'history of {len(history)}; the log holds a corrupt delta'
                 )
-            if event.snapshot is not None and event.snapshot.patch is not None:
+            if patch is not None:
                 try:
-                    apply_patch(history, event.snapshot.patch)  # stamps on kept messages (schema v2)
+                    apply_patch(history, patch)  # stamps on kept messages (schema v2)
                 except ValueError as exc:
                     raise StepStreamError(
                         f'run {run_id!r}: snapshot {entry.snapshot_seq} holds a patch that does not fit: '
                         f'{exc}'
                     ) from None
             del history[entry.prefix_len :]
-            history.extend(await restore_media(tail, store) if restore else tail)
+            history.extend(tail)
             if entry.snapshot_seq in wanted:
                 out.append(
                     ContinuableSnapshot(
@@ -548,10 +597,13 @@ class ProjectionReader:
 
     def _tails(
         self, run_id: str, entries: list[SnapshotEntry]
-    ) -> tuple[list[StepEvent], list[list[ModelMessage]]]:
+    ) -> tuple[list[StepEvent], list[list[ModelMessage] | None], list[str | None]]:
+        """Each snapshot's event, tail (None: erased) and patch, opened when sealed."""
         from pydantic_ai.messages import ModelMessagesTypeAdapter  # not at import: views need no Pydantic AI
 
-        events, tails = [], []
+        events: list[StepEvent] = []
+        tails: list[list[ModelMessage] | None] = []
+        patches: list[str | None] = []
         for expected, entry in enumerate(entries):
             if entry.snapshot_seq != expected:
                 raise StepStreamError(
@@ -563,15 +615,21 @@ class ProjectionReader:
                 raise StepStreamError(f'run {run_id!r}: the event of snapshot {expected} is missing')
             event = decode(raw)
             assert isinstance(event, StepEvent) and event.snapshot is not None
+            events.append(event)
+            opened = open_snapshot(event.snapshot, run_id=run_id, keys=self.keys)
+            if opened is None:
+                tails.append(None)
+                patches.append(None)
+                continue
+            patches.append(opened[1])
             try:
-                tails.append(ModelMessagesTypeAdapter.validate_json(event.snapshot.messages))
+                tails.append(ModelMessagesTypeAdapter.validate_json(opened[0]))
             except ValidationError as exc:
                 raise StepStreamError(
                     f'run {run_id!r}: snapshot {expected} holds messages Pydantic AI cannot read: '
                     f'{exc.error_count()} error(s), first: {exc.errors()[0]["msg"]}'
                 ) from None
-            events.append(event)
-        return events, tails
+        return events, tails, patches
 
     # -- tool effects ------------------------------------------------------------------------------
 
@@ -728,13 +786,14 @@ async def continue_run(
 
     Only `complete` snapshots unless `include_interrupted=True` (check
     `list_unresolved_tool_effects` before resuming from an interrupted one). Raises
-    `LookupError` when the run has no such snapshot.
+    `LookupError` when the run has no such snapshot, and `ContentErased` when its content was
+    erased (`stepstream forget`).
     """
     snapshot = await reader.latest_snapshot(run_id, include_interrupted=include_interrupted)
     if snapshot is None:
         kind = 'snapshot' if include_interrupted else 'complete snapshot'
         raise LookupError(f'no {kind} for run_id {run_id!r} in the projection')
-    return snapshot.messages
+    return _content(snapshot)
 
 
 async def fork_run(
@@ -754,6 +813,15 @@ async def fork_run(
     snapshot = await reader.get_snapshot(run_id, snapshot_seq)
     if snapshot is None:
         raise LookupError(f'run_id {run_id!r} has no snapshot {snapshot_seq} in the projection')
+    return _content(snapshot)
+
+
+def _content(snapshot: ContinuableSnapshot) -> list[ModelMessage]:
+    if snapshot.erased:
+        raise ContentErased(
+            f'the content of run {snapshot.run_id!r} (conversation {snapshot.conversation_id!r}) was '
+            'erased: its structure remains, its messages cannot be continued from'
+        )
     return snapshot.messages
 
 

@@ -237,6 +237,8 @@ class ContinuableSnapshot:
     timestamp: datetime | None = None
     state: SnapshotState = 'complete'
     idempotency_key: str | None = None
+    erased: bool = False
+    """True when the content was erased (`stepstream forget`): `messages` is empty, the rest stays."""
 
 
 @dataclass(kw_only=True, slots=True)

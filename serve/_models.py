@@ -206,6 +206,10 @@ class SnapshotSummary(BaseModel):
     timestamp: datetime | None
     idempotency_key: str | None
     message_count: int
+    erased: bool = Field(
+        default=False,
+        description='The content was erased (`stepstream forget`): no messages, the rest stays.',
+    )
 
 
 class Snapshot(SnapshotSummary):

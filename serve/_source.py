@@ -20,9 +20,11 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
 
+from stepstream.erasure import ContentErased, KeyRing
 from stepstream.errors import NotFound, StepStreamError
 from stepstream.kafka_client import client_options
 from stepstream.media import MediaContext, MediaStore, link_media, media_uri_for, parse_media_uri
+from stepstream.media._sealed import SealedMediaStore
 from stepstream.producer import EventLog, StepLog, resolve_tool_effect, resolver_id
 from stepstream.projector import ProjectionReader
 from stepstream.schemas import (
@@ -78,6 +80,12 @@ class Source:
         self.reader = reader
         self.media_store = media_store
         self.peers = peers
+        self._owned_keys: KeyRing | None = None
+        if settings.erasure_key is not None:  # erasure on: sealed content and media open with the keys
+            if reader.keys is None:
+                reader.keys = self._owned_keys = KeyRing(settings)
+            if media_store is not None:
+                self.media_store = SealedMediaStore(media_store, lookup=reader.keys.get)
         self._log = log
         self._owned_log: EventLog | None = None
         self._log_lock = asyncio.Lock()
@@ -89,6 +97,9 @@ class Source:
         if self._owned_log is not None:
             owned, self._owned_log = self._owned_log, None
             await owned.close()
+        if self._owned_keys is not None:
+            keys, self._owned_keys = self._owned_keys, None
+            await keys.close()
 
     # -- a group's members -------------------------------------------------------------------------
 
@@ -382,6 +393,7 @@ class Source:
                 timestamp=snap.timestamp,
                 state='complete' if snap.state == 'complete' else 'interrupted',
                 idempotency_key=snap.idempotency_key,
+                erased=snap.erased,
             )
         if snapshot_seq is None:
             latest = await self.reader.list_snapshots(run_id, include_interrupted=True, restore=False)
@@ -419,8 +431,10 @@ class Source:
         parse_media_uri(uri)  # ValueError for anything but 64 lowercase hex digits
         try:
             data = await self.media_store.get(uri, MediaContext(media_type=media_type))
-        except LookupError as exc:
+        except (LookupError, ContentErased) as exc:
             raise NotFound(str(exc)) from None
+        if isinstance(self.media_store, SealedMediaStore):
+            return data  # the store checked the sealed bytes' hash, and AES-GCM the plaintext
         if media_uri_for(data) != uri:  # the store checks too; a link is only served verified
             raise StepStreamError(f'the media store returned other bytes for {uri}')
         return data
@@ -536,6 +550,7 @@ def _summary(snap: ContinuableSnapshot) -> SnapshotSummary:
         timestamp=snap.timestamp,
         idempotency_key=snap.idempotency_key,
         message_count=len(snap.messages),
+        erased=snap.erased,
     )
 
 

@@ -102,6 +102,11 @@ class Settings:
     serve_token: SecretStr | None = field(default=None, repr=False)
     """Bearer token `stepstream serve` requires (from `STEPSTREAM_SERVE_TOKEN` or its `_FILE`, never
     a flag); needed to serve on anything but loopback, and enforced on every request when set."""
+    erasure_key: SecretStr | None = field(default=None, repr=False)
+    """The key-encryption key of erasure by crypto-shredding (base64 of 32 random bytes, from
+    `STEPSTREAM_ERASURE_KEY` or its `_FILE`, never a flag): set, writers seal message content and
+    media with per-conversation keys that `stepstream forget` can destroy; unset (the default),
+    nothing is sealed. Every writer and reader of one log needs the same key (decision 0033)."""
     heartbeat_interval_s: float = 5.0
     """A writer appends a `run_heartbeat` for each open run that has written nothing else for this
     many seconds, so that readers can tell a quiet run from a dead one (0: no heartbeats)."""
@@ -138,6 +143,10 @@ class Settings:
             )
         self._check_security()
         self._check_schema_registry()
+        if self.erasure_key is not None:
+            from stepstream.erasure import parse_kek  # a clear error now, not at the first sealed write
+
+            parse_kek(self.erasure_key.get_secret_value())
         if self.s3_cafile and (self.s3_endpoint or '').startswith('http://'):
             raise ValueError(
                 f'{_name("s3_cafile")} is set but {_name("s3_endpoint")} is {self.s3_endpoint}, '
@@ -309,7 +318,7 @@ class Settings:
 
 
 SECRET_FIELDS = frozenset(
-    {'sasl_password', 'serve_token', 's3_secret_access_key', 'schema_registry_password'}
+    {'sasl_password', 'serve_token', 's3_secret_access_key', 'schema_registry_password', 'erasure_key'}
 )
 """Fields read only from the environment or a file, hidden from `repr`, and never a CLI flag."""
 

@@ -316,6 +316,15 @@ def _parser() -> argparse.ArgumentParser:
     for p in (runs, tree, events, snapshot, effects, unresolved, conflicts, status, resolve):
         p.add_argument('--json', action='store_true', help='machine-readable output')
 
+    # -- forget (erasure by crypto-shredding, decision 0033) --
+    forget = command(
+        'forget',
+        _forget,
+        "Erase a conversation's content and media: destroy its keys (the log's structure stays).",
+    )
+    forget.add_argument('--conversation', required=True, metavar='ID', help='the conversation to erase')
+    forget.add_argument('--json', action='store_true', help='machine-readable output')
+
     serve = command('serve', _serve, 'Serve the projection over HTTP: a JSON API and the run explorer.')
     serve.add_argument(
         '--host', default='127.0.0.1', help='address to bind (beyond loopback: needs STEPSTREAM_SERVE_TOKEN)'
@@ -552,6 +561,8 @@ async def _export(args: argparse.Namespace, settings: Settings) -> int:
             f'replayed (a gap in the log): {", ".join(report.unreadable_histories[:10])}',
             file=sys.stderr,
         )
+    if report.erased_histories:
+        print(f'{len(report.erased_histories)} run(s) have no messages rows: their content was erased')
     return EXIT_OK
 
 
@@ -598,6 +609,11 @@ async def _topics(args: argparse.Namespace, settings: Settings) -> int:
         f'{settings.step_events_topic}, {settings.tool_effects_topic}, {settings.dlq_topic}: '
         f'{layout.partitions} partitions each'
     )
+    if settings.erasure_key is not None:  # erasure on: the compacted key topic too (decision 0033)
+        from stepstream.erasure import ensure_key_topic, key_topic
+
+        await ensure_key_topic(settings)
+        print(f'{key_topic(settings)}: compacted, the conversation keys')
     return EXIT_OK
 
 
@@ -623,15 +639,23 @@ async def _reader(settings: Settings) -> AsyncIterator[ProjectionReader]:
     from stepstream.media import S3MediaStore
     from stepstream.projector import ProjectionReader as Reader
 
+    keys = None
+    if settings.erasure_key is not None:  # erasure on: sealed content opens with the key topic's keys
+        from stepstream.erasure import KeyRing
+
+        keys = KeyRing(settings)
     reader = Reader.open(
         settings.db_path,
         media_store=S3MediaStore.from_settings(settings),
         stale_after_s=settings.stale_after_s,
+        keys=keys,
     )
     try:
         yield reader
     finally:
         reader.close()
+        if keys is not None:
+            await keys.close()
 
 
 async def _known_run(reader: ProjectionReader, run_id: str, settings: Settings) -> RunRecord:
@@ -699,7 +723,12 @@ async def _snapshot(args: argparse.Namespace, settings: Settings) -> int:
     if snap is None:
         which = 'snapshot' if args.include_interrupted else 'complete snapshot (try --include-interrupted)'
         raise NotFound(f'run {args.run_id!r} has no {which} in the projection at {settings.db_path}')
-    if args.json:
+    if snap.erased:
+        print(
+            f'snapshot {snap.snapshot_seq} of {snap.run_id}: {snap.state}, step {snap.step_index}, '
+            'content erased'
+        )
+    elif args.json:
         print(ModelMessagesTypeAdapter.dump_json(snap.messages, indent=2).decode())
     else:
         from stepstream.cli.render import messages_text
@@ -762,6 +791,33 @@ async def _resolve(args: argparse.Namespace, settings: Settings) -> int:
             f'resolved {record.tool_call_id} of {record.run_id} as {record.resolution} '
             f'by {record.resolved_by} '
             f'(written to {settings.tool_effects_topic}; views show it once the projector applies it)'
+        )
+    return EXIT_OK
+
+
+async def _forget(args: argparse.Namespace, settings: Settings) -> int:
+    """`stepstream forget --conversation ID` (decision 0033)."""
+    from stepstream.forget import forget_conversation
+    from stepstream.media import S3MediaStore
+    from stepstream.render import to_json
+
+    async with _reader(settings) as reader:
+        report = await forget_conversation(
+            settings, args.conversation, reader=reader, media_store=S3MediaStore.from_settings(settings)
+        )
+    if not report.keys_destroyed and not report.runs:
+        raise NotFound(
+            f'conversation {args.conversation!r} has no key on {settings.topic_prefix}.conversation-keys '
+            f'and no run in the projection at {settings.db_path}: nothing to forget'
+        )
+    if args.json:
+        print(to_json(report))
+    else:
+        print(
+            f'forgot conversation {report.conversation_id!r}: {len(report.keys_destroyed)} key(s) destroyed, '
+            f'{len(report.runs)} run(s) keep their structure, {len(report.media_deleted)} media payload(s) '
+            'deleted. Readers show its content as erased from their next read; on Apache Kafka, compaction '
+            'removes the key records (see docs/decisions/0033-erasure-by-crypto-shredding.md)'
         )
     return EXIT_OK
 
