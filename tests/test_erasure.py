@@ -28,6 +28,7 @@ from test_cli import cli
 from test_partitioned import until
 
 from stepstream import Settings
+from stepstream.analytics import export_parquet
 from stepstream.erasure import KEY_TOPIC_CONFIGS, ContentErased, KeyRing, key_topic, new_kek
 from stepstream.forget import forget_conversation
 from stepstream.media import S3MediaStore
@@ -37,7 +38,6 @@ from stepstream.projector import (
     ProjectionReader,
     Projector,
     continue_run,
-    export_parquet,
     rebuild,
 )
 from stepstream.serve import app_for, running
