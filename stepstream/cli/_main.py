@@ -799,7 +799,7 @@ async def _forget(args: argparse.Namespace, settings: Settings) -> int:
     """`stepstream forget --conversation ID` (decision 0033)."""
     from stepstream.forget import forget_conversation
     from stepstream.media import S3MediaStore
-    from stepstream.render import to_json
+    from stepstream.cli.render import to_json
 
     async with _reader(settings) as reader:
         report = await forget_conversation(
