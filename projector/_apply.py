@@ -65,6 +65,7 @@ from stepstream.projector._keys import (
     UNRESOLVED,
     UNRESOLVED_RUN,
 )
+from stepstream.projector._retention import Retention
 from stepstream.projector._shard import Transaction, Transactional
 from stepstream.projector._state import EffectState, RunState, SnapshotEntry, ranges_add, ranges_hold
 from stepstream.schemas import (
@@ -289,6 +290,10 @@ class BatchOutcome:
     dead: list[DeadLetter] = field(default_factory=list)
     next_offsets: dict[tuple[int, int], int] = field(default_factory=dict)
     """(topic, partition) -> the offset after the batch's last record there."""
+    expired_records: int = 0
+    """Records of runs retention had dropped already, dropped too."""
+    expired_runs: list[str] = field(default_factory=list)
+    """The runs retention dropped in this batch."""
 
 
 class Rejected(Exception):
@@ -363,11 +368,18 @@ class Applier:
         partitions: int,
         max_snapshots_per_run: int | None = None,
         max_seq_jump: int = MAX_SEQ_JUMP,
+        retain_ended_us: int | None = None,
     ) -> None:
-        """`topics` are the step-events and tool-effects topic names, in that order."""
+        """`topics` are the step-events and tool-effects topic names, in that order.
+
+        `retain_ended_us` drops runs that ended that long before their partition's clock
+        (`_retention.py`); None keeps every run.
+        """
         self.topics = topics
         self.partitions = partitions
         self.max_snapshots = max_snapshots_per_run
+        self.retention: Retention | None = None
+        self.retain_ended_us = retain_ended_us
         self.max_seq_jump = max_seq_jump
         self._current: SourceRecord | None = None
         self._index = 0
@@ -384,6 +396,15 @@ class Applier:
         one is decoded when drained.
         """
         self._parked_bytes = 0
+
+    @property
+    def retain_ended_us(self) -> int | None:
+        """The retention policy applied (None: every run is kept)."""
+        return None if self.retention is None else self.retention.retain_us
+
+    @retain_ended_us.setter
+    def retain_ended_us(self, value: int | None) -> None:
+        self.retention = None if value is None else Retention(value)
 
     def stage(
         self, shard: Transactional, records: Sequence[SourceRecord]
@@ -410,6 +431,9 @@ class Applier:
         self._outcome = outcome = BatchOutcome()
         self._dead = []
         self._poisoned = poisoned
+        retention = self.retention
+        if retention is not None:
+            retention.begin()
         next_offsets = outcome.next_offsets
         by_key: dict[bytes | None, list[tuple[int, SourceRecord]]] = {}
         for index, source in enumerate(records):
@@ -428,6 +452,8 @@ class Applier:
             txn.set_offset(self.topics[topic], partition, offset)
         if outcome.dead:
             txn.count_dead_letters(dead.reason for dead in outcome.dead)
+        if retention is not None:  # after the counts: an expiry takes its run's dead letters back
+            outcome.expired_runs = retention.expire(txn, {partition for _, partition in next_offsets})
         return outcome
 
     def _dead_letter(self, source: SourceRecord, reason: str, detail: str) -> None:
@@ -436,6 +462,7 @@ class Applier:
     def _apply_run(self, txn: Transaction, keys: _RunKeys, items: list[tuple[int, SourceRecord]]) -> None:
         """Apply one key's records of the batch, in order; the run's state is staged once."""
         poisoned = self._poisoned
+        retention = self.retention
         run: RunState | None = None
         loaded = False
         for index, source in items:
@@ -451,9 +478,14 @@ class Applier:
                 self._dead_letter(source, rejected.reason, rejected.detail)
                 continue
             assert source.value is not None and keys.run_id is not None
+            if retention is not None and source.topic == EVENTS:
+                retention.saw(source.partition, record['timestamp'])
             if not loaded:
                 run, loaded = txn.get_state(keys.run, RunState), True
             if run is None:
+                if retention is not None and retention.is_expired(txn, keys.run_id):
+                    self._outcome.expired_records += 1
+                    continue
                 if source.topic == EVENTS and record['kind'] == 'run_heartbeat':
                     self._dead_letter(
                         source,
@@ -466,11 +498,15 @@ class Applier:
                     txn.put(parked, source.value)
                     self._keep_decoded(parked, source.value, record)
                     continue
+                dead = len(self._dead)
                 run = self._register(txn, record)
                 self._apply_registered(txn, keys, run, source, record)
                 self._drain_parked(txn, keys, run)
             else:
+                dead = len(self._dead)
                 self._apply_registered(txn, keys, run, source, record)
+            if retention is not None and len(self._dead) > dead:
+                retention.tally(txn, keys.run_id, [letter.reason for _, letter in self._dead[dead:]])
         if run is not None:
             txn.put_state(keys.run, run)
         for effect_key, before in keys.effects.items():
@@ -684,7 +720,11 @@ class Applier:
         else:
             run.claim(seq)
         txn.put(event_key, source.value)
+        if self.retention is not None:
+            self.retention.referenced(txn, run.run_id, source.value)
         kind = event['kind']
+        if kind in TERMINAL_KINDS and self.retention is not None:
+            self.retention.ended(txn, keys.home, run.run_id, event['timestamp'])
         if kind in TERMINAL_KINDS and seq > run.terminal_seq:
             run.terminal_seq = seq
             run.status = TERMINAL_KINDS[kind]
@@ -725,12 +765,16 @@ class Applier:
                 )
             # Held by a step event, which wins. Kept (dead) so that a repeat is a duplicate.
             txn.put_transition(transition_key, source.offset, source.value)
+            if self.retention is not None:
+                self.retention.referenced(txn, run.run_id, source.value)
             raise Rejected(
                 'duplicate_seq',
                 f'seq {seq} of run {run.run_id!r} holds a step event, which takes precedence',
             )
         run.claim(seq)
         txn.put_transition(transition_key, source.offset, source.value)
+        if self.retention is not None:
+            self.retention.referenced(txn, run.run_id, source.value)
         effect_key = keys.effect(t['tool_call_id'])
         effect = txn.get_state(effect_key, EffectState)
         first = effect_key not in keys.effects
