@@ -228,6 +228,8 @@ class RetentionState:
     """Runs dropped so far (their markers)."""
     media: int
     """Distinct media payloads the shard's kept runs reference."""
+    next_expiry: int | None
+    """The clock (log time, micros) at which the next kept run expires; None if no run has ended."""
 
 
 def retention_state(reads: ShardReads, partition: int, retain_us: int | None) -> RetentionState:
@@ -238,7 +240,16 @@ def retention_state(reads: ShardReads, partition: int, retain_us: int | None) ->
     unresolved = sorted({UNRESOLVED_RUN.parse(k)[0] for k, _ in reads.scan(UNRESOLVED_RUN.tag)} & ended)
     expired = sum(1 for _ in reads.scan(EXPIRED.tag))
     media = len(referenced_media(reads))
-    return RetentionState(partition, clock, cutoff, len(ended), [str(r) for r in unresolved], expired, media)
+    first = next(iter(reads.scan(ENDED.prefix(partition))), None)
+    next_expiry = None
+    if first is not None and retain_us is not None:
+        ended_at = ENDED.parse(first[0])[1]
+        assert isinstance(ended_at, int)
+        next_expiry = ended_at + retain_us
+    unresolved_ending = [str(r) for r in unresolved]
+    return RetentionState(
+        partition, clock, cutoff, len(ended), unresolved_ending, expired, media, next_expiry
+    )
 
 
 def referenced_media(reads: ShardReads) -> set[str]:

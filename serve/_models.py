@@ -71,6 +71,9 @@ class Run(BaseModel):
     conflicting_writers: list[str]
     rejected: dict[str, int] = Field(description="This run's records that went to the DLQ, by reason.")
     usage: Usage
+    parent_expired: bool = Field(
+        default=False, description='The parent run was dropped by the retention policy (docs/retention.md).'
+    )
 
     @classmethod
     def of(cls, run: RunRecord) -> Run:
@@ -92,6 +95,7 @@ class Run(BaseModel):
             conflicting_writers=run.conflicting_writers,
             rejected=run.rejected,
             usage=Usage.model_validate(run.usage, from_attributes=True),
+            parent_expired=run.parent_expired,
         )
 
 

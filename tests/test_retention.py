@@ -35,6 +35,7 @@ from stepstream.projector._retention import Retention, media_refs, retention_sta
 from stepstream.projector._shard import MemoryShard, unpack_transition
 from stepstream.projector._state import RunState
 from stepstream.timestamps import micros
+from stepstream.topics import murmur2_partition
 from tests.test_apply_properties import (
     PARTITIONS,
     SEQ_JUMP,
@@ -112,7 +113,7 @@ def spread(generated: list[Op], data: st.DataObject) -> list[Op]:
 
 
 @pytest.mark.parametrize('store', STORES)
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(generated=logs(), data=st.data(), seed=st.integers(0, 2**32), minutes=st.integers(1, 12))
 def test_with_retention_the_projection_is_still_a_pure_function_of_the_log(
     generated: list[Op], data: st.DataObject, seed: int, minutes: int, store: str
@@ -133,7 +134,7 @@ def _applied_without_retention(log: Log) -> MemoryShard:
     return db
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(generated=logs(), data=st.data(), minutes=st.integers(1, 12))
 def test_exactly_the_runs_that_ended_before_the_cutoff_are_dropped_and_nothing_of_them_stays(
     generated: list[Op], data: st.DataObject, minutes: int
@@ -159,7 +160,7 @@ def test_exactly_the_runs_that_ended_before_the_cutoff_are_dropped_and_nothing_o
 
     for k, raw in full.scan(RUN.tag):
         run = RunState.decode(raw)
-        partition = _partition_of(log, run.run_id)
+        partition = murmur2_partition(run.run_id.encode(), PARTITIONS)
         ends = _end_times(full, run.run_id)
         expired = bool(ends) and min(ends) < clocks[partition] - minutes * MINUTE
         if not ends:
@@ -202,11 +203,6 @@ def _valid(source: SourceRecord) -> bool:
     return True
 
 
-def _partition_of(log: Log, run_id: str) -> int:
-    for (_, partition), records in log.items():
-        if any(r.key == run_id.encode() for r in records):
-            return partition
-    raise AssertionError(run_id)
 
 
 def _end_times(full: MemoryShard, run_id: str) -> list[int]:
@@ -224,7 +220,6 @@ def test_a_late_record_of_a_dropped_run_is_dropped_not_parked() -> None:
     """A run ends, the clock passes its end plus the period, and then its own records come:
     a retried `run_started`, a transition, an operator's resolution. None brings it back."""
     from stepstream.schemas import StepEvent, ToolEffectTransition, encode
-    from stepstream.topics import murmur2_partition
 
     def at(minute: int) -> datetime:
         return T0.replace(minute=minute)
