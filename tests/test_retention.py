@@ -203,8 +203,6 @@ def _valid(source: SourceRecord) -> bool:
     return True
 
 
-
-
 def _end_times(full: MemoryShard, run_id: str) -> list[int]:
     """The times of a run's applied end events (its stored step events of an end kind)."""
     out = []
