@@ -128,7 +128,9 @@ class S3MediaStore:
         key_strategy: KeyStrategy | None = None,
         client_options: ClientConfig | None = None,
         retry_config: RetryConfig | None = None,
+        refresh_after: timedelta = REFRESH_AFTER,
     ) -> None:
+        """`refresh_after`: a put of a payload whose object is older uploads it again (see `put`)."""
         if not bucket:
             raise ValueError('S3MediaStore needs a bucket name')
         self.bucket = bucket
@@ -136,6 +138,7 @@ class S3MediaStore:
         self.key_prefix = key_prefix.strip('/')
         self._public_url = public_url
         self._key_strategy = key_strategy or default_key_strategy
+        self.refresh_after = refresh_after
         options: dict[str, Any] = {**_DEFAULT_CLIENT_OPTIONS, **(client_options or {})}
         if endpoint is not None and endpoint.startswith('http://'):
             options.setdefault('allow_http', True)
@@ -208,7 +211,7 @@ class S3MediaStore:
 
         The check makes repeated snapshots of one conversation cost a HEAD, not an upload. An
         object of another size is overwritten, which repairs a truncated upload. An object older
-        than `REFRESH_AFTER` is uploaded again, so that a payload re-used now is young again: a
+        than `refresh_after` (`REFRESH_AFTER`) is uploaded again, so that a payload re-used now is young again: a
         media sweep deletes only objects older than its grace period (decision 0032).
         """
         uri = await media_uri_off_loop(data)
@@ -223,7 +226,7 @@ class S3MediaStore:
         if (
             meta is not None
             and meta['size'] == len(data)
-            and datetime.now(UTC) - meta['last_modified'] < REFRESH_AFTER
+            and datetime.now(UTC) - meta['last_modified'] < self.refresh_after
         ):
             return uri
         try:

@@ -13,7 +13,8 @@ bucket until a sweep. A sweep is mark and sweep over the projection (docs/decisi
    grace period. A payload uploaded a moment ago for a record not applied yet is young; one a
    writer re-uses is uploaded again when older than `REFRESH_AFTER` (`S3MediaStore.put`), so it
    is young again too. The grace period covers that refresh age plus the time from a writer's
-   put to its record being applied.
+   put to its record being applied. Writers and the sweep must agree on that refresh age
+   (`S3MediaStore(refresh_after=)`, one hour by default).
 
 A sweep keeps no state: one that dies half way (or whose member fails over) leaves objects for
 the next, and deleting an object twice is harmless.
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from stepstream.errors import UsageError
-from stepstream.media._s3 import REFRESH_AFTER, S3MediaStore, StoredPayload
+from stepstream.media._s3 import S3MediaStore, StoredPayload
 from stepstream.projector._reader import ProjectionReader
 
 DEFAULT_GRACE = timedelta(hours=24)
@@ -68,10 +69,10 @@ async def sweep_media(
     report = await sweep_media(ProjectionReader.open(path), S3MediaStore.from_settings(settings))
     ```
     """
-    if grace <= REFRESH_AFTER:
+    if grace <= store.refresh_after:
         raise UsageError(
             f'the grace period ({grace}) must be longer than the age at which a writer uploads a re-used '
-            f'payload again ({REFRESH_AFTER}), or a payload re-used a moment ago could be deleted'
+            f'payload again ({store.refresh_after}), or a payload re-used a moment ago could be deleted'
         )
     policy, _ = await reader.retention()
     if policy is None:
@@ -87,7 +88,7 @@ async def sweep_media(
         report.listed += 1
         if payload.digest in marked:
             continue
-        if payload.last_modified > cutoff:
+        if payload.last_modified >= cutoff:
             report.young += 1
             continue
         if not dry_run:

@@ -18,6 +18,20 @@ from datetime import datetime
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_apply_properties import (
+    PARTITIONS,
+    SEQ_JUMP,
+    STORES,
+    T0,
+    TOPICS,
+    Op,
+    _tp,
+    interleave,
+    logs,
+    make_log,
+    open_store,
+    reopen,
+)
 
 from stepstream.projector._apply import EFFECTS, EVENTS, Applier, SourceRecord, read_plain
 from stepstream.projector._keys import (
@@ -36,20 +50,6 @@ from stepstream.projector._shard import MemoryShard, unpack_transition
 from stepstream.projector._state import RunState
 from stepstream.timestamps import micros
 from stepstream.topics import murmur2_partition
-from tests.test_apply_properties import (
-    PARTITIONS,
-    SEQ_JUMP,
-    STORES,
-    T0,
-    TOPICS,
-    Op,
-    _tp,
-    interleave,
-    logs,
-    make_log,
-    open_store,
-    reopen,
-)
 
 MINUTE = 60_000_000
 Log = dict[tuple[int, int], list[SourceRecord]]
