@@ -211,8 +211,9 @@ class S3MediaStore:
 
         The check makes repeated snapshots of one conversation cost a HEAD, not an upload. An
         object of another size is overwritten, which repairs a truncated upload. An object older
-        than `refresh_after` (`REFRESH_AFTER`) is uploaded again, so that a payload re-used now is young again: a
-        media sweep deletes only objects older than its grace period (decision 0032).
+        than `refresh_after` (an hour by default) is uploaded again, so that a payload re-used now
+        is young again: a media sweep deletes only objects older than its grace period (decision
+        0032).
         """
         uri = await media_uri_off_loop(data)
         key = self.key_for(uri, ctx)
