@@ -71,13 +71,15 @@ def table(inputs: Inputs, sizes: tuple[int, ...] = (1_000, 10_000, 100_000)) -> 
     header = (
         '| active agents | records/s | log MB/s | producer cores | projector members | partitions '
         '| projection GB/day | one shard after 30 days, GB '
-        f'| one shard with {inputs.retain_days:g}-day retention, GB | new data per shard per checkpoint, MB |\n'
+        f'| one shard with {inputs.retain_days:g}-day retention, GB '
+        '| new data per shard per checkpoint, MB |\n'
         '| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n'
     )
     body = ''.join(
         f'| {r["agents"]:,} | {r["records_s"]:,.0f} | {r["log_mb_s"]:.1f} | {r["producer_cores"]:.2f} '
         f'| {r["members"]:,} | {r["partitions"]:,} | {r["projection_gb_per_day"]:,.0f} '
-        f'| {r["shard_gb_after_30_days"]:,.1f} | {r["shard_gb_retained"]:,.1f} | {r["checkpoint_delta_mb"]:.1f} |\n'
+        f'| {r["shard_gb_after_30_days"]:,.1f} | {r["shard_gb_retained"]:,.1f} '
+        f'| {r["checkpoint_delta_mb"]:.1f} |\n'
         for r in rows
     )
     return header + body

@@ -65,7 +65,7 @@ from stepstream.projector._keys import (
     UNRESOLVED,
     UNRESOLVED_RUN,
 )
-from stepstream.projector._retention import Retention
+from stepstream.projector._retention import MEDIA_MARK, Retention
 from stepstream.projector._shard import Transaction, Transactional
 from stepstream.projector._state import EffectState, RunState, SnapshotEntry, ranges_add, ranges_hold
 from stepstream.schemas import (
@@ -459,12 +459,21 @@ class Applier:
     def _dead_letter(self, source: SourceRecord, reason: str, detail: str) -> None:
         self._dead.append((self._index, DeadLetter(source, reason, detail)))
 
+    def _run_dead_letter(
+        self, txn: Transaction, run: RunState, source: SourceRecord, reason: str, detail: str
+    ) -> None:
+        """A record of a registered run dead-lettered by a state rule (a retention policy tallies it)."""
+        self._dead_letter(source, reason, detail)
+        if self.retention is not None:
+            self.retention.tally(txn, run.run_id, reason)
+
     def _apply_run(self, txn: Transaction, keys: _RunKeys, items: list[tuple[int, SourceRecord]]) -> None:
         """Apply one key's records of the batch, in order; the run's state is staged once."""
         poisoned = self._poisoned
         retention = self.retention
         run: RunState | None = None
         loaded = False
+        newest = -1  # the newest step event of the key, for the partition's retention clock
         for index, source in items:
             self._current, self._index = source, index
             if poisoned and source.coordinates in poisoned:
@@ -478,8 +487,8 @@ class Applier:
                 self._dead_letter(source, rejected.reason, rejected.detail)
                 continue
             assert source.value is not None and keys.run_id is not None
-            if retention is not None and source.topic == EVENTS:
-                retention.saw(source.partition, record['timestamp'])
+            if retention is not None and source.topic == EVENTS and record['timestamp'] > newest:
+                newest = record['timestamp']
             if not loaded:
                 run, loaded = txn.get_state(keys.run, RunState), True
             if run is None:
@@ -498,15 +507,13 @@ class Applier:
                     txn.put(parked, source.value)
                     self._keep_decoded(parked, source.value, record)
                     continue
-                dead = len(self._dead)
                 run = self._register(txn, record)
                 self._apply_registered(txn, keys, run, source, record)
                 self._drain_parked(txn, keys, run)
             else:
-                dead = len(self._dead)
                 self._apply_registered(txn, keys, run, source, record)
-            if retention is not None and len(self._dead) > dead:
-                retention.tally(txn, keys.run_id, [letter.reason for _, letter in self._dead[dead:]])
+        if newest >= 0:
+            retention.saw(keys.home, newest)  # type: ignore[union-attr]
         if run is not None:
             txn.put_state(keys.run, run)
         for effect_key, before in keys.effects.items():
@@ -607,7 +614,9 @@ class Applier:
             self._current = source
             failure = self._poisoned.get(source.coordinates)
             if failure is not None:
-                self._dead_letter(source, 'apply_error', f'applying the record raised {failure}')
+                self._run_dead_letter(
+                    txn, run, source, 'apply_error', f'applying the record raised {failure}'
+                )
                 continue
             record = self._take_decoded(k, value)
             self._apply_registered(txn, keys, run, source, record)
@@ -620,7 +629,7 @@ class Applier:
             try:
                 applied = self._apply_resolution(txn, keys, run, source, record)
             except Rejected as rejected:
-                self._dead_letter(source, rejected.reason, rejected.detail)
+                self._run_dead_letter(txn, run, source, rejected.reason, rejected.detail)
                 return
             if applied:
                 self._outcome.applied += 1
@@ -628,7 +637,7 @@ class Applier:
                 self._outcome.duplicates += 1
             return
         if source.topic == EVENTS and record['kind'] == 'run_heartbeat':
-            self._apply_heartbeat(run, source, record)
+            self._apply_heartbeat(txn, run, source, record)
             return
         if record['writer_id'] != run.owner:
             self._keep_apart(txn, run, source, record)
@@ -650,7 +659,7 @@ class Applier:
                 applied = self._apply_transition(txn, keys, run, source, record)
         except Rejected as rejected:
             run.count_rejected(rejected.reason)
-            self._dead_letter(source, rejected.reason, rejected.detail)
+            self._run_dead_letter(txn, run, source, rejected.reason, rejected.detail)
             return
         if applied:
             self._outcome.applied += 1
@@ -662,7 +671,9 @@ class Applier:
         else:
             self._outcome.duplicates += 1
 
-    def _apply_heartbeat(self, run: RunState, source: SourceRecord, heartbeat: Fields) -> None:
+    def _apply_heartbeat(
+        self, txn: Transaction, run: RunState, source: SourceRecord, heartbeat: Fields
+    ) -> None:
         """The owner is alive at the heartbeat's time; nothing else changes (decision 0026).
 
         A heartbeat holds no seq and is not kept: its time joins the max fold `stale` is read
@@ -670,7 +681,9 @@ class Applier:
         another writer says nothing about the owner and goes to the DLQ.
         """
         if heartbeat['writer_id'] != run.owner:
-            self._dead_letter(
+            self._run_dead_letter(
+                txn,
+                run,
                 source,
                 'stray_heartbeat',
                 f'a heartbeat of writer {heartbeat["writer_id"]!r} for run {run.run_id!r}, '
@@ -720,16 +733,17 @@ class Applier:
         else:
             run.claim(seq)
         txn.put(event_key, source.value)
-        if self.retention is not None:
+        if self.retention is not None and MEDIA_MARK in source.value:
             self.retention.referenced(txn, run.run_id, source.value)
         kind = event['kind']
-        if kind in TERMINAL_KINDS and self.retention is not None:
-            self.retention.ended(txn, keys.home, run.run_id, event['timestamp'])
-        if kind in TERMINAL_KINDS and seq > run.terminal_seq:
-            run.terminal_seq = seq
-            run.status = TERMINAL_KINDS[kind]
-            run.ended_at = event['timestamp']
-            run.error = event['error']
+        if kind in TERMINAL_KINDS:
+            if self.retention is not None:
+                self.retention.ended(txn, keys.home, run.run_id, event['timestamp'])
+            if seq > run.terminal_seq:
+                run.terminal_seq = seq
+                run.status = TERMINAL_KINDS[kind]
+                run.ended_at = event['timestamp']
+                run.error = event['error']
         elif kind in TIMED_KINDS:
             _add_usage(run, event)
         elif snap is not None:
@@ -765,7 +779,7 @@ class Applier:
                 )
             # Held by a step event, which wins. Kept (dead) so that a repeat is a duplicate.
             txn.put_transition(transition_key, source.offset, source.value)
-            if self.retention is not None:
+            if self.retention is not None and MEDIA_MARK in source.value:
                 self.retention.referenced(txn, run.run_id, source.value)
             raise Rejected(
                 'duplicate_seq',
@@ -773,7 +787,7 @@ class Applier:
             )
         run.claim(seq)
         txn.put_transition(transition_key, source.offset, source.value)
-        if self.retention is not None:
+        if self.retention is not None and MEDIA_MARK in source.value:
             self.retention.referenced(txn, run.run_id, source.value)
         effect_key = keys.effect(t['tool_call_id'])
         effect = txn.get_state(effect_key, EffectState)
@@ -871,7 +885,9 @@ class Applier:
             value = txn.get(resolution_key)
             assert value is not None
             txn.delete(resolution_key)
-            self._dead_letter(
+            self._run_dead_letter(
+                txn,
+                run,
                 SourceRecord(EFFECTS, partition, r['offset'], keys.key, value),
                 'unknown_effect',
                 f'run {run.run_id!r} has no tool call {t["tool_call_id"]!r} before this resolution: '
@@ -883,7 +899,9 @@ class Applier:
             effect.settle()
             txn.put_state(effect_key, effect)
         run.count_rejected('duplicate_seq')
-        self._dead_letter(
+        self._run_dead_letter(
+            txn,
+            run,
             SourceRecord(EFFECTS, partition, offset, keys.key, withdrawn),
             'duplicate_seq',
             f'seq {seq} of run {run.run_id!r} also holds a step event, which takes precedence',

@@ -62,12 +62,13 @@ from stepstream.projector._state import EffectState, RunState, dumps
 
 MEDIA_REF = re.compile(rb'media\+sha256://([0-9a-f]{64})')
 """A content address inside a record's bytes (the walkers write it into the JSON they offload)."""
-_MEDIA_MARK = b'media+sha256://'
+MEDIA_MARK = b'media+sha256://'
+"""What every media URI starts with: a record without it references no media (a memchr)."""
 
 
 def media_refs(value: bytes) -> set[str]:
     """The sha256 hex digests of every media URI in a record's bytes."""
-    if _MEDIA_MARK not in value:  # the common case, at memchr speed
+    if MEDIA_MARK not in value:  # the common case, at memchr speed
         return set()
     return {m.group(1).decode() for m in MEDIA_REF.finditer(value)}
 
@@ -109,8 +110,8 @@ class Retention:
         txn.put(ENDED.key(partition, timestamp, run_id), b'')
         txn.put(ENDS.key(run_id, timestamp), b'')
 
-    def tally(self, txn: Transaction, run_id: str, reasons: list[str]) -> None:
-        """Records of the registered run went to the DLQ: keep count, so its expiry takes them back.
+    def tally(self, txn: Transaction, run_id: str, reason: str) -> None:
+        """A record of the registered run went to the DLQ: keep count, so its expiry takes it back.
 
         Whether a late record of a run is dead-lettered (by a state rule) or dropped (the run
         expired before it came) depends on where batches were cut; the shard's DLQ counts must
@@ -119,8 +120,7 @@ class Retention:
         k = TALLY.key(run_id)
         raw = txn.get(k)
         counts: dict[str, int] = json.loads(raw) if raw is not None else {}
-        for reason in reasons:
-            counts[reason] = counts.get(reason, 0) + 1
+        counts[reason] = counts.get(reason, 0) + 1
         txn.put(k, dumps(counts))
 
     def referenced(self, txn: Transaction, run_id: str, value: bytes) -> None:
