@@ -13,7 +13,8 @@ from __future__ import annotations
 import random
 import tempfile
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -33,6 +34,9 @@ from test_apply_properties import (
     reopen,
 )
 
+from stepstream.errors import UsageError
+from stepstream.media import S3MediaStore
+from stepstream.projector import ProjectionReader, ShardUnavailable
 from stepstream.projector._apply import EFFECTS, EVENTS, Applier, SourceRecord, read_plain
 from stepstream.projector._keys import (
     BY_TAG,
@@ -46,8 +50,9 @@ from stepstream.projector._keys import (
     TRANSITION,
 )
 from stepstream.projector._retention import Retention, media_refs, retention_state
-from stepstream.projector._shard import MemoryShard, unpack_transition
-from stepstream.projector._state import RunState
+from stepstream.projector._shard import MemoryShard, Shard, unpack_transition
+from stepstream.projector._state import Identity, RunState
+from stepstream.projector._sweep import sweep_media
 from stepstream.timestamps import micros
 from stepstream.topics import murmur2_partition
 
@@ -274,3 +279,39 @@ def test_a_late_record_of_a_dropped_run_is_dropped_not_parked() -> None:
 def test_a_policy_is_positive() -> None:
     with pytest.raises(ValueError, match='positive'):
         Retention(0)
+
+
+def _projection(root: Path, partitions: list[int], of: int, retain_us: int | None) -> None:
+    for partition in partitions:
+        identity = Identity(
+            format=Identity.FORMAT,
+            topic_prefix='props',
+            cluster='props',
+            max_snapshots_per_run=None,
+            partitions=of,
+            partition=partition,
+            retain_ended_us=retain_us,
+        )
+        Shard.create(root, partition, identity).close()
+
+
+async def test_a_media_sweep_refuses_without_every_shard_or_without_a_policy(tmp_path: Path) -> None:
+    """A sweep's mark must be every shard's (a group member's directory holds only its own) and
+    must come from a projection that indexes media (one built with a policy). No S3 is reached."""
+    store = S3MediaStore(bucket='never-reached', endpoint='http://127.0.0.1:9')
+    _projection(tmp_path / 'member', [0], 2, MINUTE)
+    reader = ProjectionReader.open(tmp_path / 'member')
+    try:
+        with pytest.raises(ShardUnavailable, match=r'\[1\]'):
+            await sweep_media(reader, store)
+    finally:
+        reader.close()
+    _projection(tmp_path / 'keeps-all', [0, 1], 2, None)
+    reader = ProjectionReader.open(tmp_path / 'keeps-all')
+    try:
+        with pytest.raises(UsageError, match='without a retention policy'):
+            await sweep_media(reader, store)
+        with pytest.raises(UsageError, match='grace period'):
+            await sweep_media(reader, store, grace=timedelta(minutes=30))
+    finally:
+        reader.close()
