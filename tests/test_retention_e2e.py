@@ -15,6 +15,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import httpx
 import obstore
 import pytest
 from pydantic_ai import Agent
@@ -29,6 +30,7 @@ from stepstream.producer import EventLog, StepPersistence
 from stepstream.producer import _capability as capability
 from stepstream.projector import ProjectionReader, Projector, continue_run, rebuild, verify_paths
 from stepstream.projector._sweep import sweep_media
+from stepstream.serve import Source, create_app
 from stepstream.topics import murmur2_partition
 
 PARTITIONS = 3
@@ -171,6 +173,21 @@ async def test_expired_runs_leave_the_projection_and_only_their_media_leaves_the
     await rebuild(settings, rebuilt, timeout=120)
     _, difference = verify_paths(db_path, rebuilt)
     assert difference is None
+
+    # The API and the explorer say why the parent is missing, and that the child's parent expired.
+    reader = ProjectionReader.open(db_path)
+    app = create_app(Source(settings, reader, store))
+    try:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url='http://serve'
+        ) as client:
+            answer = await client.get(f'/api/runs/{parent}')
+            assert answer.status_code == 404 and 'dropped by the retention policy' in answer.text
+            assert (await client.get(f'/api/runs/{child}')).json()['parent_expired'] is True
+            page = await client.get(f'/runs/{child}')
+            assert 'expired: dropped by the retention policy' in page.text
+    finally:
+        reader.close()
 
     # What an operator sees: the policy and each shard, the expired parent, a dry-run sweep.
     code, out, _ = await cli(settings, db_path, 'retention')
