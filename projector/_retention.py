@@ -76,10 +76,11 @@ def media_refs(value: bytes) -> set[str]:
 class Retention:
     """The apply-side hooks of a retention policy; one per `Applier`, reset per batch.
 
-    The applier calls `begin` when it starts staging a batch, `saw` for every step event that
-    passed the record checks, `is_expired` before it parks or registers a record of an unknown
-    run, `ended` when a run's terminal event changes, `referenced` for every record it stores for
-    the run's owner, and `expire` once the batch's records are staged.
+    The applier calls `begin` when it starts staging a batch, `saw` with the newest step event
+    of each key that passed the record checks, `is_expired` before it parks or registers a
+    record of an unknown run, `ended` for every end event it applies, `referenced` for a stored
+    record that holds a media URI, `tally` for a registered run's record it dead-letters by a
+    state rule, and `expire` once the batch's records and dead-letter counts are staged.
     """
 
     __slots__ = ('_clocks', 'retain_us')
