@@ -347,10 +347,10 @@ def _log_time(micros: int | None) -> str:
 def retention_text(policy: int | None, shards: Sequence[RetentionState]) -> str:
     """`stepstream retention`: the policy, then one line per shard (times are the log's)."""
     if policy is None:
-        head = 'retention: none (every run is kept; set STEPSTREAM_RETAIN_ENDED_DAYS and rebuild to bound it)'
-    else:
-        days = policy / 86_400_000_000
-        head = f"retention: runs that ended {days:g} days before their partition's clock are dropped"
+        return 'retention: none (every run is kept; set STEPSTREAM_RETAIN_ENDED_DAYS and rebuild to bound it)'
+    days = policy / 86_400_000_000
+    unit = 'day' if days == 1 else 'days'
+    head = f"retention: runs that ended {days:g} {unit} before their partition's clock are dropped"
     rows = [
         (
             s.partition,

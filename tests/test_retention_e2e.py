@@ -191,7 +191,7 @@ async def test_expired_runs_leave_the_projection_and_only_their_media_leaves_the
 
     # What an operator sees: the policy and each shard, the expired parent, a dry-run sweep.
     code, out, _ = await cli(settings, db_path, 'retention')
-    assert code == 0 and "runs that ended 1 days before their partition's clock are dropped" in out
+    assert code == 0 and "runs that ended 1 day before their partition's clock are dropped" in out
     code, out, _ = await cli(settings, db_path, 'runs', '--conversation-id', 'conv')
     assert code == 0 and f'{parent} (expired)' in out
     code, _, err = await cli(settings, db_path, 'events', parent)
