@@ -9,8 +9,11 @@ the sweep's mark was being taken, and a rebuild under the same policy equals the
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import itertools
+import random
+import signal
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -22,6 +25,7 @@ from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from test_cli import cli
+from test_projector_crash import KILLS, RUNS, kill_mid_batch, produce, start_projector
 
 from stepstream import Settings
 from stepstream.errors import UsageError
@@ -32,6 +36,8 @@ from stepstream.projector import ProjectionReader, Projector, continue_run, rebu
 from stepstream.projector._sweep import sweep_media
 from stepstream.serve import Source, create_app
 from stepstream.topics import murmur2_partition
+
+from brokers import tansu_only
 
 PARTITIONS = 3
 SHARED = 'a payload two runs share. ' * 200
@@ -203,3 +209,43 @@ async def test_expired_runs_leave_the_projection_and_only_their_media_leaves_the
     with pytest.raises(Exception, match='retention policy'):
         async with Projector(settings.replace(retain_ended_days=3.0), db_path=db_path):
             pass
+
+
+@tansu_only('SIGKILLs the projector as test_projector_crash.py does, which keeps to the Tansu pass')
+async def test_a_sigkilled_projector_with_a_policy_equals_a_clean_rebuild(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """Expiry is staged with the batch that triggers it: a projector killed at random moments (half
+    of them aimed between a batch's staging and its commit) while runs expire ends where a clean rebuild
+    under the same policy does. The policy is two seconds of log time, so runs expire all along."""
+    settings = settings.replace(retain_ended_days=2 / 86_400)
+    db_path = tmp_path / 'incremental'
+    rng = random.Random(25)
+    kills = KILLS // 2
+    async with EventLog(settings) as log:
+        producer = asyncio.create_task(produce(log, runs=RUNS // 2))
+        done = mid_batch = 0
+        while done < kills or not producer.done():
+            marks = tmp_path / f'marks-{done}'
+            child = await start_projector(settings, db_path, marks)
+            await asyncio.sleep(rng.uniform(0.8, 2.5))  # the child needs ~1 s to import and start
+            if done % 2:
+                mid_batch += await kill_mid_batch(child, marks)
+            else:
+                child.send_signal(signal.SIGKILL)
+                await child.wait()
+            done += 1
+        await producer
+        written = log.position
+    async with Projector(settings, db_path=db_path) as projector:
+        await projector.wait_for(written)
+        policy, shards = await projector.reader().retention()
+        kept = await projector.reader().list_runs()
+    assert policy == 2_000_000
+    expired = sum(s.expired for s in shards)
+    assert expired > 0 and expired + len(kept) == RUNS // 2
+    assert all(r.status == 'completed' for r in kept)
+
+    await rebuild(settings, tmp_path / 'clean')
+    _, difference = verify_paths(db_path, tmp_path / 'clean')
+    assert difference is None, str(difference)
