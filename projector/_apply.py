@@ -21,6 +21,9 @@ so are in docs/decisions/0010-conflict-rules.md; in short:
   call's ledger. It resolves the effect while that `started` is still the call's latest status
   and no earlier resolution did; otherwise it is history. One for a call with no transition
   before it in the log goes to the DLQ (`unknown_effect`). See decision 0022.
+- With a retention policy (`_retention.py`, decision 0032), a run one of whose ends is older than
+  its partition's clock minus the period is dropped at the end of the batch, in its transaction,
+  and a record of it that comes later is dropped too (`expired_records`), never parked.
 
 How a batch is applied is a matter of speed only. Its records are grouped by run (the Kafka
 key), each run's records kept in batch order, and each run is applied in one go: its key
