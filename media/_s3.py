@@ -294,7 +294,7 @@ class S3MediaStore:
     async def payloads(self) -> AsyncIterator[StoredPayload]:
         """Every object of the default key layout (`<sha256>.bin` under `key_prefix`) in the bucket.
 
-        Other objects (shard checkpoints under `projections/`, anything else) are not listed; nor
+        Other objects (shard checkpoints under `_checkpoints/`, anything else) are not listed; nor
         is anything when a custom `key_strategy` decides the keys (`MediaUnavailable`).
         """
         if self._key_strategy is not default_key_strategy:
