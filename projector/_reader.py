@@ -32,9 +32,11 @@ from stepstream.projector._keys import (
     UNRESOLVED_RUN,
 )
 from stepstream.projector._retention import (
+    RetentionPreview,
     RetentionState,
     expired_started_at,
     referenced_media,
+    retention_preview,
     retention_state,
 )
 from stepstream.projector._shard import (
@@ -612,6 +614,15 @@ class ProjectionReader:
             return policy, [
                 retention_state(self._shards[p], p, policy) for p in partitions if p in self._shards
             ]
+
+        return await self._query(query)
+
+    async def retention_preview(self, retain_us: int) -> list[RetentionPreview]:
+        """What a policy of `retain_us` would drop from each shard now (to choose one before a rebuild)."""
+
+        def query() -> list[RetentionPreview]:
+            self._all()  # every shard, or `ShardUnavailable`
+            return [retention_preview(shard, p, retain_us) for p, shard in sorted(self._shards.items())]
 
         return await self._query(query)
 

@@ -253,6 +253,36 @@ def retention_state(reads: ShardReads, partition: int, retain_us: int | None) ->
     )
 
 
+@dataclass(frozen=True, slots=True)
+class RetentionPreview:
+    """What a policy of a given period would drop from one shard now (`retention --preview-days`)."""
+
+    partition: int
+    clock: int
+    """The shard's clock: as stored under a policy; without one, the newest record time of its runs."""
+    cutoff: int
+    would_drop: int
+    """Ended runs whose end is before the cut-off."""
+    would_keep: int
+    """Runs kept: ended after the cut-off, or not ended (running, stale)."""
+
+
+def retention_preview(reads: ShardReads, partition: int, retain_us: int) -> RetentionPreview:
+    """Count what a policy of `retain_us` would drop from the shard at its clock (a full scan of its runs).
+
+    A projection built without a policy keeps no clock; the newest step-event time of its runs
+    stands in for it (heartbeats included, records of other writers not), so the figure is close,
+    not exact, there.
+    """
+    runs = [RunState.decode(v) for _, v in reads.scan(RUN.tag)]
+    clock = stored_clock(reads, partition)
+    if clock < 0:
+        clock = max((max(r.started_at, r.last_record_at) for r in runs), default=-1)
+    cutoff = clock - retain_us
+    drop = sum(1 for r in runs if r.ended_at is not None and r.ended_at < cutoff)
+    return RetentionPreview(partition, clock, cutoff, drop, len(runs) - drop)
+
+
 def referenced_media(reads: ShardReads) -> set[str]:
     """The sha256 digests the shard's kept runs reference (the mark of `sweep_media`)."""
     digests = set()

@@ -811,6 +811,12 @@ def _retention_commands(command: Callable[..., argparse.ArgumentParser]) -> argp
     )
     retention.add_argument('--dry-run', action='store_true', help='sweep-media: list, delete nothing')
     retention.add_argument(
+        '--preview-days',
+        type=float,
+        metavar='DAYS',
+        help='show: what a policy of DAYS would drop from this projection now (before rebuilding with it)',
+    )
+    retention.add_argument(
         '--catch-up-timeout',
         type=float,
         default=120.0,
@@ -821,11 +827,17 @@ def _retention_commands(command: Callable[..., argparse.ArgumentParser]) -> argp
 
 
 async def _retention(args: argparse.Namespace, settings: Settings) -> int:
-    from stepstream.render import retention_text, to_json
+    from stepstream.render import preview_text, retention_text, to_json
 
     async with _reader(settings) as reader:
         if args.action == 'sweep-media':
             return await _sweep_media(args, settings, reader)
+        if args.preview_days is not None:
+            if not args.preview_days > 0:
+                raise UsageError(f'--preview-days must be a positive number of days, got {args.preview_days}')
+            preview = await reader.retention_preview(round(args.preview_days * 86_400_000_000))
+            print(to_json(preview) if args.json else preview_text(args.preview_days, preview))
+            return EXIT_OK
         policy, shards = await reader.retention()
     print(
         to_json({'retain_ended_us': policy, 'shards': shards})

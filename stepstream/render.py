@@ -14,7 +14,7 @@ from stepstream.timestamps import from_micros
 
 if TYPE_CHECKING:
     from stepstream.projector import ProjectionStatus
-    from stepstream.projector._retention import RetentionState
+    from stepstream.projector._retention import RetentionPreview, RetentionState
     from stepstream.projector._sweep import SweepReport
     from stepstream.settings import Settings
 
@@ -391,3 +391,16 @@ def sweep_text(report: SweepReport) -> str:
         f'{report.young} unreferenced but younger than the grace period; '
         f'{verb} {len(report.deleted)} ({report.deleted_bytes} bytes)'
     )
+
+
+def preview_text(days: float, shards: Sequence[RetentionPreview]) -> str:
+    """`stepstream retention --preview-days N`: what that policy would drop from each shard now."""
+    rows = [
+        (s.partition, _log_time(s.clock), _log_time(s.cutoff), s.would_drop, s.would_keep) for s in shards
+    ]
+    total = sum(s.would_drop for s in shards)
+    head = (
+        f'a policy of {days:g} days would drop {total} runs now '
+        f'(rebuild with STEPSTREAM_RETAIN_ENDED_DAYS={days:g} to apply it)'
+    )
+    return '\n'.join([head, table(['shard', 'clock', 'cut-off', 'would drop', 'would keep'], rows)])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import itertools
+import json
 import random
 import signal
 import uuid
@@ -198,6 +199,13 @@ async def test_expired_runs_leave_the_projection_and_only_their_media_leaves_the
     # What an operator sees: the policy and each shard, the expired parent, a dry-run sweep.
     code, out, _ = await cli(settings, db_path, 'retention')
     assert code == 0 and "runs that ended 1 day before their partition's clock are dropped" in out
+    code, out, _ = await cli(settings, db_path, 'retention', '--preview-days', '0.5', '--json')
+    preview = json.loads(out)  # the child and the re-user, both ended within half a day of the clock
+    assert (
+        code == 0
+        and sum(s['would_keep'] for s in preview) == 2
+        and sum(s['would_drop'] for s in preview) == 0
+    )
     code, out, _ = await cli(settings, db_path, 'runs', '--conversation-id', 'conv')
     assert code == 0 and f'{parent} (expired)' in out
     code, _, err = await cli(settings, db_path, 'events', parent)
