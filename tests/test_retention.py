@@ -49,7 +49,7 @@ from stepstream.projector._keys import (
     RUN,
     TRANSITION,
 )
-from stepstream.projector._retention import Retention, media_refs, retention_state
+from stepstream.projector._retention import Retention, media_refs, retention_preview, retention_state
 from stepstream.projector._shard import MemoryShard, Shard, unpack_transition
 from stepstream.projector._state import Identity, RunState
 from stepstream.projector._sweep import sweep_media
@@ -315,3 +315,33 @@ async def test_a_media_sweep_refuses_without_every_shard_or_without_a_policy(tmp
             await sweep_media(reader, store, grace=timedelta(minutes=30))
     finally:
         reader.close()
+
+
+def test_a_preview_counts_what_a_policy_would_drop_from_a_projection_without_one() -> None:
+    from stepstream.schemas import StepEvent, encode
+
+    part = murmur2_partition(b'a', PARTITIONS)
+    ids = [r for r in (f'r{i}' for i in range(50)) if murmur2_partition(r.encode(), PARTITIONS) == part][:3]
+    offsets = iter(range(100))
+
+    def event(run_id: str, seq: int, kind: str, minute: int) -> SourceRecord:
+        at = T0.replace(minute=minute)
+        record = StepEvent(run_id=run_id, seq=seq, writer_id='w', timestamp=at, kind=kind)  # type: ignore[arg-type]
+        return SourceRecord(EVENTS, part, next(offsets), run_id.encode(), encode(record))
+
+    old, recent, running = ids
+    db = MemoryShard()
+    txn, _ = Applier(TOPICS, partitions=PARTITIONS).stage(
+        db,
+        [
+            event(old, 0, 'run_started', 0),
+            event(old, 1, 'run_completed', 1),
+            event(recent, 0, 'run_started', 7),
+            event(recent, 1, 'run_failed', 8),
+            event(running, 0, 'run_started', 0),
+            event(running, 1, 'model_request_started', 10),
+        ],
+    )
+    txn.commit()
+    preview = retention_preview(db, part, 5 * MINUTE)
+    assert (preview.clock, preview.would_drop, preview.would_keep) == (micros(T0.replace(minute=10)), 1, 2)
