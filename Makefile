@@ -38,6 +38,12 @@ test-kafka: $(STAMP)
 soak: $(STAMP)
 	STEPSTREAM_SOAK_KILLS=60 STEPSTREAM_EMBEDDED_BROKER=tansu $(BIN)/python -m pytest -q -o timeout=1800 tests/test_projector_crash.py
 	STEPSTREAM_SOAK_KILLS=30 STEPSTREAM_EMBEDDED_BROKER=kafka $(BIN)/python -m pytest -q tests/test_partitioned.py -k killed
+	$(MAKE) soak-retention
+
+# Bounded growth under a retention policy: five simulated days of runs in a few minutes, with
+# and without a policy; the figures and the plot for docs/benchmarks.md (decision 0032).
+soak-retention: $(STAMP)
+	$(BIN)/python -m bench.retention_soak --plot docs/benchmarks-retention.png
 
 # The explorer's browser tests alone (screenshots under pytest's tmp dirs).
 test-explorer: $(STAMP) browser

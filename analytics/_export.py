@@ -136,6 +136,7 @@ def _run_row(run: RunRecord) -> dict[str, Any]:
         'agent_name': run.agent_name,
         'conversation_id': run.conversation_id,
         'parent_run_id': run.parent_run_id,
+        'parent_expired': run.parent_expired,
         'status': run.status,
         'started_at': run.started_at,
         'ended_at': run.ended_at,

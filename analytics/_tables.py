@@ -29,6 +29,7 @@ class RunRow(BaseModel):
     agent_name: str | None
     conversation_id: str | None
     parent_run_id: str | None
+    parent_expired: bool
     status: str
     started_at: datetime | None
     ended_at: datetime | None

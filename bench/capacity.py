@@ -36,6 +36,9 @@ class Inputs:
     partitions_per_member: int = 4
     """Partitions per member at the planned size, so the group can grow 4x without repartitioning."""
     checkpoint_interval_s: float = 60.0
+    retain_days: float = 7.0
+    """The retention policy (`STEPSTREAM_RETAIN_ENDED_DAYS`) the steady-state column assumes:
+    a shard then holds about this many days of runs (decision 0032, measured by the soak)."""
 
 
 def plan(agents: int, inputs: Inputs) -> dict[str, float]:
@@ -53,6 +56,7 @@ def plan(agents: int, inputs: Inputs) -> dict[str, float]:
         'partitions': partitions,
         'projection_gb_per_day': projection_per_day / 1e9,
         'shard_gb_after_30_days': projection_per_day * 30 / partitions / 1e9,
+        'shard_gb_retained': projection_per_day * inputs.retain_days / partitions / 1e9,
         'checkpoint_delta_mb': records_s
         / partitions
         * inputs.checkpoint_interval_s
@@ -66,13 +70,16 @@ def table(inputs: Inputs, sizes: tuple[int, ...] = (1_000, 10_000, 100_000)) -> 
     rows = [plan(n, inputs) for n in sizes]
     header = (
         '| active agents | records/s | log MB/s | producer cores | projector members | partitions '
-        '| projection GB/day | one shard after 30 days, GB | new data per shard per checkpoint, MB |\n'
-        '| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n'
+        '| projection GB/day | one shard after 30 days, GB '
+        f'| one shard with {inputs.retain_days:g}-day retention, GB '
+        '| new data per shard per checkpoint, MB |\n'
+        '| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n'
     )
     body = ''.join(
         f'| {r["agents"]:,} | {r["records_s"]:,.0f} | {r["log_mb_s"]:.1f} | {r["producer_cores"]:.2f} '
         f'| {r["members"]:,} | {r["partitions"]:,} | {r["projection_gb_per_day"]:,.0f} '
-        f'| {r["shard_gb_after_30_days"]:,.1f} | {r["checkpoint_delta_mb"]:.1f} |\n'
+        f'| {r["shard_gb_after_30_days"]:,.1f} | {r["shard_gb_retained"]:,.1f} '
+        f'| {r["checkpoint_delta_mb"]:.1f} |\n'
         for r in rows
     )
     return header + body

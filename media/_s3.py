@@ -10,8 +10,9 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from collections.abc import Mapping
-from datetime import timedelta
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from email.message import EmailMessage
 from typing import TYPE_CHECKING, Any, NoReturn
 from urllib.parse import quote
@@ -23,6 +24,7 @@ from obstore.store import S3Store
 
 from stepstream.errors import MediaUnavailable
 from stepstream.media._types import (
+    MEDIA_URI_SCHEME,
     NO_CONTEXT,
     KeyStrategy,
     MediaContext,
@@ -72,6 +74,23 @@ _STANDARD_ATTRIBUTES = frozenset(
 # encoded word (as the AWS SDKs do), and so is a value that already looks like one.
 _ENCODED_WORD = re.compile(r'=\?utf-8\?b\?([A-Za-z0-9+/=]*)\?=')
 _PLAIN_VALUE = re.compile(r'[\x20-\x7e]*')
+REFRESH_AFTER = timedelta(hours=1)
+"""A `put` of a payload whose object is older than this uploads it again (its age restarts): a
+media sweep's grace period must exceed it plus the time from a put to its record being applied."""
+
+_PAYLOAD_KEY = re.compile(r'[0-9a-f]{64}\.bin')
+
+
+@dataclass(frozen=True, slots=True)
+class StoredPayload:
+    """One payload object in the bucket, as a listing sees it."""
+
+    digest: str
+    key: str
+    size: int
+    last_modified: datetime
+
+
 # How obstore (reqwest) words a request that never got an answer.
 _UNREACHABLE_MARKERS = ('error sending request', 'timed out', 'timeout', 'connect', 'dns error')
 
@@ -109,7 +128,9 @@ class S3MediaStore:
         key_strategy: KeyStrategy | None = None,
         client_options: ClientConfig | None = None,
         retry_config: RetryConfig | None = None,
+        refresh_after: timedelta = REFRESH_AFTER,
     ) -> None:
+        """`refresh_after`: a put of a payload whose object is older uploads it again (see `put`)."""
         if not bucket:
             raise ValueError('S3MediaStore needs a bucket name')
         self.bucket = bucket
@@ -117,6 +138,7 @@ class S3MediaStore:
         self.key_prefix = key_prefix.strip('/')
         self._public_url = public_url
         self._key_strategy = key_strategy or default_key_strategy
+        self.refresh_after = refresh_after
         options: dict[str, Any] = {**_DEFAULT_CLIENT_OPTIONS, **(client_options or {})}
         if endpoint is not None and endpoint.startswith('http://'):
             options.setdefault('allow_http', True)
@@ -188,7 +210,10 @@ class S3MediaStore:
         """Upload `data` unless an object of the same size is already at its key; return its URI.
 
         The check makes repeated snapshots of one conversation cost a HEAD, not an upload. An
-        object of another size is overwritten, which repairs a truncated upload.
+        object of another size is overwritten, which repairs a truncated upload. An object older
+        than `refresh_after` (an hour by default) is uploaded again, so that a payload re-used now
+        is young again: a media sweep deletes only objects older than its grace period (decision
+        0032).
         """
         uri = await media_uri_off_loop(data)
         key = self.key_for(uri, ctx)
@@ -199,7 +224,11 @@ class S3MediaStore:
             meta = None
         except (ObstoreError, OSError) as exc:
             self._fail('check whether it already holds', uri, exc)
-        if meta is not None and meta['size'] == len(data):
+        if (
+            meta is not None
+            and meta['size'] == len(data)
+            and datetime.now(UTC) - meta['last_modified'] < self.refresh_after
+        ):
             return uri
         try:
             await obstore.put_async(self._store, key, data, attributes=attributes)
@@ -261,6 +290,39 @@ class S3MediaStore:
         except (ObstoreError, OSError) as exc:
             self._fail('read the metadata of', uri, exc)
         return _context_from(dict(result.attributes))
+
+    async def payloads(self) -> AsyncIterator[StoredPayload]:
+        """Every object of the default key layout (`<sha256>.bin` under `key_prefix`) in the bucket.
+
+        Other objects (shard checkpoints under `_checkpoints/`, anything else) are not listed; nor
+        is anything when a custom `key_strategy` decides the keys (`MediaUnavailable`).
+        """
+        if self._key_strategy is not default_key_strategy:
+            raise MediaUnavailable(
+                f'{self.location} uses a custom key_strategy: its keys do not say which payload they '
+                'hold, so it cannot be swept'
+            )
+        prefix = f'{self.key_prefix}/' if self.key_prefix else ''
+        try:
+            async for chunk in obstore.list(self._store, prefix=prefix or None):
+                for meta in chunk:
+                    name = meta['path'][len(prefix) :]
+                    if _PAYLOAD_KEY.fullmatch(name):
+                        yield StoredPayload(name[:64], meta['path'], meta['size'], meta['last_modified'])
+        except (ObstoreError, OSError) as exc:
+            what, advice = self._diagnose(exc, missing_bucket=False)
+            raise MediaUnavailable(
+                f'could not list {self.location}: {what} ({_first_line(exc)}). {advice}.'
+            ) from exc
+
+    async def delete_payload(self, payload: StoredPayload) -> None:
+        """Delete a payload's object (a media sweep's; nothing else deletes media)."""
+        try:
+            await obstore.delete_async(self._store, payload.key)
+        except FileNotFoundError:
+            return
+        except (ObstoreError, OSError) as exc:
+            self._fail('delete', MEDIA_URI_SCHEME + payload.digest, exc)
 
     def _not_found(self, uri: str, exc: BaseException) -> NoReturn:
         # A GET names the missing bucket in its error body; a HEAD cannot tell the two apart.

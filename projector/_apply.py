@@ -21,6 +21,9 @@ so are in docs/decisions/0010-conflict-rules.md; in short:
   call's ledger. It resolves the effect while that `started` is still the call's latest status
   and no earlier resolution did; otherwise it is history. One for a call with no transition
   before it in the log goes to the DLQ (`unknown_effect`). See decision 0022.
+- With a retention policy (`_retention.py`, decision 0032), a run one of whose ends is older than
+  its partition's clock minus the period is dropped at the end of the batch, in its transaction,
+  and a record of it that comes later is dropped too (`expired_records`), never parked.
 
 How a batch is applied is a matter of speed only. Its records are grouped by run (the Kafka
 key), each run's records kept in batch order, and each run is applied in one go: its key
@@ -62,6 +65,7 @@ from stepstream.projector._keys import (
     UNRESOLVED,
     UNRESOLVED_RUN,
 )
+from stepstream.projector._retention import MEDIA_MARK, Retention
 from stepstream.projector._shard import Transaction, Transactional
 from stepstream.projector._state import EffectState, RunState, SnapshotEntry, ranges_add, ranges_hold
 from stepstream.schemas import EVENT_KINDS, MAX_NOTE_CHARS, RESOLUTIONS, TOOL_EFFECT_STATUSES
@@ -203,6 +207,10 @@ class BatchOutcome:
     dead: list[DeadLetter] = field(default_factory=list)
     next_offsets: dict[tuple[int, int], int] = field(default_factory=dict)
     """(topic, partition) -> the offset after the batch's last record there."""
+    expired_records: int = 0
+    """Records of runs retention had dropped already, dropped too."""
+    expired_runs: list[str] = field(default_factory=list)
+    """The runs retention dropped in this batch."""
 
 
 class Rejected(Exception):
@@ -277,11 +285,18 @@ class Applier:
         partitions: int,
         max_snapshots_per_run: int | None = None,
         max_seq_jump: int = MAX_SEQ_JUMP,
+        retain_ended_us: int | None = None,
     ) -> None:
-        """`topics` are the step-events and tool-effects topic names, in that order."""
+        """`topics` are the step-events and tool-effects topic names, in that order.
+
+        `retain_ended_us` drops runs that ended that long before their partition's clock
+        (`_retention.py`); None keeps every run.
+        """
         self.topics = topics
         self.partitions = partitions
         self.max_snapshots = max_snapshots_per_run
+        self.retention: Retention | None = None
+        self.retain_ended_us = retain_ended_us
         self.max_seq_jump = max_seq_jump
         self._current: SourceRecord | None = None
         self._index = 0
@@ -298,6 +313,15 @@ class Applier:
         one is decoded when drained.
         """
         self._parked_bytes = 0
+
+    @property
+    def retain_ended_us(self) -> int | None:
+        """The retention policy applied (None: every run is kept)."""
+        return None if self.retention is None else self.retention.retain_us
+
+    @retain_ended_us.setter
+    def retain_ended_us(self, value: int | None) -> None:
+        self.retention = None if value is None else Retention(value)
 
     def stage(
         self, shard: Transactional, records: Sequence[SourceRecord]
@@ -324,6 +348,9 @@ class Applier:
         self._outcome = outcome = BatchOutcome()
         self._dead = []
         self._poisoned = poisoned
+        retention = self.retention
+        if retention is not None:
+            retention.begin()
         next_offsets = outcome.next_offsets
         by_key: dict[bytes | None, list[tuple[int, SourceRecord]]] = {}
         for index, source in enumerate(records):
@@ -342,16 +369,28 @@ class Applier:
             txn.set_offset(self.topics[topic], partition, offset)
         if outcome.dead:
             txn.count_dead_letters(dead.reason for dead in outcome.dead)
+        if retention is not None:  # after the counts: an expiry takes its run's dead letters back
+            outcome.expired_runs = retention.expire(txn, {partition for _, partition in next_offsets})
         return outcome
 
     def _dead_letter(self, source: SourceRecord, reason: str, detail: str) -> None:
         self._dead.append((self._index, DeadLetter(source, reason, detail)))
 
+    def _run_dead_letter(
+        self, txn: Transaction, run: RunState, source: SourceRecord, reason: str, detail: str
+    ) -> None:
+        """A record of a registered run dead-lettered by a state rule (a retention policy tallies it)."""
+        self._dead_letter(source, reason, detail)
+        if self.retention is not None:
+            self.retention.tally(txn, run.run_id, reason)
+
     def _apply_run(self, txn: Transaction, keys: _RunKeys, items: list[tuple[int, SourceRecord]]) -> None:
         """Apply one key's records of the batch, in order; the run's state is staged once."""
         poisoned = self._poisoned
+        retention = self.retention
         run: RunState | None = None
         loaded = False
+        newest = -1  # the newest step event of the key, for the partition's retention clock
         for index, source in items:
             self._current, self._index = source, index
             if poisoned and source.coordinates in poisoned:
@@ -365,9 +404,14 @@ class Applier:
                 self._dead_letter(source, rejected.reason, rejected.detail)
                 continue
             assert source.value is not None and keys.run_id is not None
+            if retention is not None and source.topic == EVENTS and record['timestamp'] > newest:
+                newest = record['timestamp']
             if not loaded:
                 run, loaded = txn.get_state(keys.run, RunState), True
             if run is None:
+                if retention is not None and retention.is_expired(txn, keys.run_id):
+                    self._outcome.expired_records += 1
+                    continue
                 if source.topic == EVENTS and record['kind'] == 'run_heartbeat':
                     self._dead_letter(
                         source,
@@ -385,6 +429,8 @@ class Applier:
                 self._drain_parked(txn, keys, run)
             else:
                 self._apply_registered(txn, keys, run, source, record)
+        if newest >= 0:
+            retention.saw(keys.home, newest)  # type: ignore[union-attr]
         if run is not None:
             txn.put_state(keys.run, run)
         for effect_key, before in keys.effects.items():
@@ -483,7 +529,9 @@ class Applier:
             self._current = source
             failure = self._poisoned.get(source.coordinates)
             if failure is not None:
-                self._dead_letter(source, 'apply_error', f'applying the record raised {failure}')
+                self._run_dead_letter(
+                    txn, run, source, 'apply_error', f'applying the record raised {failure}'
+                )
                 continue
             record = self._take_decoded(k, value)
             self._apply_registered(txn, keys, run, source, record)
@@ -496,7 +544,7 @@ class Applier:
             try:
                 applied = self._apply_resolution(txn, keys, run, source, record)
             except Rejected as rejected:
-                self._dead_letter(source, rejected.reason, rejected.detail)
+                self._run_dead_letter(txn, run, source, rejected.reason, rejected.detail)
                 return
             if applied:
                 self._outcome.applied += 1
@@ -504,7 +552,7 @@ class Applier:
                 self._outcome.duplicates += 1
             return
         if source.topic == EVENTS and record['kind'] == 'run_heartbeat':
-            self._apply_heartbeat(run, source, record)
+            self._apply_heartbeat(txn, run, source, record)
             return
         if record['writer_id'] != run.owner:
             self._keep_apart(txn, run, source, record)
@@ -526,7 +574,7 @@ class Applier:
                 applied = self._apply_transition(txn, keys, run, source, record)
         except Rejected as rejected:
             run.count_rejected(rejected.reason)
-            self._dead_letter(source, rejected.reason, rejected.detail)
+            self._run_dead_letter(txn, run, source, rejected.reason, rejected.detail)
             return
         if applied:
             self._outcome.applied += 1
@@ -538,7 +586,9 @@ class Applier:
         else:
             self._outcome.duplicates += 1
 
-    def _apply_heartbeat(self, run: RunState, source: SourceRecord, heartbeat: Fields) -> None:
+    def _apply_heartbeat(
+        self, txn: Transaction, run: RunState, source: SourceRecord, heartbeat: Fields
+    ) -> None:
         """The owner is alive at the heartbeat's time; nothing else changes (decision 0026).
 
         A heartbeat holds no seq and is not kept: its time joins the max fold `stale` is read
@@ -546,7 +596,9 @@ class Applier:
         another writer says nothing about the owner and goes to the DLQ.
         """
         if heartbeat['writer_id'] != run.owner:
-            self._dead_letter(
+            self._run_dead_letter(
+                txn,
+                run,
                 source,
                 'stray_heartbeat',
                 f'a heartbeat of writer {heartbeat["writer_id"]!r} for run {run.run_id!r}, '
@@ -596,12 +648,17 @@ class Applier:
         else:
             run.claim(seq)
         txn.put(event_key, source.value)
+        if self.retention is not None and MEDIA_MARK in source.value:
+            self.retention.referenced(txn, run.run_id, source.value)
         kind = event['kind']
-        if kind in TERMINAL_KINDS and seq > run.terminal_seq:
-            run.terminal_seq = seq
-            run.status = TERMINAL_KINDS[kind]
-            run.ended_at = event['timestamp']
-            run.error = event['error']
+        if kind in TERMINAL_KINDS:
+            if self.retention is not None:
+                self.retention.ended(txn, keys.home, run.run_id, event['timestamp'])
+            if seq > run.terminal_seq:
+                run.terminal_seq = seq
+                run.status = TERMINAL_KINDS[kind]
+                run.ended_at = event['timestamp']
+                run.error = event['error']
         elif kind in TIMED_KINDS:
             _add_usage(run, event)
         elif snap is not None:
@@ -637,12 +694,16 @@ class Applier:
                 )
             # Held by a step event, which wins. Kept (dead) so that a repeat is a duplicate.
             txn.put_transition(transition_key, source.offset, source.value)
+            if self.retention is not None and MEDIA_MARK in source.value:
+                self.retention.referenced(txn, run.run_id, source.value)
             raise Rejected(
                 'duplicate_seq',
                 f'seq {seq} of run {run.run_id!r} holds a step event, which takes precedence',
             )
         run.claim(seq)
         txn.put_transition(transition_key, source.offset, source.value)
+        if self.retention is not None and MEDIA_MARK in source.value:
+            self.retention.referenced(txn, run.run_id, source.value)
         effect_key = keys.effect(t['tool_call_id'])
         effect = txn.get_state(effect_key, EffectState)
         first = effect_key not in keys.effects
@@ -739,7 +800,9 @@ class Applier:
             value = txn.get(resolution_key)
             assert value is not None
             txn.delete(resolution_key)
-            self._dead_letter(
+            self._run_dead_letter(
+                txn,
+                run,
                 SourceRecord(EFFECTS, partition, r['offset'], keys.key, value),
                 'unknown_effect',
                 f'run {run.run_id!r} has no tool call {t["tool_call_id"]!r} before this resolution: '
@@ -751,7 +814,9 @@ class Applier:
             effect.settle()
             txn.put_state(effect_key, effect)
         run.count_rejected('duplicate_seq')
-        self._dead_letter(
+        self._run_dead_letter(
+            txn,
+            run,
             SourceRecord(EFFECTS, partition, offset, keys.key, withdrawn),
             'duplicate_seq',
             f'seq {seq} of run {run.run_id!r} also holds a step event, which takes precedence',

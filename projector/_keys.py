@@ -29,6 +29,15 @@ No other module spells key bytes: they ask a `Keyspace` for a key, a prefix or t
 | `APART`            | `w`  | run_id, writer_id, topic, seq         | another writer's record        |
 | `CONFLICT`         | `k`  | run_id, writer_id                     | JSON: records kept apart       |
 | `RESOLUTION`       | `z`  | run_id, tool_call_id, offset          | an operator's resolution (Avro)|
+| `CLOCK`            | `l`  | partition                             | newest step-event time (ASCII) |
+| `ENDED`            | `n`  | partition, ended_at, run_id           | empty: runs awaiting expiry    |
+| `ENDS`             | `f`  | run_id, ended_at                      | empty: `ENDED` by run          |
+| `EXPIRED`          | `g`  | run_id                                | JSON: when a dropped run began |
+| `MEDIA`            | `h`  | sha256 hex, run_id                    | empty: a run references it     |
+| `TALLY`            | `y`  | run_id                                | JSON: its dead letters, by why |
+
+The last six exist only in a projection built with a retention policy (`_retention.py`,
+docs/decisions/0032-retention.md).
 
 Values that are not a state record are read and written through `_shard` (its
 `pack_transition`, `offsets`, `dlq_counts`, ...): no other module slices stored bytes.
@@ -162,6 +171,12 @@ PARKED = Keyspace('parked', b'q', ('str', 'int', 'int', 'int'))
 APART = Keyspace('apart', b'w', ('str', 'str', 'int', 'int'))
 CONFLICT = Keyspace('conflict', b'k', ('str', 'str'))
 RESOLUTION = Keyspace('resolution', b'z', ('str', 'str', 'int'))
+CLOCK = Keyspace('clock', b'l', ('int',))
+ENDED = Keyspace('ended', b'n', ('int', 'int', 'str'))
+ENDS = Keyspace('ends', b'f', ('str', 'int'))
+EXPIRED = Keyspace('expired', b'g', ('str',))
+MEDIA = Keyspace('media', b'h', ('str', 'str'))
+TALLY = Keyspace('tally', b'y', ('str',))
 
 KEYSPACES = (
     META,
@@ -180,6 +195,12 @@ KEYSPACES = (
     APART,
     CONFLICT,
     RESOLUTION,
+    CLOCK,
+    ENDED,
+    ENDS,
+    EXPIRED,
+    MEDIA,
+    TALLY,
 )
 BY_TAG = {ks.tag: ks for ks in KEYSPACES}
 assert len(BY_TAG) == len(KEYSPACES)

@@ -216,7 +216,10 @@ class Projector:
         for partition in self.shards.partitions:
             self.shards.claim(self.shards[partition], layout)
         self._applier = Applier(
-            self._topics, partitions=layout.partitions, max_snapshots_per_run=self.max_snapshots_per_run
+            self._topics,
+            partitions=layout.partitions,
+            max_snapshots_per_run=self.max_snapshots_per_run,
+            retain_ended_us=self.shards.retain_ended_us,
         )
         self._wire = WireFormats(self.settings)
         consumer = AIOKafkaConsumer(
@@ -285,6 +288,8 @@ class Projector:
         self._applied.update(shard.offsets())
         if self._applier is not None:
             self._applier.max_snapshots = self.shards.max_snapshots_per_run
+            if self._applier.retain_ended_us != self.shards.retain_ended_us:
+                self._applier.retain_ended_us = self.shards.retain_ended_us
         return shard
 
     async def _seek(self, assigned: Collection[TopicPartition]) -> None:

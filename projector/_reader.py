@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from stepstream.erasure import ContentErased, KeyRing, open_snapshot
 from stepstream.errors import StepStreamError
+from stepstream.ids import is_run_id
 from stepstream.media._sealed import SealedMediaStore
 from stepstream.media._types import NO_CONTEXT, MediaContext, MediaStore
 from stepstream.projector._keys import (
@@ -31,6 +32,14 @@ from stepstream.projector._keys import (
     SNAPSHOT,
     UNRESOLVED,
     UNRESOLVED_RUN,
+)
+from stepstream.projector._retention import (
+    RetentionPreview,
+    RetentionState,
+    expired_started_at,
+    referenced_media,
+    retention_preview,
+    retention_state,
 )
 from stepstream.projector._shard import (
     MemoryShard,
@@ -417,7 +426,26 @@ class ProjectionReader:
             conflicting_writers=list(state.conflicting_writers),
             rejected=dict(state.rejected),
             usage=RunUsage(**state.usage, cost_usd=state.cost_usd),
+            parent_expired=state.parent_run_id is not None and self._expired(state.parent_run_id) is not None,
         )
+
+    async def expired(self, run_id: str) -> datetime | None:
+        """When a run the retention policy dropped had started, or None if it was not dropped.
+
+        What is left of an expired run is this marker: a child that names it as parent says
+        `parent_expired`, and a lookup of it can say why it finds nothing.
+        """
+        return await self._query(lambda: self._expired(run_id))
+
+    def _expired(self, run_id: str) -> datetime | None:
+        """`expired`, in the reader's thread; None too when the run's shard is not here."""
+        if not is_run_id(run_id):
+            return None
+        try:
+            started = expired_started_at(self._db(run_id), run_id)
+        except ShardUnavailable:
+            return None
+        return None if started is None else from_micros(started)
 
     def _alive(self, last_record_at: datetime) -> bool:
         """Whether a `running` run's newest record is recent.
@@ -630,6 +658,39 @@ class ProjectionReader:
                     f'{exc.error_count()} error(s), first: {exc.errors()[0]["msg"]}'
                 ) from None
         return events, tails, patches
+
+    # -- retention ---------------------------------------------------------------------------------
+
+    async def retention(self) -> tuple[int | None, list[RetentionState]]:
+        """The projection's retention policy (micros; None keeps every run) and each shard's figures."""
+
+        def query() -> tuple[int | None, list[RetentionState]]:
+            shards = self._all()
+            identity = next((i for i in (s.identity() for s in shards) if i is not None), None)
+            policy = identity.retain_ended_us if identity is not None else None
+            partitions = sorted(self._shards) if self._partitions is not None else [0]
+            return policy, [
+                retention_state(self._shards[p], p, policy) for p in partitions if p in self._shards
+            ]
+
+        return await self._query(query)
+
+    async def retention_preview(self, retain_us: int) -> list[RetentionPreview]:
+        """What a policy of `retain_us` would drop from each shard now (to choose one before a rebuild)."""
+
+        def query() -> list[RetentionPreview]:
+            self._all()  # every shard, or `ShardUnavailable`
+            return [retention_preview(shard, p, retain_us) for p, shard in sorted(self._shards.items())]
+
+        return await self._query(query)
+
+    async def referenced_media(self) -> set[str]:
+        """The sha256 digests of every payload a kept run references, over every shard.
+
+        Only a projection built with a retention policy indexes them (`ShardUnavailable` if a
+        shard is not readable here: a sweep must see every shard's references).
+        """
+        return await self._query(lambda: set().union(*(referenced_media(s) for s in self._all())))
 
     # -- tool effects ------------------------------------------------------------------------------
 

@@ -83,6 +83,18 @@ class ShardReads:
         """Every (key, value) whose key starts with `prefix`, in key order."""
         raise NotImplementedError
 
+    def scan_until(self, prefix: bytes, stop: bytes) -> list[tuple[bytes, bytes]]:
+        """The (key, value) pairs under `prefix` whose key is below `stop`, in key order.
+
+        Reads no further than `stop`: for an index ordered by time, read up to a cut-off.
+        """
+        found = []
+        for k, v in self.scan(prefix):
+            if k >= stop:
+                break
+            found.append((k, v))
+        return found
+
     def get_state(self, k: bytes, kind: type[S]) -> S | None:
         """The state record at `k` (`RunState`, `EffectState`, ...), or None."""
         raw = self.get(k)
@@ -166,6 +178,10 @@ class Transaction(Protocol):
         """Every (key, value) under `prefix` in key order, with the staged writes applied."""
         ...
 
+    def scan_until(self, prefix: bytes, stop: bytes) -> list[tuple[bytes, bytes]]:
+        """Like `scan`, but only the keys below `stop` (and it reads no further)."""
+        ...
+
     def put(self, k: bytes, value: bytes) -> None:
         """Stage a write."""
         ...
@@ -196,6 +212,10 @@ class Transaction(Protocol):
 
     def count_dead_letters(self, reasons: Iterable[str]) -> None:
         """Add dead letters to the shard's counts by reason."""
+        ...
+
+    def uncount_dead_letters(self, counts: Mapping[str, int]) -> None:
+        """Take dead letters back out of the shard's counts (an expired run's, by reason)."""
         ...
 
     def set_progress(self, figures: Mapping[str, Any]) -> None:
@@ -298,6 +318,17 @@ class ShardTransaction(ShardReads):
             counts[reason] = counts.get(reason, 0) + 1
         self.put(DLQ_COUNTS, dumps(counts))
 
+    def uncount_dead_letters(self, counts: Mapping[str, int]) -> None:
+        """Take dead letters back out of the shard's counts; a reason that reaches 0 is left out."""
+        stored = self.dlq_counts()
+        for reason, n in counts.items():
+            left = stored.get(reason, 0) - n
+            if left > 0:
+                stored[reason] = left
+            else:
+                stored.pop(reason, None)
+        self.put(DLQ_COUNTS, dumps(stored))
+
     def count_conflict(self, k: bytes) -> None:
         """Count one more record of another writer kept apart (`CONFLICT` key)."""
         self.put(k, dumps({'records': self.conflict_records(k) + 1}))
@@ -312,6 +343,22 @@ class ShardTransaction(ShardReads):
         found = dict(self._store.scan(prefix))
         for k in self._by_tag.get(prefix[:1], ()):
             if k.startswith(prefix):
+                value = self.get(k)
+                if value is None:
+                    found.pop(k, None)
+                else:
+                    found[k] = value
+        return sorted(found.items())
+
+    def scan_until(self, prefix: bytes, stop: bytes) -> list[tuple[bytes, bytes]]:
+        """Like `scan`, but only the keys below `stop`; the store is read no further."""
+        found = {}
+        for k, v in self._store.scan(prefix):
+            if k >= stop:
+                break
+            found[k] = v
+        for k in self._by_tag.get(prefix[:1], ()):
+            if k.startswith(prefix) and k < stop:
                 value = self.get(k)
                 if value is None:
                     found.pop(k, None)

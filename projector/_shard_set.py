@@ -61,6 +61,8 @@ class ShardSet:
         self.group = group
         self.rebuilding = rebuilding
         self.max_snapshots_per_run = max_snapshots_per_run
+        self.retain_ended_us = settings.retain_ended_us
+        """The retention policy (`Settings.retain_ended_days`): the one asked for, or the shards'."""
         self.checkpoints = checkpoints
         self.lock = asyncio.Lock()
         """Held by a batch while it applies, by an assignment change, and by a checkpoint's copy."""
@@ -111,6 +113,7 @@ class ShardSet:
             topic_prefix=self.settings.topic_prefix,
             cluster=layout.cluster,
             max_snapshots_per_run=self._options_from_shards(),
+            retain_ended_us=self.retain_ended_us,
             state='rebuilding' if self.rebuilding else 'live',
             partitions=layout.partitions,
             partition=partition,
@@ -137,6 +140,10 @@ class ShardSet:
             existing = read_projection_identity(self.root)
             if existing is not None:
                 self.max_snapshots_per_run = existing.max_snapshots_per_run
+        if self.retain_ended_us is None:
+            existing = read_projection_identity(self.root)
+            if existing is not None:
+                self.retain_ended_us = existing.retain_ended_us
         return self.max_snapshots_per_run
 
     def _adopt(self, shard: Shard) -> Shard:
@@ -188,6 +195,20 @@ class ShardSet:
                 'leave the option out (it is kept), or rebuild into a new directory with the new value'
             )
         self.max_snapshots_per_run = stored.max_snapshots_per_run
+        retain = self.retain_ended_us
+        if retain is not None and retain != stored.retain_ended_us:
+            kept = (
+                'every run'
+                if stored.retain_ended_us is None
+                else f'{stored.retain_ended_us / 86_400_000_000:g} days'
+            )
+            raise ProjectionMismatch(
+                f'{self.root} was built with the retention policy {kept}, not '
+                f'{retain / 86_400_000_000:g} days (STEPSTREAM_RETAIN_ENDED_DAYS): a policy holds from '
+                'offset zero, so rebuild into a new directory with the new one (`stepstream rebuild '
+                '--into NEW_DIR`, docs/retention.md), or leave the setting out (the built one is kept)'
+            )
+        self.retain_ended_us = stored.retain_ended_us
         if stored.state == 'rebuilding' and not self.rebuilding:
             stored.state = 'live'  # a live projector carries an interrupted rebuild on to the end
             shard.write_identity(stored)

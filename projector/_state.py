@@ -251,6 +251,9 @@ class Identity(_Json):
     """How many partitions each topic had when the shard was made (which shard holds a run)."""
     partition: int = -1
     """The partition number whose records this shard holds."""
+    retain_ended_us: int | None = None
+    """The retention policy: runs that ended this long (micros, log time) before the newest step
+    event of their partition are dropped (`_retention.py`); None keeps every run."""
 
     def options(self) -> dict[str, Any]:
         """What must match for two projections of one log to be equal."""
@@ -258,5 +261,6 @@ class Identity(_Json):
             'topic_prefix': self.topic_prefix,
             'cluster': self.cluster,
             'max_snapshots_per_run': self.max_snapshots_per_run,
+            'retain_ended_us': self.retain_ended_us,
             'partitions': self.partitions,
         }

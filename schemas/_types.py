@@ -220,6 +220,9 @@ class RunRecord:
     """This run's own records that went to the DLQ, by reason (`seq_jump`, `duplicate_seq`, ...)."""
     usage: RunUsage = field(default_factory=RunUsage)
     """The sums of its model requests' usage and of its tool calls' durations."""
+    parent_expired: bool = False
+    """The parent run ended long ago and the projection's retention policy dropped it: the run
+    named by `parent_run_id` is no longer in the projection (docs/retention.md)."""
 
 
 @dataclass(kw_only=True, slots=True)

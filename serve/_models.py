@@ -83,6 +83,9 @@ class Run(FromRecord):
     conflicting_writers: list[str]
     rejected: dict[str, int] = Field(description="This run's records that went to the DLQ, by reason.")
     usage: Usage
+    parent_expired: bool = Field(
+        default=False, description='The parent run was dropped by the retention policy (docs/retention.md).'
+    )
 
 
 class RunPage(BaseModel):

@@ -189,6 +189,12 @@ class Source:
         """The run, or `NotFound`."""
         run = await self.reader.get_run(run_id)
         if run is None:
+            started = await self.reader.expired(run_id)
+            if started is not None:
+                raise NotFound(
+                    f'run {run_id!r} (started {started.isoformat()}) ended long ago and was dropped by '
+                    'the retention policy (STEPSTREAM_RETAIN_ENDED_DAYS); the log may still hold it'
+                )
             raise NotFound(f'no run {run_id!r} in the projection')
         return run
 

@@ -121,6 +121,12 @@ class Settings:
     Jaeger's `http://localhost:16686/trace/{trace_id}`: the explorer links each event to the trace
     it was written under. Unset, the explorer shows the trace id."""
 
+    retain_ended_days: float | None = None
+    """Retention of the read model: runs that ended more than this many days before the newest
+    step event of their partition (log time, not the clock) are dropped from the projection, and
+    their media once no kept run references it (`stepstream retention`). Unset keeps every run;
+    it is part of what a projection is, so changing it means a rebuild (docs/retention.md)."""
+
     def __post_init__(self) -> None:
         if not self.topic_prefix or any(c not in _TOPIC_CHARS for c in self.topic_prefix):
             raise ValueError(
@@ -137,6 +143,11 @@ class Settings:
             raise ValueError(f'stale_after_s must not be negative, got {self.stale_after_s}')
         if self.heartbeat_interval_s < 0:
             raise ValueError(f'heartbeat_interval_s must not be negative, got {self.heartbeat_interval_s}')
+        if self.retain_ended_days is not None and not 0 < self.retain_ended_days < 1e6:
+            raise ValueError(
+                f'{_name("retain_ended_days")} must be a positive number of days, '
+                f'got {self.retain_ended_days}'
+            )
         if self.trace_url is not None and '{trace_id}' not in self.trace_url:
             raise ValueError(
                 f'{_name("trace_url")} must hold {{trace_id}} where the trace id goes, got {self.trace_url!r}'
@@ -239,6 +250,11 @@ class Settings:
             return getpass.getuser()
         except (KeyError, OSError):  # no name for this uid (a container)
             return f'uid-{os.getuid()}'
+
+    @property
+    def retain_ended_us(self) -> int | None:
+        """`retain_ended_days` in microseconds, as the projection keeps it (None: keep every run)."""
+        return None if self.retain_ended_days is None else round(self.retain_ended_days * 86_400_000_000)
 
     @property
     def uses_tls(self) -> bool:

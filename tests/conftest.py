@@ -62,6 +62,7 @@ BROKER_INDEPENDENT = {
     'test_capability_rules',
     'test_cli_usage',
     'test_liveness',
+    'test_retention',
 }
 """Modules that never talk to Kafka, and the explorer's browser tests (what a page shows does not
 depend on the broker; test_serve checks the API on both): run once, in the Tansu pass."""

@@ -313,7 +313,9 @@ def _parser() -> argparse.ArgumentParser:
         help='resolve a call still in flight (its run is live): only when you know its process is gone',
     )
 
-    for p in (runs, tree, events, snapshot, effects, unresolved, conflicts, status, resolve):
+    retention = _retention_commands(command)
+
+    for p in (runs, tree, events, snapshot, effects, unresolved, conflicts, status, resolve, retention):
         p.add_argument('--json', action='store_true', help='machine-readable output')
 
     # -- forget (erasure by crypto-shredding, decision 0033) --
@@ -662,6 +664,12 @@ async def _known_run(reader: ProjectionReader, run_id: str, settings: Settings) 
     """The run, or `NotFound`: every view of one run fails the same way for an unknown id."""
     run = await reader.get_run(run_id)
     if run is None:
+        started = await reader.expired(run_id)
+        if started is not None:
+            raise NotFound(
+                f'run {run_id!r} (started {started.isoformat()}) ended long ago and was dropped by the '
+                f'retention policy of {settings.db_path} (`stepstream retention`); the log may still hold it'
+            )
         raise NotFound(f'no run {run_id!r} in the projection at {settings.db_path}')
     return run
 
@@ -797,9 +805,9 @@ async def _resolve(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _forget(args: argparse.Namespace, settings: Settings) -> int:
     """`stepstream forget --conversation ID` (decision 0033)."""
+    from stepstream.cli.render import to_json
     from stepstream.forget import forget_conversation
     from stepstream.media import S3MediaStore
-    from stepstream.cli.render import to_json
 
     async with _reader(settings) as reader:
         report = await forget_conversation(
@@ -830,3 +838,108 @@ async def _conflicts(args: argparse.Namespace, settings: Settings) -> int:
         return table(['run_id', 'registered_by', 'conflicting_writers'], rows)
 
     return await _show(args, settings, lambda reader: reader.list_conflicts(), render)
+
+
+# -- retention (docs/retention.md, decision 0032) ----------------------------------------------
+
+
+def _retention_commands(command: Callable[..., argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    """`stepstream retention [show|sweep-media]`: the policy, what it keeps and dropped; the media sweep."""
+    retention = command(
+        'retention',
+        _retention,
+        'Show the retention policy (STEPSTREAM_RETAIN_ENDED_DAYS) and, per shard, its log clock, cut-off, '
+        'ended runs kept and runs dropped; or sweep-media: delete payloads no kept run references.',
+    )
+    retention.add_argument(
+        'action',
+        nargs='?',
+        choices=['show', 'sweep-media'],
+        default='show',
+        help='show (default) or sweep-media',
+    )
+    retention.add_argument(
+        '--grace-hours',
+        type=float,
+        default=24.0,
+        metavar='HOURS',
+        help='sweep-media: delete only payloads older than this (default 24; more than 1)',
+    )
+    retention.add_argument('--dry-run', action='store_true', help='sweep-media: list, delete nothing')
+    retention.add_argument(
+        '--preview-days',
+        type=float,
+        metavar='DAYS',
+        help='show: what a policy of DAYS would drop from this projection now (before rebuilding with it)',
+    )
+    retention.add_argument(
+        '--catch-up-timeout',
+        type=float,
+        default=120.0,
+        metavar='SECONDS',
+        help='sweep-media: how long to wait for the projection to apply the log up to its current end',
+    )
+    return retention
+
+
+async def _retention(args: argparse.Namespace, settings: Settings) -> int:
+    from stepstream.cli.render import preview_text, retention_text, to_json
+
+    async with _reader(settings) as reader:
+        if args.action == 'sweep-media':
+            return await _sweep_media(args, settings, reader)
+        if args.preview_days is not None:
+            if not args.preview_days > 0:
+                raise UsageError(f'--preview-days must be a positive number of days, got {args.preview_days}')
+            preview = await reader.retention_preview(round(args.preview_days * 86_400_000_000))
+            print(to_json(preview) if args.json else preview_text(args.preview_days, preview))
+            return EXIT_OK
+        policy, shards = await reader.retention()
+    print(
+        to_json({'retain_ended_us': policy, 'shards': shards})
+        if args.json
+        else retention_text(policy, shards)
+    )
+    return EXIT_OK
+
+
+async def _sweep_media(args: argparse.Namespace, settings: Settings, reader: ProjectionReader) -> int:
+    from datetime import timedelta
+
+    from stepstream.cli.render import sweep_text, to_json
+    from stepstream.media import S3MediaStore
+    from stepstream.projector._sweep import sweep_media
+    from stepstream.topics import ensure_topics, log_end_offsets
+
+    layout = await ensure_topics(settings, create=False)
+    applied = await _applied(reader, settings, layout.partitions)
+    ends = await log_end_offsets(settings, applied)
+    deadline = asyncio.get_running_loop().time() + args.catch_up_timeout
+    while any(applied[tp] < end for tp, end in ends.items()):
+        if asyncio.get_running_loop().time() > deadline:
+            behind = sum(max(end - applied[tp], 0) for tp, end in ends.items())
+            print(
+                f'stepstream: the projection at {settings.db_path} is {behind} records behind the log '
+                f'after {args.catch_up_timeout:g}s, and a sweep needs every record written before it '
+                'applied: is the projector running? Nothing was deleted',
+                file=sys.stderr,
+            )
+            return EXIT_FAILED
+        await asyncio.sleep(0.5)
+        applied = await _applied(reader, settings, layout.partitions)
+    report = await sweep_media(
+        reader,
+        S3MediaStore.from_settings(settings),
+        grace=timedelta(hours=args.grace_hours),
+        dry_run=args.dry_run,
+    )
+    print(to_json(report) if args.json else sweep_text(report))
+    return EXIT_OK
+
+
+async def _applied(
+    reader: ProjectionReader, settings: Settings, partitions: int
+) -> dict[tuple[str, int], int]:
+    offsets = (await reader.status()).offsets
+    topics = (settings.step_events_topic, settings.tool_effects_topic)
+    return {(t, p): offsets.get((t, p), 0) for t in topics for p in range(partitions)}

@@ -10,9 +10,12 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from stepstream.schemas import RunRecord, StepEvent, ToolEffectRecord
+from stepstream.timestamps import from_micros
 
 if TYPE_CHECKING:
     from stepstream.projector import ProjectionStatus
+    from stepstream.projector._retention import RetentionPreview, RetentionState
+    from stepstream.projector._sweep import SweepReport
     from stepstream.settings import Settings
 
 
@@ -59,7 +62,7 @@ def runs_table(runs: Sequence[RunRecord]) -> str:
             r.run_id,
             r.agent_name,
             r.status,
-            r.parent_run_id,
+            f'{r.parent_run_id} (expired)' if r.parent_expired else r.parent_run_id,
             r.conversation_id,
             _time(r.started_at),
             r.event_count,
@@ -335,3 +338,69 @@ def status_text(status: ProjectionStatus, applied: Offsets, ends: Offsets, setti
         resume = f'stepstream rebuild --into {settings.db_path}'
         lines.append(f'this projection is an unfinished rebuild: resume it with `{resume}`')
     return '\n'.join(lines)
+
+
+def _log_time(micros: int | None) -> str:
+    return _time(from_micros(micros)) if micros is not None and micros >= 0 else '-'
+
+
+def retention_text(policy: int | None, shards: Sequence[RetentionState]) -> str:
+    """`stepstream retention`: the policy, then one line per shard (times are the log's)."""
+    if policy is None:
+        return 'retention: none (every run is kept; set STEPSTREAM_RETAIN_ENDED_DAYS and rebuild to bound it)'
+    days = policy / 86_400_000_000
+    unit = 'day' if days == 1 else 'days'
+    head = f"retention: runs that ended {days:g} {unit} before their partition's clock are dropped"
+    rows = [
+        (
+            s.partition,
+            _log_time(s.clock),
+            _log_time(s.cutoff),
+            s.waiting,
+            _log_time(s.next_expiry),
+            s.expired,
+            s.media,
+            ', '.join(s.unresolved_ending) or None,
+        )
+        for s in shards
+    ]
+    headers = [
+        'shard',
+        'clock',
+        'cut-off',
+        'ended kept',
+        'next expiry',
+        'dropped',
+        'media',
+        'ended, unresolved',
+    ]
+    lines = [head, table(headers, rows)]
+    if any(s.unresolved_ending for s in shards):
+        lines.append(
+            'ended runs with an unresolved tool effect expire with their run: resolve them first '
+            '(`stepstream unresolved`, `stepstream resolve`)'
+        )
+    return '\n'.join(lines)
+
+
+def sweep_text(report: SweepReport) -> str:
+    """`stepstream retention sweep-media`: what the sweep saw and deleted."""
+    verb = 'would delete' if report.dry_run else 'deleted'
+    return (
+        f'{report.listed} payloads in the bucket, {report.referenced} referenced by kept runs, '
+        f'{report.young} unreferenced but younger than the grace period; '
+        f'{verb} {len(report.deleted)} ({report.deleted_bytes} bytes)'
+    )
+
+
+def preview_text(days: float, shards: Sequence[RetentionPreview]) -> str:
+    """`stepstream retention --preview-days N`: what that policy would drop from each shard now."""
+    rows = [
+        (s.partition, _log_time(s.clock), _log_time(s.cutoff), s.would_drop, s.would_keep) for s in shards
+    ]
+    total = sum(s.would_drop for s in shards)
+    head = (
+        f'a policy of {days:g} days would drop {total} runs now '
+        f'(rebuild with STEPSTREAM_RETAIN_ENDED_DAYS={days:g} to apply it)'
+    )
+    return '\n'.join([head, table(['shard', 'clock', 'cut-off', 'would drop', 'would keep'], rows)])

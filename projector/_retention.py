@@ -1,0 +1,293 @@
+"""Retention of the read model: runs that ended long enough ago (in log time) leave the projection.
+
+A projection built with a policy (`Settings.retain_ended_days`, kept in the shard identity as
+`retain_ended_us`) drops every run that ended more than that long before its partition's clock,
+with its events, transitions, snapshots, effects, resolutions, records kept apart and index
+entries. A run that has not ended (running, stale, crashed with its effects unknown) is kept,
+however old. The decisions behind this are in docs/decisions/0032-retention.md; in short:
+
+- The clock is the log's, never the wall clock: the newest `timestamp` of a step event of the
+  partition that passed the record-level checks (`CLOCK`). It is a max over a set of records,
+  so batch boundaries, restarts and rebuilds reach the same value.
+- Expiry is staged in the batch that moved the clock (or ended the run), in the same
+  transaction as its records and offsets: exactly once under crashes and member failover.
+- The per-record cost is a comparison: a run's end puts one `ENDED` entry (partition, ended_at,
+  run_id) and its twin `ENDS` (run_id, ended_at), and each batch reads only the entries below
+  the cut-off.
+- Whether a run expires is monotone in the log: it expires once any of its end events is older
+  than the cut-off, and more records can only add end events and move the clock on. So a run
+  dropped at the end of one batch would also be dropped had the batch been cut elsewhere, and
+  what a later record of it would have added is dropped with it either way. (A rule such as
+  "keep ended runs with an unresolved effect" is not monotone, since a late `started`
+  transition would bring a dropped run back, so it is not one; see the decision.)
+- An expired run leaves a small `EXPIRED` marker. A record of it that comes later (a late
+  transition, a retried write, an operator's resolution) is dropped, not parked, and a reader
+  can say that a child's parent expired instead of failing to find it.
+- Each kept record's media references are indexed (`MEDIA`: sha256, run_id); expiry removes
+  the run's. `sweep_media` deletes bucket objects that no run of any shard references and that
+  are older than a grace period (mark and sweep, see the decision).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from stepstream.projector._keys import (
+    APART,
+    CHILDREN,
+    CLOCK,
+    CONFLICT,
+    CONVERSATION,
+    EFFECT,
+    ENDED,
+    ENDS,
+    EVENT,
+    EXPIRED,
+    MEDIA,
+    RESOLUTION,
+    RUN,
+    RUNS,
+    SNAPSHOT,
+    TALLY,
+    TRANSITION,
+    UNRESOLVED,
+    UNRESOLVED_RUN,
+)
+from stepstream.projector._shard import ShardReads, Transaction, unpack_transition
+from stepstream.projector._state import EffectState, RunState, dumps
+
+MEDIA_REF = re.compile(rb'media\+sha256://([0-9a-f]{64})')
+"""A content address inside a record's bytes (the walkers write it into the JSON they offload)."""
+MEDIA_MARK = b'media+sha256://'
+"""What every media URI starts with: a record without it references no media (a memchr)."""
+
+
+def media_refs(value: bytes) -> set[str]:
+    """The sha256 hex digests of every media URI in a record's bytes."""
+    if MEDIA_MARK not in value:  # the common case, at memchr speed
+        return set()
+    return {m.group(1).decode() for m in MEDIA_REF.finditer(value)}
+
+
+class Retention:
+    """The apply-side hooks of a retention policy; one per `Applier`, reset per batch.
+
+    The applier calls `begin` when it starts staging a batch, `saw` with the newest step event
+    of each key that passed the record checks, `is_expired` before it parks or registers a
+    record of an unknown run, `ended` for every end event it applies, `referenced` for a stored
+    record that holds a media URI, `tally` for a registered run's record it dead-letters by a
+    state rule, and `expire` once the batch's records and dead-letter counts are staged.
+    """
+
+    __slots__ = ('_clocks', 'retain_us')
+
+    def __init__(self, retain_us: int) -> None:
+        """`retain_us`: how long (log time, micros) an ended run is kept after it ended."""
+        if retain_us <= 0:
+            raise ValueError(f'a retention period must be positive, got {retain_us} us')
+        self.retain_us = retain_us
+        self._clocks: dict[int, int] = {}
+        """Partition -> the newest step-event timestamp seen in this batch."""
+
+    def begin(self) -> None:
+        """Forget the last batch (a batch staged again after a poisoned record starts here too)."""
+        self._clocks = {}
+
+    def saw(self, partition: int, timestamp: int) -> None:
+        """A step event of `partition` passed the record checks: the clock may move."""
+        if timestamp > self._clocks.get(partition, -1):
+            self._clocks[partition] = timestamp
+
+    def is_expired(self, txn: Transaction, run_id: str) -> bool:
+        """Whether the run was dropped by retention (its later records are dropped too)."""
+        return txn.get(EXPIRED.key(run_id)) is not None
+
+    def ended(self, txn: Transaction, partition: int, run_id: str, timestamp: int) -> None:
+        """An end event of the run (any of them, whichever seq) applied: index its time."""
+        txn.put(ENDED.key(partition, timestamp, run_id), b'')
+        txn.put(ENDS.key(run_id, timestamp), b'')
+
+    def tally(self, txn: Transaction, run_id: str, reason: str) -> None:
+        """A record of the registered run went to the DLQ: keep count, so its expiry takes it back.
+
+        Whether a late record of a run is dead-lettered (by a state rule) or dropped (the run
+        expired before it came) depends on where batches were cut; the shard's DLQ counts must
+        not, so an expired run's state-rule dead letters leave the counts with it.
+        """
+        k = TALLY.key(run_id)
+        raw = txn.get(k)
+        counts: dict[str, int] = json.loads(raw) if raw is not None else {}
+        counts[reason] = counts.get(reason, 0) + 1
+        txn.put(k, dumps(counts))
+
+    def referenced(self, txn: Transaction, run_id: str, value: bytes) -> None:
+        """Index the media a stored record of the run references."""
+        for digest in media_refs(value):
+            txn.put(MEDIA.key(digest, run_id), b'')
+
+    def expire(self, txn: Transaction, partitions: Iterable[int]) -> list[str]:
+        """Move each partition's clock and drop the runs that ended before its cut-off.
+
+        Returns the run ids dropped, in (partition, ended_at, run_id) order.
+        """
+        dropped: list[str] = []
+        for partition in sorted(partitions):
+            clock = stored_clock(txn, partition)
+            seen = self._clocks.get(partition, -1)
+            if seen > clock:
+                clock = seen
+                txn.put(CLOCK.key(partition), str(clock).encode())
+            if clock < 0:
+                continue
+            cutoff = clock - self.retain_us
+            for k, _ in txn.scan_until(ENDED.prefix(partition), ENDED.prefix(partition, cutoff)):
+                run_id = ENDED.last_str(k)
+                if txn.get(k) is None:
+                    continue  # another end of a run dropped a moment ago
+                drop_run(txn, partition, run_id)
+                dropped.append(run_id)
+        return dropped
+
+
+def stored_clock(reads: ShardReads | Transaction, partition: int) -> int:
+    """The partition's clock as stored (-1 before any step event)."""
+    raw = reads.get(CLOCK.key(partition))
+    return int(raw) if raw is not None else -1
+
+
+def drop_run(txn: Transaction, partition: int, run_id: str) -> None:
+    """Delete every key of a run (indexes included) and leave its `EXPIRED` marker.
+
+    The marker holds only what the run's registration fixed (`started_at`): what its later
+    records said (status, end) depends on how many of them were applied before it expired.
+    """
+    run = txn.get_state(RUN.key(run_id), RunState)
+    assert run is not None, f'an ENDED entry names run {run_id!r}, which is not registered'
+    for k, _ in list(txn.scan(ENDS.prefix(run_id))):
+        ended_at = ENDS.parse(k)[1]
+        assert isinstance(ended_at, int)
+        txn.delete(ENDED.key(partition, ended_at, run_id))
+        txn.delete(k)
+    for k, _ in list(txn.scan(UNRESOLVED_RUN.prefix(run_id))):
+        effect = txn.get_state(EFFECT.key(run_id, UNRESOLVED_RUN.last_str(k)), EffectState)
+        if effect is not None and effect.started_at is not None:
+            txn.delete(UNRESOLVED.key(effect.started_at, run_id, effect.tool_call_id))
+        txn.delete(k)
+    txn.delete(RUN.key(run_id))
+    txn.delete(RUNS.key(run.started_at, run_id))
+    if run.conversation_id is not None:
+        txn.delete(CONVERSATION.key(run.conversation_id, run.started_at, run_id))
+    if run.parent_run_id is not None:
+        txn.delete(CHILDREN.key(run.parent_run_id, run.started_at, run_id))
+    released: set[str] = set()
+    for k, value in list(txn.scan(EVENT.prefix(run_id))):
+        released |= media_refs(value)
+        txn.delete(k)
+    for k, stored in list(txn.scan(TRANSITION.prefix(run_id))):
+        released |= media_refs(unpack_transition(stored)[1])
+        txn.delete(k)
+    for digest in released:
+        txn.delete(MEDIA.key(digest, run_id))
+    # The run's own children stay indexed under it: those entries describe the children.
+    for space in (SNAPSHOT, EFFECT, RESOLUTION, APART, CONFLICT):
+        for k, _ in list(txn.scan(space.prefix(run_id))):
+            txn.delete(k)
+    tally = txn.get(TALLY.key(run_id))
+    if tally is not None:
+        txn.uncount_dead_letters(json.loads(tally))
+        txn.delete(TALLY.key(run_id))
+    txn.put(EXPIRED.key(run_id), dumps({'started_at': run.started_at}))
+
+
+def expired_started_at(reads: ShardReads, run_id: str) -> int | None:
+    """When a run retention dropped from this shard had started (micros), or None if it was not."""
+    raw = reads.get(EXPIRED.key(run_id))
+    if raw is None:
+        return None
+    marker: dict[str, Any] = json.loads(raw)
+    return int(marker['started_at'])
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionState:
+    """One shard's retention figures, for `stepstream retention`."""
+
+    partition: int
+    clock: int
+    """The newest step-event timestamp applied (micros; -1 before any)."""
+    cutoff: int | None
+    """Runs that ended before this are dropped (None without a policy or a clock)."""
+    waiting: int
+    """Ended runs kept because they ended after the cut-off."""
+    unresolved_ending: list[str]
+    """Ended runs with an unresolved tool effect: resolve it before they expire with the run."""
+    expired: int
+    """Runs dropped so far (their markers)."""
+    media: int
+    """Distinct media payloads the shard's kept runs reference."""
+    next_expiry: int | None
+    """The clock (log time, micros) at which the next kept run expires; None if no run has ended."""
+
+
+def retention_state(reads: ShardReads, partition: int, retain_us: int | None) -> RetentionState:
+    """What retention holds and would drop in one shard (a full scan of the retention keyspaces)."""
+    clock = stored_clock(reads, partition)
+    cutoff = clock - retain_us if retain_us is not None and clock >= 0 else None
+    ended = {ENDS.parse(k)[0] for k, _ in reads.scan(ENDS.tag)}
+    unresolved = sorted({UNRESOLVED_RUN.parse(k)[0] for k, _ in reads.scan(UNRESOLVED_RUN.tag)} & ended)
+    expired = sum(1 for _ in reads.scan(EXPIRED.tag))
+    media = len(referenced_media(reads))
+    first = next(iter(reads.scan(ENDED.prefix(partition))), None)
+    next_expiry = None
+    if first is not None and retain_us is not None:
+        ended_at = ENDED.parse(first[0])[1]
+        assert isinstance(ended_at, int)
+        next_expiry = ended_at + retain_us
+    unresolved_ending = [str(r) for r in unresolved]
+    return RetentionState(
+        partition, clock, cutoff, len(ended), unresolved_ending, expired, media, next_expiry
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionPreview:
+    """What a policy of a given period would drop from one shard now (`retention --preview-days`)."""
+
+    partition: int
+    clock: int
+    """The shard's clock: as stored under a policy; without one, the newest record time of its runs."""
+    cutoff: int
+    would_drop: int
+    """Ended runs whose end is before the cut-off."""
+    would_keep: int
+    """Runs kept: ended after the cut-off, or not ended (running, stale)."""
+
+
+def retention_preview(reads: ShardReads, partition: int, retain_us: int) -> RetentionPreview:
+    """Count what a policy of `retain_us` would drop from the shard at its clock (a full scan of its runs).
+
+    A projection built without a policy keeps no clock; the newest step-event time of its runs
+    stands in for it (heartbeats included, records of other writers not), so the figure is close,
+    not exact, there.
+    """
+    runs = [RunState.decode(v) for _, v in reads.scan(RUN.tag)]
+    clock = stored_clock(reads, partition)
+    if clock < 0:
+        clock = max((max(r.started_at, r.last_record_at) for r in runs), default=-1)
+    cutoff = clock - retain_us
+    drop = sum(1 for r in runs if r.ended_at is not None and r.ended_at < cutoff)
+    return RetentionPreview(partition, clock, cutoff, drop, len(runs) - drop)
+
+
+def referenced_media(reads: ShardReads) -> set[str]:
+    """The sha256 digests the shard's kept runs reference (the mark of `sweep_media`)."""
+    digests = set()
+    for k, _ in reads.scan(MEDIA.tag):
+        digest, _run = MEDIA.parse(k)
+        assert isinstance(digest, str)
+        digests.add(digest)
+    return digests
