@@ -34,6 +34,13 @@ __all__ = [
 
 MEDIA_URI_SCHEME = 'media+sha256://'
 _URI = re.compile(r'media\+sha256://([0-9a-f]{64})')
+
+
+def media_uris_in(text: str) -> list[str]:
+    """Every media URI that `text` names (a message's JSON, say), sorted, each once."""
+    return sorted({MEDIA_URI_SCHEME + digest for digest in _URI.findall(text)})
+
+
 _EMPTY: Mapping[str, str] = MappingProxyType({})
 
 

@@ -19,6 +19,7 @@ from pydantic_ai.messages import ModelMessage
 from stepstream.erasure import ConversationKey, parse_kek
 from stepstream.media import externalize_media
 from stepstream.media._sealed import SealedMediaStore
+from stepstream.media._types import media_uris_in
 from stepstream.producer._snapshots import SnapshotPlan, SnapshotWriter
 from stepstream.schemas import SnapshotDelta
 
@@ -81,6 +82,7 @@ class Sealer:
         where = (run_id, str(snapshot_seq))
         return dataclasses.replace(
             delta,
-            messages=key.seal_text(delta.messages, *where, 'messages'),
+            # The sealed payloads it names stay visible to the projection's media index.
+            messages=key.seal_text(delta.messages, *where, 'messages', refs=media_uris_in(delta.messages)),
             patch=None if delta.patch is None else key.seal_text(delta.patch, *where, 'patch'),
         )

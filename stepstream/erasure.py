@@ -13,9 +13,11 @@ which broker.
 Formats (both versioned by their first element):
 
 - a sealed text field (`SnapshotDelta.messages`, `.patch`) is the JSON list
-  `["stepstream-sealed/1", "<key id, 32 hex>", "<base64 of nonce ‖ ciphertext ‖ tag>"]`, with the
-  conversation, run, snapshot and field name as associated data, so that a sealed value cannot be
-  moved to another record;
+  `["stepstream-sealed/1", "<key id, 32 hex>", "<base64 of nonce ‖ ciphertext ‖ tag>", *refs]`, with
+  the conversation, run, snapshot and field name as associated data, so that a sealed value cannot
+  be moved to another record; `refs` are the media URIs the plaintext names, in clear: each is the
+  hash of a sealed payload (it says nothing of the content), and the projection's media index
+  (retention's sweep, decision 0032) reads them where it cannot read the content;
 - a sealed media payload is `SEALED_MEDIA_MAGIC ‖ key id (16 bytes) ‖ nonce ‖ ciphertext ‖ tag`,
   with the conversation as associated data; its content address is the hash of those bytes.
 - a key record has key `key id (32 hex) ‖ conversation id (UTF-8)` and a JSON value
@@ -167,12 +169,16 @@ class ConversationKey:
 
     # -- sealing ---------------------------------------------------------------------------------
 
-    def seal_text(self, text: str, *context: str) -> str:
-        """`text` sealed as a JSON list a reader recognises (`is_sealed_text`); `context` binds it."""
+    def seal_text(self, text: str, *context: str, refs: Iterable[str] = ()) -> str:
+        """`text` sealed as a JSON list a reader recognises (`is_sealed_text`); `context` binds it.
+
+        `refs` (media URIs of sealed payloads that `text` names) follow the sealed body in clear.
+        """
         nonce = os.urandom(NONCE_BYTES)
         body = nonce + self._cipher.encrypt(nonce, text.encode(), self._aad(context))
-        # A JSON list; neither the hex key id nor base64 needs escaping.
-        return f'["{SEALED_TEXT_MARK}","{self.key_id}","{base64.b64encode(body).decode()}"]'
+        # A JSON list; neither the hex key id, base64 nor a media URI needs escaping.
+        clear = ''.join(f',"{ref}"' for ref in refs)
+        return f'["{SEALED_TEXT_MARK}","{self.key_id}","{base64.b64encode(body).decode()}"{clear}]'
 
     def open_text(self, sealed: str, *context: str) -> str:
         """The plaintext of `seal_text(text, *context)`; `ErasureError` if it was not sealed so."""
@@ -228,8 +234,8 @@ def is_sealed_text(value: str | None) -> bool:
 def split_sealed_text(sealed: str) -> tuple[str, bytes]:
     """The key id and the sealed body of a sealed text field."""
     try:
-        mark, key_id, body = json.loads(sealed)
-        if mark != SEALED_TEXT_MARK or len(key_id) != 32:
+        mark, key_id, body, *refs = json.loads(sealed)
+        if mark != SEALED_TEXT_MARK or len(key_id) != 32 or not all(isinstance(r, str) for r in refs):
             raise ValueError(mark)
         return str(key_id), base64.b64decode(body, validate=True)
     except (ValueError, TypeError, binascii.Error):

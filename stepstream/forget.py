@@ -15,19 +15,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from stepstream.erasure import KeyRing, is_sealed_text, key_topic, open_snapshot
 from stepstream.errors import StepStreamError
+from stepstream.media._types import media_uris_in
 
 if TYPE_CHECKING:
     from stepstream.media import MediaStore
     from stepstream.projector import ProjectionReader
     from stepstream.settings import Settings
-
-_MEDIA_URI = re.compile(r'media\+sha256://[0-9a-f]{64}')
 
 
 @dataclass(kw_only=True)
@@ -97,7 +95,7 @@ async def _sealed_media(
             opened = open_snapshot(event.snapshot, run_id=run.run_id, keys=keys)
             if opened is None:
                 continue  # erased already
-            uris.update(_MEDIA_URI.findall(json.dumps(opened)))
+            uris.update(media_uris_in(json.dumps(opened)))
     return uris
 
 

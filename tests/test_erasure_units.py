@@ -4,6 +4,7 @@ sealing writer and the sealed media store on a disk store (the end-to-end proof 
 from __future__ import annotations
 
 import hashlib
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -180,3 +181,41 @@ async def test_erasure_under_a_durable_engine_is_refused_at_the_start_of_the_run
     ctx = InWorkflow(deps=None, model=TestModel(), usage=RunUsage(), run_id='run-1')
     with pytest.raises(StepStreamError, match='not supported under a durable-execution engine'):
         await persistence.for_run(ctx)
+
+
+async def test_a_sealed_snapshot_names_its_sealed_media_for_the_retention_sweep(tmp_path: Path) -> None:
+    """With erasure and retention both on, the sweep must still see which objects a kept run uses.
+
+    The content is sealed, so the projection's media index (decision 0032) reads the sealed
+    payloads' URIs that follow the sealed body in clear; they are hashes of ciphertext.
+    """
+    from stepstream.projector._retention import media_refs
+    from stepstream.schemas import StepEvent, encode
+
+    kek = new_kek()
+    key = ConversationKey.new('conv-1')
+    disk = DiskMediaStore(tmp_path / 'media')
+    writer = SnapshotWriter(disk, 1024)
+    sealer = Sealer(kek, send_key=lambda k, v: _noop())
+    sealer._keys['conv-1'] = key  # as if acknowledged on the key topic
+    messages = [
+        ModelRequest(parts=[UserPromptPart((SECRET + '\n') * 200)]),
+        ModelResponse(parts=[TextPart('ok')]),
+    ]
+    delta = await sealer.delta(writer, writer.plan(messages), 0, conversation_id='conv-1', run_id='run-a')
+    stored = {p.stem for p in (tmp_path / 'media').rglob('*.bin')}
+    assert len(stored) == 1 and SECRET not in delta.messages
+    record = StepEvent(
+        run_id='run-a',
+        seq=3,
+        writer_id='w',
+        timestamp=datetime(2026, 12, 1, tzinfo=UTC),
+        kind='snapshot_saved',
+        conversation_id='conv-1',
+        snapshot=delta,
+    )
+    assert media_refs(encode(record)) == stored  # what the sweep marks is exactly what was stored
+    keys = ring(kek)
+    keys._apply(key.record_key(), key.wrap(parse_kek(kek)))
+    opened = open_snapshot(delta, run_id='run-a', keys=keys)
+    assert opened is not None and SECRET not in ''.join(media_refs(opened[0].encode()))
