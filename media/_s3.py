@@ -24,7 +24,6 @@ from obstore.store import S3Store
 
 from stepstream.errors import MediaUnavailable
 from stepstream.media._types import (
-    MEDIA_URI_SCHEME,
     NO_CONTEXT,
     KeyStrategy,
     MediaContext,
@@ -315,14 +314,18 @@ class S3MediaStore:
                 f'could not list {self.location}: {what} ({_first_line(exc)}). {advice}.'
             ) from exc
 
-    async def delete_payload(self, payload: StoredPayload) -> None:
-        """Delete a payload's object (a media sweep's; nothing else deletes media)."""
+    async def delete(self, uri: str) -> None:
+        """Delete the payload of `uri` (one already gone is fine).
+
+        The one way media leaves the bucket: the retention sweep's (decision 0032) and
+        `stepstream forget`'s (decision 0033).
+        """
         try:
-            await obstore.delete_async(self._store, payload.key)
+            await obstore.delete_async(self._store, self.key_for(uri))
         except FileNotFoundError:
             return
         except (ObstoreError, OSError) as exc:
-            self._fail('delete', MEDIA_URI_SCHEME + payload.digest, exc)
+            self._fail('delete', uri, exc)
 
     def _not_found(self, uri: str, exc: BaseException) -> NoReturn:
         # A GET names the missing bucket in its error body; a HEAD cannot tell the two apart.

@@ -27,6 +27,7 @@ from datetime import UTC, datetime, timedelta
 
 from stepstream.errors import UsageError
 from stepstream.media._s3 import S3MediaStore, StoredPayload
+from stepstream.media._types import MEDIA_URI_SCHEME
 from stepstream.projector._reader import ProjectionReader
 
 DEFAULT_GRACE = timedelta(hours=24)
@@ -92,6 +93,6 @@ async def sweep_media(
             report.young += 1
             continue
         if not dry_run:
-            await store.delete_payload(payload)
+            await store.delete(MEDIA_URI_SCHEME + payload.digest)
         report.deleted.append(payload)
     return report

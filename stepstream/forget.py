@@ -123,11 +123,9 @@ async def _delete(store: MediaStore, uri: str) -> bool:
     from stepstream.media import DiskMediaStore, S3MediaStore
 
     if isinstance(store, S3MediaStore):
-        import obstore
-
         if not await store.exists(uri):
             return False
-        await obstore.delete_async(store.object_store, store.key_for(uri))
+        await store.delete(uri)
         return True
     if isinstance(store, DiskMediaStore):
         path = store.path_for(uri)
