@@ -316,7 +316,7 @@ class ShardTransaction(ShardReads):
         counts = self.dlq_counts()
         for reason in reasons:
             counts[reason] = counts.get(reason, 0) + 1
-        self.put(DLQ_COUNTS, dumps(counts))
+        self._put_dlq_counts(counts)
 
     def uncount_dead_letters(self, counts: Mapping[str, int]) -> None:
         """Take dead letters back out of the shard's counts; a reason that reaches 0 is left out."""
@@ -327,7 +327,14 @@ class ShardTransaction(ShardReads):
                 stored[reason] = left
             else:
                 stored.pop(reason, None)
-        self.put(DLQ_COUNTS, dumps(stored))
+        self._put_dlq_counts(stored)
+
+    def _put_dlq_counts(self, counts: dict[str, int]) -> None:
+        """No counts is no key: the same bytes whether dead letters came and went or never came."""
+        if counts:
+            self.put(DLQ_COUNTS, dumps(counts))
+        else:
+            self.delete(DLQ_COUNTS)
 
     def count_conflict(self, k: bytes) -> None:
         """Count one more record of another writer kept apart (`CONFLICT` key)."""
