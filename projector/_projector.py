@@ -31,6 +31,7 @@ from stepstream.projector._commits import GroupOffsets
 from stepstream.projector._dead_letters import DeadLetterSender
 from stepstream.projector._membership import Membership, membership_assignor
 from stepstream.projector._metrics import ApplyMetrics
+from stepstream.projector._pacing import TopicPacer
 from stepstream.projector._reader import ProjectionReader
 from stepstream.projector._shard import Shard, Transaction, check_projection
 from stepstream.projector._shard_set import ShardSet
@@ -154,6 +155,7 @@ class Projector:
         self.group_offsets = group_offsets or GroupOffsets(enabled=commit_group_offsets)
         self.metrics = metrics or ApplyMetrics()
         self._topic_index = {settings.step_events_topic: EVENTS, settings.tool_effects_topic: EFFECTS}
+        self._pacer = TopicPacer(*self._topics)
         self._applier: Applier | None = None
         self._wire: WireFormats | None = None
         self._layout: TopicLayout | None = None
@@ -321,9 +323,11 @@ class Projector:
             )
         async with self.shards.lock:
             self._assignments += 1
+            self._pacer.drop()
             for partition in sorted(numbers - set(self.shards.partitions)):
                 await self._open_shard(partition)
             await self._seek(assigned)
+            self._pause_held()
         log.info('member of %s: owns partitions %s', self.group, self.partitions)
         if self.on_assignment is not None:
             self.on_assignment(self.partitions)
@@ -332,7 +336,9 @@ class Projector:
         """Partitions are moving away: finish the batch in hand, then flush and close their shards."""
         async with self.shards.lock:
             self._assignments += 1
-            for partition in sorted({tp.partition for tp in revoked}):
+            numbers = sorted({tp.partition for tp in revoked})
+            self._pacer.drop(numbers)
+            for partition in numbers:
                 self._release(partition)
         if self.on_assignment is not None and revoked:
             self.on_assignment(self.partitions)
@@ -484,10 +490,10 @@ class Projector:
                 batches = await self._consumer.getmany(
                     timeout_ms=self.poll_timeout_ms, max_records=self.max_batch_records
                 )
-                if batches:
+                if batches or self._pacer.holding:
                     async with self.shards.lock:
                         if assignments == self._assignments:
-                            await self._apply_batch(batches)
+                            await self._apply_batch(self._pace(batches))
                         else:
                             await self._refetch()
                 if self.checkpoints is not None:
@@ -518,7 +524,31 @@ class Projector:
         would skip the records in between. Seeking every owned partition again costs one fetch.
         """
         assert self._consumer is not None
+        self._pacer.drop()
         await self._seek(self._consumer.assignment())
+        self._pause_held()
+
+    def _pace(
+        self, batches: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]
+    ) -> dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]:
+        """What to apply of a round: step events first, tool effects not ahead of them (`_pacing`)."""
+        assert self._consumer is not None
+        paced = self._pacer.pace(batches, self._consumer.highwater, lambda tp: self._applied.get(tp, 0))
+        self._pause_held()
+        return paced
+
+    def _pause_held(self) -> None:
+        """Fetch no more of a partition whose records the pacer holds back; resume the others."""
+        consumer = self._consumer
+        if consumer is None:
+            return
+        holding, paused = self._pacer.holding, consumer.paused()
+        if holding != paused:
+            if holding - paused:
+                consumer.pause(*(holding - paused))
+            resume = (paused - holding) & consumer.assignment()
+            if resume:
+                consumer.resume(*resume)
 
     async def _apply_batch(self, batches: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]) -> None:
         by_shard: dict[int, list[SourceRecord]] = {}
