@@ -43,7 +43,7 @@ R = TypeVar('R', bound=_Fetched)
 class TopicPacer:
     """Paces the tool-effects partitions behind the step-events partitions of the same number."""
 
-    def __init__(self, events_topic: str, effects_topic: str, *, patience_s: float = 2.0) -> None:
+    def __init__(self, events_topic: str, effects_topic: str, *, patience_s: float = 10.0) -> None:
         """`patience_s`: how long held records wait for a step event of their partition at most."""
         self.events_topic = events_topic
         self.effects_topic = effects_topic
@@ -53,8 +53,6 @@ class TopicPacer:
         """Partition -> since when (monotonic) its held records wait with no step event fetched."""
         self._newest: dict[int, int] = {}
         """Partition -> the newest timestamp of the step events fetched from it so far."""
-        self._next: dict[int, int] = {}
-        """Partition -> the offset after the last step event fetched from it."""
 
     @property
     def holding(self) -> set[TopicPartition]:
@@ -65,13 +63,13 @@ class TopicPacer:
         self,
         batches: Mapping[TopicPartition, list[R]],
         highwater: Callable[[TopicPartition], int | None],
-        position: Callable[[TopicPartition], int],
+        position: Callable[[TopicPartition], int | None],
     ) -> dict[TopicPartition, list[R]]:
         """The records of this round to apply now: step events first, the held-back effects kept.
 
-        `highwater` is the consumer's (the end of a partition as its last fetch saw it, None
-        when unknown); `position` is where the consumer started a partition it has not
-        returned a record of yet (the shard's stored offset).
+        `highwater` and `position` are the consumer's: the end of a step-events partition as its
+        last fetch saw it, and the offset of the next record it will return there (None when
+        unknown). A partition is caught up when its position reaches its high watermark.
         """
         events: dict[int, tuple[TopicPartition, list[R]]] = {}
         effects: dict[int, tuple[TopicPartition, list[R]]] = {}
@@ -80,8 +78,6 @@ class TopicPacer:
                 continue
             if tp.topic == self.events_topic:
                 events[tp.partition] = (tp, records)
-                last = records[-1]
-                self._next[tp.partition] = last.offset + 1
                 newest = max(r.timestamp for r in records)
                 if newest > self._newest.get(tp.partition, newest - 1):
                     self._newest[tp.partition] = newest
@@ -108,15 +104,12 @@ class TopicPacer:
         records: list[R],
         moved: bool,
         highwater: Callable[[TopicPartition], int | None],
-        position: Callable[[TopicPartition], int],
+        position: Callable[[TopicPartition], int | None],
     ) -> int:
         """How many of a tool-effects partition's records (in offset order) to apply now."""
         events_tp = TopicPartition(self.events_topic, partition)
-        end = highwater(events_tp)
-        at = self._next.get(partition)
-        if at is None:
-            at = position(events_tp)
-        if end is not None and at >= end:
+        end, at = highwater(events_tp), position(events_tp)
+        if end is not None and at is not None and at >= end:
             self._waiting.pop(partition, None)
             return len(records)  # the step events are caught up: nothing to wait for
         now = time.monotonic()
@@ -141,10 +134,8 @@ class TopicPacer:
             self._held.clear()
             self._waiting.clear()
             self._newest.clear()
-            self._next.clear()
             return
         for p in partitions:
             self._held.pop(TopicPartition(self.effects_topic, p), None)
             self._waiting.pop(p, None)
             self._newest.pop(p, None)
-            self._next.pop(p, None)

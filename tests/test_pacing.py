@@ -58,11 +58,14 @@ def test_effects_ahead_wait_for_the_step_events_and_come_after_them() -> None:
 def test_nothing_waits_once_the_step_events_are_caught_up() -> None:
     pacer = TopicPacer(EVENTS, EFFECTS, patience_s=3600)
     ends = {ev(0): 2, ev(1): None}
-    out = pacer.pace({ev(0): recs(0, 1, 2), fx(0): recs(0, 9, 10)}, ends.get, lambda tp: 0)
+    out = pacer.pace({ev(0): recs(0, 1, 2), fx(0): recs(0, 9, 10)}, ends.get, {ev(0): 2}.get)
     assert offsets(out) == {ev(0): [0, 1], fx(0): [0, 1]}
-    # A partition with no step events fetched: caught up when it starts at its end.
-    out = pacer.pace({fx(2): recs(7, 3)}, {ev(2): 4}.get, lambda tp: 4)
+    # A partition with no step events fetched: caught up when the consumer stands at its end.
+    out = pacer.pace({fx(2): recs(7, 3)}, {ev(2): 4}.get, {ev(2): 4}.get)
     assert offsets(out) == {fx(2): [7]}
+    # Not caught up while the position is unknown.
+    out = pacer.pace({fx(3): recs(0, 3)}, {ev(3): 4}.get, {}.get)
+    assert offsets(out) == {}
 
 
 def test_held_records_go_when_no_step_event_comes() -> None:
