@@ -4,17 +4,19 @@ A consumer fetching both log topics from offset zero (a rebuild, a new member, a
 shard catching up) takes about as many bytes of each per fetch, so the tool-effects partition,
 a quarter of the records, runs far ahead of its step events. Every transition read before its
 run's `run_started` is parked, and applied (and often decoded again) when the registration comes:
-in a rebuild of the 50-step runs of `bench/`, a fifth of all records were parked.
+in a rebuild of the 50-step runs of `bench/`, more than a quarter of all records were parked.
 
 The apply rules give the same projection whatever the interleaving of the two topics
 (docs/decisions/0010-conflict-rules.md), so the order in which they are applied is ours to
 choose. The pacer holds back, per partition, the tool-effect records whose Kafka timestamp is
-later than the newest step event fetched from the same partition number, while that step-events
-partition still has records to fetch, and orders each round step events first. Held records are
-the next ones of their partition, so a shard's stored offsets never pass one; the projector
-pauses fetching that partition while it holds any (memory stays bounded) and applies them as
-the step events catch up. Whatever happens, nothing waits long: the step-events partition
-reaching its high watermark, or `patience_s` passing without one of its records, releases them.
+later than the newest step event fetched from the same partition number, while the consumer
+has step events of that partition left to return (its position there is below the high
+watermark), and orders each round step events first. Held records are the next ones of their
+partition, so a shard's stored offsets never pass one; the projector pauses fetching that
+partition while it holds any (memory stays bounded) and applies them as the step events catch
+up. Nothing waits for ever: the step-events position reaching the high watermark (always so
+when the projector is caught up, so live records are never held), or `patience_s` passing
+without a step event of the partition, releases them.
 
 How a round is paced is a matter of speed only; dropping what is held (on a seek, an assignment
 change, a stop) loses nothing, since those records are read again from the shard's offsets.
