@@ -1,16 +1,34 @@
 """`TopicPacer`: tool effects are applied no earlier than the step events fetched beside them.
 
-Unit tests on plain records (the fast tier); every projector test runs the pacer against a real
-broker, and tests/test_apply_properties.py shows the projection does not depend on the order.
+Unit tests on plain records (the fast tier), and one end to end: a log whose tool effects are
+all stamped a day after their step events, so that the pacer holds every one of them back while
+step events remain, gives the projection the same log with its own stamps gives (the step events
+are restamped a day earlier: brokers refuse timestamps far in the future). Every other
+projector test runs the pacer against a real broker too, and tests/test_apply_properties.py
+shows the projection does not depend on the order of the two topics.
 """
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
+from pydantic_ai import Agent
 
+from stepstream import Settings
+from stepstream.producer import EventLog, StepPersistence
+from stepstream.projector import Projector
 from stepstream.projector._pacing import TopicPacer
+from stepstream.projector._shard import Shard, shard_paths
+from stepstream.topics import Position, ensure_topics
+
+from agents import calls_then_answers
+
+DAY_MS = 86_400_000
 
 EVENTS, EFFECTS = 'ev', 'fx'
 
@@ -90,3 +108,91 @@ def test_dropped_records_are_forgotten() -> None:
     # After a drop the step events' progress is forgotten too: nothing fetched of them, nothing released.
     out = pacer.pace({fx(1): recs(0, 5)}, behind, lambda tp: 0)
     assert offsets(out) == {}
+
+
+async def restamped(settings: Settings, copy: Settings, end: Position) -> Position:
+    """The log up to `end` again in `copy`'s topics, each record in its partition and order, the
+    step events stamped a day earlier than they were (so every tool effect is a day ahead)."""
+    await ensure_topics(copy)
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, auto_offset_reset='earliest')
+    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
+    await consumer.start()
+    await producer.start()
+    written: Position = {}
+    try:
+        consumer.assign(list(end))
+        for tp in end:
+            await consumer.seek_to_beginning(tp)
+        remaining = set(end)
+        while remaining:
+            for tp, batch in (await consumer.getmany(timeout_ms=1000)).items():
+                effects = tp.topic == settings.tool_effects_topic
+                topic = copy.tool_effects_topic if effects else copy.step_events_topic
+                for m in batch:
+                    if m.offset >= end[tp]:
+                        continue
+                    meta = await producer.send_and_wait(
+                        topic,
+                        m.value,
+                        key=m.key,
+                        partition=tp.partition,
+                        headers=list(m.headers),
+                        timestamp_ms=m.timestamp if effects else m.timestamp - DAY_MS,
+                    )
+                    written[TopicPartition(topic, meta.partition)] = meta.offset + 1
+            remaining = {tp for tp in remaining if await consumer.position(tp) < end[tp]}
+    finally:
+        await consumer.stop()
+        await producer.stop()
+    assert written == {
+        TopicPartition(
+            copy.tool_effects_topic if tp.topic == settings.tool_effects_topic else copy.step_events_topic,
+            tp.partition,
+        ): offset
+        for tp, offset in end.items()
+    }
+    return written
+
+
+def logical(root: Path) -> dict[int, list[tuple[bytes, bytes]]]:
+    """Every shard's logical content (offsets, progress and identity left out), by partition."""
+    found = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        for partition, path in shard_paths(root).items():
+            shard = Shard.open_read_only(path, Path(scratch) / str(partition))
+            try:
+                found[partition] = list(shard.logical_items())
+            finally:
+                shard.close()
+    return found
+
+
+async def test_effects_stamped_after_every_step_event_are_held_then_applied_the_same(
+    settings: Settings, event_log: EventLog, tmp_path: Path
+) -> None:
+    for n in range(8):
+        run_id = f'paced-{n:08x}'
+        agent: Agent[Any, str] = Agent(
+            calls_then_answers('work', 3), capabilities=[StepPersistence(log=event_log, run_id=run_id)]
+        )
+
+        @agent.tool_plain
+        def work() -> str:
+            return 'done'
+
+        await agent.run(f'task {n}')
+    end = await event_log.flush()
+    copy = settings.replace(topic_prefix=f'{settings.topic_prefix}-late')
+    late_end = await restamped(settings, copy, end)
+    assert sum(o for tp, o in late_end.items() if tp.topic == copy.tool_effects_topic) > 0
+
+    # A few records a round, so step events remain behind while the late effects are fetched.
+    async with Projector(settings, db_path=tmp_path / 'own', max_batch_records=7) as own:
+        await own.wait_for(end, timeout=60)
+    async with Projector(copy, db_path=tmp_path / 'late', max_batch_records=7) as late:
+        await late.wait_for(late_end, timeout=60)
+        assert (late.dead_lettered, late.duplicates_ignored) == (0, 0)
+        assert late.records_applied == sum(late_end.values())
+    expected = logical(tmp_path / 'own')
+    assert sum(len(items) for items in expected.values()) > 0
+    assert logical(tmp_path / 'late') == expected
