@@ -1,6 +1,6 @@
 """The projector's live loop against its ceiling, this checkout against a baseline, interleaved.
 
-    .venv/bin/python -m bench.loop_ab [RECORDS] [--rounds N] [--baseline-dir DIR]
+    .venv/bin/python -m bench.loop_ab [RECORDS] [--rounds N] [--baseline-dir DIR] [--jobs N]
 
 Fills a fresh topic pair of an embedded stack with RECORDS synthetic records (the 50-step runs
 of workload 3, `synthetic.many_runs`), then measures, in each round and on the same records:
@@ -11,7 +11,11 @@ of workload 3, `synthetic.many_runs`), then measures, in each round and on the s
   zero into an empty directory (the loop `rebuild` runs: fetch, decode, apply, commit), until it
   applied the whole log;
 - with `--baseline-dir DIR` (a checkout of another revision with its own `.venv`), the same
-  child from there, right after.
+  child from there, right after;
+- with `--jobs N`, `stepstream.projector.rebuild(..., jobs=N)` of this checkout (and of the
+  baseline) in a process of its own, timed from the call to its return (wall time only: the
+  work is in its N worker processes). It stops at the end offsets the broker reports, which
+  Tansu under-reports by the rest of each partition's last batch.
 
 Each is given in wall time and in CPU time (the child's own, from its `process_time`; the
 ceiling's is the bench process's). The machine may be shared: the rounds interleave the three,
@@ -24,6 +28,7 @@ import argparse
 import asyncio
 import io
 import json
+import math
 import os
 import statistics
 import sys
@@ -99,13 +104,44 @@ async def projector(settings: Settings, checkout: Path, position: Position, work
     return {'records': applied, 'wall_s': report['catch_up_s'], 'cpu_s': report['cpu_s']}
 
 
+REBUILD = """
+import asyncio, sys, time
+from stepstream import Settings
+from stepstream.projector import rebuild
+t0 = time.perf_counter()
+asyncio.run(rebuild(Settings.from_env(), sys.argv[1], jobs=int(sys.argv[2])))
+print(time.perf_counter() - t0)
+"""
+
+
+async def rebuild_jobs(
+    settings: Settings, checkout: Path, jobs: int, records: int, workdir: Path
+) -> dict[str, Any]:
+    """`rebuild(..., jobs=jobs)` of `checkout` in a process of its own, from the call to its return."""
+    env = {**os.environ, **settings.to_env()}
+    with tempfile.TemporaryDirectory(dir=workdir) as scratch:
+        child = await asyncio.create_subprocess_exec(
+            str(checkout / '.venv' / 'bin' / 'python'),
+            '-c',
+            REBUILD,
+            str(Path(scratch) / 'projection'),
+            str(jobs),
+            cwd=checkout,
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        out, _ = await asyncio.wait_for(child.communicate(), 3600)
+    assert child.returncode == 0, f'rebuild of {checkout} failed'
+    return {'records': records, 'wall_s': float(out.decode().split()[-1]), 'cpu_s': float('nan')}
+
+
 def line(what: str, figures: dict[str, Any]) -> str:
     """One measurement: records, wall and CPU rates."""
     n = figures['records']
-    return (
-        f'{what}: {n:,} records in {figures["wall_s"]:.1f} s ({n / figures["wall_s"]:,.0f}/s), '
-        f'{figures["cpu_s"]:.1f} CPU s ({n / figures["cpu_s"]:,.0f}/CPU s)'
-    )
+    text = f'{what}: {n:,} records in {figures["wall_s"]:.1f} s ({n / figures["wall_s"]:,.0f}/s)'
+    if math.isnan(figures['cpu_s']):
+        return text
+    return text + f', {figures["cpu_s"]:.1f} CPU s ({n / figures["cpu_s"]:,.0f}/CPU s)'
 
 
 async def main() -> None:
@@ -113,6 +149,7 @@ async def main() -> None:
     parser.add_argument('records', type=int, nargs='?', default=300_000)
     parser.add_argument('--rounds', type=int, default=3)
     parser.add_argument('--baseline-dir', type=Path, help='a checkout of another revision, with its .venv')
+    parser.add_argument('--jobs', type=int, help='also time rebuild(jobs=N) of each checkout')
     args = parser.parse_args()
     async with EmbeddedStack() as stack:
         settings = fresh(stack.settings, 'loop')
@@ -120,6 +157,8 @@ async def main() -> None:
         _, position, filled = await fill(settings, args.records)
         total = filled['records']
         results: dict[str, list[dict[str, Any]]] = {'ceiling': [], 'now': [], 'baseline': []}
+        if args.jobs:
+            results |= {f'now --jobs {args.jobs}': [], f'baseline --jobs {args.jobs}': []}
         with tempfile.TemporaryDirectory(prefix='loop-ab-') as workdir:
             for n in range(1, args.rounds + 1):
                 results['ceiling'].append(await ceiling(settings, total))
@@ -128,6 +167,14 @@ async def main() -> None:
                     results['baseline'].append(
                         await projector(settings, args.baseline_dir, position, Path(workdir))
                     )
+                if args.jobs:
+                    results[f'now --jobs {args.jobs}'].append(
+                        await rebuild_jobs(settings, REPO, args.jobs, total, Path(workdir))
+                    )
+                    if args.baseline_dir is not None:
+                        results[f'baseline --jobs {args.jobs}'].append(
+                            await rebuild_jobs(settings, args.baseline_dir, args.jobs, total, Path(workdir))
+                        )
                 for what, runs in results.items():
                     if runs:
                         print(f'round {n} ' + line(what, runs[-1]), flush=True)
@@ -140,6 +187,16 @@ async def main() -> None:
             (r['records'] / r['wall_s']) / (c['records'] / c['wall_s'])
             for r, c in zip(runs, results['ceiling'], strict=True)
         )
+        if math.isnan(cpu):  # a rebuild in processes: its time against the ceiling's
+            times = statistics.median(
+                r['wall_s'] / c['wall_s'] for r, c in zip(runs, results['ceiling'], strict=True)
+            )
+            seconds = statistics.median(r['wall_s'] for r in runs)
+            print(
+                f'{what}, median of {len(runs)}: {seconds:.1f} s ({wall:,.0f} records/s); '
+                f'{times:.2f}x the ceiling time in the same round'
+            )
+            continue
         print(
             f'{what}, median of {len(runs)}: {wall:,.0f} records/s, {cpu:,.0f} records/CPU s; '
             f'of the ceiling in the same round: {ratio:.2f}'

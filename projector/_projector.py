@@ -2,8 +2,9 @@
 
 The projector coordinates: it consumes, routes each partition's records to its shard, has the
 `Applier` stage them, hands dead letters to the `DeadLetterSender`, commits, and tells the
-`GroupOffsets` and `ApplyMetrics` what it applied. The shards themselves (opening, restoring,
-identity, hand-off) are the `ShardSet`'s.
+`GroupOffsets`, `ApplyMetrics` and `AppliedPosition` what it applied. The shards themselves
+(opening, restoring, identity, hand-off) are the `ShardSet`'s; which partitions it holds and
+where the consumer reads them from, the `Assignment`'s.
 """
 
 from __future__ import annotations
@@ -11,13 +12,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Callable, Collection
 from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, ConsumerRecord
+from aiokafka import AIOKafkaConsumer, ConsumerRecord
 from aiokafka.errors import GroupAuthorizationFailedError, KafkaError
 from aiokafka.structs import TopicPartition
 from opentelemetry.trace import Span
@@ -27,11 +27,13 @@ from stepstream.errors import StepStreamError, UsageError
 from stepstream.kafka_client import AUTHORIZATION_ERRORS, access_denied, client_options, connection_error
 from stepstream.media import MediaStore, S3MediaStore
 from stepstream.projector._apply import EFFECTS, EVENTS, Applier, BatchOutcome, SourceRecord
+from stepstream.projector._assignment import Assignment
 from stepstream.projector._checkpoints import Checkpoints
 from stepstream.projector._commits import GroupOffsets
 from stepstream.projector._dead_letters import DeadLetterSender
 from stepstream.projector._membership import Membership, membership_assignor
 from stepstream.projector._metrics import ApplyMetrics
+from stepstream.projector._progress import AppliedPosition
 from stepstream.projector._reader import ProjectionReader
 from stepstream.projector._shard import Shard, Transaction, check_projection
 from stepstream.projector._shard_set import ShardSet
@@ -42,21 +44,6 @@ from stepstream.telemetry import span
 from stepstream.topics import Position, TopicLayout, ensure_topics
 
 log = logging.getLogger('stepstream.projector')
-
-
-class _Rebalance(ConsumerRebalanceListener):
-    """Hands a member's assignment changes to its projector."""
-
-    def __init__(self, projector: Projector) -> None:
-        self.projector = projector
-
-    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        """Close the shards moving away (after the batch in hand)."""
-        await self.projector._revoked(revoked)
-
-    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        """Open, restore or create the shards of the new assignment."""
-        await self.projector._assigned(assigned)
 
 
 class Projector:
@@ -157,22 +144,28 @@ class Projector:
         self.group_offsets = group_offsets or GroupOffsets(enabled=commit_group_offsets)
         self.metrics = metrics or ApplyMetrics()
         self._topic_index = {settings.step_events_topic: EVENTS, settings.tool_effects_topic: EFFECTS}
+        self._position = AppliedPosition()
+        self._assignment = Assignment(
+            self.shards,
+            self._position,
+            self.metrics,
+            self._topics,
+            group=group,
+            on_assignment=on_assignment,
+            on_failure=self._fail,
+            on_open=self._shard_opened,
+        )
         self._applier: Applier | None = None
         self._wire: WireFormats | None = None
         self._layout: TopicLayout | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
-        self._failure: BaseException | None = None
-        self._progress = asyncio.Condition()
-        self._assignments = 0
-        """Counts assignment changes, so a batch fetched across one is recognised and dropped."""
-        self._applied: Position = {}
         if group is None:
             # Open the shards that exist now, so a second writer is refused before connecting.
             try:
                 for shard in self.shards.open_existing(self.only):
-                    self._applied.update(shard.offsets())
+                    self._position.start_at(shard.offsets())
             except BaseException:
                 self.close()
                 raise
@@ -248,11 +241,12 @@ class Projector:
             await self.dead_letters.stop()
             raise await connection_error(self.settings, 'did not accept the projector', exc) from exc
         self._consumer = consumer
+        self._assignment.attach(consumer, layout)
         if self.group is None:
             mine = [p for p in range(layout.partitions) if self.only is None or p in self.only]
             for partition in mine:
                 if partition not in self.shards:
-                    await self._open_shard(partition)
+                    await self._assignment.open_shard(partition)
             assigned = {TopicPartition(t, p) for t in self._topics for p in mine}
             consumer.assign(sorted(assigned))
             try:
@@ -260,14 +254,14 @@ class Projector:
                 # seek would wait out the request timeout first).
                 if assigned:
                     await consumer.committed(min(assigned))
-                await self._seek(assigned)
+                await self._assignment.seek(assigned)
             except AUTHORIZATION_ERRORS as exc:
                 self._consumer = None
                 await consumer.stop()
                 await self.dead_letters.stop()
                 raise self._may_not_read(exc) from exc
         else:
-            consumer.subscribe(list(self._topics), listener=_Rebalance(self))
+            consumer.subscribe(list(self._topics), listener=self._assignment.listener())
         self._stopping = False
         self._task = asyncio.create_task(self._consume(), name='stepstream-projector')
 
@@ -281,75 +275,17 @@ class Projector:
         fix = f'grant it {grant} (the projector ACL), or use the projector principal'
         return access_denied(self.settings, what, exc, fix=fix)
 
-    async def _open_shard(self, partition: int) -> Shard:
-        """Open, restore or create the shard of `partition`; the consumer starts at its offsets."""
-        assert self._layout is not None
-        shard = await self.shards.assign(partition, self._layout)
-        self._applied.update(shard.offsets())
+    def _shard_opened(self, shard: Shard) -> None:
+        """A shard was opened or restored: the applier keeps the options its identity holds."""
         if self._applier is not None:
             self._applier.max_snapshots = self.shards.max_snapshots_per_run
             if self._applier.retain_ended_us != self.shards.retain_ended_us:
                 self._applier.retain_ended_us = self.shards.retain_ended_us
-        return shard
 
-    async def _seek(self, assigned: Collection[TopicPartition]) -> None:
-        assert self._consumer is not None
-        for tp in assigned:
-            offset = self._applied.get(tp)
-            if offset is None:
-                await self._consumer.seek_to_beginning(tp)
-            else:
-                self._consumer.seek(tp, offset)
-
-    async def _assigned(self, assigned: set[TopicPartition]) -> None:
-        """The group gave this member partitions: open (or restore) their shards and seek.
-
-        A shard that cannot be opened stops the member (its partitions must not be consumed
-        with nowhere to apply them): the error is raised by `join()` and `__aexit__`.
-        """
-        try:
-            await self._take(assigned)
-        except Exception as exc:
-            log.error('member of %s cannot take its partitions: %s', self.group, exc)
-            self._failure = exc
-            self._stopping = True
-            async with self._progress:
-                self._progress.notify_all()
-
-    async def _take(self, assigned: set[TopicPartition]) -> None:
-        numbers = {tp.partition for tp in assigned}
-        lopsided = sorted(
-            p for p in numbers if any(TopicPartition(t, p) not in assigned for t in self._topics)
-        )
-        if lopsided:
-            raise StepStreamError(
-                f'the group {self.group!r} assigned partition(s) {lopsided} of one log topic '
-                'without the other; '
-                'every member must be a stepstream projector (range assignment keeps a shard together)'
-            )
-        async with self.shards.lock:
-            self._assignments += 1
-            for partition in sorted(numbers - set(self.shards.partitions)):
-                await self._open_shard(partition)
-            await self._seek(assigned)
-        log.info('member of %s: owns partitions %s', self.group, self.partitions)
-        if self.on_assignment is not None:
-            self.on_assignment(self.partitions)
-
-    async def _revoked(self, revoked: set[TopicPartition]) -> None:
-        """Partitions are moving away: finish the batch in hand, then flush and close their shards."""
-        async with self.shards.lock:
-            self._assignments += 1
-            for partition in sorted({tp.partition for tp in revoked}):
-                self._release(partition)
-        if self.on_assignment is not None and revoked:
-            self.on_assignment(self.partitions)
-
-    def _release(self, partition: int) -> None:
-        self.shards.revoke(partition)
-        self.metrics.forget(partition)
-        for topic in self._topics:
-            self._applied.pop(TopicPartition(topic, partition), None)
+    async def _fail(self, exc: BaseException) -> None:
+        """Stop on `exc`: `wait_for`, `join()` and `__aexit__` raise it."""
+        self._stopping = True
+        await self._position.fail(exc)
 
     def mark_rebuilt(self) -> None:
         """Record that a rebuild reached the end it was after: its shards are complete."""
@@ -359,7 +295,7 @@ class Projector:
         """Finish the batch in hand, then disconnect and flush the shards."""
         self._stopping = True
         if self._task is not None:
-            with contextlib.suppress(Exception):  # kept in self._failure, raised by __aexit__
+            with contextlib.suppress(Exception):  # kept in the applied position, raised by __aexit__
                 await self._task
             self._task = None
         if self._consumer is not None and self.group_offsets.pending:
@@ -388,7 +324,7 @@ class Projector:
     def close(self) -> None:
         """Close the shards' RocksDB handles (after `stop()`)."""
         for partition in self.shards.partitions:
-            self._release(partition)
+            self._assignment.release(partition)
 
     async def __aenter__(self) -> Self:
         try:
@@ -406,8 +342,9 @@ class Projector:
     ) -> None:
         await self.stop()
         self.close()
-        if self._failure is not None and exc is None:
-            raise StepStreamError(f'the projector stopped on an error: {self._failure!r}') from self._failure
+        failure = self._position.failure
+        if failure is not None and exc is None:
+            raise StepStreamError(f'the projector stopped on an error: {failure!r}') from failure
 
     async def join(self) -> None:
         """Wait until the background loop ends: after `stop()`, or on an error, which is raised."""
@@ -441,30 +378,11 @@ class Projector:
     @property
     def applied(self) -> Position:
         """For each partition, the offset just past the last applied record."""
-        return dict(self._applied)
+        return self._position.position
 
     async def wait_for(self, position: Position, timeout: float = 30.0) -> None:
         """Return once every record up to `position` (from `EventLog.flush()`) is applied."""
-        deadline = time.monotonic() + timeout
-        async with self._progress:
-            while not self._reached(position):
-                if self._failure is not None:
-                    raise StepStreamError(f'the projector stopped on an error: {self._failure!r}')
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    behind = {
-                        f'{tp.topic}[{tp.partition}]': (self._applied.get(tp, 0), off)
-                        for tp, off in position.items()
-                        if self._applied.get(tp, 0) < off
-                    }
-                    raise TimeoutError(
-                        f'projection did not reach the position within {timeout:g}s: '
-                        f'(applied, wanted) {behind}'
-                    )
-                try:
-                    await asyncio.wait_for(self._progress.wait(), remaining)
-                except TimeoutError:
-                    continue
+        await self._position.wait_for(position, timeout)
 
     async def end_position(self) -> Position:
         """The end of every partition this projector owns right now (what `catch_up` waits for)."""
@@ -482,54 +400,39 @@ class Projector:
         await self.wait_for(position, timeout=timeout)
         return position
 
-    def _reached(self, position: Position) -> bool:
-        return all(self._applied.get(tp, 0) >= offset for tp, offset in position.items())
-
     # -- the loop --------------------------------------------------------------------------------
 
     async def _consume(self) -> None:
         assert self._consumer is not None
         try:
+            assignment = self._assignment
             while not self._stopping:
-                assignments = self._assignments
+                changes = assignment.changes
                 batches = await self._consumer.getmany(
                     timeout_ms=self.poll_timeout_ms, max_records=self.max_batch_records
                 )
-                if batches:
+                if batches or assignment.pacer.holding:
                     async with self.shards.lock:
-                        if assignments == self._assignments:
-                            await self._apply_batch(batches)
+                        if changes == assignment.changes:
+                            await self._apply_batch(await assignment.pace(batches))
                         else:
-                            await self._refetch()
+                            await assignment.refetch()
                 if self.checkpoints is not None:
                     await self.checkpoints.maybe_upload(self.shards)
-            if self._failure is not None:  # set by a failed assignment
-                raise self._failure
+            if self._position.failure is not None:  # set by a failed assignment
+                raise self._position.failure
         except asyncio.CancelledError:
             raise
         except AUTHORIZATION_ERRORS as exc:
-            self._failure = self._may_not_read(exc)
-            log.error('projector stopped: %s', self._failure)
-            async with self._progress:
-                self._progress.notify_all()
-            raise self._failure from exc
+            failure = self._may_not_read(exc)
+            log.error('projector stopped: %s', failure)
+            await self._position.fail(failure)
+            raise failure from exc
         except Exception as exc:
-            log.exception('projector stopped')
-            self._failure = exc
-            async with self._progress:
-                self._progress.notify_all()
+            if exc is not self._position.failure:
+                log.exception('projector stopped')
+                await self._position.fail(exc)
             raise
-
-    async def _refetch(self) -> None:
-        """Drop a batch fetched across an assignment change; fetch again from the shards' offsets.
-
-        aiokafka installs a new assignment and starts fetching from the group's committed offsets
-        before it calls `_assigned`, which restores shards and seeks to their stored offsets. A
-        batch `getmany` returned meanwhile may start past a restored shard's offsets: applying it
-        would skip the records in between. Seeking every owned partition again costs one fetch.
-        """
-        assert self._consumer is not None
-        await self._seek(self._consumer.assignment())
 
     async def _apply_batch(self, batches: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]) -> None:
         by_shard: dict[int, list[SourceRecord]] = {}
@@ -556,6 +459,7 @@ class Projector:
         assert applier is not None and self._consumer is not None
         send = self.send_dead_letters
         shards, metrics = self.shards, self.metrics
+        applier.max_snapshots = shards.max_snapshots_per_run  # learnt from the first shard opened
 
         def stage_and_commit() -> tuple[list[Transaction], list[BatchOutcome], bool]:
             txns, outcomes = [], []
@@ -583,9 +487,7 @@ class Projector:
             for (topic, partition), offset in outcome.next_offsets.items():
                 next_offsets[TopicPartition(self._topics[topic], partition)] = offset
         self.metrics.observe(outcomes, next_offsets, self._consumer.highwater, current)
-        async with self._progress:
-            self._applied.update(next_offsets)
-            self._progress.notify_all()
+        await self._position.advance(next_offsets)
         await self.group_offsets.applied(self._consumer, next_offsets)
 
 

@@ -1,0 +1,85 @@
+"""`AppliedPosition`: how far a projector has applied each partition, and waiting for a position.
+
+The projector advances it after each committed batch; `wait_for` (reading your writes, `catch_up`,
+`rebuild`) waits on it. When the projector's loop stops on an error, `fail` wakes every waiter
+with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable
+
+from aiokafka.structs import TopicPartition
+
+from stepstream.errors import StepStreamError
+from stepstream.topics import Position
+
+
+class AppliedPosition:
+    """For each partition, the offset just past the last applied record; waiters wake on change."""
+
+    def __init__(self) -> None:
+        """Nothing applied yet."""
+        self._applied: Position = {}
+        self._changed = asyncio.Condition()
+        self.failure: BaseException | None = None
+        """Why the projector stopped, once it did on an error (raised to every waiter)."""
+
+    @property
+    def position(self) -> Position:
+        """A copy of the applied position."""
+        return dict(self._applied)
+
+    def get(self, tp: TopicPartition) -> int | None:
+        """The applied offset of one partition, None when nothing of it is known."""
+        return self._applied.get(tp)
+
+    def start_at(self, offsets: Position) -> None:
+        """Where an opened shard's partitions stand (its stored offsets)."""
+        self._applied.update(offsets)
+
+    def forget(self, tps: Iterable[TopicPartition]) -> None:
+        """Partitions whose shard moved away."""
+        for tp in tps:
+            self._applied.pop(tp, None)
+
+    async def advance(self, offsets: Position) -> None:
+        """A batch is committed up to `offsets`: wake the waiters."""
+        async with self._changed:
+            self._applied.update(offsets)
+            self._changed.notify_all()
+
+    async def fail(self, exc: BaseException) -> None:
+        """The projector stopped on `exc`: every waiter raises it."""
+        self.failure = exc
+        async with self._changed:
+            self._changed.notify_all()
+
+    def reached(self, position: Position) -> bool:
+        """Whether every partition of `position` is applied up to its offset."""
+        return all(self._applied.get(tp, 0) >= offset for tp, offset in position.items())
+
+    async def wait_for(self, position: Position, timeout: float) -> None:
+        """Return once every record up to `position` is applied; `TimeoutError` naming what lags."""
+        deadline = time.monotonic() + timeout
+        async with self._changed:
+            while not self.reached(position):
+                if self.failure is not None:
+                    raise StepStreamError(f'the projector stopped on an error: {self.failure!r}')
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    behind = {
+                        f'{tp.topic}[{tp.partition}]': (self._applied.get(tp, 0), off)
+                        for tp, off in position.items()
+                        if self._applied.get(tp, 0) < off
+                    }
+                    raise TimeoutError(
+                        f'projection did not reach the position within {timeout:g}s: '
+                        f'(applied, wanted) {behind}'
+                    )
+                try:
+                    await asyncio.wait_for(self._changed.wait(), remaining)
+                except TimeoutError:
+                    continue
