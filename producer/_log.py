@@ -17,12 +17,13 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import copy
 import functools
 import logging
 import time
 from collections.abc import Callable, Iterable
 from types import TracebackType
-from typing import ClassVar, Self
+from typing import TYPE_CHECKING, ClassVar, Self
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
@@ -45,6 +46,9 @@ from stepstream.schemas import LogRecord, StepEvent, schema_of, subject_of, to_c
 from stepstream.settings import Settings
 from stepstream.telemetry import ack_latency, records_appended
 from stepstream.topics import Position, ensure_topics, murmur2_partition, supports_idempotence, unavailable
+
+if TYPE_CHECKING:
+    from aiokafka.producer.message_accumulator import BatchBuilder
 
 Serializer = Callable[[LogRecord, int], bytes]
 """`(record, max_record_bytes) -> value`: encodes a record, or refuses it before it is sent."""
@@ -91,6 +95,85 @@ class _Kept:
 
     def __lt__(self, other: _Kept) -> bool:
         return self.record.seq < other.record.seq
+
+
+class _Batch:
+    """Records of one hand-over for one partition, given to the producer as one batch."""
+
+    __slots__ = ('builder', 'entries', 'log', 'partition', 'sent_at', 'topic')
+
+    def __init__(self, log: EventLog, topic: str, partition: int, builder: BatchBuilder) -> None:
+        self.log = log
+        self.topic = topic
+        self.partition = partition
+        self.builder = builder
+        self.entries: list[tuple[int, _Outgoing, Ack]] = []
+        self.sent_at = 0.0
+
+    def add(self, index: int, out: _Outgoing, ack: Ack, key: bytes, value: bytes) -> bool:
+        """Append a record; False when the batch is full (the record goes to a new one)."""
+        if self.builder.append(timestamp=None, key=key, value=value, headers=out.headers) is None:
+            return False
+        self.entries.append((index, out, ack))
+        return True
+
+    def sent(self, future: asyncio.Future[RecordMetadata]) -> None:
+        """The producer took the batch: its acknowledgement settles each record's."""
+        self.sent_at = time.perf_counter()
+        records = len(self.entries)
+        records_appended.add(records, _TOPIC_ATTRIBUTES[self.topic == self.log.settings.step_events_topic])
+        self.log._pending[future] = [out for _index, out, _ack in self.entries]
+        future.add_done_callback(self.done)
+
+    def keep(self) -> None:
+        """The producer did not take the batch in time: keep its records for a resend, in order."""
+        for _index, out, ack in self.entries:
+            self.log._keep(out).add_done_callback(functools.partial(_settle, ack))
+
+    def done(self, future: asyncio.Future[RecordMetadata]) -> None:
+        """Resolve each record's acknowledgement as the batch's resolved (offsets from its base)."""
+        log = self.log
+        del log._pending[future]
+        if future.cancelled():
+            for _index, out, ack in self.entries:
+                log._keep(out)
+                ack.cancel()
+            return
+        exc = future.exception()
+        if exc is not None:
+            denied = isinstance(exc, AUTHORIZATION_ERRORS)
+            if denied:  # no ACL to write: sending again cannot help; every later wait raises this
+                log._denied = log._denied or log._no_write(exc)
+            for _index, out, ack in self.entries:
+                if not denied:
+                    log._keep(out)
+                ack.set_exception(copy.copy(exc))
+                ack.exception()  # retrieved: nobody may wait for it, and its record is kept and resent
+            return
+        base = future.result()
+        latency = time.perf_counter() - self.sent_at
+        tp = base.topic_partition
+        for offset, (_index, _out, ack) in enumerate(self.entries, base.offset):
+            if not ack.done():
+                ack.set_result(
+                    RecordMetadata(
+                        base.topic,
+                        base.partition,
+                        tp,
+                        offset,
+                        base.timestamp,
+                        base.timestamp_type,
+                        base.log_start_offset,
+                    )
+                )
+            ack_latency.record(latency)
+        last = base.offset + len(self.entries)
+        if last > log._written.get(tp, 0):
+            log._written[tp] = last
+
+
+def _index(entry: tuple[int, _Outgoing, Ack]) -> int:
+    return entry[0]
 
 
 class EventLog:
@@ -156,7 +239,8 @@ class EventLog:
         """The open runs of this process, kept alive on the log by heartbeats."""
         self._producer: AIOKafkaProducer | None = None
         self._written: Position = {}
-        self._pending: dict[Ack, _Outgoing] = {}
+        self._pending: dict[asyncio.Future[RecordMetadata], list[_Outgoing]] = {}
+        """Handed to the producer, not acknowledged yet: a record's or a batch's future, and its records."""
         self._kept: dict[str, list[_Kept]] = {}
         """Per run, in `seq` order: records to send again (see the module docstring)."""
         self._kept_changed = asyncio.Event()
@@ -303,7 +387,8 @@ class EventLog:
         lost: dict[str, list[int]] = {}
         unsent = [out.record for out, _ack in self._queued]
         kept = [k.record for entries in self._kept.values() for k in entries]
-        for record in [*unsent, *(out.record for out in self._pending.values()), *kept]:
+        pending = [out.record for outs in self._pending.values() for out in outs]
+        for record in [*unsent, *pending, *kept]:
             if not (isinstance(record, StepEvent) and record.kind == 'run_heartbeat'):  # takes no seq
                 lost.setdefault(record.run_id, []).append(record.seq)
         lost = {run_id: sorted(set(seqs)) for run_id, seqs in lost.items()}
@@ -404,19 +489,79 @@ class EventLog:
                 if self._linger_timer is not None:
                     self._linger_timer.cancel()
                     self._linger_timer = None
-                for i, (out, ack) in enumerate(queued):
-                    try:
-                        sent = await self._hand(out)
-                    except BaseException:
-                        # Cancelled (the waiting caller was) or failed before the producer took
-                        # it: this record and the rest go back to the front of the queue, in order.
-                        self._queued[:0] = queued[i:]
-                        self._arm_linger()
-                        raise
-                    sent.add_done_callback(functools.partial(_settle, ack))
+                await self._hand_batches(queued)
         finally:
             handing, self._handing = self._handing, None
             handing.set_result(None)
+
+    async def _hand_batches(self, queued: list[tuple[_Outgoing, Ack]]) -> None:
+        """Give queued records to the producer as one batch per partition (`create_batch`/`send_batch`).
+
+        One future per batch, not per record: the batch's acknowledgement resolves each record's
+        own (`_Batch.done`). A record of a run with kept records is kept behind them. A batch the
+        producer does not take in time is kept record by record, like a record the broker did
+        not take, and so is every batch after it. Cancelled (the waiting caller was) or failed
+        before the producer took them: the records not handed yet go back to the front of the
+        queue, in order.
+        """
+        assert self._producer is not None
+        batches: list[_Batch] = []
+        open_batches: dict[tuple[str, int], _Batch] = {}
+        submitted = 0
+        try:
+            for index, (out, ack) in enumerate(queued):
+                record = out.record
+                if self._kept and record.run_id in self._kept:  # behind its run's kept records
+                    self._keep(out).add_done_callback(functools.partial(_settle, ack))
+                    continue
+                key = record.run_id.encode()
+                partition = self.partitioner(key, self._partition_count)
+                topic = (
+                    self.settings.step_events_topic
+                    if isinstance(record, StepEvent)
+                    else self.settings.tool_effects_topic
+                )
+                if self._registry is None:
+                    value = out.value
+                else:
+                    try:
+                        value = await self._confluent(out, topic)
+                    except SchemaRegistryError:
+                        self._keep(out).add_done_callback(functools.partial(_settle, ack))
+                        continue
+                batch = open_batches.get((topic, partition))
+                if batch is None or not batch.add(index, out, ack, key, value):  # none yet, or full
+                    batch = open_batches[topic, partition] = _Batch(
+                        self, topic, partition, self._producer.create_batch()
+                    )
+                    batches.append(batch)
+                    if not batch.add(index, out, ack, key, value):  # never: an empty batch takes any record
+                        raise StepStreamError(
+                            f'the producer refused a {len(value)}-byte record in an empty batch'
+                        )
+            taken = True
+            for batch in batches:
+                if not taken:  # behind a batch the producer did not take: never ahead of its records
+                    batch.keep()
+                    submitted += 1
+                    continue
+                try:
+                    # asyncio.timeout, not wait_for: no extra task per batch.
+                    async with asyncio.timeout(self.settings.ack_timeout_s):
+                        future = await self._producer.send_batch(
+                            batch.builder, batch.topic, partition=batch.partition
+                        )
+                except (KafkaError, TimeoutError):
+                    batch.keep()
+                    taken = False
+                else:
+                    batch.sent(future)
+                submitted += 1
+        except BaseException:
+            unsent = sorted((e for b in batches[submitted:] for e in b.entries), key=_index)
+            self._queued[:0] = [(out, ack) for _i, out, ack in unsent]
+            self._arm_linger()
+            raise
 
     async def _hand(self, out: _Outgoing) -> Ack:
         """Give one record to the producer (or keep it for a resend); its acknowledgement."""
@@ -428,7 +573,7 @@ class EventLog:
                 ack = await self._send(out)
         except (KafkaError, TimeoutError, SchemaRegistryError):
             return self._keep(out)
-        self._pending[ack] = out
+        self._pending[ack] = [out]
         ack.add_done_callback(self._on_ack)
         return ack
 
@@ -538,7 +683,7 @@ class EventLog:
             await asyncio.gather(*(k.ack for kept in list(self._kept.values()) for k in kept))
 
     def _on_ack(self, ack: Ack) -> None:
-        out = self._pending.pop(ack)
+        (out,) = self._pending.pop(ack)
         if not ack.cancelled() and isinstance(ack.exception(), AUTHORIZATION_ERRORS):
             # No ACL to write: sending again cannot help. Every later wait raises this.
             self._denied = self._denied or self._no_write(ack.exception())
@@ -603,7 +748,8 @@ class EventLog:
                         [*self._pending, *(k.ack for kept in self._kept.values() for k in kept)]
                     )
         except TimeoutError:
-            waiting = len(self._pending) + sum(len(kept) for kept in self._kept.values())
+            waiting = sum(len(outs) for outs in self._pending.values())
+            waiting += sum(len(kept) for kept in self._kept.values())
             waited = '' if timeout is None else f' (waited {timeout:g}s)'
             if self._registry_failure is not None:
                 raise SchemaRegistryError(str(self._registry_failure)) from None
