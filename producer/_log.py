@@ -83,11 +83,13 @@ class _Outgoing:
 class _Kept:
     """A record the broker has not taken yet, and the acknowledgement its writer may wait on."""
 
-    __slots__ = ('ack', 'out')
+    __slots__ = ('ack', 'out', 'resending')
 
     def __init__(self, out: _Outgoing, ack: Ack) -> None:
         self.out = out
         self.ack = ack
+        self.resending: Ack | None = None
+        """The producer's future of the last resend while it is open: the record is not sent twice."""
 
     @property
     def record(self) -> LogRecord:
@@ -658,7 +660,10 @@ class EventLog:
         try:
             async with asyncio.timeout(self.settings.ack_timeout_s):
                 for entry in list(self._kept.get(run_id, ())):
-                    ack = await self._send(entry.out)
+                    if entry.resending is not None and not entry.resending.done():
+                        sent.append(entry.resending)  # still on its way from an earlier pass
+                        continue
+                    ack = entry.resending = await self._send(entry.out)
                     ack.add_done_callback(functools.partial(self._on_resent, entry))
                     sent.append(ack)
                 if sent:
