@@ -125,6 +125,7 @@ class _Batch:
         records = len(self.entries)
         records_appended.add(records, _TOPIC_ATTRIBUTES[self.topic == self.log.settings.step_events_topic])
         self.log._pending[future] = [out for _index, out, _ack in self.entries]
+        self.log._opened((self.topic, self.partition), future)
         future.add_done_callback(self.done)
 
     def keep(self) -> None:
@@ -174,7 +175,7 @@ class _Batch:
             log._written[tp] = last
 
 
-def _index(entry: tuple[int, _Outgoing, Ack]) -> int:
+def _append_order(entry: tuple[int, _Outgoing, Ack]) -> int:
     return entry[0]
 
 
@@ -249,6 +250,8 @@ class EventLog:
         self._queued: list[tuple[_Outgoing, Ack]] = []
         """Appended, not yet handed to the producer, in call order (see `linger_ms`)."""
         self._handing: asyncio.Future[None] | None = None
+        self._open_sends: dict[tuple[str, int], int] = {}
+        """Per partition: sends (a record's or a batch's) not acknowledged yet (see `_hand_batches`)."""
         """Set while a hand-over runs (see `_hand_over`)."""
         self._linger_timer: asyncio.TimerHandle | None = None
         self._linger_tasks: set[asyncio.Task[None]] = set()
@@ -497,19 +500,26 @@ class EventLog:
             handing.set_result(None)
 
     async def _hand_batches(self, queued: list[tuple[_Outgoing, Ack]]) -> None:
-        """Give queued records to the producer as one batch per partition (`create_batch`/`send_batch`).
+        """Give queued records to the producer: one batch per idle partition, else record by record.
 
-        One future per batch, not per record: the batch's acknowledgement resolves each record's
-        own (`_Batch.done`). A record of a run with kept records is kept behind them. A batch the
-        producer does not take in time is kept record by record, like a record the broker did
-        not take, and so is every batch after it. Cancelled (the waiting caller was) or failed
-        before the producer took them: the records not handed yet go back to the front of the
-        queue, in order.
+        A partition with nothing of this log's unacknowledged gets the hand-over's records as one
+        batch (`create_batch`/`send_batch`): one future per batch, not per record, whose
+        acknowledgement resolves each record's own (`_Batch.done`). A partition with a send still
+        open (a lingered record, another run's durability point) gets them record by record
+        (`send`), which adds them to the producer's batch still waiting there, as before: a new
+        batch would wait for that one to leave and go out one round trip later, in a batch of
+        its own (more framing bytes, decision 0034). A record of a run with kept records is kept
+        behind them. A batch the producer does not take in time is kept record by record, like a
+        record the broker did not take, and so is every batch after it. Cancelled (the waiting
+        caller was) or failed before the producer took them: the records not handed yet go back
+        to the front of the queue, in order.
         """
         assert self._producer is not None
         batches: list[_Batch] = []
-        open_batches: dict[tuple[str, int], _Batch] = {}
-        submitted = 0
+        open_batches: dict[tuple[str, int], _Batch | None] = {}
+        singles: list[tuple[int, _Outgoing, Ack]] = []
+        handed = 0  # of `singles`
+        submitted = 0  # of `batches`
         try:
             for index, (out, ack) in enumerate(queued):
                 record = out.record
@@ -523,6 +533,16 @@ class EventLog:
                     if isinstance(record, StepEvent)
                     else self.settings.tool_effects_topic
                 )
+                tp = (topic, partition)
+                if tp not in open_batches:
+                    batch = None if self._open_sends.get(tp) else self._new_batch(topic, partition)
+                    open_batches[tp] = batch
+                    if batch is not None:
+                        batches.append(batch)
+                batch = open_batches[tp]
+                if batch is None:
+                    singles.append((index, out, ack))
+                    continue
                 if self._registry is None:
                     value = out.value
                 else:
@@ -531,16 +551,17 @@ class EventLog:
                     except SchemaRegistryError:
                         self._keep(out).add_done_callback(functools.partial(_settle, ack))
                         continue
-                batch = open_batches.get((topic, partition))
-                if batch is None or not batch.add(index, out, ack, key, value):  # none yet, or full
-                    batch = open_batches[topic, partition] = _Batch(
-                        self, topic, partition, self._producer.create_batch()
-                    )
+                if not batch.add(index, out, ack, key, value):  # full: the rest goes in a new batch
+                    batch = open_batches[tp] = self._new_batch(topic, partition)
                     batches.append(batch)
                     if not batch.add(index, out, ack, key, value):  # never: an empty batch takes any record
                         raise StepStreamError(
                             f'the producer refused a {len(value)}-byte record in an empty batch'
                         )
+            for _i, out, ack in singles:
+                sent = await self._hand(out)
+                handed += 1
+                sent.add_done_callback(functools.partial(_settle, ack))
             taken = True
             for batch in batches:
                 if not taken:  # behind a batch the producer did not take: never ahead of its records
@@ -560,10 +581,28 @@ class EventLog:
                     batch.sent(future)
                 submitted += 1
         except BaseException:
-            unsent = sorted((e for b in batches[submitted:] for e in b.entries), key=_index)
+            unsent = sorted(
+                [*singles[handed:], *(e for b in batches[submitted:] for e in b.entries)], key=_append_order
+            )
             self._queued[:0] = [(out, ack) for _i, out, ack in unsent]
             self._arm_linger()
             raise
+
+    def _new_batch(self, topic: str, partition: int) -> _Batch:
+        assert self._producer is not None
+        return _Batch(self, topic, partition, self._producer.create_batch())
+
+    def _opened(self, tp: tuple[str, int], future: asyncio.Future[RecordMetadata]) -> None:
+        """Count `future` (a record's or a batch's) as open on `tp` until it resolves."""
+        self._open_sends[tp] = self._open_sends.get(tp, 0) + 1
+        future.add_done_callback(functools.partial(self._closed, tp))
+
+    def _closed(self, tp: tuple[str, int], _future: asyncio.Future[RecordMetadata]) -> None:
+        left = self._open_sends[tp] - 1
+        if left:
+            self._open_sends[tp] = left
+        else:
+            del self._open_sends[tp]
 
     async def _hand(self, out: _Outgoing) -> Ack:
         """Give one record to the producer (or keep it for a resend); its acknowledgement."""
@@ -587,6 +626,7 @@ class EventLog:
         value = out.value if self._registry is None else await self._confluent(out, topic)
         sent_at = time.perf_counter()
         ack: Ack = await self._producer.send(topic, value, key=key, headers=out.headers, partition=partition)
+        self._opened((topic, partition), ack)
         records_appended.add(1, _TOPIC_ATTRIBUTES[isinstance(out.record, StepEvent)])
         ack.add_done_callback(functools.partial(_observe_ack, sent_at))
         return ack
