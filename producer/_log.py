@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import copy
 import functools
 import logging
 import time
@@ -48,6 +49,8 @@ from stepstream.telemetry import ack_latency, records_appended
 from stepstream.topics import Position, ensure_topics, murmur2_partition, supports_idempotence, unavailable
 
 if TYPE_CHECKING:
+    from aiokafka.producer.message_accumulator import BatchBuilder
+
     from stepstream.producer._sealing import Sealer
 
 Serializer = Callable[[LogRecord, int], bytes]
@@ -83,11 +86,13 @@ class _Outgoing:
 class _Kept:
     """A record the broker has not taken yet, and the acknowledgement its writer may wait on."""
 
-    __slots__ = ('ack', 'out')
+    __slots__ = ('ack', 'out', 'resending')
 
     def __init__(self, out: _Outgoing, ack: Ack) -> None:
         self.out = out
         self.ack = ack
+        self.resending: Ack | None = None
+        """The producer's future of the last resend while it is open: the record is not sent twice."""
 
     @property
     def record(self) -> LogRecord:
@@ -95,6 +100,86 @@ class _Kept:
 
     def __lt__(self, other: _Kept) -> bool:
         return self.record.seq < other.record.seq
+
+
+class _Batch:
+    """Records of one hand-over for one partition, given to the producer as one batch."""
+
+    __slots__ = ('builder', 'entries', 'log', 'partition', 'sent_at', 'topic')
+
+    def __init__(self, log: EventLog, topic: str, partition: int, builder: BatchBuilder) -> None:
+        self.log = log
+        self.topic = topic
+        self.partition = partition
+        self.builder = builder
+        self.entries: list[tuple[int, _Outgoing, Ack]] = []
+        self.sent_at = 0.0
+
+    def add(self, index: int, out: _Outgoing, ack: Ack, key: bytes, value: bytes) -> bool:
+        """Append a record; False when the batch is full (the record goes to a new one)."""
+        if self.builder.append(timestamp=None, key=key, value=value, headers=out.headers) is None:
+            return False
+        self.entries.append((index, out, ack))
+        return True
+
+    def sent(self, future: asyncio.Future[RecordMetadata]) -> None:
+        """The producer took the batch: its acknowledgement settles each record's."""
+        self.sent_at = time.perf_counter()
+        records = len(self.entries)
+        records_appended.add(records, _TOPIC_ATTRIBUTES[self.topic == self.log.settings.step_events_topic])
+        self.log._pending[future] = [out for _index, out, _ack in self.entries]
+        self.log._opened((self.topic, self.partition), future)
+        future.add_done_callback(self.done)
+
+    def keep(self) -> None:
+        """The producer did not take the batch in time: keep its records for a resend, in order."""
+        for _index, out, ack in self.entries:
+            self.log._keep(out).add_done_callback(functools.partial(_settle, ack))
+
+    def done(self, future: asyncio.Future[RecordMetadata]) -> None:
+        """Resolve each record's acknowledgement as the batch's resolved (offsets from its base)."""
+        log = self.log
+        del log._pending[future]
+        if future.cancelled():
+            for _index, out, ack in self.entries:
+                log._keep(out)
+                ack.cancel()
+            return
+        exc = future.exception()
+        if exc is not None:
+            denied = isinstance(exc, AUTHORIZATION_ERRORS)
+            if denied:  # no ACL to write: sending again cannot help; every later wait raises this
+                log._denied = log._denied or log._no_write(exc)
+            for _index, out, ack in self.entries:
+                if not denied:
+                    log._keep(out)
+                ack.set_exception(copy.copy(exc))
+                ack.exception()  # retrieved: nobody may wait for it, and its record is kept and resent
+            return
+        base = future.result()
+        latency = time.perf_counter() - self.sent_at
+        tp = base.topic_partition
+        for offset, (_index, _out, ack) in enumerate(self.entries, base.offset):
+            if not ack.done():
+                ack.set_result(
+                    RecordMetadata(
+                        base.topic,
+                        base.partition,
+                        tp,
+                        offset,
+                        base.timestamp,
+                        base.timestamp_type,
+                        base.log_start_offset,
+                    )
+                )
+            ack_latency.record(latency)
+        last = base.offset + len(self.entries)
+        if last > log._written.get(tp, 0):
+            log._written[tp] = last
+
+
+def _append_order(entry: tuple[int, _Outgoing, Ack]) -> int:
+    return entry[0]
 
 
 class EventLog:
@@ -160,13 +245,16 @@ class EventLog:
         """The open runs of this process, kept alive on the log by heartbeats."""
         self._producer: AIOKafkaProducer | None = None
         self._written: Position = {}
-        self._pending: dict[Ack, _Outgoing] = {}
+        self._pending: dict[asyncio.Future[RecordMetadata], list[_Outgoing]] = {}
+        """Handed to the producer, not acknowledged yet: a record's or a batch's future, and its records."""
         self._kept: dict[str, list[_Kept]] = {}
         """Per run, in `seq` order: records to send again (see the module docstring)."""
         self._kept_changed = asyncio.Event()
         self._queued: list[tuple[_Outgoing, Ack]] = []
         """Appended, not yet handed to the producer, in call order (see `linger_ms`)."""
         self._handing: asyncio.Future[None] | None = None
+        self._open_sends: dict[tuple[str, int], int] = {}
+        """Per partition: sends (a record's or a batch's) not acknowledged yet (see `_hand_batches`)."""
         """Set while a hand-over runs (see `_hand_over`)."""
         self._linger_timer: asyncio.TimerHandle | None = None
         self._linger_tasks: set[asyncio.Task[None]] = set()
@@ -326,7 +414,8 @@ class EventLog:
         lost: dict[str, list[int]] = {}
         unsent = [out.record for out, _ack in self._queued]
         kept = [k.record for entries in self._kept.values() for k in entries]
-        for record in [*unsent, *(out.record for out in self._pending.values()), *kept]:
+        pending = [out.record for outs in self._pending.values() for out in outs]
+        for record in [*unsent, *pending, *kept]:
             if not (isinstance(record, StepEvent) and record.kind == 'run_heartbeat'):  # takes no seq
                 lost.setdefault(record.run_id, []).append(record.seq)
         lost = {run_id: sorted(set(seqs)) for run_id, seqs in lost.items()}
@@ -427,19 +516,115 @@ class EventLog:
                 if self._linger_timer is not None:
                     self._linger_timer.cancel()
                     self._linger_timer = None
-                for i, (out, ack) in enumerate(queued):
-                    try:
-                        sent = await self._hand(out)
-                    except BaseException:
-                        # Cancelled (the waiting caller was) or failed before the producer took
-                        # it: this record and the rest go back to the front of the queue, in order.
-                        self._queued[:0] = queued[i:]
-                        self._arm_linger()
-                        raise
-                    sent.add_done_callback(functools.partial(_settle, ack))
+                await self._hand_batches(queued)
         finally:
             handing, self._handing = self._handing, None
             handing.set_result(None)
+
+    async def _hand_batches(self, queued: list[tuple[_Outgoing, Ack]]) -> None:
+        """Give queued records to the producer: one batch per idle partition, else record by record.
+
+        A partition with nothing of this log's unacknowledged gets the hand-over's records as one
+        batch (`create_batch`/`send_batch`): one future per batch, not per record, whose
+        acknowledgement resolves each record's own (`_Batch.done`). A partition with a send still
+        open (a lingered record, another run's durability point) gets them record by record
+        (`send`), which adds them to the producer's batch still waiting there, as before: a new
+        batch would wait for that one to leave and go out one round trip later, in a batch of
+        its own (more framing bytes, decision 0034). A record of a run with kept records is kept
+        behind them. A batch the producer does not take in time is kept record by record, like a
+        record the broker did not take, and so is every batch after it. Cancelled (the waiting
+        caller was) or failed before the producer took them: the records not handed yet go back
+        to the front of the queue, in order.
+        """
+        assert self._producer is not None
+        batches: list[_Batch] = []
+        open_batches: dict[tuple[str, int], _Batch | None] = {}
+        singles: list[tuple[int, _Outgoing, Ack]] = []
+        handed = 0  # of `singles`
+        submitted = 0  # of `batches`
+        try:
+            for index, (out, ack) in enumerate(queued):
+                record = out.record
+                if self._kept and record.run_id in self._kept:  # behind its run's kept records
+                    self._keep(out).add_done_callback(functools.partial(_settle, ack))
+                    continue
+                key = record.run_id.encode()
+                partition = self.partitioner(key, self._partition_count)
+                topic = (
+                    self.settings.step_events_topic
+                    if isinstance(record, StepEvent)
+                    else self.settings.tool_effects_topic
+                )
+                tp = (topic, partition)
+                if tp not in open_batches:
+                    batch = None if self._open_sends.get(tp) else self._new_batch(topic, partition)
+                    open_batches[tp] = batch
+                    if batch is not None:
+                        batches.append(batch)
+                batch = open_batches[tp]
+                if batch is None:
+                    singles.append((index, out, ack))
+                    continue
+                if self._registry is None:
+                    value = out.value
+                else:
+                    try:
+                        value = await self._confluent(out, topic)
+                    except SchemaRegistryError:
+                        self._keep(out).add_done_callback(functools.partial(_settle, ack))
+                        continue
+                if not batch.add(index, out, ack, key, value):  # full: the rest goes in a new batch
+                    batch = open_batches[tp] = self._new_batch(topic, partition)
+                    batches.append(batch)
+                    if not batch.add(index, out, ack, key, value):  # never: an empty batch takes any record
+                        raise StepStreamError(
+                            f'the producer refused a {len(value)}-byte record in an empty batch'
+                        )
+            for _i, out, ack in singles:
+                sent = await self._hand(out)
+                handed += 1
+                sent.add_done_callback(functools.partial(_settle, ack))
+            taken = True
+            for batch in batches:
+                if not taken:  # behind a batch the producer did not take: never ahead of its records
+                    batch.keep()
+                    submitted += 1
+                    continue
+                try:
+                    # asyncio.timeout, not wait_for: no extra task per batch.
+                    async with asyncio.timeout(self.settings.ack_timeout_s):
+                        future = await self._producer.send_batch(
+                            batch.builder, batch.topic, partition=batch.partition
+                        )
+                except (KafkaError, TimeoutError):
+                    batch.keep()
+                    taken = False
+                else:
+                    batch.sent(future)
+                submitted += 1
+        except BaseException:
+            unsent = sorted(
+                [*singles[handed:], *(e for b in batches[submitted:] for e in b.entries)], key=_append_order
+            )
+            self._queued[:0] = [(out, ack) for _i, out, ack in unsent]
+            self._arm_linger()
+            raise
+
+    def _new_batch(self, topic: str, partition: int) -> _Batch:
+        assert self._producer is not None
+        return _Batch(self, topic, partition, self._producer.create_batch())
+
+    def _opened(self, tp: tuple[str, int], future: asyncio.Future[RecordMetadata]) -> None:
+        """Count `future` (a record's or a batch's) as open on `tp` until it resolves."""
+        self._open_sends[tp] = self._open_sends.get(tp, 0) + 1
+        future.add_done_callback(functools.partial(self._closed, tp))
+
+    def _closed(self, tp: tuple[str, int], _future: asyncio.Future[RecordMetadata]) -> None:
+        left = self._open_sends[tp] - 1
+        if left:
+            self._open_sends[tp] = left
+        else:
+            del self._open_sends[tp]
 
     async def _hand(self, out: _Outgoing) -> Ack:
         """Give one record to the producer (or keep it for a resend); its acknowledgement."""
@@ -451,7 +636,7 @@ class EventLog:
                 ack = await self._send(out)
         except (KafkaError, TimeoutError, SchemaRegistryError):
             return self._keep(out)
-        self._pending[ack] = out
+        self._pending[ack] = [out]
         ack.add_done_callback(self._on_ack)
         return ack
 
@@ -463,6 +648,7 @@ class EventLog:
         value = out.value if self._registry is None else await self._confluent(out, topic)
         sent_at = time.perf_counter()
         ack: Ack = await self._producer.send(topic, value, key=key, headers=out.headers, partition=partition)
+        self._opened((topic, partition), ack)
         records_appended.add(1, _TOPIC_ATTRIBUTES[isinstance(out.record, StepEvent)])
         ack.add_done_callback(functools.partial(_observe_ack, sent_at))
         return ack
@@ -536,7 +722,10 @@ class EventLog:
         try:
             async with asyncio.timeout(self.settings.ack_timeout_s):
                 for entry in list(self._kept.get(run_id, ())):
-                    ack = await self._send(entry.out)
+                    if entry.resending is not None and not entry.resending.done():
+                        sent.append(entry.resending)  # still on its way from an earlier pass
+                        continue
+                    ack = entry.resending = await self._send(entry.out)
                     ack.add_done_callback(functools.partial(self._on_resent, entry))
                     sent.append(ack)
                 if sent:
@@ -561,7 +750,7 @@ class EventLog:
             await asyncio.gather(*(k.ack for kept in list(self._kept.values()) for k in kept))
 
     def _on_ack(self, ack: Ack) -> None:
-        out = self._pending.pop(ack)
+        (out,) = self._pending.pop(ack)
         if not ack.cancelled() and isinstance(ack.exception(), AUTHORIZATION_ERRORS):
             # No ACL to write: sending again cannot help. Every later wait raises this.
             self._denied = self._denied or self._no_write(ack.exception())
@@ -626,7 +815,8 @@ class EventLog:
                         [*self._pending, *(k.ack for kept in self._kept.values() for k in kept)]
                     )
         except TimeoutError:
-            waiting = len(self._pending) + sum(len(kept) for kept in self._kept.values())
+            waiting = sum(len(outs) for outs in self._pending.values())
+            waiting += sum(len(kept) for kept in self._kept.values())
             waited = '' if timeout is None else f' (waited {timeout:g}s)'
             if self._registry_failure is not None:
                 raise SchemaRegistryError(str(self._registry_failure)) from None

@@ -1,0 +1,129 @@
+"""The agent process's CPU per record on the way to the broker: `EventLog` against raw aiokafka.
+
+```sh
+.venv/bin/python -m bench.send_path            # 400 runs of 20 steps, 5 interleaved repeats
+.venv/bin/python -m bench.send_path 400 9
+```
+
+The same encoded records of workload 2 (`bench.synthetic.plan_run`), sent three ways to an
+embedded Tansu, interleaved, each on fresh topics, one run at a time:
+
+- `raw`: one `AIOKafkaProducer` (acks=all, `linger_ms=0`), `send` for each record and a wait for
+  the acknowledgements at each of the capability's durability points, as a run does: the
+  aiokafka floor of this shape of traffic;
+- `eventlog`: `EventLog.append` (queued, handed over at the durability point) and
+  `EventLog.wait_acked` at the same points;
+- `eventlog-linger0`: the same with `linger_ms=0`;
+- `eventlog-uncompressed`: `eventlog` with `compression_type=None`, as the raw producer sends
+  (gzip is the log's default, decision 0007).
+
+Prints CPU (`time.process_time`, this process only, so not the broker's) per record, min and
+median over the repeats. `append` encodes each record, which the raw variant does not (its bytes
+are made beforehand); the encoder's time per record is printed too, to subtract.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import sys
+import time
+
+from aiokafka import AIOKafkaProducer
+
+from bench.common import fresh
+from bench.synthetic import Planned, plan_run, run_id, to_wire
+from stepstream import Settings
+from stepstream.embedded import EmbeddedStack
+from stepstream.producer import EventLog
+from stepstream.schemas import encode
+from stepstream.topics import ensure_topics
+
+
+async def raw(settings: Settings, plans: list[list[Planned]]) -> float:
+    """CPU seconds per record: aiokafka `send` per record, a wait at each durability point."""
+    wires = [[(to_wire(p.record, settings), p.durable) for p in plan] for plan in plans]
+    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers, acks='all', linger_ms=0)
+    await producer.start()
+    try:
+        first = wires[0][0][0]
+        await producer.send_and_wait(first.topic, first.value, key=first.key, headers=first.headers)
+        cpu0 = time.process_time()
+        for plan in wires:
+            pending = []
+            for w, durable in plan:
+                pending.append(await producer.send(w.topic, w.value, key=w.key, headers=w.headers))
+                if durable:
+                    await asyncio.gather(*pending)
+                    pending = []
+        cpu = time.process_time() - cpu0
+    finally:
+        await producer.stop()
+    return cpu / sum(len(p) for p in plans)
+
+
+async def eventlog(
+    settings: Settings, plans: list[list[Planned]], linger_ms: int, compression: str | None = 'gzip'
+) -> float:
+    """CPU seconds per record: `EventLog.append` per record, `wait_acked` at each durability point."""
+    async with EventLog(settings, linger_ms=linger_ms, compression_type=compression) as log:
+        await log.wait_acked([await log.append(plan_run(run_id('warm', 0), 1)[0].record)])
+        cpu0 = time.process_time()
+        for plan in plans:
+            pending = []
+            for planned in plan:
+                pending.append(await log.append(planned.record))
+                if planned.durable:
+                    await log.wait_acked(pending)
+                    pending = []
+        cpu = time.process_time() - cpu0
+    return cpu / sum(len(p) for p in plans)
+
+
+def encoding(plans: list[list[Planned]]) -> float:
+    """CPU seconds per record of the Avro encoder alone."""
+    records = [p.record for plan in plans for p in plan]
+    cpu0 = time.process_time()
+    for record in records:
+        encode(record)
+    return (time.process_time() - cpu0) / len(records)
+
+
+async def measure(runs: int, repeats: int) -> dict[str, list[float]]:
+    """Microseconds of CPU per record of each variant, one entry per repeat."""
+    out: dict[str, list[float]] = {
+        'raw': [],
+        'eventlog': [],
+        'eventlog-linger0': [],
+        'eventlog-uncompressed': [],
+        'encode': [],
+    }
+    async with EmbeddedStack() as stack:
+
+        async def topics(tag: str) -> Settings:
+            settings = fresh(stack.settings, tag)
+            await ensure_topics(settings)
+            return settings
+
+        for rep in range(repeats):
+            plans = [plan_run(run_id(f'sp{rep}', i), 20) for i in range(runs)]
+            out['raw'].append(await raw(await topics('sp-raw'), plans) * 1e6)
+            out['eventlog'].append(await eventlog(await topics('sp-log'), plans, 5) * 1e6)
+            out['eventlog-linger0'].append(await eventlog(await topics('sp-log0'), plans, 0) * 1e6)
+            uncompressed = await eventlog(await topics('sp-lognc'), plans, 5, None)
+            out['eventlog-uncompressed'].append(uncompressed * 1e6)
+            out['encode'].append(encoding(plans) * 1e6)
+    return out
+
+
+def main() -> None:
+    """Print the CPU per record of each variant."""
+    runs = int(sys.argv[1]) if len(sys.argv) > 1 else 400
+    repeats = int(sys.argv[2]) if len(sys.argv) > 2 else 5
+    results = asyncio.run(measure(runs, repeats))
+    for name, values in results.items():
+        print(f'{name:21} CPU us/record: min {min(values):6.1f}  median {statistics.median(values):6.1f}')
+
+
+if __name__ == '__main__':
+    main()
