@@ -100,12 +100,14 @@ class _NoMediaStore:
         raise self._missing(uri)
 
 
-def _erased_snapshot(run_id: str, entry: SnapshotEntry, event: StepEvent) -> ContinuableSnapshot:
-    """A snapshot whose content was erased: everything but its messages."""
+def _snapshot(
+    run_id: str, entry: SnapshotEntry, event: StepEvent, messages: list[ModelMessage] | None
+) -> ContinuableSnapshot:
+    """The snapshot `entry` of `event` with `messages`; None: its content was erased (no messages)."""
     return ContinuableSnapshot(
         run_id=run_id,
         step_index=entry.step_index,
-        messages=[],
+        messages=[] if messages is None else messages,
         snapshot_seq=entry.snapshot_seq,
         seq=entry.seq,
         conversation_id=event.conversation_id,
@@ -114,7 +116,7 @@ def _erased_snapshot(run_id: str, entry: SnapshotEntry, event: StepEvent) -> Con
         timestamp=event.timestamp,
         state=entry.state,  # type: ignore[arg-type]
         idempotency_key=entry.idempotency_key,
-        erased=True,
+        erased=messages is None,
     )
 
 
@@ -588,7 +590,7 @@ class ProjectionReader:
             if erased or tail is None:  # its key was destroyed: the content is gone, the structure stays
                 history.clear()
                 if entry.snapshot_seq in wanted:
-                    out.append(_erased_snapshot(run_id, entry, event))
+                    out.append(_snapshot(run_id, entry, event, None))
                 continue
             if entry.prefix_len > len(history):
                 raise StepStreamError(
@@ -606,21 +608,7 @@ class ProjectionReader:
             del history[entry.prefix_len :]
             history.extend(tail)
             if entry.snapshot_seq in wanted:
-                out.append(
-                    ContinuableSnapshot(
-                        run_id=run_id,
-                        step_index=entry.step_index,
-                        messages=list(history),
-                        snapshot_seq=entry.snapshot_seq,
-                        seq=entry.seq,
-                        conversation_id=event.conversation_id,
-                        parent_run_id=event.parent_run_id,
-                        agent_name=event.agent_name,
-                        timestamp=event.timestamp,
-                        state=entry.state,  # type: ignore[arg-type]
-                        idempotency_key=entry.idempotency_key,
-                    )
-                )
+                out.append(_snapshot(run_id, entry, event, list(history)))
         return out
 
     def _tails(

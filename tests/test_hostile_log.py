@@ -25,9 +25,10 @@ from stepstream import Settings
 from stepstream.producer import EventLog, StepPersistence
 from stepstream.projector import ProjectionReader, rebuild, verify_paths
 from stepstream.schemas import ModelUsage, StepEvent, ToolEffectTransition, encode
-from stepstream.topics import Position, ensure_topics, murmur2_partition
+from stepstream.topics import Position, murmur2_partition
 
 from agents import calls_then_answers
+from log_copy import copy_log
 from waits import wait_applied
 
 NOW = datetime(2026, 11, 30, tzinfo=UTC)
@@ -268,36 +269,9 @@ async def copy_genuine(
     settings: Settings, clean: Settings, hostile: set[Coordinates], end: Position
 ) -> Position:
     """The same log without the hostile records: every other record, in order, in its partition."""
-    await ensure_topics(clean)
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, auto_offset_reset='earliest')
-    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
-    await consumer.start()
-    await producer.start()
-    written: Position = {}
-    try:
-        consumer.assign(list(end))
-        for tp in end:
-            await consumer.seek_to_beginning(tp)
-        remaining = set(end)
-        while remaining:
-            for tp, batch in (await consumer.getmany(timeout_ms=1000)).items():
-                topic = (
-                    clean.step_events_topic
-                    if tp.topic == settings.step_events_topic
-                    else clean.tool_effects_topic
-                )
-                for m in batch:
-                    if m.offset >= end[tp] or (tp.topic, tp.partition, m.offset) in hostile:
-                        continue
-                    meta = await producer.send_and_wait(
-                        topic, m.value, key=m.key, partition=tp.partition, headers=list(m.headers)
-                    )
-                    written[TopicPartition(topic, meta.partition)] = meta.offset + 1
-            remaining = {tp for tp in remaining if await consumer.position(tp) < end[tp]}
-    finally:
-        await consumer.stop()
-        await producer.stop()
-    return written
+    return await copy_log(
+        settings, clean, end, keep=lambda tp, m: (tp.topic, tp.partition, m.offset) not in hostile
+    )
 
 
 async def test_hostile_records_cannot_stop_split_or_change_the_projection(

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 from pydantic_ai import Agent
 
@@ -24,9 +23,10 @@ from stepstream.producer import EventLog, StepPersistence
 from stepstream.projector import Projector
 from stepstream.projector._pacing import TopicPacer
 from stepstream.projector._shard import Shard, shard_paths
-from stepstream.topics import Position, ensure_topics
+from stepstream.topics import Position
 
 from agents import calls_then_answers
+from log_copy import copy_log
 
 DAY_MS = 86_400_000
 
@@ -113,37 +113,12 @@ def test_dropped_records_are_forgotten() -> None:
 async def restamped(settings: Settings, copy: Settings, end: Position) -> Position:
     """The log up to `end` again in `copy`'s topics, each record in its partition and order, the
     step events stamped a day earlier than they were (so every tool effect is a day ahead)."""
-    await ensure_topics(copy)
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, auto_offset_reset='earliest')
-    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
-    await consumer.start()
-    await producer.start()
-    written: Position = {}
-    try:
-        consumer.assign(list(end))
-        for tp in end:
-            await consumer.seek_to_beginning(tp)
-        remaining = set(end)
-        while remaining:
-            for tp, batch in (await consumer.getmany(timeout_ms=1000)).items():
-                effects = tp.topic == settings.tool_effects_topic
-                topic = copy.tool_effects_topic if effects else copy.step_events_topic
-                for m in batch:
-                    if m.offset >= end[tp]:
-                        continue
-                    meta = await producer.send_and_wait(
-                        topic,
-                        m.value,
-                        key=m.key,
-                        partition=tp.partition,
-                        headers=list(m.headers),
-                        timestamp_ms=m.timestamp if effects else m.timestamp - DAY_MS,
-                    )
-                    written[TopicPartition(topic, meta.partition)] = meta.offset + 1
-            remaining = {tp for tp in remaining if await consumer.position(tp) < end[tp]}
-    finally:
-        await consumer.stop()
-        await producer.stop()
+    written = await copy_log(
+        settings,
+        copy,
+        end,
+        stamp=lambda tp, m: m.timestamp if tp.topic == settings.tool_effects_topic else m.timestamp - DAY_MS,
+    )
     assert written == {
         TopicPartition(
             copy.tool_effects_topic if tp.topic == settings.tool_effects_topic else copy.step_events_topic,
