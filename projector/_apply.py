@@ -190,7 +190,7 @@ class SourceRecord:
 
 
 @dataclass(frozen=True, slots=True)
-class DeadLetter:
+class Rejection:
     """A record that cannot apply, with its reason code and a sentence for people."""
 
     source: SourceRecord
@@ -204,7 +204,7 @@ class BatchOutcome:
 
     applied: int = 0
     duplicates: int = 0
-    dead: list[DeadLetter] = field(default_factory=list)
+    dead: list[Rejection] = field(default_factory=list)
     next_offsets: dict[tuple[int, int], int] = field(default_factory=dict)
     """(topic, partition) -> the offset after the batch's last record there."""
     expired_records: int = 0
@@ -302,7 +302,7 @@ class Applier:
         self._index = 0
         """The batch position of the record being applied: dead letters are reported in it."""
         self._outcome = BatchOutcome()
-        self._dead: list[tuple[int, DeadLetter]] = []
+        self._dead: list[tuple[int, Rejection]] = []
         self._poisoned: Mapping[tuple[int, int, int], str] = {}
         self._parked: dict[bytes, tuple[bytes, Fields]] = {}
         """Recently parked records, decoded, by their parked key (with their bytes, to be sure).
@@ -374,7 +374,7 @@ class Applier:
         return outcome
 
     def _dead_letter(self, source: SourceRecord, reason: str, detail: str) -> None:
-        self._dead.append((self._index, DeadLetter(source, reason, detail)))
+        self._dead.append((self._index, Rejection(source, reason, detail)))
 
     def _run_dead_letter(
         self, txn: Transaction, run: RunState, source: SourceRecord, reason: str, detail: str

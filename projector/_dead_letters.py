@@ -18,7 +18,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError, MessageSizeTooLargeError
 
 from stepstream.kafka_client import AUTHORIZATION_ERRORS, access_denied, client_options
-from stepstream.projector._apply import DeadLetter
+from stepstream.projector._apply import Rejection
 from stepstream.projector._state import dumps
 from stepstream.settings import Settings
 from stepstream.topics import unavailable
@@ -67,7 +67,7 @@ class DeadLetterSender:
         if producer is not None:
             await producer.stop()
 
-    async def send(self, dead: list[DeadLetter], *, stopping: Callable[[], bool]) -> bool:
+    async def send(self, dead: list[Rejection], *, stopping: Callable[[], bool]) -> bool:
         """Send `dead` until the DLQ acknowledges them all; False if `stopping()` meanwhile.
 
         A missing WRITE grant on the DLQ is raised at once: retrying cannot help.
@@ -91,7 +91,7 @@ class DeadLetterSender:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
-    async def _send(self, dead: list[DeadLetter]) -> None:
+    async def _send(self, dead: list[Rejection]) -> None:
         assert self._producer is not None, 'DeadLetterSender.start() first'
         acks = []
         for letter in dead:
@@ -124,7 +124,7 @@ class DeadLetterSender:
             raise unavailable(self.settings, 'did not acknowledge dead-lettered records', exc) from exc
 
 
-def dlq_envelope(letter: DeadLetter, topic: str) -> bytes:
+def dlq_envelope(letter: Rejection, topic: str) -> bytes:
     """What goes to the DLQ in place of a record too large for it: JSON, a few KiB at most.
 
     `{"reason", "detail", "topic", "partition", "offset", "key_sha256", "value_sha256",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from stepstream.producer import InMemoryLog
 from stepstream.projector import ProjectionReader
-from stepstream.projector._apply import EFFECTS, EVENTS, Applier, DeadLetter, SourceRecord
+from stepstream.projector._apply import EFFECTS, EVENTS, Applier, Rejection, SourceRecord
 from stepstream.projector._shard import MemoryShard
 from stepstream.topics import Position
 
@@ -27,7 +27,7 @@ class MemoryProjection:
         )
         self._topics = {settings.step_events_topic: EVENTS, settings.tool_effects_topic: EFFECTS}
         self._applied = 0
-        self.dead: list[DeadLetter] = []
+        self.dead: list[Rejection] = []
         """Every record the rules dead-lettered, in order."""
         self.duplicates_ignored = 0
 
