@@ -6,13 +6,19 @@ patches, media offload) -> `_protocol.py` (the `StepLog` seam and the rules ever
 """
 
 from stepstream.ids import check_run_id
-from stepstream.producer._capability import ATTEMPT_KEY, SnapshotSaved, StepPersistence, annotate_tool_effect
-from stepstream.producer._helpers import current_run_id, is_provider_valid
+from stepstream.producer._capability import (
+    ATTEMPT_KEY,
+    SnapshotSaved,
+    StepPersistence,
+    annotate_tool_effect,
+    current_run_id,
+)
 from stepstream.producer._log import EventLog
 from stepstream.producer._memory import InMemoryLog, StoredRecord
 from stepstream.producer._protocol import StepLog
 from stepstream.producer._resolution import resolution_for, resolve_tool_effect, resolver_id
 from stepstream.producer._snapshots import SnapshotWriter
+from stepstream.producer._validity import is_provider_valid
 
 __all__ = [
     'ATTEMPT_KEY',

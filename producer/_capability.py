@@ -24,6 +24,7 @@ import logging
 import secrets
 import time
 from collections.abc import Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
@@ -52,7 +53,6 @@ from stepstream.producer._engines import (
     refuse_temporal_sandbox_import,
     refuse_undeclared_engine,
 )
-from stepstream.producer._helpers import current_run
 from stepstream.producer._liveness import OpenRun
 from stepstream.producer._log import EventLog
 from stepstream.producer._protocol import Ack, StepLog
@@ -85,6 +85,25 @@ def _this_process() -> str:
     Drawn on first use, not at import: Temporal's workflow sandbox refuses randomness at import.
     """
     return secrets.token_hex(8)
+
+
+current_run: ContextVar[StepPersistence[Any] | None] = ContextVar('stepstream.current_run', default=None)
+"""The run-bound capability of the innermost persisted run in this task.
+
+Set around a run by `StepPersistence.wrap_run`. A delegate started from a tool reads it in
+`for_run` to learn its parent; `annotate_tool_effect` reads it to find the run to annotate.
+A ContextVar (not pydantic-ai's own run context) because the nested run overwrites those
+before the delegate's capability can see its parent.
+"""
+
+
+def current_run_id() -> str | None:
+    """The run id of the innermost persisted run in this task, or None.
+
+    Pass it as `parent_run_id` to a delegate in another process, where ContextVars do not reach.
+    """
+    run = current_run.get()
+    return run.run_id if run is not None else None
 
 
 @dataclass(frozen=True)

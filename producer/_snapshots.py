@@ -16,7 +16,7 @@ from typing import Any
 from pydantic_ai.messages import ModelMessage
 
 from stepstream.media import MediaStore, externalize_media
-from stepstream.producer._helpers import ToolCallScan
+from stepstream.producer._validity import ToolCallScan
 from stepstream.schemas import SnapshotDelta, SnapshotState, message_json, patch_json, stamp_changes
 
 Offload = Callable[[list[ModelMessage]], Awaitable[list[ModelMessage]]]

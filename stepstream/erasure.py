@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from stepstream.errors import StepStreamError
+from stepstream.settings import parse_kek
 
 if TYPE_CHECKING:
     from aiokafka import AIOKafkaConsumer
@@ -73,25 +74,6 @@ class ContentErased(StepStreamError):
 def key_topic(settings: Settings) -> str:
     """The compacted topic of the conversation keys: `{prefix}.conversation-keys`."""
     return f'{settings.topic_prefix}.conversation-keys'
-
-
-def parse_kek(text: str) -> bytes:
-    """The key-encryption key from its setting: base64 (standard or URL-safe) of 32 random bytes.
-
-    ```python
-    parse_kek(new_kek())   # 32 bytes
-    ```
-    """
-    try:
-        raw = base64.urlsafe_b64decode(text.strip().replace('+', '-').replace('/', '_') + '==')
-    except (binascii.Error, ValueError):
-        raw = b''
-    if len(raw) != KEY_BYTES:
-        raise ValueError(
-            'STEPSTREAM_ERASURE_KEY must be the base64 of 32 random bytes; make one with '
-            '`python -c "import stepstream.erasure as e; print(e.new_kek())"`'
-        )
-    return raw
 
 
 def new_kek() -> str:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import ast
+import base64
+import binascii
 import dataclasses
 import functools
 import getpass
@@ -154,9 +156,7 @@ class Settings:
             )
         self._check_security()
         self._check_schema_registry()
-        if self.erasure_key is not None:
-            from stepstream.erasure import parse_kek  # a clear error now, not at the first sealed write
-
+        if self.erasure_key is not None:  # a clear error now, not at the first sealed write
             parse_kek(self.erasure_key.get_secret_value())
         if self.s3_cafile and (self.s3_endpoint or '').startswith('http://'):
             raise ValueError(
@@ -392,4 +392,23 @@ def _parse(f: dataclasses.Field[Any], raw: str) -> Any:
             return float(raw)
     except ValueError:
         raise ValueError(f'{ENV_PREFIX}{f.name.upper()}={raw!r} is not a valid {kind.split()[0]}') from None
+    return raw
+
+
+def parse_kek(text: str) -> bytes:
+    """The key-encryption key from its setting: base64 (standard or URL-safe) of 32 random bytes.
+
+    ```python
+    parse_kek(new_kek())   # 32 bytes
+    ```
+    """
+    try:
+        raw = base64.urlsafe_b64decode(text.strip().replace('+', '-').replace('/', '_') + '==')
+    except (binascii.Error, ValueError):
+        raw = b''
+    if len(raw) != 32:  # AES-256
+        raise ValueError(
+            'STEPSTREAM_ERASURE_KEY must be the base64 of 32 random bytes; make one with '
+            '`python -c "import stepstream.erasure as e; print(e.new_kek())"`'
+        )
     return raw

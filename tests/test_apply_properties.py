@@ -202,6 +202,8 @@ def to_source(op: Op, offsets: dict[tuple[int, int], int]) -> SourceRecord:
     seq = -1 if op.hostile == 'negative_seq' else op.seq
     error = 'e' * 300_000 if op.hostile == 'big_value' else None
     record: StepEvent | ToolEffectTransition
+    if op.hostile == 'misplaced_usage' and op.kind == 'model_request_completed':
+        op = replace(op, kind='model_request_started')  # usage is not misplaced on the one kind it belongs to
     if op.hostile == 'bad_usage':
         op = replace(
             op, kind='model_request_completed', **GARBLED_USAGE[(op.minute * 7 + op.seq) % len(GARBLED_USAGE)]

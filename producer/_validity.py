@@ -1,39 +1,16 @@
-"""The provider-validity check, and the per-run context shared by the hooks."""
+"""Provider validity: whether every tool call of a history is settled (a snapshot's `complete`)."""
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
 
 from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart, ToolReturnPart
 
 with warnings.catch_warnings():
     warnings.simplefilter('ignore', DeprecationWarning)
     from pydantic_ai.messages import RetryPromptPart
-
-if TYPE_CHECKING:
-    from stepstream.producer._capability import StepPersistence
-
-current_run: ContextVar[StepPersistence[Any] | None] = ContextVar('stepstream.current_run', default=None)
-"""The run-bound capability of the innermost persisted run in this task.
-
-Set around a run by `StepPersistence.wrap_run`. A delegate started from a tool reads it in
-`for_run` to learn its parent; `annotate_tool_effect` reads it to find the run to annotate.
-A ContextVar (not pydantic-ai's own run context) because the nested run overwrites those
-before the delegate's capability can see its parent.
-"""
-
-
-def current_run_id() -> str | None:
-    """The run id of the innermost persisted run in this task, or None.
-
-    Pass it as `parent_run_id` to a delegate in another process, where ContextVars do not reach.
-    """
-    run = current_run.get()
-    return run.run_id if run is not None else None
 
 
 def is_provider_valid(messages: Sequence[ModelMessage]) -> bool:
