@@ -17,6 +17,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import dataclasses
+import itertools
 import json
 import os
 import re
@@ -347,25 +348,19 @@ class ShardTransaction(ShardReads):
 
     def scan(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
         """Every (key, value) under `prefix` in key order, with this batch's staged writes applied."""
-        found = dict(self._store.scan(prefix))
-        for k in self._by_tag.get(prefix[:1], ()):
-            if k.startswith(prefix):
-                value = self.get(k)
-                if value is None:
-                    found.pop(k, None)
-                else:
-                    found[k] = value
-        return sorted(found.items())
+        return self._staged_over(dict(self._store.scan(prefix)), prefix, None)
 
     def scan_until(self, prefix: bytes, stop: bytes) -> list[tuple[bytes, bytes]]:
         """Like `scan`, but only the keys below `stop`; the store is read no further."""
-        found = {}
-        for k, v in self._store.scan(prefix):
-            if k >= stop:
-                break
-            found[k] = v
+        stored = itertools.takewhile(lambda item: item[0] < stop, self._store.scan(prefix))
+        return self._staged_over(dict(stored), prefix, stop)
+
+    def _staged_over(
+        self, found: dict[bytes, bytes], prefix: bytes, stop: bytes | None
+    ) -> list[tuple[bytes, bytes]]:
+        """`found` (what the store holds) with this batch's writes under `prefix` (below `stop`) applied."""
         for k in self._by_tag.get(prefix[:1], ()):
-            if k.startswith(prefix) and k < stop:
+            if k.startswith(prefix) and (stop is None or k < stop):
                 value = self.get(k)
                 if value is None:
                     found.pop(k, None)

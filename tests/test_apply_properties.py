@@ -22,6 +22,7 @@ import io
 import json
 import random
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal, localcontext
@@ -328,7 +329,11 @@ def apply_in_one_pass(
 
 
 def apply_with_crashes(
-    path: str, log: dict[tuple[int, int], list[SourceRecord]], seed: int, store: str
+    path: str,
+    log: dict[tuple[int, int], list[SourceRecord]],
+    seed: int,
+    store: str,
+    make_applier: Callable[[], Applier] = applier,
 ) -> list[tuple[bytes, bytes]]:
     """Random interleaving, random batches, random crashes and resumes from the stored offsets."""
     rng = random.Random(seed)
@@ -349,7 +354,7 @@ def apply_with_crashes(
                 batch.append(log[tp][cursor[tp]])
                 cursor[tp] += 1
             # A fresh applier per batch: it keeps nothing between batches, as after a restart.
-            txn, _ = applier().stage(db, batch)
+            txn, _ = make_applier().stage(db, batch)
             if crashes < 6 and rng.random() < 0.2:
                 crashes += 1
                 if rng.random() < 0.5:  # a process restart: the store is closed and reopened

@@ -26,12 +26,11 @@ from test_apply_properties import (
     T0,
     TOPICS,
     Op,
-    _tp,
+    apply_with_crashes,
     interleave,
     logs,
     make_log,
     open_store,
-    reopen,
 )
 
 from stepstream.errors import UsageError
@@ -81,38 +80,6 @@ def in_one_pass(path: str, log: Log, store: str, minutes: int | None) -> list[tu
         db.close()
 
 
-def with_crashes(
-    path: str, log: Log, seed: int, store: str, minutes: int | None
-) -> list[tuple[bytes, bytes]]:
-    """Random interleaving, random batches (one shard per partition or mixed), crashes, restarts."""
-    rng = random.Random(seed)
-    db = open_store(path, store)
-    crashes = 0
-    try:
-        while True:
-            stored = db.offsets()
-            cursor = {tp: stored.get(_tp(tp), 0) for tp in log}  # type: ignore[call-overload]
-            if all(cursor[tp] >= len(seq) for tp, seq in log.items()):
-                return list(db.logical_items())
-            batch: list[SourceRecord] = []
-            for _ in range(rng.randint(1, 12)):
-                open_seqs = [tp for tp in log if cursor[tp] < len(log[tp])]
-                if not open_seqs:
-                    break
-                tp = rng.choice(open_seqs)
-                batch.append(log[tp][cursor[tp]])
-                cursor[tp] += 1
-            txn, _ = retaining(minutes).stage(db, batch)
-            if crashes < 6 and rng.random() < 0.2:
-                crashes += 1
-                if rng.random() < 0.5:
-                    db = reopen(db)
-                continue
-            txn.commit()
-    finally:
-        db.close()
-
-
 def spread(generated: list[Op], data: st.DataObject) -> list[Op]:
     """The generated ops over a longer stretch of log time, so clocks pass many ends."""
     return [replace(op, minute=op.minute + data.draw(st.integers(0, 20))) for op in generated]
@@ -127,7 +94,7 @@ def test_with_retention_the_projection_is_still_a_pure_function_of_the_log(
     log = make_log(spread(generated, data))
     with tempfile.TemporaryDirectory() as one, tempfile.TemporaryDirectory() as other:
         reference = in_one_pass(one, log, store, minutes)
-        replayed = with_crashes(other, log, seed, store, minutes)
+        replayed = apply_with_crashes(other, log, seed, store, make_applier=lambda: retaining(minutes))
     assert replayed == reference
 
 
