@@ -143,14 +143,27 @@ async def test_any_member_answers_for_the_whole_group(
         assert missing.status_code == 404 and 'no-such-run' in missing.json()['detail']
 
         # Lineage across members: a boss and its worker held by two members, asked of the third.
-        for i in range(5):
+        # Run ids are random, so each conversation lands its pair apart with probability 2/3: write
+        # more (after the checks above, which count the first 14 runs) until one does.
+        for i in range(40):
+            if i >= 5:
+                await orchestrate(event_log, f'group-{i}')
+                more = await event_log.flush()
+                await everything.wait_for(more)
+                await until(
+                    lambda more=more: all(
+                        owner[tp.partition].projector.applied.get(tp, 0) >= offset
+                        for tp, offset in more.items()
+                    ),
+                    'every member to catch up with the extra conversation',
+                )
             [boss] = await reference.list_runs(conversation_id=f'group-{i}', agent_name='boss')
             [worker] = await reference.list_runs(parent_run_id=boss.run_id)
             holders = {owner[murmur2_partition(r.encode(), 3)].url for r in (boss.run_id, worker.run_id)}
             if len(holders) == 2:
                 break
         else:
-            pytest.fail('no boss and worker in two partitions: write more conversations')
+            pytest.fail('40 conversations and no boss and worker in two partitions: run ids are not random')
         third = next(m for m in members if m.url not in holders)
         lineage = (await http.get(f'{third.url}/api/runs/{worker.run_id}/lineage')).json()
         assert lineage['root']['run_id'] == boss.run_id
