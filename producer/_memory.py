@@ -63,8 +63,8 @@ class InMemoryLog:
         self._next_offset: dict[TopicPartition, int] = {}
         self._held: list[tuple[Ack, RecordMetadata]] = []
         self._holding = False
-        self.stored = asyncio.Condition()
-        """Notified after each record is stored: `await log.wait_for_record(...)` waits on it."""
+        self._watchers: list[asyncio.Future[None]] = []
+        """Resolved when the next record is stored (`wait_for_record`)."""
         self.liveness = Liveness(self, self.settings.heartbeat_interval_s, bind_on_first_open=True)
         """Heartbeats of the open runs, as `EventLog` sends them (`beat(now=...)` runs one pass)."""
 
@@ -92,8 +92,11 @@ class InMemoryLog:
             self._held.append((ack, meta))
         else:
             asyncio.get_running_loop().call_soon(self._resolve, ack, meta)
-        async with self.stored:
-            self.stored.notify_all()
+        if self._watchers:
+            watchers, self._watchers = self._watchers, []
+            for watcher in watchers:
+                if not watcher.done():
+                    watcher.set_result(None)
         return ack
 
     def _resolve(self, ack: Ack, meta: RecordMetadata) -> None:
@@ -115,12 +118,15 @@ class InMemoryLog:
 
     async def wait_for_record(self, predicate: Callable[[LogRecord], bool]) -> StoredRecord:
         """The first stored record `predicate(record)` holds for, waiting until one is stored."""
-        async with self.stored:
-            while True:
-                for stored in self.records:
-                    if predicate(stored.record):
-                        return stored
-                await self.stored.wait()
+        seen = 0
+        while True:
+            for stored in self.records[seen:]:
+                if predicate(stored.record):
+                    return stored
+            seen = len(self.records)
+            stored_next = asyncio.get_running_loop().create_future()
+            self._watchers.append(stored_next)
+            await stored_next
 
     async def wait_acked(self, acks: Iterable[Ack], *, timeout: float | None = None) -> None:
         """Wait for the acknowledgements; `StepStreamUnavailable` after the timeout."""

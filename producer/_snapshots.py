@@ -17,13 +17,21 @@ from pydantic_ai.messages import ModelMessage
 
 from stepstream.media import MediaStore, externalize_media
 from stepstream.producer._validity import ToolCallScan
-from stepstream.schemas import SnapshotDelta, SnapshotState, message_json, patch_json, stamp_changes
+from stepstream.schemas import (
+    MessageState,
+    SnapshotDelta,
+    SnapshotState,
+    message_json,
+    message_state,
+    patch_json,
+    stamps_since,
+)
 
 Offload = Callable[[list[ModelMessage]], Awaitable[list[ModelMessage]]]
 """Moves the large values of messages to the media store; returns the lean messages."""
 
 RECENT = 2
-"""How many of a snapshot's last messages the next delta compares by JSON (see DeltaTracker)."""
+"""How many of a snapshot's last messages the next delta compares field by field (see DeltaTracker)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +47,8 @@ class SnapshotPlan:
     """`is_provider_valid` of the whole history."""
     messages: Sequence[ModelMessage]
     recent_from: int
-    recent_json: list[bytes]
+    recent_states: list[MessageState]
+    """`message_state` of each message from `recent_from` on, as this plan saw them."""
     scan_at_recent: ToolCallScan
 
 
@@ -51,16 +60,18 @@ class DeltaTracker:
     so unchanged messages are the same objects) and else by value (a history processor or
     compaction replaces objects). Its last `RECENT` messages, the only ones the graph still
     touches in place (a folded tool-return request is stamped with its run id and timestamp once
-    it is sent), are compared by their JSON; one whose parts are unchanged is kept with a patch
-    of its stamped fields instead of being sent again. Provider validity is read on from the
-    tool calls that were open at that point.
+    it is sent), are compared field by field, and their parts' fields, against their
+    `message_state` of then; one whose parts are unchanged is kept with a patch of its stamped
+    fields instead of being sent again. Only new messages are serialised, and a stamped
+    message's changed fields. Provider validity is read on from the tool calls that were open at
+    that point.
     """
 
     def __init__(self) -> None:
         """Start with no previous snapshot: the first plan holds the whole history."""
-        self._refs: Sequence[ModelMessage] = ()
+        self._refs: list[ModelMessage] = []
         self._recent_from = 0
-        self._recent_json: list[bytes] = []
+        self._recent_states: list[MessageState] = []
         self._scan_at_recent = ToolCallScan()
         self.saved = False
 
@@ -69,25 +80,24 @@ class DeltaTracker:
         refs = self._refs
         limit = min(len(refs), len(messages))
         stable = min(limit, self._recent_from)
-        i = 0
-        while i < stable and (refs[i] is messages[i] or refs[i] == messages[i]):
-            i += 1
-        tail: list[bytes] = []
+        head = messages[:stable]
+        if refs[:stable] == (head if isinstance(head, list) else list(head)):
+            i = stable  # one loop in C, which checks each message by identity before equality
+        else:
+            i = 0
+            while refs[i] is messages[i] or refs[i] == messages[i]:
+                i += 1
         patch: list[tuple[int, dict[str, Any]]] = []
-        recent_json: dict[int, bytes] = {}
         if i == stable:
             while i < limit:
-                encoded = recent_json[i] = message_json(messages[i])
-                previous = self._recent_json[i - self._recent_from]
-                if encoded != previous:
-                    stamped = stamp_changes(previous, encoded)
-                    if stamped is None:
-                        tail.append(encoded)  # the first changed message starts the new tail
-                        break
+                stamped = stamps_since(self._recent_states[i - self._recent_from], messages[i])
+                if stamped is None:
+                    break  # the first changed message starts the new tail
+                if stamped:
                     patch.append((i, stamped))
                 i += 1
         prefix_len = i
-        tail.extend(message_json(m) for m in messages[prefix_len + len(tail) :])
+        tail = [message_json(m) for m in messages[prefix_len:]]
 
         # Validity, read on from the last point known to be unchanged.
         if prefix_len >= self._recent_from:
@@ -104,10 +114,6 @@ class DeltaTracker:
             scan.advance(messages[index])
         if recent_from == len(messages):
             scan_at_recent = scan.copy()
-        recent = [
-            tail[j - prefix_len] if j >= prefix_len else recent_json.get(j) or message_json(messages[j])
-            for j in range(recent_from, len(messages))
-        ]
         return SnapshotPlan(
             prefix_len=prefix_len,
             tail_json=tail,
@@ -115,7 +121,7 @@ class DeltaTracker:
             valid=scan.settled,
             messages=messages,
             recent_from=recent_from,
-            recent_json=recent,
+            recent_states=[message_state(m) for m in messages[recent_from:]],
             scan_at_recent=scan_at_recent,
         )
 
@@ -127,7 +133,7 @@ class DeltaTracker:
         """Remember a snapshot once the broker acknowledged it."""
         self._refs = list(plan.messages)  # shallow: the next plan compares identities against it
         self._recent_from = plan.recent_from
-        self._recent_json = plan.recent_json
+        self._recent_states = plan.recent_states
         self._scan_at_recent = plan.scan_at_recent
         self.saved = True
 

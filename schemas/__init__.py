@@ -24,7 +24,15 @@ from stepstream.schemas._confluent import (
 )
 
 if TYPE_CHECKING:
-    from stepstream.schemas._patch import apply_patch, message_json, patch_json, stamp_changes
+    from stepstream.schemas._patch import (
+        MessageState,
+        apply_patch,
+        message_json,
+        message_state,
+        patch_json,
+        stamp_changes,
+        stamps_since,
+    )
 from stepstream.schemas._types import (
     EVENT_KINDS,
     MAX_NOTE_CHARS,
@@ -60,6 +68,7 @@ __all__ = [
     'EffectResolution',
     'EventKind',
     'LogRecord',
+    'MessageState',
     'ModelUsage',
     'Resolution',
     'RunRecord',
@@ -80,9 +89,11 @@ __all__ = [
     'from_confluent',
     'load_schema_versions',
     'message_json',
+    'message_state',
     'patch_json',
     'schema_of',
     'stamp_changes',
+    'stamps_since',
     'subject_of',
     'to_confluent',
     'version_of_schema',
@@ -92,7 +103,16 @@ __all__ = [
 __getattr__ = lazy_exports(
     __name__,
     dict.fromkeys(
-        ('apply_patch', 'message_json', 'patch_json', 'stamp_changes'), 'stepstream.schemas._patch'
+        (
+            'MessageState',
+            'apply_patch',
+            'message_json',
+            'message_state',
+            'patch_json',
+            'stamp_changes',
+            'stamps_since',
+        ),
+        'stepstream.schemas._patch',
     ),
 )
 """`_patch` needs Pydantic AI: its names are imported on first use, so reading records does not."""

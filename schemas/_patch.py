@@ -14,16 +14,34 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import MutableSequence
+import operator
+from collections.abc import Callable, MutableSequence
 from typing import Any
 
 from pydantic import TypeAdapter
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse
 from pydantic_ai.usage import RequestUsage
 
-__all__ = ['apply_patch', 'message_json', 'patch_json', 'stamp_changes']
+__all__ = [
+    'MessageState',
+    'apply_patch',
+    'message_json',
+    'message_state',
+    'patch_json',
+    'stamp_changes',
+    'stamps_since',
+]
 
 _MESSAGE: TypeAdapter[ModelMessage] = TypeAdapter(ModelMessage)
+_BY_KIND: dict[type, TypeAdapter[Any]] = {
+    ModelRequest: TypeAdapter(ModelRequest),
+    ModelResponse: TypeAdapter(ModelResponse),
+}
+"""Each message class's own adapter: the same JSON as `_MESSAGE`'s, without choosing a union branch first."""
+
+
+def _adapter(message: ModelMessage) -> TypeAdapter[Any]:
+    return _BY_KIND.get(type(message)) or _MESSAGE
 
 
 def message_json(message: ModelMessage) -> bytes:
@@ -55,7 +73,8 @@ def message_json(message: ModelMessage) -> bytes:
                 parts[index] = dropped
     if parts:
         exclude['parts'] = parts
-    return _MESSAGE.dump_json(message, exclude=exclude) if exclude else _MESSAGE.dump_json(message)
+    adapter = _adapter(message)
+    return adapter.dump_json(message, exclude=exclude) if exclude else adapter.dump_json(message)
 
 
 def _nullable(cls: type) -> tuple[str, ...]:
@@ -120,6 +139,60 @@ def stamp_changes(old_json: bytes, new_json: bytes) -> dict[str, Any] | None:
         return None
     changed = {key: new.get(key) for key in old.keys() | new.keys() if old.get(key) != new.get(key)}
     return changed or None
+
+
+MessageState = tuple[tuple[Any, ...], tuple[tuple[Any, ...], ...]]
+"""A message's class and field values, and each part's, by reference (`message_state`)."""
+
+
+def message_state(message: ModelMessage) -> MessageState:
+    """What `message` holds at the two levels the graph stamps in place: its fields and its parts'.
+
+    Values are kept by reference, not copied: two states compare equal, field by field, exactly
+    when the message's fields and its parts' fields are equal, and then their `message_json` is
+    the same unless a value inside a part or a field (a tool's arguments, a returned object) was
+    itself changed in place, which the graph does not do (decision 0019).
+    """
+    return _values(message), tuple(_values(part) for part in message.parts)
+
+
+def stamps_since(state: MessageState, message: ModelMessage) -> dict[str, Any] | None:
+    """The fields stamped on `message` since `state` was taken, as `stamp_changes` gives them.
+
+    `{field: JSON value}` of each top-level field that changed (empty when none did), or None
+    when the message's class or parts changed: then it is sent again whole. Only the changed
+    fields are serialised; a field `message_json` would leave out is null, as in `stamp_changes`.
+    """
+    values, parts = state
+    if values[0] is not type(message) or parts != tuple(_values(part) for part in message.parts):
+        return None
+    now = _values(message)
+    if now == values:
+        return {}
+    names = _layout(type(message))[0]
+    changed = {names[i] for i, (a, b) in enumerate(zip(values, now, strict=True)) if a is not b and a != b}
+    if 'usage' in changed:  # its counters are lean too (`message_json`): take them from there
+        lean = json.loads(message_json(message))
+        return {name: lean.get(name) for name in changed}
+    return _adapter(message).dump_python(message, mode='json', include=changed)
+
+
+def _values(obj: Any) -> tuple[Any, ...]:
+    """`obj`'s class and the values of its dataclass fields (a message's parts apart), in one C call."""
+    return _layout(type(obj))[1](obj)
+
+
+_LAYOUTS: dict[type, tuple[tuple[str, ...], Callable[[Any], tuple[Any, ...]]]] = {}
+
+
+def _layout(cls: type) -> tuple[tuple[str, ...], Callable[[Any], tuple[Any, ...]]]:
+    """The names `_values` reads for `cls` (`__class__` first), and the getter that reads them."""
+    layout = _LAYOUTS.get(cls)
+    if layout is None:
+        names = ('__class__', *(f.name for f in dataclasses.fields(cls) if f.name != 'parts'))
+        getter: Callable[[Any], tuple[Any, ...]] = operator.attrgetter(*names)
+        layout = _LAYOUTS[cls] = (names, getter)
+    return layout
 
 
 def apply_patch(history: MutableSequence[ModelMessage], patch: str) -> None:

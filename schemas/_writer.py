@@ -14,6 +14,7 @@ None, and `encode` uses fastavro for it.
 
 from __future__ import annotations
 
+import operator
 import struct
 from collections.abc import Callable, Mapping
 from datetime import datetime
@@ -102,6 +103,9 @@ def _write_boolean(buf: bytearray, value: Any) -> None:
 
 
 def _write_long(buf: bytearray, value: int) -> None:
+    if 0 <= value < 64:  # one byte: most seqs, steps and lengths
+        buf.append(value << 1)
+        return
     n = (value << 1) ^ (value >> 63)  # zig-zag
     while n & ~0x7F:
         buf.append((n & 0x7F) | 0x80)
@@ -119,7 +123,10 @@ def _write_double(buf: bytearray, value: float) -> None:
 
 def _write_string(buf: bytearray, value: str) -> None:
     data = value.encode()
-    _write_long(buf, len(data))
+    if len(data) < 64:
+        buf.append(len(data) << 1)
+    else:
+        _write_long(buf, len(data))
     buf += data
 
 
@@ -149,13 +156,29 @@ def _union(branches: list[Any]) -> Writer:
         raise _Unsupported(repr(branches))
     null_index = branches.index('null')
     other = _compile(branches[1 - null_index])
-    none_tag, value_tag = bytes([null_index * 2]), bytes([(1 - null_index) * 2])  # zig-zag of 0 and 1
+    none_tag, value_tag = null_index * 2, (1 - null_index) * 2  # zig-zag of 0 and 1
+
+    if other is _write_string:  # most optional fields: one call, not two
+
+        def write_string(buf: bytearray, value: Any) -> None:
+            if value is None:
+                buf.append(none_tag)
+            else:
+                buf.append(value_tag)
+                data = value.encode()
+                if len(data) < 64:  # the length's zig-zag varint is one byte
+                    buf.append(len(data) << 1)
+                else:
+                    _write_long(buf, len(data))
+                buf += data
+
+        return write_string
 
     def write(buf: bytearray, value: Any) -> None:
         if value is None:
-            buf += none_tag
+            buf.append(none_tag)
         else:
-            buf += value_tag
+            buf.append(value_tag)
             other(buf, value)
 
     return write
@@ -190,8 +213,11 @@ _MISSING = object()
 def _record(schema: dict[str, Any]) -> Writer:
     fields = [(f['name'], _compile(f['type']), f.get('default', _MISSING)) for f in schema['fields']]
     name = schema.get('name')
+    writers = [writer for _name, writer, _default in fields]
+    values_of = operator.attrgetter(*(field_name for field_name, _writer, _default in fields))
 
-    def write(buf: bytearray, value: Any) -> None:
+    def write_fields(buf: bytearray, value: Any) -> None:
+        """A dict, or an object without some field: each field looked up, its default if absent."""
         is_dict = isinstance(value, dict)
         for field_name, writer, default in fields:
             item = value.get(field_name, _MISSING) if is_dict else getattr(value, field_name, _MISSING)
@@ -199,6 +225,21 @@ def _record(schema: dict[str, Any]) -> Writer:
                 if default is _MISSING:
                     raise ValueError(f'{name} field {field_name!r} is missing and has no default')
                 item = default
+            writer(buf, item)
+
+    if len(fields) < 2:  # attrgetter of one name gives the value, not a tuple
+        return write_fields
+
+    def write(buf: bytearray, value: Any) -> None:
+        if isinstance(value, dict):
+            write_fields(buf, value)
+            return
+        try:
+            values = values_of(value)  # every field in one call
+        except AttributeError:
+            write_fields(buf, value)
+            return
+        for writer, item in zip(writers, values):  # noqa: B905 (one value per writer by construction)
             writer(buf, item)
 
     return write

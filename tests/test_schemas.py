@@ -52,9 +52,12 @@ from stepstream.schemas import (
     encode_with_fastavro,
     load_schema_versions,
     message_json,
+    message_state,
     patch_json,
     stamp_changes,
+    stamps_since,
 )
+from stepstream.schemas._patch import _BY_KIND, _MESSAGE
 from stepstream.schemas._writer import compile_writer
 
 NOW = datetime(2026, 11, 30, 12, 0, 0, 123456, tzinfo=UTC)
@@ -358,6 +361,65 @@ def test_lean_message_json_reads_back_as_the_full_json_does(message: ModelMessag
         b'[' + lean + b']'
     ) == ModelMessagesTypeAdapter.validate_json(full)
     assert len(lean) < len(full) - 1
+
+
+@pytest.mark.parametrize('message', lean_json_cases())
+def test_each_message_class_adapter_writes_the_unions_json(message: ModelMessage) -> None:
+    assert _BY_KIND[type(message)].dump_json(message) == _MESSAGE.dump_json(message)
+
+
+STAMPS: dict[str, st.SearchStrategy[object]] = {
+    'run_id': st.none() | st.text(max_size=8),
+    'conversation_id': st.none() | st.text(max_size=8),
+    'timestamp': st.datetimes(timezones=st.just(UTC)),
+    'metadata': st.none() | st.dictionaries(st.text(max_size=4), st.none() | st.integers(), max_size=2),
+}
+REQUEST_STAMPS = {**STAMPS, 'instructions': st.none() | st.text(max_size=8)}
+RESPONSE_STAMPS = {
+    **STAMPS,
+    'model_name': st.none() | st.text(max_size=8),
+    'finish_reason': st.none() | st.sampled_from(['stop', 'tool_call', 'length']),
+    'usage': st.builds(
+        RequestUsage,
+        input_tokens=st.integers(0, 5),
+        output_tokens=st.integers(0, 5),
+        details=st.dictionaries(st.sampled_from(['x', 'y']), st.integers(0, 2), max_size=2),
+    ),
+}
+
+
+@hypothesis_settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_stamps_since_a_state_are_the_stamp_changes_of_the_json(data: st.DataObject) -> None:
+    """The cheap change test the snapshot writer uses gives the patch the JSON comparison defines."""
+    message = data.draw(st.sampled_from(lean_json_cases()))
+    message = dataclasses.replace(message, parts=list(message.parts))  # a live message of its own
+    before_json, state = message_json(message), message_state(message)
+    stamps = REQUEST_STAMPS if isinstance(message, ModelRequest) else RESPONSE_STAMPS
+    for name in data.draw(st.lists(st.sampled_from(sorted(stamps)), unique=True, max_size=3)):
+        setattr(message, name, data.draw(stamps[name], label=name))  # in place, as the graph stamps
+    part_change = data.draw(st.sampled_from(['none', 'rewrite', 'append', 'replace']))
+    if part_change == 'rewrite' and message.parts:
+        part = message.parts[0]
+        message.parts[0] = dataclasses.replace(part, part_kind=part.part_kind)  # an equal copy: no change
+    elif part_change == 'append':
+        message.parts.append(TextPart('new') if isinstance(message, ModelResponse) else UserPromptPart('new'))
+    elif part_change == 'replace' and message.parts and hasattr(message.parts[0], 'content'):
+        message.parts[0].content = 'changed in place'  # type: ignore[union-attr]
+    after_json = message_json(message)
+    found = stamps_since(state, message)
+    if after_json == before_json:
+        assert found == {}
+    else:
+        assert found == stamp_changes(before_json, after_json)
+        if found is not None:  # the patch gives back the stamped message
+            history = [read_lean(before_json)]
+            apply_patch(history, patch_json([(0, found)]) or '')
+            assert history == [read_lean(after_json)]
+
+
+def read_lean(lean: bytes) -> ModelMessage:
+    return ModelMessagesTypeAdapter.validate_json(b'[' + lean + b']')[0]
 
 
 def test_stamps_from_none_to_a_value_and_back_are_patches() -> None:
