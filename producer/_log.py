@@ -531,8 +531,9 @@ class EventLog:
         (`send`), which adds them to the producer's batch still waiting there, as before: a new
         batch would wait for that one to leave and go out one round trip later, in a batch of
         its own (more framing bytes, decision 0034). A record of a run with kept records is kept
-        behind them. A batch the producer does not take in time is kept record by record, like a
-        record the broker did not take, and so is every batch after it. Cancelled (the waiting
+        behind them. A batch the producer does not take in time (one deadline for the hand-over's
+        batches) is kept record by record, like a record the broker did not take, and so is every
+        batch after it. Cancelled (the waiting
         caller was) or failed before the producer took them: the records not handed yet go back
         to the front of the queue, in order.
         """
@@ -584,24 +585,20 @@ class EventLog:
                 sent = await self._hand(out)
                 handed += 1
                 sent.add_done_callback(functools.partial(_settle, ack))
-            taken = True
-            for batch in batches:
-                if not taken:  # behind a batch the producer did not take: never ahead of its records
-                    batch.keep()
-                    submitted += 1
-                    continue
-                try:
-                    # asyncio.timeout, not wait_for: no extra task per batch.
-                    async with asyncio.timeout(self.settings.ack_timeout_s):
+            try:
+                # One deadline for the hand-over's batches (asyncio.timeout: no task, one timer).
+                async with asyncio.timeout(self.settings.ack_timeout_s):
+                    for batch in batches:
                         future = await self._producer.send_batch(
                             batch.builder, batch.topic, partition=batch.partition
                         )
-                except (KafkaError, TimeoutError):
+                        batch.sent(future)
+                        submitted += 1
+            except (KafkaError, TimeoutError):
+                # The batch the producer did not take, and every one behind it: never ahead of it.
+                for batch in batches[submitted:]:
                     batch.keep()
-                    taken = False
-                else:
-                    batch.sent(future)
-                submitted += 1
+                submitted = len(batches)
         except BaseException:
             unsent = sorted(
                 [*singles[handed:], *(e for b in batches[submitted:] for e in b.entries)], key=_append_order

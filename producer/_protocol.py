@@ -9,6 +9,7 @@ the same headers (`record_headers`).
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Iterable
 from typing import Protocol, runtime_checkable
 
@@ -19,7 +20,7 @@ from stepstream.errors import RecordTooLarge
 from stepstream.ids import check_record_ids
 from stepstream.kafka_client import unavailable
 from stepstream.producer._liveness import Liveness
-from stepstream.schemas import LogRecord, StepEvent, encode, schema_of
+from stepstream.schemas import STEP_EVENT_SCHEMA, TOOL_EFFECT_SCHEMA, LogRecord, StepEvent, encode
 from stepstream.settings import Settings
 from stepstream.topics import Position
 
@@ -110,12 +111,20 @@ def record_headers(record: LogRecord) -> list[tuple[str, bytes]]:
     without decoding them; the schema fingerprint in hex names the `.avsc` to decode with.
     """
     kind = record.kind if isinstance(record, StepEvent) else record.status
-    headers = [
-        ('stepstream-kind', kind.encode()),
-        ('stepstream-schema', schema_of(record).fingerprint_hex.encode()),
-    ]
+    headers = [_kind_header(kind), _schema_header(type(record))]
     span = trace.get_current_span().get_span_context()
     if span.is_valid:  # W3C trace context, so a consumer can join the agent's trace
         traceparent = f'00-{span.trace_id:032x}-{span.span_id:016x}-{int(span.trace_flags):02x}'
         headers.append(('traceparent', traceparent.encode()))
     return headers
+
+
+@functools.cache
+def _kind_header(kind: str) -> tuple[str, bytes]:
+    return ('stepstream-kind', kind.encode())
+
+
+@functools.cache
+def _schema_header(record_type: type[LogRecord]) -> tuple[str, bytes]:
+    schema = STEP_EVENT_SCHEMA if record_type is StepEvent else TOOL_EFFECT_SCHEMA
+    return ('stepstream-schema', schema.fingerprint_hex.encode())
