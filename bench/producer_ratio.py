@@ -11,6 +11,12 @@ than the changes it is meant to show. Here each round runs raw aiokafka
 simulated runs (`producer_throughput.eventlog_concurrent`), each with the default linger and
 with `linger_ms=0`, one after the other on fresh topics of one embedded Tansu; it prints each
 variant's median records/s and the median of its ratio to the raw ceiling of the same round.
+
+Raw aiokafka is also run in the shape of the capability's traffic
+(`producer_throughput.raw_concurrent`: 32 and 256 concurrent runs, each waiting at its
+durability points, on a producer configured as `EventLog`'s, gzip included), and each `EventLog`
+variant's ratio to that is printed too: what the log costs over aiokafka sending the same
+traffic, apart from what the waits cost any producer.
 """
 
 from __future__ import annotations
@@ -20,17 +26,22 @@ import statistics
 import sys
 
 from bench.common import EVENTLOG_LINGER_MS, fresh
-from bench.producer_throughput import _plans, eventlog_concurrent, raw_aiokafka
+from bench.producer_throughput import _plans, eventlog_concurrent, raw_aiokafka, raw_concurrent
 from stepstream import Settings
 from stepstream.embedded import EmbeddedStack
 from stepstream.topics import ensure_topics
 
 VARIANTS = ((32, EVENTLOG_LINGER_MS), (32, 0), (256, EVENTLOG_LINGER_MS), (256, 0))
+RUNS = (32, 256)
 
 
 async def measure(total: int, rounds: int) -> dict[str, list[float]]:
     """Records/s of raw aiokafka and of each `(runs, linger_ms)` variant, one entry per round."""
-    rates: dict[str, list[float]] = {'raw': [], **{f'{r} runs, linger {ms}': [] for r, ms in VARIANTS}}
+    rates: dict[str, list[float]] = {
+        'raw': [],
+        **{f'raw, {r} runs with waits': [] for r in RUNS},
+        **{f'{r} runs, linger {ms}': [] for r, ms in VARIANTS},
+    }
     async with EmbeddedStack() as stack:
 
         async def topics(tag: str) -> Settings:
@@ -42,6 +53,9 @@ async def measure(total: int, rounds: int) -> dict[str, list[float]]:
             rates['raw'].append(
                 (await raw_aiokafka(await topics('pr-raw'), _plans(f'r{n}', total)))['records_per_s']
             )
+            for runs in RUNS:
+                row = await raw_concurrent(await topics('pr-rawc'), _plans(f'w{n}', total), runs)
+                rates[f'raw, {runs} runs with waits'].append(row['records_per_s'])
             for runs, linger in VARIANTS:
                 row = await eventlog_concurrent(await topics('pr-log'), _plans(f'c{n}', total), runs, linger)
                 rates[f'{runs} runs, linger {linger}'].append(row['records_per_s'])
@@ -60,10 +74,14 @@ def main() -> None:
     rates = asyncio.run(measure(total, rounds))
     for name, values in rates.items():
         ratio = statistics.median(v / raw for v, raw in zip(values, rates['raw'], strict=True))
-        print(
-            f'{name:22} median {statistics.median(values):8,.0f} records/s, '
-            f'of raw in the same round {ratio:.2f}'
-        )
+        median = statistics.median(values)
+        line = f'{name:26} median {median:8,.0f} records/s, of raw in the same round {ratio:.2f}'
+        runs = next((r for r in RUNS if name.startswith(f'{r} runs')), None)
+        if runs is not None:  # against raw aiokafka sending the same traffic with the same waits
+            same = rates[f'raw, {runs} runs with waits']
+            waits = statistics.median(v / w for v, w in zip(values, same, strict=True))
+            line += f', of raw with the same waits {waits:.2f}'
+        print(line)
 
 
 if __name__ == '__main__':

@@ -581,10 +581,17 @@ class EventLog:
                         raise StepStreamError(
                             f'the producer refused a {len(value)}-byte record in an empty batch'
                         )
-            for _i, out, ack in singles:
-                sent = await self._hand(out)
-                handed += 1
-                sent.add_done_callback(functools.partial(_settle, ack))
+            try:
+                # One deadline for the hand-over's records (asyncio.timeout: no task, one timer).
+                async with asyncio.timeout(self.settings.ack_timeout_s):
+                    for _i, out, ack in singles:
+                        await self._hand(out, ack, deadline=False)
+                        handed += 1
+            except TimeoutError:
+                # The record the producer did not take, and every one behind it: never ahead of it.
+                for _i, out, ack in singles[handed:]:
+                    self._keep(out).add_done_callback(functools.partial(_settle, ack))
+                handed = len(singles)
             try:
                 # One deadline for the hand-over's batches (asyncio.timeout: no task, one timer).
                 async with asyncio.timeout(self.settings.ack_timeout_s):
@@ -623,32 +630,68 @@ class EventLog:
         else:
             del self._open_sends[tp]
 
-    async def _hand(self, out: _Outgoing) -> Ack:
-        """Give one record to the producer (or keep it for a resend); its acknowledgement."""
-        if self._kept and out.record.run_id in self._kept:
-            return self._keep(out)  # behind the run's earlier records, never ahead of them
-        try:
-            # asyncio.timeout, not wait_for: no extra task per record on the hot path.
-            async with asyncio.timeout(self.settings.ack_timeout_s):
-                ack = await self._send(out)
-        except (KafkaError, TimeoutError, SchemaRegistryError):
-            return self._keep(out)
-        self._pending[ack] = [out]
-        ack.add_done_callback(self._on_ack)
-        return ack
+    async def _hand(self, out: _Outgoing, ack: Ack | None = None, *, deadline: bool = True) -> Ack:
+        """Give one record to the producer (or keep it for a resend); the producer's future.
 
-    async def _send(self, out: _Outgoing) -> Ack:
+        `ack`, when given, is the record's own acknowledgement, resolved as that one resolves.
+        `deadline=False` for a caller that holds a deadline of its own over several records.
+        """
+        if self._kept and out.record.run_id in self._kept:
+            kept = self._keep(out)  # behind the run's earlier records, never ahead of them
+        else:
+            try:
+                if deadline:
+                    # asyncio.timeout, not wait_for: no extra task per record on the hot path.
+                    async with asyncio.timeout(self.settings.ack_timeout_s):
+                        sent = await self._send(out, functools.partial(self._handed, out, ack))
+                else:
+                    sent = await self._send(out, functools.partial(self._handed, out, ack))
+            except (KafkaError, TimeoutError, SchemaRegistryError):
+                kept = self._keep(out)
+            else:
+                self._pending[sent] = [out]
+                return sent
+        if ack is not None:
+            kept.add_done_callback(functools.partial(_settle, ack))
+        return kept
+
+    def _handed(self, out: _Outgoing, ack: Ack | None, sent: Ack) -> None:
+        """A record `_hand` gave the producer was acknowledged, failed or cancelled."""
+        del self._pending[sent]
+        if not sent.cancelled() and isinstance(sent.exception(), AUTHORIZATION_ERRORS):
+            # No ACL to write: sending again cannot help. Every later wait raises this.
+            self._denied = self._denied or self._no_write(sent.exception())
+        elif sent.cancelled() or sent.exception() is not None:
+            self._keep(out)  # sent again; the waiter learns of the failure now (`_settle`)
+        else:
+            self._record_position(sent.result())
+        if ack is not None:
+            _settle(ack, sent)
+
+    async def _send(self, out: _Outgoing, then: Callable[[Ack], None]) -> Ack:
+        """Give a record to the producer; `then(future)` runs once the producer's future is done.
+
+        One callback per record: it closes the record's open send on its partition, records the
+        acknowledgement's latency and calls `then`.
+        """
         assert self._producer is not None
         key = out.record.run_id.encode()
         partition = self.partitioner(key, self._partition_count)
         topic = topic_of(out.record, self.settings)
         value = out.value if self._registry is None else await self._confluent(out, topic)
         sent_at = time.perf_counter()
-        ack: Ack = await self._producer.send(topic, value, key=key, headers=out.headers, partition=partition)
-        self._opened((topic, partition), ack)
+        sent: Ack = await self._producer.send(topic, value, key=key, headers=out.headers, partition=partition)
+        tp = (topic, partition)
+        self._open_sends[tp] = self._open_sends.get(tp, 0) + 1
         records_appended.add(1, _TOPIC_ATTRIBUTES[isinstance(out.record, StepEvent)])
-        ack.add_done_callback(functools.partial(_observe_ack, sent_at))
-        return ack
+        sent.add_done_callback(functools.partial(self._sent, tp, sent_at, then))
+        return sent
+
+    def _sent(self, tp: tuple[str, int], sent_at: float, then: Callable[[Ack], None], sent: Ack) -> None:
+        self._closed(tp, sent)
+        if not sent.cancelled() and sent.exception() is None:
+            ack_latency.record(time.perf_counter() - sent_at)
+        then(sent)
 
     async def _confluent(self, out: _Outgoing, topic: str) -> bytes:
         """The record in the Confluent wire format, its schema's id asked of the registry once per process.
@@ -722,8 +765,9 @@ class EventLog:
                     if entry.resending is not None and not entry.resending.done():
                         sent.append(entry.resending)  # still on its way from an earlier pass
                         continue
-                    ack = entry.resending = await self._send(entry.out)
-                    ack.add_done_callback(functools.partial(self._on_resent, entry))
+                    ack = entry.resending = await self._send(
+                        entry.out, functools.partial(self._on_resent, entry)
+                    )
                     sent.append(ack)
                 if sent:
                     await asyncio.wait(sent)
@@ -745,17 +789,6 @@ class EventLog:
     async def _all_kept_sent(self) -> None:
         while self._kept:
             await asyncio.gather(*(k.ack for kept in list(self._kept.values()) for k in kept))
-
-    def _on_ack(self, ack: Ack) -> None:
-        (out,) = self._pending.pop(ack)
-        if not ack.cancelled() and isinstance(ack.exception(), AUTHORIZATION_ERRORS):
-            # No ACL to write: sending again cannot help. Every later wait raises this.
-            self._denied = self._denied or self._no_write(ack.exception())
-            return
-        if ack.cancelled() or ack.exception() is not None:
-            self._keep(out)
-            return
-        self._record_position(ack.result())
 
     def _record_position(self, meta: RecordMetadata) -> None:
         tp = meta.topic_partition
@@ -842,9 +875,3 @@ def _settle(ack: Ack, sent: Ack) -> None:
         ack.exception()  # retrieved: nobody may wait for it, and its record is kept and resent
     else:
         ack.set_result(sent.result())
-
-
-def _observe_ack(sent_at: float, ack: Ack) -> None:
-    """Record an acknowledged record's latency (`stepstream.producer.ack_latency`)."""
-    if not ack.cancelled() and ack.exception() is None:
-        ack_latency.record(time.perf_counter() - sent_at)

@@ -72,14 +72,48 @@ async def await_acks(settings: Settings, acks: Iterable[Ack], timeout: float | N
     Raises `StepStreamUnavailable` for acknowledgements still missing at the deadline or
     cancelled; what a finished ack failed with is left to the caller, which knows its errors.
     """
+    acks = acks if isinstance(acks, list) else list(acks)
     pending = [a for a in acks if not a.done()]
     if pending:
         limit = settings.ack_timeout_s if timeout is None else timeout
-        _done, not_done = await asyncio.wait(pending, timeout=limit)
+        await _all_done(pending, limit)
+        not_done = sum(not a.done() for a in pending)
         if not_done:
-            raise unavailable(settings, f'did not acknowledge {len(not_done)} record(s)')
+            raise unavailable(settings, f'did not acknowledge {not_done} record(s)')
     if any(ack.cancelled() for ack in acks):
         raise unavailable(settings, 'did not acknowledge a cancelled send')
+
+
+async def _all_done(futures: list[Ack], timeout: float) -> None:
+    """Return when every future is done or `timeout` seconds passed; never cancels them.
+
+    What `asyncio.wait(futures, timeout=...)` does, without its sets, its `ensure_future` per
+    future and its done and pending sets on the way out: a durability point of every run waits
+    here (256 concurrent runs put `asyncio.wait` at a tenth of the producer's time).
+    """
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[None] = loop.create_future()
+    left = len(futures)
+
+    def one_done(_future: Ack) -> None:
+        nonlocal left
+        left -= 1
+        if not left and not waiter.done():
+            waiter.set_result(None)
+
+    def expired() -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    for future in futures:
+        future.add_done_callback(one_done)
+    deadline = loop.call_later(timeout, expired)
+    try:
+        await waiter
+    finally:
+        deadline.cancel()
+        for future in futures:
+            future.remove_done_callback(one_done)
 
 
 def encode_record(record: LogRecord, max_record_bytes: int) -> bytes:
@@ -111,7 +145,7 @@ def record_headers(record: LogRecord) -> list[tuple[str, bytes]]:
     without decoding them; the schema fingerprint in hex names the `.avsc` to decode with.
     """
     kind = record.kind if isinstance(record, StepEvent) else record.status
-    headers = [_kind_header(kind), _schema_header(type(record))]
+    headers = [_kind_header(kind), _schema_header(isinstance(record, StepEvent))]
     span = trace.get_current_span().get_span_context()
     if span.is_valid:  # W3C trace context, so a consumer can join the agent's trace
         traceparent = f'00-{span.trace_id:032x}-{span.span_id:016x}-{int(span.trace_flags):02x}'
@@ -125,6 +159,6 @@ def _kind_header(kind: str) -> tuple[str, bytes]:
 
 
 @functools.cache
-def _schema_header(record_type: type[LogRecord]) -> tuple[str, bytes]:
-    schema = STEP_EVENT_SCHEMA if record_type is StepEvent else TOOL_EFFECT_SCHEMA
+def _schema_header(step_event: bool) -> tuple[str, bytes]:
+    schema = STEP_EVENT_SCHEMA if step_event else TOOL_EFFECT_SCHEMA
     return ('stepstream-schema', schema.fingerprint_hex.encode())
