@@ -89,9 +89,11 @@ def check_id(value: object, *, what: str) -> str:
 
 def check_record_ids(record: Any) -> None:
     """Apply both rules to every id a log record carries (`None` is allowed where optional)."""
-    check_run_id(record.run_id)
-    if record.parent_run_id is not None:
-        check_run_id(record.parent_run_id, what='parent_run_id')
+    run_id, parent = record.run_id, record.parent_run_id
+    if type(run_id) is not str or not is_run_id(run_id):  # cached: a run's ids recur on each record
+        check_run_id(run_id)
+    if parent is not None and (type(parent) is not str or not is_run_id(parent)):
+        check_run_id(parent, what='parent_run_id')
     for name in OTHER_ID_FIELDS:
         value = getattr(record, name, None)
         if not is_plain_id(value):  # the common case first: this runs for every record on both sides
