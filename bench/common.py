@@ -23,7 +23,7 @@ from aiokafka.structs import TopicPartition
 
 from stepstream import Settings
 from stepstream.producer import EventLog
-from stepstream.topics import Position
+from stepstream.topics import Position, ensure_topics
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -79,6 +79,13 @@ def fresh(settings: Settings, tag: str, partitions: int | None = None) -> Settin
     if partitions is not None:
         changes['partitions'] = partitions
     return settings.replace(**changes)
+
+
+async def fresh_topics(settings: Settings, tag: str) -> Settings:
+    """`fresh` settings whose topics exist already, so a timed part does not create them."""
+    settings = fresh(settings, tag)
+    await ensure_topics(settings)
+    return settings
 
 
 def log_partitions(settings: Settings, count: int) -> list[TopicPartition]:

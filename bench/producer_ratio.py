@@ -25,11 +25,10 @@ import asyncio
 import statistics
 import sys
 
-from bench.common import EVENTLOG_LINGER_MS, fresh
+from bench.common import EVENTLOG_LINGER_MS, fresh_topics
 from bench.producer_throughput import _plans, eventlog_concurrent, raw_aiokafka, raw_concurrent
 from stepstream import Settings
 from stepstream.embedded import EmbeddedStack
-from stepstream.topics import ensure_topics
 
 VARIANTS = ((32, EVENTLOG_LINGER_MS), (32, 0), (256, EVENTLOG_LINGER_MS), (256, 0))
 RUNS = (32, 256)
@@ -45,9 +44,7 @@ async def measure(total: int, rounds: int) -> dict[str, list[float]]:
     async with EmbeddedStack() as stack:
 
         async def topics(tag: str) -> Settings:
-            settings = fresh(stack.settings, tag)
-            await ensure_topics(settings)
-            return settings
+            return await fresh_topics(stack.settings, tag)
 
         for n in range(rounds):
             rates['raw'].append(

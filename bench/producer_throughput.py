@@ -15,17 +15,17 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
-from bench.common import EVENTLOG_LINGER_MS, Scale, fresh, median, percentile, say
-from bench.synthetic import Planned, plan_run, run_id, to_wire
+from bench.common import EVENTLOG_LINGER_MS, Scale, fresh_topics, median, percentile, say
+from bench.synthetic import Planned, gather, plan_run, run_id, send_wire, to_wire, write_run
 from bench.workload import timed_run
 from stepstream import Settings
 from stepstream.producer import EventLog, StepPersistence
-from stepstream.topics import ensure_topics
 
 STEPS_PER_RUN = 20
 # (concurrent runs, EventLog linger_ms): the default linger, and none (each record sent as
@@ -91,14 +91,7 @@ async def raw_concurrent(
 
         async def worker() -> None:
             while queue:
-                pending = []
-                for wire, durable in queue.pop():
-                    pending.append(
-                        await producer.send(wire.topic, wire.value, key=wire.key, headers=wire.headers)
-                    )
-                    if durable:
-                        await asyncio.gather(*pending)
-                        pending = []
+                await write_run(queue.pop(), functools.partial(send_wire, producer), gather)
 
         t0 = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(runs)))
@@ -120,13 +113,7 @@ async def eventlog_concurrent(
 
         async def worker() -> None:
             while queue:
-                plan = queue.pop()
-                pending = []
-                for planned in plan:
-                    pending.append(await log.append(planned.record))
-                    if planned.durable:
-                        await log.wait_acked(pending)
-                        pending = []
+                await write_run(((p.record, p.durable) for p in queue.pop()), log.append, log.wait_acked)
 
         t0 = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(runs)))
@@ -202,9 +189,7 @@ async def run(settings: Settings, scale: Scale) -> dict[str, Any]:
     total = scale.producer_records
 
     async def on_fresh_topics(tag: str) -> Settings:
-        s = fresh(settings, tag)
-        await ensure_topics(s)
-        return s
+        return await fresh_topics(settings, tag)
 
     plans = _plans('bench-p', total)
     out['raw_aiokafka'] = await raw_aiokafka(await on_fresh_topics('w2-raw'), plans)

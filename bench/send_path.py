@@ -25,19 +25,19 @@ are made beforehand); the encoder's time per record is printed too, to subtract.
 from __future__ import annotations
 
 import asyncio
+import functools
 import statistics
 import sys
 import time
 
 from aiokafka import AIOKafkaProducer
 
-from bench.common import fresh
-from bench.synthetic import Planned, plan_run, run_id, to_wire
+from bench.common import fresh_topics
+from bench.synthetic import Planned, gather, plan_run, run_id, send_wire, to_wire, write_run
 from stepstream import Settings
 from stepstream.embedded import EmbeddedStack
 from stepstream.producer import EventLog
 from stepstream.schemas import encode
-from stepstream.topics import ensure_topics
 
 
 async def raw(settings: Settings, plans: list[list[Planned]]) -> float:
@@ -50,12 +50,7 @@ async def raw(settings: Settings, plans: list[list[Planned]]) -> float:
         await producer.send_and_wait(first.topic, first.value, key=first.key, headers=first.headers)
         cpu0 = time.process_time()
         for plan in wires:
-            pending = []
-            for w, durable in plan:
-                pending.append(await producer.send(w.topic, w.value, key=w.key, headers=w.headers))
-                if durable:
-                    await asyncio.gather(*pending)
-                    pending = []
+            await write_run(plan, functools.partial(send_wire, producer), gather)
         cpu = time.process_time() - cpu0
     finally:
         await producer.stop()
@@ -70,12 +65,7 @@ async def eventlog(
         await log.wait_acked([await log.append(plan_run(run_id('warm', 0), 1)[0].record)])
         cpu0 = time.process_time()
         for plan in plans:
-            pending = []
-            for planned in plan:
-                pending.append(await log.append(planned.record))
-                if planned.durable:
-                    await log.wait_acked(pending)
-                    pending = []
+            await write_run(((p.record, p.durable) for p in plan), log.append, log.wait_acked)
         cpu = time.process_time() - cpu0
     return cpu / sum(len(p) for p in plans)
 
@@ -101,9 +91,7 @@ async def measure(runs: int, repeats: int) -> dict[str, list[float]]:
     async with EmbeddedStack() as stack:
 
         async def topics(tag: str) -> Settings:
-            settings = fresh(stack.settings, tag)
-            await ensure_topics(settings)
-            return settings
+            return await fresh_topics(stack.settings, tag)
 
         for rep in range(repeats):
             plans = [plan_run(run_id(f'sp{rep}', i), 20) for i in range(runs)]

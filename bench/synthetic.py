@@ -10,12 +10,14 @@ about 300 bytes, the size the issue's ceilings are quoted for.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
+from aiokafka import AIOKafkaProducer
 from pydantic_ai.messages import (
     ModelMessage,
     ModelMessagesTypeAdapter,
@@ -32,6 +34,8 @@ from stepstream.settings import Settings
 
 RUN_ID_WIDTH = 18
 """Every synthetic run id has this length, so encoded templates can be re-keyed by byte replacement."""
+
+T = TypeVar('T')
 
 
 def run_id(prefix: str, index: int) -> str:
@@ -120,6 +124,23 @@ def plan_run(rid: str, steps: int, *, start: datetime | None = None) -> list[Pla
     return out
 
 
+async def write_run(
+    records: Iterable[tuple[T, bool]],
+    send: Callable[[T], Awaitable[asyncio.Future[Any]]],
+    wait: Callable[[list[asyncio.Future[Any]]], Awaitable[Any]],
+) -> None:
+    """One simulated run: `send` each record in order, `wait` for the sent ones at its durability points.
+
+    The `bool` beside each record is `Planned.durable`: where the capability waits for the broker.
+    """
+    pending: list[asyncio.Future[Any]] = []
+    for record, durable in records:
+        pending.append(await send(record))
+        if durable:
+            await wait(pending)
+            pending = []
+
+
 @dataclass(frozen=True, slots=True)
 class Wire:
     """A record as the producer sends it."""
@@ -158,3 +179,13 @@ def many_runs(settings: Settings, prefix: str, total: int, steps: int) -> Iterat
         new = run_id(prefix, index).encode()
         for w in template:
             yield Wire(w.topic, new, w.value.replace(old, new), w.headers)
+
+
+async def send_wire(producer: AIOKafkaProducer, wire: Wire) -> asyncio.Future[Any]:
+    """`producer.send` of a `Wire`: its acknowledgement, not awaited."""
+    return await producer.send(wire.topic, wire.value, key=wire.key, headers=wire.headers)
+
+
+async def gather(pending: list[asyncio.Future[Any]]) -> None:
+    """Wait for every acknowledgement in `pending` (raw aiokafka's durability point)."""
+    await asyncio.gather(*pending)

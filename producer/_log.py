@@ -128,7 +128,7 @@ class _Batch:
         records = len(self.entries)
         records_appended.add(records, _TOPIC_ATTRIBUTES[self.topic == self.log.settings.step_events_topic])
         self.log._pending[future] = [out for _index, out, _ack in self.entries]
-        self.log._opened((self.topic, self.partition), future)
+        self.log._opened((self.topic, self.partition))
         future.add_done_callback(self.done)
 
     def keep(self) -> None:
@@ -139,6 +139,7 @@ class _Batch:
     def done(self, future: asyncio.Future[RecordMetadata]) -> None:
         """Resolve each record's acknowledgement as the batch's resolved (offsets from its base)."""
         log = self.log
+        log._closed((self.topic, self.partition))
         del log._pending[future]
         if future.cancelled():
             for _index, out, ack in self.entries:
@@ -618,12 +619,11 @@ class EventLog:
         assert self._producer is not None
         return _Batch(self, topic, partition, self._producer.create_batch())
 
-    def _opened(self, tp: tuple[str, int], future: asyncio.Future[RecordMetadata]) -> None:
-        """Count `future` (a record's or a batch's) as open on `tp` until it resolves."""
+    def _opened(self, tp: tuple[str, int]) -> None:
+        """Count a send (a record's or a batch's) as open on `tp`; its done callback calls `_closed`."""
         self._open_sends[tp] = self._open_sends.get(tp, 0) + 1
-        future.add_done_callback(functools.partial(self._closed, tp))
 
-    def _closed(self, tp: tuple[str, int], _future: asyncio.Future[RecordMetadata]) -> None:
+    def _closed(self, tp: tuple[str, int]) -> None:
         left = self._open_sends[tp] - 1
         if left:
             self._open_sends[tp] = left
@@ -682,13 +682,13 @@ class EventLog:
         sent_at = time.perf_counter()
         sent: Ack = await self._producer.send(topic, value, key=key, headers=out.headers, partition=partition)
         tp = (topic, partition)
-        self._open_sends[tp] = self._open_sends.get(tp, 0) + 1
+        self._opened(tp)
         records_appended.add(1, _TOPIC_ATTRIBUTES[isinstance(out.record, StepEvent)])
         sent.add_done_callback(functools.partial(self._sent, tp, sent_at, then))
         return sent
 
     def _sent(self, tp: tuple[str, int], sent_at: float, then: Callable[[Ack], None], sent: Ack) -> None:
-        self._closed(tp, sent)
+        self._closed(tp)
         if not sent.cancelled() and sent.exception() is None:
             ack_latency.record(time.perf_counter() - sent_at)
         then(sent)

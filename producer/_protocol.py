@@ -20,7 +20,7 @@ from stepstream.errors import RecordTooLarge
 from stepstream.ids import check_record_ids
 from stepstream.kafka_client import unavailable
 from stepstream.producer._liveness import Liveness
-from stepstream.schemas import STEP_EVENT_SCHEMA, TOOL_EFFECT_SCHEMA, LogRecord, StepEvent, encode
+from stepstream.schemas import LogRecord, StepEvent, encode, schema_of
 from stepstream.settings import Settings
 from stepstream.topics import Position
 
@@ -145,7 +145,10 @@ def record_headers(record: LogRecord) -> list[tuple[str, bytes]]:
     without decoding them; the schema fingerprint in hex names the `.avsc` to decode with.
     """
     kind = record.kind if isinstance(record, StepEvent) else record.status
-    headers = [_kind_header(kind), _schema_header(isinstance(record, StepEvent))]
+    headers = [
+        _header('stepstream-kind', kind),
+        _header('stepstream-schema', schema_of(record).fingerprint_hex),
+    ]
     span = trace.get_current_span().get_span_context()
     if span.is_valid:  # W3C trace context, so a consumer can join the agent's trace
         traceparent = f'00-{span.trace_id:032x}-{span.span_id:016x}-{int(span.trace_flags):02x}'
@@ -153,12 +156,7 @@ def record_headers(record: LogRecord) -> list[tuple[str, bytes]]:
     return headers
 
 
-@functools.cache
-def _kind_header(kind: str) -> tuple[str, bytes]:
-    return ('stepstream-kind', kind.encode())
-
-
-@functools.cache
-def _schema_header(step_event: bool) -> tuple[str, bytes]:
-    schema = STEP_EVENT_SCHEMA if step_event else TOOL_EFFECT_SCHEMA
-    return ('stepstream-schema', schema.fingerprint_hex.encode())
+@functools.lru_cache(maxsize=256)
+def _header(name: str, value: str) -> tuple[str, bytes]:
+    """A header pair, made once: every record carries a kind and a schema, of the few there are."""
+    return (name, value.encode())
