@@ -29,7 +29,8 @@ from pydantic_ai.messages import (
     UserPromptPart,
 )
 
-from stepstream.schemas import LogRecord, SnapshotDelta, StepEvent, ToolEffectTransition, encode, schema_of
+from stepstream.producer._protocol import record_headers, topic_of
+from stepstream.schemas import LogRecord, SnapshotDelta, StepEvent, ToolEffectTransition, encode
 from stepstream.settings import Settings
 
 RUN_ID_WIDTH = 18
@@ -152,17 +153,8 @@ class Wire:
 
 
 def to_wire(record: LogRecord, settings: Settings) -> Wire:
-    """What `EventLog.append` puts on the wire for `record` (minus an optional traceparent)."""
-    kind: str
-    if isinstance(record, StepEvent):
-        topic, kind = settings.step_events_topic, record.kind
-    else:
-        topic, kind = settings.tool_effects_topic, record.status
-    headers = [
-        ('stepstream-kind', kind.encode()),
-        ('stepstream-schema', schema_of(record).fingerprint_hex.encode()),
-    ]
-    return Wire(topic, record.run_id.encode(), encode(record), headers)
+    """What `EventLog.append` puts on the wire for `record` (no traceparent: no trace here)."""
+    return Wire(topic_of(record, settings), record.run_id.encode(), encode(record), record_headers(record))
 
 
 def many_runs(settings: Settings, prefix: str, total: int, steps: int) -> Iterator[Wire]:

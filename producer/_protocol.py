@@ -145,10 +145,7 @@ def record_headers(record: LogRecord) -> list[tuple[str, bytes]]:
     without decoding them; the schema fingerprint in hex names the `.avsc` to decode with.
     """
     kind = record.kind if isinstance(record, StepEvent) else record.status
-    headers = [
-        _header('stepstream-kind', kind),
-        _header('stepstream-schema', schema_of(record).fingerprint_hex),
-    ]
+    headers = [_kind_header(kind), _schema_header(schema_of(record).fingerprint)]
     span = trace.get_current_span().get_span_context()
     if span.is_valid:  # W3C trace context, so a consumer can join the agent's trace
         traceparent = f'00-{span.trace_id:032x}-{span.span_id:016x}-{int(span.trace_flags):02x}'
@@ -157,6 +154,12 @@ def record_headers(record: LogRecord) -> list[tuple[str, bytes]]:
 
 
 @functools.lru_cache(maxsize=256)
-def _header(name: str, value: str) -> tuple[str, bytes]:
-    """A header pair, made once: every record carries a kind and a schema, of the few there are."""
-    return (name, value.encode())
+def _kind_header(kind: str) -> tuple[str, bytes]:
+    """`stepstream-kind`, made once per kind (a record is one of a few)."""
+    return ('stepstream-kind', kind.encode())
+
+
+@functools.lru_cache(maxsize=64)
+def _schema_header(fingerprint: bytes) -> tuple[str, bytes]:
+    """`stepstream-schema`: the fingerprint in hex, made once per schema version."""
+    return ('stepstream-schema', fingerprint.hex().encode())
