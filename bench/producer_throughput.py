@@ -68,11 +68,16 @@ async def raw_aiokafka(settings: Settings, plans: list[list[Planned]]) -> dict[s
 
 
 async def raw_concurrent(
-    settings: Settings, plans: list[list[Planned]], runs: int, compression: str | None = 'gzip'
+    settings: Settings,
+    plans: list[list[Planned]],
+    runs: int,
+    compression: str | None = 'gzip',
+    linger_ms: int = EVENTLOG_LINGER_MS,
 ) -> dict[str, Any]:
     """Raw aiokafka in the shape of the capability's traffic: `runs` simulated runs at a time,
     each sending its records with `send` and waiting at every durability point, on a producer
-    configured as `EventLog` configures its own (acks=all, its linger, its codec).
+    configured as `EventLog` configures its own (acks=all, its linger, its codec); `linger_ms` is
+    aiokafka's own here.
 
     The ceiling for `eventlog_concurrent` with the same waits: what aiokafka itself does with
     this traffic, where `raw_aiokafka` (no waits, no codec) is what it does at its best.
@@ -81,7 +86,7 @@ async def raw_concurrent(
     producer = AIOKafkaProducer(
         bootstrap_servers=settings.bootstrap_servers,
         acks='all',
-        linger_ms=EVENTLOG_LINGER_MS,
+        linger_ms=linger_ms,
         compression_type=compression,
     )
     await producer.start()

@@ -79,27 +79,26 @@ def encoding(plans: list[list[Planned]]) -> float:
     return (time.process_time() - cpu0) / len(records)
 
 
+# Each `EventLog` variant: its linger and its codec.
+LOGS: dict[str, tuple[int, str | None]] = {
+    'eventlog': (5, 'gzip'),
+    'eventlog-linger0': (0, 'gzip'),
+    'eventlog-uncompressed': (5, None),
+    'eventlog-zstd': (5, 'zstd'),
+    'eventlog-lz4': (5, 'lz4'),
+}
+
+
 async def measure(runs: int, repeats: int) -> dict[str, list[float]]:
     """Microseconds of CPU per record of each variant, one entry per repeat."""
-    out: dict[str, list[float]] = {
-        'raw': [],
-        'eventlog': [],
-        'eventlog-linger0': [],
-        'eventlog-uncompressed': [],
-        'encode': [],
-    }
+    out: dict[str, list[float]] = {name: [] for name in ('raw', *LOGS, 'encode')}
     async with EmbeddedStack() as stack:
-
-        async def topics(tag: str) -> Settings:
-            return await fresh_topics(stack.settings, tag)
-
         for rep in range(repeats):
             plans = [plan_run(run_id(f'sp{rep}', i), 20) for i in range(runs)]
-            out['raw'].append(await raw(await topics('sp-raw'), plans) * 1e6)
-            out['eventlog'].append(await eventlog(await topics('sp-log'), plans, 5) * 1e6)
-            out['eventlog-linger0'].append(await eventlog(await topics('sp-log0'), plans, 0) * 1e6)
-            uncompressed = await eventlog(await topics('sp-lognc'), plans, 5, None)
-            out['eventlog-uncompressed'].append(uncompressed * 1e6)
+            out['raw'].append(await raw(await fresh_topics(stack.settings, 'sp-raw'), plans) * 1e6)
+            for name, (linger_ms, codec) in LOGS.items():
+                settings = await fresh_topics(stack.settings, f'sp-{name}')
+                out[name].append(await eventlog(settings, plans, linger_ms, codec) * 1e6)
             out['encode'].append(encoding(plans) * 1e6)
     return out
 

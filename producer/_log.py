@@ -75,12 +75,24 @@ class _Outgoing:
     names the span active then, not the one of whichever task hands the record over or resends it.
     """
 
-    __slots__ = ('headers', 'record', 'value')
+    __slots__ = ('headers', 'key', 'partition', 'record', 'topic', 'tp', 'value')
 
-    def __init__(self, record: LogRecord, value: bytes, headers: list[tuple[str, bytes]]) -> None:
+    def __init__(
+        self,
+        record: LogRecord,
+        value: bytes,
+        headers: list[tuple[str, bytes]],
+        key: bytes,
+        topic: str,
+        partition: int,
+    ) -> None:
         self.record = record
         self.value = value
         self.headers = headers
+        self.key = key
+        self.topic = topic
+        self.partition = partition
+        self.tp = (topic, partition)
 
 
 class _Kept:
@@ -469,7 +481,9 @@ class EventLog:
         assert self._producer is not None
         if self._denied is not None:
             raise self._denied
-        out = _Outgoing(record, value, self.headers(record))
+        key = record.run_id.encode()
+        partition = self.partitioner(key, self._partition_count)
+        out = _Outgoing(record, value, self.headers(record), key, topic_of(record, self.settings), partition)
         if self.linger_ms <= 0:
             return await self._hand(out)
         ack: Ack = asyncio.get_running_loop().create_future()
@@ -550,14 +564,7 @@ class EventLog:
                 if self._kept and record.run_id in self._kept:  # behind its run's kept records
                     self._keep(out).add_done_callback(functools.partial(_settle, ack))
                     continue
-                key = record.run_id.encode()
-                partition = self.partitioner(key, self._partition_count)
-                topic = (
-                    self.settings.step_events_topic
-                    if isinstance(record, StepEvent)
-                    else self.settings.tool_effects_topic
-                )
-                tp = (topic, partition)
+                key, topic, partition, tp = out.key, out.topic, out.partition, out.tp
                 if tp not in open_batches:
                     batch = None if self._open_sends.get(tp) else self._new_batch(topic, partition)
                     open_batches[tp] = batch
@@ -675,13 +682,12 @@ class EventLog:
         acknowledgement's latency and calls `then`.
         """
         assert self._producer is not None
-        key = out.record.run_id.encode()
-        partition = self.partitioner(key, self._partition_count)
-        topic = topic_of(out.record, self.settings)
+        topic, tp = out.topic, out.tp
         value = out.value if self._registry is None else await self._confluent(out, topic)
         sent_at = time.perf_counter()
-        sent: Ack = await self._producer.send(topic, value, key=key, headers=out.headers, partition=partition)
-        tp = (topic, partition)
+        sent: Ack = await self._producer.send(
+            topic, value, key=out.key, headers=out.headers, partition=out.partition
+        )
         self._opened(tp)
         records_appended.add(1, _TOPIC_ATTRIBUTES[isinstance(out.record, StepEvent)])
         sent.add_done_callback(functools.partial(self._sent, tp, sent_at, then))
