@@ -133,6 +133,43 @@ def test_any_mix_of_appends_waits_and_lingers_keeps_each_runs_order(
     asyncio.run(scenario())
 
 
+@hypothesis_settings(max_examples=10, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(
+    runs=st.lists(st.lists(st.integers(1, 4), min_size=1, max_size=6), min_size=2, max_size=16),
+    linger_ms=st.sampled_from([0, 5]),
+)
+def test_concurrent_runs_sharing_partitions_keep_each_runs_order(
+    settings: Settings, runs: list[list[int]], linger_ms: int
+) -> None:
+    """Runs writing at once share partitions, so a hand-over meets partitions with another run's
+    send open (their records then go as a batch behind it) and partitions with the run's own:
+    whatever the mix, each durability point returns only once its records are acknowledged, and
+    every run's records are stored once each, in append order."""
+    prefix = uuid.uuid4().hex[:8]
+
+    async def scenario() -> None:
+        async with EventLog(settings, linger_ms=linger_ms) as log:
+
+            async def run(number: int, steps: list[int]) -> list[RecordMetadata]:
+                acks: list[asyncio.Future[RecordMetadata]] = []
+                for records in steps:  # a step: some appends, then its durability point
+                    step = [
+                        await log.append(_event(f'{prefix}-{number}', len(acks) + i)) for i in range(records)
+                    ]
+                    acks += step
+                    await log.wait_acked(step, timeout=30)
+                    assert all(a.done() and a.exception() is None for a in step)
+                return [ack.result() for ack in acks]
+
+            stored = await asyncio.gather(*(run(n, steps) for n, steps in enumerate(runs)))
+        for metas in stored:
+            assert len({m.partition for m in metas}) == 1  # one run, one partition
+            offsets = [m.offset for m in metas]
+            assert offsets == sorted(set(offsets)), offsets  # stored once each, in append order
+
+    asyncio.run(scenario())
+
+
 async def test_started_is_acknowledged_before_the_tool_body_runs(
     settings: Settings, event_log: EventLog
 ) -> None:
