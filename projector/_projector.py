@@ -45,14 +45,15 @@ from stepstream.topics import Position, TopicLayout, ensure_topics
 
 log = logging.getLogger('stepstream.projector')
 
-INLINE_APPLY_RECORDS = 100
+INLINE_APPLY_RECORDS = 50
 """A batch of at most this many records is staged and committed on the event loop, not in a thread.
 
-Staging is Python holding the GIL (about 15-30 µs per record), so a worker thread does not give
-the loop that time back below the interpreter's switch interval (5 ms); it only adds the hop
-there and back, each a wake-up of a loop that is serving the writers too. Live, that hop was
-most of the time from a fetch to `wait_for` (docs/benchmarks.md, "Issue 27, third pass").
-Larger batches (a rebuild, catching up) still go to a thread, so the loop keeps turning.
+Staging is Python holding the GIL (live, 40-100 µs a record with the commit, since each batch
+decodes and encodes the states of the runs it touches), so below the interpreter's switch
+interval (5 ms, about this many records) a worker thread does not give the loop that time back;
+it only adds the hop there and back, each a wake-up of a loop that is serving the writers too.
+Live, that hop was most of the time from a fetch to `wait_for` (docs/benchmarks.md, "Issue 27,
+third pass"). Larger batches (a rebuild, catching up) still go to a thread, so the loop keeps turning.
 """
 
 
