@@ -31,20 +31,25 @@ class ApplyMetrics:
         self.duplicates_ignored = 0
         self.dead_lettered = 0
         self._recent: dict[int, deque[tuple[float, int]]] = {}
+        self._in_window: dict[int, int] = {}
+        """Partition -> the records of its `_recent` batches: kept, not summed per batch."""
 
     def rate(self, partition: int, consumed: int) -> dict[str, float | int]:
         """The figures a shard stores with a batch of `consumed` records: its rate and the time."""
         now = time.monotonic()
         recent = self._recent.setdefault(partition, deque())
         recent.append((now, consumed))
-        while recent and recent[0][0] < now - RATE_WINDOW_S:
-            recent.popleft()
+        total = self._in_window.get(partition, 0) + consumed
+        while recent[0][0] < now - RATE_WINDOW_S:  # never empties: the batch just added is in it
+            total -= recent.popleft()[1]
+        self._in_window[partition] = total
         elapsed = max(now - recent[0][0], 1.0)
-        return {'rate': round(sum(n for _, n in recent) / elapsed, 1), 'at': micros(datetime.now(UTC))}
+        return {'rate': round(total / elapsed, 1), 'at': micros(datetime.now(UTC))}
 
     def forget(self, partition: int) -> None:
         """A shard moved away: its rate starts over if it comes back."""
         self._recent.pop(partition, None)
+        self._in_window.pop(partition, None)
 
     def observe(
         self,

@@ -8,7 +8,6 @@ with it.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterable
 
 from aiokafka.structs import TopicPartition
@@ -18,12 +17,17 @@ from stepstream.topics import Position
 
 
 class AppliedPosition:
-    """For each partition, the offset just past the last applied record; waiters wake on change."""
+    """For each partition, the offset just past the last applied record; waiters wake on change.
+
+    Each waiter is a future with the position it waits for; `advance` resolves those it
+    reaches, so a waiter resumes in the loop's next turn (no lock to take back, no task per
+    wait: reading your writes pays one wake-up, docs/benchmarks.md "Issue 27, third pass").
+    """
 
     def __init__(self) -> None:
         """Nothing applied yet."""
         self._applied: Position = {}
-        self._changed = asyncio.Condition()
+        self._waiters: list[tuple[Position, asyncio.Future[None]]] = []
         self.failure: BaseException | None = None
         """Why the projector stopped, once it did on an error (raised to every waiter)."""
 
@@ -46,16 +50,25 @@ class AppliedPosition:
             self._applied.pop(tp, None)
 
     async def advance(self, offsets: Position) -> None:
-        """A batch is committed up to `offsets`: wake the waiters."""
-        async with self._changed:
-            self._applied.update(offsets)
-            self._changed.notify_all()
+        """A batch is committed up to `offsets`: wake the waiters it brings to their position."""
+        self._applied.update(offsets)
+        if self._waiters:
+            waiting = []
+            for position, woken in self._waiters:
+                if woken.done():
+                    continue
+                if self.reached(position):
+                    _wake(woken)
+                else:
+                    waiting.append((position, woken))
+            self._waiters = waiting
 
     async def fail(self, exc: BaseException) -> None:
         """The projector stopped on `exc`: every waiter raises it."""
         self.failure = exc
-        async with self._changed:
-            self._changed.notify_all()
+        waiters, self._waiters = self._waiters, []
+        for _, woken in waiters:
+            _wake(woken)
 
     def reached(self, position: Position) -> bool:
         """Whether every partition of `position` is applied up to its offset."""
@@ -63,23 +76,35 @@ class AppliedPosition:
 
     async def wait_for(self, position: Position, timeout: float) -> None:
         """Return once every record up to `position` is applied; `TimeoutError` naming what lags."""
-        deadline = time.monotonic() + timeout
-        async with self._changed:
-            while not self.reached(position):
-                if self.failure is not None:
-                    raise StepStreamError(f'the projector stopped on an error: {self.failure!r}')
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    behind = {
-                        f'{tp.topic}[{tp.partition}]': (self._applied.get(tp, 0), off)
-                        for tp, off in position.items()
-                        if self._applied.get(tp, 0) < off
-                    }
-                    raise TimeoutError(
-                        f'projection did not reach the position within {timeout:g}s: '
-                        f'(applied, wanted) {behind}'
-                    )
-                try:
-                    await asyncio.wait_for(self._changed.wait(), remaining)
-                except TimeoutError:
-                    continue
+        if self.reached(position):
+            return
+        if self.failure is None:
+            loop = asyncio.get_running_loop()
+            woken: asyncio.Future[None] = loop.create_future()
+            entry = (dict(position), woken)
+            self._waiters.append(entry)
+            timer = loop.call_later(timeout, _wake, woken)
+            try:
+                await woken
+            finally:
+                timer.cancel()
+                if entry in self._waiters:
+                    self._waiters.remove(entry)
+            if self.reached(position):
+                return
+        if self.failure is not None:
+            raise StepStreamError(f'the projector stopped on an error: {self.failure!r}')
+        behind = {
+            f'{tp.topic}[{tp.partition}]': (self._applied.get(tp, 0), off)
+            for tp, off in position.items()
+            if self._applied.get(tp, 0) < off
+        }
+        raise TimeoutError(
+            f'projection did not reach the position within {timeout:g}s: (applied, wanted) {behind}'
+        )
+
+
+def _wake(woken: asyncio.Future[None]) -> None:
+    """Resolve a waiter's future unless it is resolved (or cancelled) already."""
+    if not woken.done():
+        woken.set_result(None)

@@ -45,6 +45,17 @@ from stepstream.topics import Position, TopicLayout, ensure_topics
 
 log = logging.getLogger('stepstream.projector')
 
+INLINE_APPLY_RECORDS = 50
+"""A batch of at most this many records is staged and committed on the event loop, not in a thread.
+
+Staging is Python holding the GIL (live, 40-100 µs a record with the commit, since each batch
+decodes and encodes the states of the runs it touches), so below the interpreter's switch
+interval (5 ms, about this many records) a worker thread does not give the loop that time back;
+it only adds the hop there and back, each a wake-up of a loop that is serving the writers too.
+Live, that hop was most of the time from a fetch to `wait_for` (docs/benchmarks.md, "Issue 27,
+third pass"). Larger batches (a rebuild, catching up) still go to a thread, so the loop keeps turning.
+"""
+
 
 class Projector:
     """Materializes the log into a sharded RocksDB projection, exactly once per record.
@@ -474,14 +485,19 @@ class Projector:
                     txn.commit()
             return txns, outcomes, held
 
-        txns, outcomes, held = await asyncio.to_thread(stage_and_commit)
+        inline = sum(len(records) for records in by_shard.values()) <= INLINE_APPLY_RECORDS
+        txns, outcomes, held = stage_and_commit() if inline else await asyncio.to_thread(stage_and_commit)
         # Dead letters are acknowledged by the DLQ before the batch (and its offsets) commits:
         # a crash in between repeats them in the DLQ on restart, and never loses one.
         if held:
             dead = [d for o in outcomes for d in o.dead]
             if not await self.dead_letters.send(dead, stopping=lambda: self._stopping):
                 return  # stopping while the DLQ was unreachable: the batch is applied on restart
-            await asyncio.to_thread(lambda: [txn.commit() for txn in txns])
+            if inline:
+                for txn in txns:
+                    txn.commit()
+            else:
+                await asyncio.to_thread(lambda: [txn.commit() for txn in txns])
         next_offsets: Position = {}
         for outcome in outcomes:
             for (topic, partition), offset in outcome.next_offsets.items():

@@ -248,6 +248,18 @@ class ProjectionReader:
 
         return await asyncio.to_thread(run)
 
+    async def _point(self, fn: Callable[[], T]) -> T:
+        """A point read (a few RocksDB gets): on the event loop over a projector's own shards.
+
+        Such a read takes microseconds; a hop to a worker thread and back costs the loop two
+        wake-ups, which while it serves writers too was most of a read-your-writes `get_run`
+        (docs/benchmarks.md, "Issue 27, third pass"). A reader of another process's shards
+        catches up with them first, which can take longer: that one goes to a thread.
+        """
+        if self._secondary:
+            return await self._query(fn)
+        return fn()
+
     def _db(self, run_id: str) -> ReadableShard:
         """The shard holding `run_id`'s records."""
         if self._partitions is None:
@@ -287,7 +299,7 @@ class ProjectionReader:
 
     async def get_run(self, run_id: str) -> RunRecord | None:
         """The run's lineage and status, or None if the projection has not seen it."""
-        return await self._query(lambda: self._run(run_id))
+        return await self._point(lambda: self._run(run_id))
 
     async def list_runs(
         self,

@@ -163,3 +163,27 @@ async def test_wait_for_times_out_naming_the_partitions_behind(
     behind = {TopicPartition(settings.step_events_topic, 1): 10**9}
     with pytest.raises(TimeoutError, match=rf'{settings.step_events_topic}\[1\]'):
         await projector.wait_for(behind, timeout=0.3)
+
+
+async def test_group_offsets_are_committed_beside_the_apply_loop_and_on_stop(
+    settings: Settings, projector: Projector
+) -> None:
+    """Lag tooling's offsets: the first batch's commit runs as a task of its own, the last on stop."""
+    async with EventLog(settings) as log:
+        await log.append(event('lagged', 0, 'run_started'))
+        first = await log.flush()
+        await projector.wait_for(first)
+        sending = projector.group_offsets._sending
+        assert sending is not None, 'the first batch started a commit beside the loop'
+        await sending
+        await log.append(event('lagged', 1))
+        second = await log.flush()
+        await projector.wait_for(second)  # within the second since the first commit: not committed yet
+    ((tp, offset),) = second.items()
+    await projector.stop()
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, group_id=projector.group_id)
+    await consumer.start()
+    try:
+        assert await consumer.committed(tp) == offset == first[tp] + 1
+    finally:
+        await consumer.stop()
