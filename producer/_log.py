@@ -2,9 +2,10 @@
 
 It only appends. A record waits up to `linger_ms` in the log's own queue, so that the records of
 a step leave together (one produce request, one compressed batch per partition); a caller that
-reaches a durability point (a tool about to run, a snapshot, the end of a run) hands everything
-queued to the producer at once and waits for the acknowledgements of exactly the records it
-wrote, with a timeout. Order is kept per partition throughout.
+reaches a durability point (a tool about to run, a snapshot, the end of a run) has everything
+queued handed to the producer at the event loop's next turn, together with the records of every
+other durability point reached in this one, and waits for the acknowledgements of exactly the
+records it wrote, with a timeout. Order is kept per partition throughout.
 
 A record the broker did not take (it was away, or the send expired) is not dropped: the log keeps
 it, holds every later record of the same run behind it, and sends them again, in `seq` order, as
@@ -223,9 +224,9 @@ class EventLog:
         """Configure the log; nothing connects until `start()` (or `async with`).
 
         `linger_ms` (default 5, as Kafka's own producer since 4.0) is how long a record that no
-        durability point waits for may stay queued before it is sent; a durability point, `flush`
-        and `close` send the queue at once, so a wait never pays the linger. 0 sends each record
-        as it is appended.
+        durability point waits for may stay queued before it is sent; a durability point (at the
+        loop's next turn), `flush` and `close` send the queue at once, so a wait never pays the
+        linger. 0 sends each record as it is appended.
         `enable_idempotence` (default None: on when the cluster grants producer ids, as Apache
         Kafka does and Tansu does not) makes the broker drop the duplicates a retried send would
         otherwise write. `compression_type` (default 'gzip', the codec that needs no
@@ -272,6 +273,8 @@ class EventLog:
         """Per partition: the run whose record was given to the producer last (see `_hand_batches`)."""
         """Set while a hand-over runs (see `_hand_over`)."""
         self._linger_timer: asyncio.TimerHandle | None = None
+        self._soon: asyncio.Handle | None = None
+        """Set while a hand-over is due at the loop's next turn (`_hand_over_soon`)."""
         self._linger_tasks: set[asyncio.Task[None]] = set()
         self._resender: asyncio.Task[None] | None = None
         self._started = False
@@ -407,6 +410,9 @@ class EventLog:
         if self._linger_timer is not None:
             self._linger_timer.cancel()
             self._linger_timer = None
+        if self._soon is not None:
+            self._soon.cancel()
+            self._soon = None
         resender, self._resender = self._resender, None
         if resender is not None:
             if self._kept:
@@ -498,8 +504,22 @@ class EventLog:
             loop = asyncio.get_running_loop()
             self._linger_timer = loop.call_later(self.linger_ms / 1000, self._linger_over)
 
+    def _hand_over_soon(self) -> None:
+        """Hand the queue over at the loop's next turn, for every durability point reached in this one.
+
+        Runs woken together (by one acknowledgement) reach their durability points in the same
+        turn of the event loop; one hand-over then gives the producer all their records, in one
+        batch per partition, instead of one hand-over per run. The wait costs one loop turn.
+        """
+        if self._soon is None:
+            if self._linger_timer is not None:
+                self._linger_timer.cancel()
+                self._linger_timer = None
+            self._soon = asyncio.get_running_loop().call_soon(self._linger_over)
+
     def _linger_over(self) -> None:
         self._linger_timer = None
+        self._soon = None
         if self._queued:
             task = asyncio.create_task(self._hand_over_lingered(), name='stepstream-linger')
             self._linger_tasks.add(task)
@@ -826,7 +846,7 @@ class EventLog:
         """
         acks = list(acks)
         if self._queued:
-            await self._hand_over()
+            self._hand_over_soon()
         try:
             await await_acks(self.settings, acks, timeout)
         except StepStreamUnavailable as missing:
