@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -138,15 +138,14 @@ async def run(settings: Settings, scale: Scale, workdir: Path, *, rate: float = 
     return result
 
 
-async def raw_ceiling(settings: Settings, scale: Scale, *, rate: float = 1000.0) -> dict[str, Any]:
-    """The same traffic through a bare producer and a bare consumer."""
-    run_settings = fresh(settings, 'w4-raw')
-    await ensure_topics(run_settings)
-    producer = AIOKafkaProducer(
-        bootstrap_servers=run_settings.bootstrap_servers, acks='all', linger_ms=EVENTLOG_LINGER_MS
-    )
+@contextlib.asynccontextmanager
+async def bare_reader(settings: Settings) -> AsyncIterator[Callable[[RecordMetadata], Awaitable[None]]]:
+    """The ceiling's consumer: both log topics from the beginning, read by a task of its own.
+
+    Yields `fetched(meta)`, which returns once the record acknowledged with `meta` was fetched.
+    """
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=run_settings.bootstrap_servers, enable_auto_commit=False, fetch_max_wait_ms=50
+        bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False, fetch_max_wait_ms=50
     )
     seen: dict[TopicPartition, int] = {}
     progress = asyncio.Condition()
@@ -160,6 +159,34 @@ async def raw_ceiling(settings: Settings, scale: Scale, *, rate: float = 1000.0)
                         seen[tp] = messages[-1].offset + 1
                     progress.notify_all()
 
+    async def fetched(meta: RecordMetadata) -> None:
+        async with progress:
+            await progress.wait_for(lambda: seen.get(meta.topic_partition, 0) > meta.offset)
+
+    await consumer.start()
+    try:
+        partitions = log_partitions(settings, settings.partitions)
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        reader = asyncio.create_task(consume())
+        try:
+            yield fetched
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+    finally:
+        await consumer.stop()
+
+
+async def raw_ceiling(settings: Settings, scale: Scale, *, rate: float = 1000.0) -> dict[str, Any]:
+    """The same traffic through a bare producer and a bare consumer."""
+    run_settings = fresh(settings, 'w4-raw')
+    await ensure_topics(run_settings)
+    producer = AIOKafkaProducer(
+        bootstrap_servers=run_settings.bootstrap_servers, acks='all', linger_ms=EVENTLOG_LINGER_MS
+    )
+
     async def append(record: LogRecord) -> Ack:
         wire = to_wire(record, run_settings)
         return await producer.send(wire.topic, wire.value, key=wire.key, headers=wire.headers)
@@ -167,23 +194,15 @@ async def raw_ceiling(settings: Settings, scale: Scale, *, rate: float = 1000.0)
     async def wait_acked(acks: Iterable[Ack]) -> None:
         await asyncio.gather(*acks)
 
-    async def visible(record: LogRecord, meta: RecordMetadata) -> None:
-        async with progress:
-            await progress.wait_for(lambda: seen.get(meta.topic_partition, 0) > meta.offset)
-
     await producer.start()
-    await consumer.start()
     try:
-        partitions = log_partitions(run_settings, run_settings.partitions)
-        consumer.assign(partitions)
-        await consumer.seek_to_beginning(*partitions)
-        reader = asyncio.create_task(consume())
-        result = await _drive(append, wait_acked, visible, scale, rate)
-        reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await reader
+        async with bare_reader(run_settings) as fetched:
+
+            async def visible(record: LogRecord, meta: RecordMetadata) -> None:
+                await fetched(meta)
+
+            result = await _drive(append, wait_acked, visible, scale, rate)
     finally:
-        await consumer.stop()
         await producer.stop()
     say(f'  raw aiokafka          p50 {result["p50_ms"]:.1f} ms, p99 {result["p99_ms"]:.1f} ms (ceiling)')
     return result

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import contextlib
 import os
 import sys
 import tempfile
@@ -42,7 +41,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import RecordMetadata
 
 from bench import freshness
-from bench.common import Scale, fresh, log_partitions, median, percentile
+from bench.common import Scale, fresh, median, percentile
 from stepstream.embedded import EmbeddedStack
 from stepstream.producer import EventLog
 from stepstream.projector import Projector
@@ -161,40 +160,14 @@ async def _log(stack: EmbeddedStack, scale: Scale) -> dict[str, Any]:
     settings = fresh(stack.settings, 'w4-log')
     async with EventLog(settings) as log:
         await log.flush()
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False, fetch_max_wait_ms=50
-        )  # the ceiling's consumer, as in bench.freshness.raw_ceiling
-        seen: dict[Any, int] = {}
-        progress = asyncio.Condition()
+        async with freshness.bare_reader(settings) as fetched:  # the ceiling's consumer
 
-        async def consume() -> None:
-            while True:
-                batches = await consumer.getmany(timeout_ms=100)
-                if batches:
-                    async with progress:
-                        for tp, messages in batches.items():
-                            seen[tp] = messages[-1].offset + 1
-                        progress.notify_all()
+            async def visible(record: LogRecord, meta: RecordMetadata) -> None:
+                t0 = now()
+                await fetched(meta)
+                _probe(t0, now(), now(), meta)
 
-        async def visible(record: LogRecord, meta: RecordMetadata) -> None:
-            t0 = now()
-            async with progress:
-                await progress.wait_for(lambda: seen.get(meta.topic_partition, 0) > meta.offset)
-            _probe(t0, now(), now(), meta)
-
-        await consumer.start()
-        try:
-            partitions = log_partitions(settings, settings.partitions)
-            consumer.assign(partitions)
-            await consumer.seek_to_beginning(*partitions)
-            reader = asyncio.create_task(consume())
-            result = await freshness._drive(log.append, log.wait_acked, visible, scale, 1000.0)
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
-        finally:
-            await consumer.stop()
-    return result
+            return await freshness._drive(log.append, log.wait_acked, visible, scale, 1000.0)
 
 
 async def _raw(stack: EmbeddedStack, scale: Scale) -> dict[str, Any]:
