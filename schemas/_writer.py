@@ -107,10 +107,25 @@ def _write_long(buf: bytearray, value: int) -> None:
         buf.append(value << 1)
         return
     n = (value << 1) ^ (value >> 63)  # zig-zag
+    if 0 <= n < _UNROLLED_BELOW:
+        buf += _VARINTS[n.bit_length()](n)  # a timestamp's 8 bytes in one expression, not a loop
+        return
     while n & ~0x7F:
         buf.append((n & 0x7F) | 0x80)
         n >>= 7
     buf.append(n)
+
+
+def _varint_of_length(length: int) -> Callable[[int], bytes]:
+    """The varint of a zig-zagged value of `length` 7-bit groups, each group in one expression."""
+    groups = [f'n >> {7 * i} & 0x7F | 0x80' for i in range(length - 1)] + [f'n >> {7 * (length - 1)}']
+    function: Callable[[int], bytes] = eval(f'lambda n: bytes(({", ".join(groups)},))')
+    return function
+
+
+_UNROLLED_BELOW = 1 << 63
+_VARINTS = [_varint_of_length(max(1, -(-bits // 7))) for bits in range(64)]
+"""By `bit_length`: the varint writer of a value of that many bits, for values below 2**63."""
 
 
 def _write_float(buf: bytearray, value: float) -> None:
@@ -213,8 +228,6 @@ _MISSING = object()
 def _record(schema: dict[str, Any]) -> Writer:
     fields = [(f['name'], _compile(f['type']), f.get('default', _MISSING)) for f in schema['fields']]
     name = schema.get('name')
-    writers = [writer for _name, writer, _default in fields]
-    values_of = operator.attrgetter(*(field_name for field_name, _writer, _default in fields))
 
     def write_fields(buf: bytearray, value: Any) -> None:
         """A dict, or an object without some field: each field looked up, its default if absent."""
@@ -229,17 +242,85 @@ def _record(schema: dict[str, Any]) -> Writer:
 
     if len(fields) < 2:  # attrgetter of one name gives the value, not a tuple
         return write_fields
+    return _generated_record([(f['name'], f['type']) for f in schema['fields']], write_fields)
 
-    def write(buf: bytearray, value: Any) -> None:
-        if isinstance(value, dict):
-            write_fields(buf, value)
-            return
-        try:
-            values = values_of(value)  # every field in one call
-        except AttributeError:
-            write_fields(buf, value)
-            return
-        for writer, item in zip(writers, values):  # noqa: B905 (one value per writer by construction)
-            writer(buf, item)
 
-    return write
+def _generated_record(fields: list[tuple[str, Any]], write_fields: Writer) -> Writer:
+    """The writer of a record object as one generated function, without a call per primitive field.
+
+    Its fields are read in one call, and the primitive ones (strings, longs, timestamps, optional
+    ones) written inline. Each inline write is the code of the writer above that it replaces
+    (`_write_string`, the union's `write_string`, ...), so the bytes and the errors are the same;
+    a dict goes to `write_fields`.
+    """
+    names = [field_name for field_name, _type in fields]
+    env: dict[str, Any] = {
+        'values_of': operator.attrgetter(*names),
+        'write_fields': write_fields,
+        'datetime': datetime,
+        'micros': micros,
+        '_FASTAVRO_MICROS': _FASTAVRO_MICROS,
+        '_write_long': _write_long,
+    }
+    lines = [
+        'def write(buf, value):',
+        '    if isinstance(value, dict):',
+        '        write_fields(buf, value)',
+        '        return',
+        '    try:',
+        f'        ({", ".join(f"v{i}" for i in range(len(fields)))},) = values_of(value)',
+        '    except AttributeError:',
+        '        write_fields(buf, value)',
+        '        return',
+    ]
+    for i, (_name, field_type) in enumerate(fields):
+        lines += _inline(field_type, f'v{i}', env, '    ')
+    exec('\n'.join(lines), env)  # our own code, made from the schema's field types
+    writer: Writer = env['write']
+    return writer
+
+
+def _inline(schema: Any, var: str, env: dict[str, Any], indent: str) -> list[str]:
+    """Lines that append `var`'s encoding to `buf`: inline for primitives, else a call of its writer."""
+    if schema in ('int', 'long'):
+        return [
+            f'{indent}if 0 <= {var} < 64:',
+            f'{indent}    buf.append({var} << 1)',
+            f'{indent}else:',
+            f'{indent}    _write_long(buf, {var})',
+        ]
+    if schema == 'string':
+        return [
+            f'{indent}{var} = {var}.encode()',
+            f'{indent}if len({var}) < 64:',
+            f'{indent}    buf.append(len({var}) << 1)',
+            f'{indent}else:',
+            f'{indent}    _write_long(buf, len({var}))',
+            f'{indent}buf += {var}',
+        ]
+    if (
+        isinstance(schema, dict)
+        and schema.get('logicalType') == 'timestamp-micros'
+        and schema.get('type') == 'long'
+    ):
+        return [
+            f'{indent}if isinstance({var}, datetime):',
+            f'{indent}    aware = {var}.tzinfo is not None',
+            f'{indent}    {var} = micros({var}) if aware else _FASTAVRO_MICROS({var}, {{}})',
+            f'{indent}_write_long(buf, {var})',
+        ]
+    if isinstance(schema, list) and len(schema) == 2 and 'null' in schema:
+        null_index = schema.index('null')
+        other = schema[1 - null_index]
+        if other in ('int', 'long', 'string'):
+            none_tag, value_tag = null_index * 2, (1 - null_index) * 2
+            return [
+                f'{indent}if {var} is None:',
+                f'{indent}    buf.append({none_tag})',
+                f'{indent}else:',
+                f'{indent}    buf.append({value_tag})',
+                *_inline(other, var, env, indent + '    '),
+            ]
+    writer = f'w_{var}'
+    env[writer] = _compile(schema)
+    return [f'{indent}{writer}(buf, {var})']
