@@ -64,6 +64,8 @@ class InMemoryLog:
         """Topic, partition and key of a run's records of one type: the same for every record of it."""
         self._unresolved: list[tuple[Ack, TopicPartition, int]] = []
         """Stored records whose acknowledgement this loop turn resolves (one callback for all)."""
+        self._turn_waiters: list[asyncio.Future[None]] = []
+        """Durability points waiting for this loop turn's acknowledgements (`wait_acked`)."""
         self._held: list[tuple[Ack, TopicPartition, int]] = []
         self._holding = False
         self._watchers: list[asyncio.Future[None]] = []
@@ -113,6 +115,10 @@ class InMemoryLog:
     def _resolve_stored(self) -> None:
         unresolved, self._unresolved = self._unresolved, []
         self._resolve(unresolved)
+        waiters, self._turn_waiters = self._turn_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     def _resolve(self, stored: list[tuple[Ack, TopicPartition, int]]) -> None:
         written = self._written
@@ -145,8 +151,18 @@ class InMemoryLog:
             await stored_next
 
     async def wait_acked(self, acks: Iterable[Ack], *, timeout: float | None = None) -> None:
-        """Wait for the acknowledgements; `StepStreamUnavailable` after the timeout."""
-        await await_acks(self.settings, acks, timeout)
+        """Wait for the acknowledgements; `StepStreamUnavailable` after the timeout.
+
+        While no acknowledgement is held, every one still pending is of a record stored in this
+        loop turn, which the turn's one callback acknowledges: the wait is one future, not a
+        callback and a timer per record as `await_acks` needs.
+        """
+        acks = acks if isinstance(acks, list) else list(acks)
+        if self._unresolved and not self._held and not all(ack.done() for ack in acks):
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._turn_waiters.append(waiter)
+            await waiter
+        await await_acks(self.settings, acks, timeout)  # at once when all are done; the rules' checks
 
     async def flush(self, *, timeout: float | None = None) -> Position:
         """Wait until every stored record is acknowledged; the position written."""

@@ -145,12 +145,21 @@ def record_headers(record: LogRecord) -> list[tuple[str, bytes]]:
     without decoding them; the schema fingerprint in hex names the `.avsc` to decode with.
     """
     kind = record.kind if isinstance(record, StepEvent) else record.status
-    headers = [_kind_header(kind), _schema_header(schema_of(record).fingerprint)]
+    pairs = _PAIRS.get((type(record), kind))
+    if pairs is None:
+        pairs = (_kind_header(kind), _schema_header(schema_of(record).fingerprint))
+        if len(_PAIRS) < 256:  # kinds come from a short list; a stray one is not kept
+            _PAIRS[type(record), kind] = pairs
+    headers = list(pairs)
     span = trace.get_current_span().get_span_context()
     if span.is_valid:  # W3C trace context, so a consumer can join the agent's trace
         traceparent = f'00-{span.trace_id:032x}-{span.span_id:016x}-{int(span.trace_flags):02x}'
         headers.append(('traceparent', traceparent.encode()))
     return headers
+
+
+_PAIRS: dict[tuple[type, str], tuple[tuple[str, bytes], tuple[str, bytes]]] = {}
+"""The kind and schema pairs of each record type and kind, made once (a record is one of a few)."""
 
 
 @functools.lru_cache(maxsize=256)

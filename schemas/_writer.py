@@ -116,16 +116,22 @@ def _write_long(buf: bytearray, value: int) -> None:
     buf.append(n)
 
 
-def _varint_of_length(length: int) -> Callable[[int], bytes]:
-    """The varint of a zig-zagged value of `length` 7-bit groups, each group in one expression."""
-    groups = [f'n >> {7 * i} & 0x7F | 0x80' for i in range(length - 1)] + [f'n >> {7 * (length - 1)}']
-    function: Callable[[int], bytes] = eval(f'lambda n: bytes(({", ".join(groups)},))')
-    return function
+def _varints() -> list[Callable[[int], bytes]]:
+    """By `bit_length` (0 to 63): the writer of a zig-zagged value's varint, each 7-bit group inline."""
+    lengths = range(1, 10)
+    source = '\n'.join(
+        f'def v{length}(n): return bytes(('
+        + ', '.join([f'n >> {7 * i} & 0x7F | 0x80' for i in range(length - 1)] + [f'n >> {7 * (length - 1)}'])
+        + ',))'
+        for length in lengths
+    )
+    made: dict[str, Any] = {}
+    exec(source, made)  # our own code: nine small functions
+    return [made[f'v{max(1, -(-bits // 7))}'] for bits in range(64)]
 
 
 _UNROLLED_BELOW = 1 << 63
-_VARINTS = [_varint_of_length(max(1, -(-bits // 7))) for bits in range(64)]
-"""By `bit_length`: the varint writer of a value of that many bits, for values below 2**63."""
+_VARINTS = _varints()
 
 
 def _write_float(buf: bytearray, value: float) -> None:
