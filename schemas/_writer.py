@@ -38,7 +38,7 @@ class _Unsupported(Exception):
     """The schema uses something `compile_writer` does not compile."""
 
 
-def compile_writer(schema: Any) -> Writer | None:
+def compile_writer(schema: Any, recurring: frozenset[str] = frozenset()) -> Writer | None:
     """A writer for a schema parsed by `fastavro.parse_schema`, or None when it is not supported.
 
     Supported: null, boolean, int, long, float, double, string, bytes, enums, records, maps,
@@ -46,6 +46,8 @@ def compile_writer(schema: Any) -> Writer | None:
     type references, other unions, other logical types) gives None.
     """
     try:
+        if isinstance(schema, dict) and schema.get('type') == 'record' and recurring:
+            return _record(schema, recurring)
         return _compile(schema)
     except _Unsupported:
         return None
@@ -106,32 +108,41 @@ def _write_long(buf: bytearray, value: int) -> None:
     if 0 <= value < 64:  # one byte: most seqs, steps and lengths
         buf.append(value << 1)
         return
-    n = (value << 1) ^ (value >> 63)  # zig-zag
-    if 0 <= n < _UNROLLED_BELOW:
-        buf += _VARINTS[n.bit_length()](n)  # a timestamp's 8 bytes in one expression, not a loop
+    if 0x8000000 <= value < 0x4000000000000000:
+        # A timestamp in microseconds: Python's arithmetic on such ints costs hundreds of
+        # instructions an operation, so only two operations touch it. The zig-zag of a positive
+        # value is `value << 1`; its low 28 bits are written as four groups of small ints, the
+        # rest (the same for minutes of timestamps) comes from a cache.
+        low = (value & 0x7FFFFFF) << 1
+        high = value >> 27
+        buf += bytes((low & 0x7F | 0x80, low >> 7 & 0x7F | 0x80, low >> 14 & 0x7F | 0x80, low >> 21 | 0x80))
+        tail = _HIGH_GROUPS.get(high)
+        if tail is None:
+            tail = _varint(high)
+            if len(_HIGH_GROUPS) >= 1024:
+                _HIGH_GROUPS.clear()
+            _HIGH_GROUPS[high] = tail
+        buf += tail
         return
+    n = (value << 1) ^ (value >> 63)  # zig-zag
     while n & ~0x7F:
         buf.append((n & 0x7F) | 0x80)
         n >>= 7
     buf.append(n)
 
 
-def _varints() -> list[Callable[[int], bytes]]:
-    """By `bit_length` (0 to 63): the writer of a zig-zagged value's varint, each 7-bit group inline."""
-    lengths = range(1, 10)
-    source = '\n'.join(
-        f'def v{length}(n): return bytes(('
-        + ', '.join([f'n >> {7 * i} & 0x7F | 0x80' for i in range(length - 1)] + [f'n >> {7 * (length - 1)}'])
-        + ',))'
-        for length in lengths
-    )
-    made: dict[str, Any] = {}
-    exec(source, made)  # our own code: nine small functions
-    return [made[f'v{max(1, -(-bits // 7))}'] for bits in range(64)]
+def _varint(n: int) -> bytes:
+    """The base-128 varint of `n` >= 0 (no zig-zag)."""
+    out = bytearray()
+    while n & ~0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
 
 
-_UNROLLED_BELOW = 1 << 63
-_VARINTS = _varints()
+_HIGH_GROUPS: dict[int, bytes] = {}
+"""`_varint` of the bits above a long's low 28 (zig-zagged), by value: a few per process at a time."""
 
 
 def _write_float(buf: bytearray, value: float) -> None:
@@ -231,7 +242,7 @@ def _array(items: Writer) -> Writer:
 _MISSING = object()
 
 
-def _record(schema: dict[str, Any]) -> Writer:
+def _record(schema: dict[str, Any], recurring: frozenset[str] = frozenset()) -> Writer:
     fields = [(f['name'], _compile(f['type']), f.get('default', _MISSING)) for f in schema['fields']]
     name = schema.get('name')
 
@@ -248,10 +259,12 @@ def _record(schema: dict[str, Any]) -> Writer:
 
     if len(fields) < 2:  # attrgetter of one name gives the value, not a tuple
         return write_fields
-    return _generated_record([(f['name'], f['type']) for f in schema['fields']], write_fields)
+    return _generated_record([(f['name'], f['type']) for f in schema['fields']], write_fields, recurring)
 
 
-def _generated_record(fields: list[tuple[str, Any]], write_fields: Writer) -> Writer:
+def _generated_record(
+    fields: list[tuple[str, Any]], write_fields: Writer, recurring: frozenset[str] = frozenset()
+) -> Writer:
     """The writer of a record object as one generated function, without a call per primitive field.
 
     Its fields are read in one call, and the primitive ones (strings, longs, timestamps, optional
@@ -279,8 +292,27 @@ def _generated_record(fields: list[tuple[str, Any]], write_fields: Writer) -> Wr
         '        write_fields(buf, value)',
         '        return',
     ]
-    for i, (_name, field_type) in enumerate(fields):
-        lines += _inline(field_type, f'v{i}', env, '    ')
+    for i, (name, field_type) in enumerate(fields):
+        inline = _inline(field_type, f'v{i}', env, '    ')
+        if name in recurring and field_type in ('string', ['null', 'string']):
+            # The same few values on every record of a run: their bytes, kept by value.
+            env[f'cache{i}'] = {}
+            lines += [
+                '    try:',
+                f'        known = cache{i}.get(v{i})',
+                '    except TypeError:  # not hashable, so not a string: the inline write raises as before',
+                '        known = None',
+                '    if known is not None:',
+                '        buf += known',
+                '    else:',
+                '        start = len(buf)',
+                *(f'    {line}' for line in inline),
+                f'        if len(cache{i}) >= 256:',
+                f'            cache{i}.clear()',
+                f'        cache{i}[v{i}] = bytes(buf[start:])',
+            ]
+        else:
+            lines += inline
     exec('\n'.join(lines), env)  # our own code, made from the schema's field types
     writer: Writer = env['write']
     return writer
