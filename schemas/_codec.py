@@ -77,12 +77,8 @@ STEP_EVENT_SCHEMA = _VERSIONS['step_event'][-1]
 TOOL_EFFECT_SCHEMA = _VERSIONS['tool_effect_transition'][-1]
 _USAGE_TYPE = 'io.stepstream.ModelUsage'
 _BY_FINGERPRINT: dict[bytes, SchemaVersion] = {v.fingerprint: v for vs in _VERSIONS.values() for v in vs}
-_RECURRING = frozenset(
-    ('run_id', 'writer_id', 'agent_name', 'conversation_id', 'parent_run_id', 'kind', 'tool_name', 'status')
-)
-"""Fields whose few values recur on every record of a run: the writers keep their bytes by value."""
-_STEP_EVENT_WRITER = compile_writer(STEP_EVENT_SCHEMA.parsed, _RECURRING)
-_TOOL_EFFECT_WRITER = compile_writer(TOOL_EFFECT_SCHEMA.parsed, _RECURRING)
+_STEP_EVENT_WRITER = compile_writer(STEP_EVENT_SCHEMA.parsed)
+_TOOL_EFFECT_WRITER = compile_writer(TOOL_EFFECT_SCHEMA.parsed)
 _STEP_EVENT_HEADER = MAGIC + STEP_EVENT_SCHEMA.fingerprint
 _TOOL_EFFECT_HEADER = MAGIC + TOOL_EFFECT_SCHEMA.fingerprint
 

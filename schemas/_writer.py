@@ -38,7 +38,7 @@ class _Unsupported(Exception):
     """The schema uses something `compile_writer` does not compile."""
 
 
-def compile_writer(schema: Any, recurring: frozenset[str] = frozenset()) -> Writer | None:
+def compile_writer(schema: Any) -> Writer | None:
     """A writer for a schema parsed by `fastavro.parse_schema`, or None when it is not supported.
 
     Supported: null, boolean, int, long, float, double, string, bytes, enums, records, maps,
@@ -46,8 +46,6 @@ def compile_writer(schema: Any, recurring: frozenset[str] = frozenset()) -> Writ
     type references, other unions, other logical types) gives None.
     """
     try:
-        if isinstance(schema, dict) and schema.get('type') == 'record' and recurring:
-            return _record(schema, recurring)
         return _compile(schema)
     except _Unsupported:
         return None
@@ -242,7 +240,7 @@ def _array(items: Writer) -> Writer:
 _MISSING = object()
 
 
-def _record(schema: dict[str, Any], recurring: frozenset[str] = frozenset()) -> Writer:
+def _record(schema: dict[str, Any]) -> Writer:
     fields = [(f['name'], _compile(f['type']), f.get('default', _MISSING)) for f in schema['fields']]
     name = schema.get('name')
 
@@ -259,12 +257,10 @@ def _record(schema: dict[str, Any], recurring: frozenset[str] = frozenset()) -> 
 
     if len(fields) < 2:  # attrgetter of one name gives the value, not a tuple
         return write_fields
-    return _generated_record([(f['name'], f['type']) for f in schema['fields']], write_fields, recurring)
+    return _generated_record([(f['name'], f['type']) for f in schema['fields']], write_fields)
 
 
-def _generated_record(
-    fields: list[tuple[str, Any]], write_fields: Writer, recurring: frozenset[str] = frozenset()
-) -> Writer:
+def _generated_record(fields: list[tuple[str, Any]], write_fields: Writer) -> Writer:
     """The writer of a record object as one generated function, without a call per primitive field.
 
     Its fields are read in one call, and the primitive ones (strings, longs, timestamps, optional
@@ -292,27 +288,8 @@ def _generated_record(
         '        write_fields(buf, value)',
         '        return',
     ]
-    for i, (name, field_type) in enumerate(fields):
-        inline = _inline(field_type, f'v{i}', env, '    ')
-        if name in recurring and field_type in ('string', ['null', 'string']):
-            # The same few values on every record of a run: their bytes, kept by value.
-            env[f'cache{i}'] = {}
-            lines += [
-                '    try:',
-                f'        known = cache{i}.get(v{i})',
-                '    except TypeError:  # not hashable, so not a string: the inline write raises as before',
-                '        known = None',
-                '    if known is not None:',
-                '        buf += known',
-                '    else:',
-                '        start = len(buf)',
-                *(f'    {line}' for line in inline),
-                f'        if len(cache{i}) >= 256:',
-                f'            cache{i}.clear()',
-                f'        cache{i}[v{i}] = bytes(buf[start:])',
-            ]
-        else:
-            lines += inline
+    for i, (_name, field_type) in enumerate(fields):
+        lines += _inline(field_type, f'v{i}', env, '    ')
     exec('\n'.join(lines), env)  # our own code, made from the schema's field types
     writer: Writer = env['write']
     return writer
