@@ -65,6 +65,7 @@ from stepstream.schemas import (
     SnapshotState,
     StepEvent,
     ToolEffectTransition,
+    record_maker,
 )
 from stepstream.settings import Settings
 from stepstream.telemetry import span
@@ -129,6 +130,10 @@ class Attempt:
         """The attempt that performs a run's first write, in this process."""
         return Attempt(_this_process(), 1)
 
+
+_new_step_event = record_maker(StepEvent)
+_new_transition = record_maker(ToolEffectTransition)
+"""`StepEvent(...)` and `ToolEffectTransition(...)`, several times cheaper: a hook builds one or two."""
 
 MAX_ERROR_CHARS = 8192
 """The longest error text a `run_failed` record carries (the rest is cut, and says how much)."""
@@ -334,23 +339,50 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
 
     # -- appending ---------------------------------------------------------------------------
 
-    def _envelope(self) -> dict[str, Any]:
-        """The run envelope of the next record; its `seq` is taken only once `_append` accepts it."""
+    def _step_event(
+        self,
+        kind: EventKind,
+        step_index: int,
+        *,
+        metadata: dict[str, str],
+        idempotency_key: str | None,
+        tool_call_id: str | None = None,
+        tool_name: str | None = None,
+        error: str | None = None,
+        snapshot: SnapshotDelta | None = None,
+        usage: ModelUsage | None = None,
+        duration_us: int | None = None,
+        trace_id: str | None = None,
+        span_id: str | None = None,
+    ) -> StepEvent:
+        """The run's next step event; its `seq` is taken only once `_append` accepts it."""
         assert self.run_id is not None
-        return {
-            'run_id': self.run_id,
-            'seq': self._seq,
-            'writer_id': self._writer_id,
-            'timestamp': datetime.now(UTC),
-            'agent_name': self.agent_name,
-            'conversation_id': self._conversation_id,
-            'parent_run_id': self.parent_run_id,
-        }
+        return _new_step_event(
+            run_id=self.run_id,
+            seq=self._seq,
+            writer_id=self._writer_id,
+            timestamp=datetime.now(UTC),
+            kind=kind,
+            step_index=step_index,
+            agent_name=self.agent_name,
+            conversation_id=self._conversation_id,
+            parent_run_id=self.parent_run_id,
+            tool_call_id=tool_call_id,
+            tool_name=tool_name,
+            error=error,
+            metadata=metadata,
+            idempotency_key=idempotency_key,
+            snapshot=snapshot,
+            usage=usage,
+            duration_us=duration_us,
+            trace_id=trace_id,
+            span_id=span_id,
+        )
 
     async def _append(self, record: LogRecord) -> None:
         """Take the record's `seq` once the log accepts it, then send it (or hold it for the engine).
 
-        Build the record with `_envelope()` right before calling this: nothing between them awaits,
+        Build the record (`_step_event`, `_effect`) right before calling this: nothing between them awaits,
         so concurrent hooks of one run (parallel tool calls) never share a `seq`. A record the log
         refuses (an id rule, `RecordTooLarge`) raises here and leaves no gap.
         """
@@ -381,23 +413,22 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         usage: ModelUsage | None = None,
         duration_us: int | None = None,
     ) -> None:
-        envelope = self._envelope()
-        self._step_index = ctx.run_step
+        step_index = self._step_index = ctx.run_step
         current = trace.get_current_span().get_span_context()
-        record = StepEvent(
-            **envelope,
-            kind=kind,
-            step_index=ctx.run_step,
+        traced = current.is_valid
+        record = self._step_event(
+            kind,
+            step_index,
             tool_call_id=tool_call_id,
             tool_name=tool_name,
             error=error,
             metadata=self._event_metadata() if self._durable_engine else self.metadata,
-            idempotency_key=f'{envelope["seq"]}:{ctx.run_step}:{kind}:{tool_call_id or ""}',
+            idempotency_key=f'{self._seq}:{step_index}:{kind}:{tool_call_id or ""}',
             snapshot=snapshot,
             usage=usage,
             duration_us=duration_us,
-            trace_id=f'{current.trace_id:032x}' if current.is_valid else None,
-            span_id=f'{current.span_id:016x}' if current.is_valid else None,
+            trace_id=f'{current.trace_id:032x}' if traced else None,
+            span_id=f'{current.span_id:016x}' if traced else None,
         )
         await self._append(record)
 
@@ -410,11 +441,18 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         effect_summary: str | None = None,
         error: str | None = None,
     ) -> None:
-        record = ToolEffectTransition(
-            **self._envelope(),
+        assert self.run_id is not None
+        record = _new_transition(
+            run_id=self.run_id,
+            seq=self._seq,
+            writer_id=self._writer_id,
+            timestamp=datetime.now(UTC),
             tool_call_id=call.tool_call_id,
             tool_name=call.tool_name,
             status=status,
+            agent_name=self.agent_name,
+            conversation_id=self._conversation_id,
+            parent_run_id=self.parent_run_id,
             idempotency_key=idempotency_key,
             effect_summary=effect_summary,
             error=error,
@@ -423,7 +461,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
 
     def _heartbeat(self) -> StepEvent:
         """The run's `run_heartbeat`: its writer is alive. It takes no `seq` (it names the next one)."""
-        return StepEvent(**self._envelope(), kind='run_heartbeat', step_index=self._step_index)
+        return self._step_event('run_heartbeat', self._step_index, metadata={}, idempotency_key=None)
 
     async def _end_by_process(self, reason: str) -> None:
         """Append `run_cancelled` for a process that stops (cleanly) while this run is open.
@@ -435,10 +473,9 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         if self._durable_engine or self._ended_by_process:
             return
         self._ended_by_process = True
-        record = StepEvent(
-            **self._envelope(),
-            kind='run_cancelled',
-            step_index=self._step_index,
+        record = self._step_event(
+            'run_cancelled',
+            self._step_index,
             error=reason,
             metadata=self.metadata,
             idempotency_key=f'{self._seq}:{self._step_index}:run_cancelled:',

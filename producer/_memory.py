@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from aiokafka.structs import RecordMetadata, TopicPartition
 
@@ -29,9 +29,8 @@ from stepstream.settings import Settings
 from stepstream.topics import Position, murmur2_partition
 
 
-@dataclass(frozen=True, slots=True)
-class StoredRecord:
-    """One record as the in-memory log holds it."""
+class StoredRecord(NamedTuple):
+    """One record as the in-memory log holds it (a tuple: made once per record, cheaply)."""
 
     topic: str
     partition: int
@@ -61,7 +60,13 @@ class InMemoryLog:
         """Every stored record, in the order they were stored."""
         self._written: Position = {}
         self._next_offset: dict[TopicPartition, int] = {}
-        self._held: list[tuple[Ack, RecordMetadata]] = []
+        self._routes: dict[tuple[type, str], tuple[str, TopicPartition, bytes]] = {}
+        """Topic, partition and key of a run's records of one type: the same for every record of it."""
+        self._unresolved: list[tuple[Ack, TopicPartition, int]] = []
+        """Stored records whose acknowledgement this loop turn resolves (one callback for all)."""
+        self._turn_waiters: list[asyncio.Future[None]] = []
+        """Durability points waiting for this loop turn's acknowledgements (`wait_acked`)."""
+        self._held: list[tuple[Ack, TopicPartition, int]] = []
         self._holding = False
         self._watchers: list[asyncio.Future[None]] = []
         """Resolved when the next record is stored (`wait_for_record`)."""
@@ -77,21 +82,29 @@ class InMemoryLog:
         return await self.send(record, self.encode(record))
 
     async def send(self, record: LogRecord, value: bytes) -> Ack:
-        """Store a record encoded by `encode`; it is acknowledged on the next loop turn, or when released."""
-        topic = topic_of(record, self.settings)
-        key = record.run_id.encode()
-        tp = TopicPartition(topic, murmur2_partition(key, self.settings.partitions))
+        """Store a record encoded by `encode`; it is acknowledged on the next loop turn, or when released.
+
+        The records stored in one loop turn are acknowledged together, in order, by one callback.
+        """
+        route = self._routes.get((type(record), record.run_id))
+        if route is None:
+            topic, key = topic_of(record, self.settings), record.run_id.encode()
+            route = (topic, TopicPartition(topic, murmur2_partition(key, self.settings.partitions)), key)
+            self._routes[type(record), record.run_id] = route
+        topic, tp, key = route
         offset = self._next_offset.get(tp, 0)
         self._next_offset[tp] = offset + 1
         self.records.append(
             StoredRecord(topic, tp.partition, offset, key, value, record_headers(record), record)
         )
-        meta = RecordMetadata(topic, tp.partition, tp, offset, -1, 0, -1)
-        ack: Ack = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        ack: Ack = loop.create_future()
         if self._holding:
-            self._held.append((ack, meta))
+            self._held.append((ack, tp, offset))
         else:
-            asyncio.get_running_loop().call_soon(self._resolve, ack, meta)
+            if not self._unresolved:
+                loop.call_soon(self._resolve_stored)
+            self._unresolved.append((ack, tp, offset))
         if self._watchers:
             watchers, self._watchers = self._watchers, []
             for watcher in watchers:
@@ -99,11 +112,21 @@ class InMemoryLog:
                     watcher.set_result(None)
         return ack
 
-    def _resolve(self, ack: Ack, meta: RecordMetadata) -> None:
-        if not ack.done():
-            ack.set_result(meta)
-            if meta.offset + 1 > self._written.get(meta.topic_partition, 0):
-                self._written[meta.topic_partition] = meta.offset + 1
+    def _resolve_stored(self) -> None:
+        unresolved, self._unresolved = self._unresolved, []
+        self._resolve(unresolved)
+        waiters, self._turn_waiters = self._turn_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _resolve(self, stored: list[tuple[Ack, TopicPartition, int]]) -> None:
+        written = self._written
+        for ack, tp, offset in stored:
+            if not ack.done():
+                ack.set_result(RecordMetadata(tp.topic, tp.partition, tp, offset, -1, 0, -1))
+                if offset + 1 > written.get(tp, 0):
+                    written[tp] = offset + 1
 
     def hold_acks(self) -> None:
         """Store records but acknowledge none until `release_acks` (a broker that does not answer)."""
@@ -113,8 +136,7 @@ class InMemoryLog:
         """Acknowledge every held record, in order, and acknowledge new ones again."""
         self._holding = False
         held, self._held = self._held, []
-        for ack, meta in held:
-            self._resolve(ack, meta)
+        self._resolve(held)
 
     async def wait_for_record(self, predicate: Callable[[LogRecord], bool]) -> StoredRecord:
         """The first stored record `predicate(record)` holds for, waiting until one is stored."""
@@ -129,12 +151,22 @@ class InMemoryLog:
             await stored_next
 
     async def wait_acked(self, acks: Iterable[Ack], *, timeout: float | None = None) -> None:
-        """Wait for the acknowledgements; `StepStreamUnavailable` after the timeout."""
-        await await_acks(self.settings, acks, timeout)
+        """Wait for the acknowledgements; `StepStreamUnavailable` after the timeout.
+
+        While no acknowledgement is held, every one still pending is of a record stored in this
+        loop turn, which the turn's one callback acknowledges: the wait is one future, not a
+        callback and a timer per record as `await_acks` needs.
+        """
+        acks = acks if isinstance(acks, list) else list(acks)
+        if self._unresolved and not self._held and not all(ack.done() for ack in acks):
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._turn_waiters.append(waiter)
+            await waiter
+        await await_acks(self.settings, acks, timeout)  # at once when all are done; the rules' checks
 
     async def flush(self, *, timeout: float | None = None) -> Position:
         """Wait until every stored record is acknowledged; the position written."""
-        await self.wait_acked([ack for ack, _ in self._held], timeout=timeout)
+        await self.wait_acked([ack for ack, _tp, _offset in self._held], timeout=timeout)
         await asyncio.sleep(0)  # acknowledgements scheduled for this loop turn
         return dict(self._written)
 

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import operator
 from collections.abc import Iterable
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from aiokafka.structs import RecordMetadata
 from opentelemetry import trace
 
 from stepstream.errors import RecordTooLarge
-from stepstream.ids import check_record_ids
+from stepstream.ids import OTHER_ID_FIELDS, RUN_ID_FIELDS, check_record_ids
 from stepstream.kafka_client import unavailable
 from stepstream.producer._liveness import Liveness
 from stepstream.schemas import LogRecord, StepEvent, encode, schema_of
@@ -122,7 +123,12 @@ def encode_record(record: LogRecord, max_record_bytes: int) -> bytes:
     Raises `ValueError` for an id the projector would refuse (`stepstream.ids`) and
     `RecordTooLarge` for a record above the limit.
     """
-    check_record_ids(record)  # the projector applies the same rules; refuse here, not there
+    ids = _ids_of(record)
+    if ids not in _PASSED_IDS:  # a run's records repeat its ids: the rules' verdict is kept
+        check_record_ids(record)  # the projector applies the same rules; refuse here, not there
+        if len(_PASSED_IDS) >= 4096:
+            _PASSED_IDS.clear()
+        _PASSED_IDS.add(ids)
     value = encode(record)
     if len(value) > max_record_bytes:
         raise RecordTooLarge(
@@ -131,6 +137,13 @@ def encode_record(record: LogRecord, max_record_bytes: int) -> bytes:
             'limit; large payloads must go to the media store (lower STEPSTREAM_MEDIA_THRESHOLD_BYTES)'
         )
     return value
+
+
+_ids_of = operator.attrgetter(*RUN_ID_FIELDS, *OTHER_ID_FIELDS)
+"""Every id a record carries (both record types have each of these fields)."""
+
+_PASSED_IDS: set[tuple[Any, ...]] = set()
+"""Id tuples `check_record_ids` passed: the same values pass again."""
 
 
 def topic_of(record: LogRecord, settings: Settings) -> str:
@@ -145,12 +158,21 @@ def record_headers(record: LogRecord) -> list[tuple[str, bytes]]:
     without decoding them; the schema fingerprint in hex names the `.avsc` to decode with.
     """
     kind = record.kind if isinstance(record, StepEvent) else record.status
-    headers = [_kind_header(kind), _schema_header(schema_of(record).fingerprint)]
+    pairs = _PAIRS.get((type(record), kind))
+    if pairs is None:
+        pairs = (_kind_header(kind), _schema_header(schema_of(record).fingerprint))
+        if len(_PAIRS) < 256:  # kinds come from a short list; a stray one is not kept
+            _PAIRS[type(record), kind] = pairs
+    headers = list(pairs)
     span = trace.get_current_span().get_span_context()
     if span.is_valid:  # W3C trace context, so a consumer can join the agent's trace
         traceparent = f'00-{span.trace_id:032x}-{span.span_id:016x}-{int(span.trace_flags):02x}'
         headers.append(('traceparent', traceparent.encode()))
     return headers
+
+
+_PAIRS: dict[tuple[type, str], tuple[tuple[str, bytes], tuple[str, bytes]]] = {}
+"""The kind and schema pairs of each record type and kind, made once (a record is one of a few)."""
 
 
 @functools.lru_cache(maxsize=256)

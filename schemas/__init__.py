@@ -53,6 +53,7 @@ from stepstream.schemas._types import (
     ToolEffectRecord,
     ToolEffectStatus,
     ToolEffectTransition,
+    record_maker,
 )
 
 __all__ = [
@@ -91,6 +92,7 @@ __all__ = [
     'message_json',
     'message_state',
     'patch_json',
+    'record_maker',
     'schema_of',
     'stamp_changes',
     'stamps_since',
@@ -109,6 +111,7 @@ __getattr__ = lazy_exports(
             'message_json',
             'message_state',
             'patch_json',
+            'record_maker',
             'stamp_changes',
             'stamps_since',
         ),

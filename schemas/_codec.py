@@ -79,6 +79,8 @@ _USAGE_TYPE = 'io.stepstream.ModelUsage'
 _BY_FINGERPRINT: dict[bytes, SchemaVersion] = {v.fingerprint: v for vs in _VERSIONS.values() for v in vs}
 _STEP_EVENT_WRITER = compile_writer(STEP_EVENT_SCHEMA.parsed)
 _TOOL_EFFECT_WRITER = compile_writer(TOOL_EFFECT_SCHEMA.parsed)
+_STEP_EVENT_HEADER = MAGIC + STEP_EVENT_SCHEMA.fingerprint
+_TOOL_EFFECT_HEADER = MAGIC + TOOL_EFFECT_SCHEMA.fingerprint
 
 
 def encode(record: LogRecord) -> bytes:
@@ -89,13 +91,12 @@ def encode(record: LogRecord) -> bytes:
     through fastavro, for a schema the compiler does not support and as the tests' oracle.
     """
     if isinstance(record, StepEvent):
-        schema, writer = STEP_EVENT_SCHEMA, _STEP_EVENT_WRITER
+        header, writer = _STEP_EVENT_HEADER, _STEP_EVENT_WRITER
     else:
-        schema, writer = TOOL_EFFECT_SCHEMA, _TOOL_EFFECT_WRITER
+        header, writer = _TOOL_EFFECT_HEADER, _TOOL_EFFECT_WRITER
     if writer is None:
         return encode_with_fastavro(record)
-    out = bytearray(MAGIC)
-    out += schema.fingerprint
+    out = bytearray(header)
     writer(out, record)
     return bytes(out)
 

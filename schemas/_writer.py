@@ -106,11 +106,41 @@ def _write_long(buf: bytearray, value: int) -> None:
     if 0 <= value < 64:  # one byte: most seqs, steps and lengths
         buf.append(value << 1)
         return
+    if 0x8000000 <= value < 0x4000000000000000:
+        # A timestamp in microseconds: Python's arithmetic on such ints costs hundreds of
+        # instructions an operation, so only two operations touch it. The zig-zag of a positive
+        # value is `value << 1`; its low 28 bits are written as four groups of small ints, the
+        # rest (the same for minutes of timestamps) comes from a cache.
+        low = (value & 0x7FFFFFF) << 1
+        high = value >> 27
+        buf += bytes((low & 0x7F | 0x80, low >> 7 & 0x7F | 0x80, low >> 14 & 0x7F | 0x80, low >> 21 | 0x80))
+        tail = _HIGH_GROUPS.get(high)
+        if tail is None:
+            tail = _varint(high)
+            if len(_HIGH_GROUPS) >= 1024:
+                _HIGH_GROUPS.clear()
+            _HIGH_GROUPS[high] = tail
+        buf += tail
+        return
     n = (value << 1) ^ (value >> 63)  # zig-zag
     while n & ~0x7F:
         buf.append((n & 0x7F) | 0x80)
         n >>= 7
     buf.append(n)
+
+
+def _varint(n: int) -> bytes:
+    """The base-128 varint of `n` >= 0 (no zig-zag)."""
+    out = bytearray()
+    while n & ~0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+_HIGH_GROUPS: dict[int, bytes] = {}
+"""`_varint` of the bits above a long's low 28 (zig-zagged), by value: a few per process at a time."""
 
 
 def _write_float(buf: bytearray, value: float) -> None:
@@ -213,8 +243,6 @@ _MISSING = object()
 def _record(schema: dict[str, Any]) -> Writer:
     fields = [(f['name'], _compile(f['type']), f.get('default', _MISSING)) for f in schema['fields']]
     name = schema.get('name')
-    writers = [writer for _name, writer, _default in fields]
-    values_of = operator.attrgetter(*(field_name for field_name, _writer, _default in fields))
 
     def write_fields(buf: bytearray, value: Any) -> None:
         """A dict, or an object without some field: each field looked up, its default if absent."""
@@ -229,17 +257,85 @@ def _record(schema: dict[str, Any]) -> Writer:
 
     if len(fields) < 2:  # attrgetter of one name gives the value, not a tuple
         return write_fields
+    return _generated_record([(f['name'], f['type']) for f in schema['fields']], write_fields)
 
-    def write(buf: bytearray, value: Any) -> None:
-        if isinstance(value, dict):
-            write_fields(buf, value)
-            return
-        try:
-            values = values_of(value)  # every field in one call
-        except AttributeError:
-            write_fields(buf, value)
-            return
-        for writer, item in zip(writers, values):  # noqa: B905 (one value per writer by construction)
-            writer(buf, item)
 
-    return write
+def _generated_record(fields: list[tuple[str, Any]], write_fields: Writer) -> Writer:
+    """The writer of a record object as one generated function, without a call per primitive field.
+
+    Its fields are read in one call, and the primitive ones (strings, longs, timestamps, optional
+    ones) written inline. Each inline write is the code of the writer above that it replaces
+    (`_write_string`, the union's `write_string`, ...), so the bytes and the errors are the same;
+    a dict goes to `write_fields`.
+    """
+    names = [field_name for field_name, _type in fields]
+    env: dict[str, Any] = {
+        'values_of': operator.attrgetter(*names),
+        'write_fields': write_fields,
+        'datetime': datetime,
+        'micros': micros,
+        '_FASTAVRO_MICROS': _FASTAVRO_MICROS,
+        '_write_long': _write_long,
+    }
+    lines = [
+        'def write(buf, value):',
+        '    if isinstance(value, dict):',
+        '        write_fields(buf, value)',
+        '        return',
+        '    try:',
+        f'        ({", ".join(f"v{i}" for i in range(len(fields)))},) = values_of(value)',
+        '    except AttributeError:',
+        '        write_fields(buf, value)',
+        '        return',
+    ]
+    for i, (_name, field_type) in enumerate(fields):
+        lines += _inline(field_type, f'v{i}', env, '    ')
+    exec('\n'.join(lines), env)  # our own code, made from the schema's field types
+    writer: Writer = env['write']
+    return writer
+
+
+def _inline(schema: Any, var: str, env: dict[str, Any], indent: str) -> list[str]:
+    """Lines that append `var`'s encoding to `buf`: inline for primitives, else a call of its writer."""
+    if schema in ('int', 'long'):
+        return [
+            f'{indent}if 0 <= {var} < 64:',
+            f'{indent}    buf.append({var} << 1)',
+            f'{indent}else:',
+            f'{indent}    _write_long(buf, {var})',
+        ]
+    if schema == 'string':
+        return [
+            f'{indent}{var} = {var}.encode()',
+            f'{indent}if len({var}) < 64:',
+            f'{indent}    buf.append(len({var}) << 1)',
+            f'{indent}else:',
+            f'{indent}    _write_long(buf, len({var}))',
+            f'{indent}buf += {var}',
+        ]
+    if (
+        isinstance(schema, dict)
+        and schema.get('logicalType') == 'timestamp-micros'
+        and schema.get('type') == 'long'
+    ):
+        return [
+            f'{indent}if isinstance({var}, datetime):',
+            f'{indent}    aware = {var}.tzinfo is not None',
+            f'{indent}    {var} = micros({var}) if aware else _FASTAVRO_MICROS({var}, {{}})',
+            f'{indent}_write_long(buf, {var})',
+        ]
+    if isinstance(schema, list) and len(schema) == 2 and 'null' in schema:
+        null_index = schema.index('null')
+        other = schema[1 - null_index]
+        if other in ('int', 'long', 'string'):
+            none_tag, value_tag = null_index * 2, (1 - null_index) * 2
+            return [
+                f'{indent}if {var} is None:',
+                f'{indent}    buf.append({none_tag})',
+                f'{indent}else:',
+                f'{indent}    buf.append({value_tag})',
+                *_inline(other, var, env, indent + '    '),
+            ]
+    writer = f'w_{var}'
+    env[writer] = _compile(schema)
+    return [f'{indent}{writer}(buf, {var})']

@@ -7,6 +7,7 @@ test_media_e2e.py); here they are checked directly on the records the capability
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -119,6 +120,35 @@ async def test_a_log_that_does_not_acknowledge_fails_the_run_before_the_tool(sto
     with pytest.raises(StepStreamUnavailable, match='did not acknowledge'):
         await agent.run('go')
     assert not ran.is_set()
+
+
+def _event(run_id: str, seq: int) -> StepEvent:
+    return StepEvent(run_id=run_id, seq=seq, writer_id='w', timestamp=datetime.now(UTC), kind='run_started')
+
+
+async def test_in_memory_acknowledgements_come_after_storing_in_order_and_only_when_not_held() -> None:
+    log = InMemoryLog(Settings(ack_timeout_s=0.1))
+    first = [await log.append(_event('m', seq)) for seq in range(3)]
+    assert not any(ack.done() for ack in first)  # stored, acknowledged on the next loop turn
+    assert [r.offset for r in log.records] == [0, 1, 2]
+    await log.wait_acked(first)
+    assert [ack.result().offset for ack in first] == [0, 1, 2]
+
+    stored_before_hold = [await log.append(_event('m', seq)) for seq in range(3, 5)]
+    log.hold_acks()  # records stored before the hold are still acknowledged with their turn
+    held = await log.append(_event('m', 5))
+    await log.wait_acked(stored_before_hold)
+    assert all(ack.done() for ack in stored_before_hold) and not held.done()
+    with pytest.raises(StepStreamUnavailable, match='did not acknowledge 1 record'):
+        await log.wait_acked([*stored_before_hold, held])
+    log.release_acks()
+    await log.wait_acked([held])
+    assert held.result().offset == 5
+
+    cancelled = await log.append(_event('m', 6))
+    cancelled.cancel()
+    with pytest.raises(StepStreamUnavailable, match='cancelled'):
+        await log.wait_acked([cancelled])
 
 
 async def test_each_message_is_sent_once_and_stamps_travel_as_patches(store: DiskMediaStore) -> None:

@@ -54,6 +54,7 @@ from stepstream.schemas import (
     message_json,
     message_state,
     patch_json,
+    record_maker,
     stamp_changes,
     stamps_since,
 )
@@ -496,6 +497,40 @@ def test_the_compiled_writer_writes_fastavros_bytes_for_any_record(
     data = encode(record)
     assert data == encode_with_fastavro(record)
     assert decode(data) == record
+
+
+@pytest.mark.parametrize('record', every_record(), ids=lambda r: getattr(r, 'kind', None) or r.status)
+def test_record_maker_makes_what_the_class_makes(record: StepEvent | ToolEffectTransition) -> None:
+    values = {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
+    made = record_maker(type(record))(**values)
+    assert type(made) is type(record)
+    assert made == record
+    assert repr(made) == repr(record)
+    assert encode(made) == encode(record)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.seq = 7  # type: ignore[misc]
+
+
+def test_record_maker_takes_the_class_defaults_and_refuses_what_the_class_refuses() -> None:
+    make = record_maker(StepEvent)
+    made = make(run_id='r', seq=0, writer_id='w', timestamp=NOW, kind='run_started')
+    assert made == StepEvent(run_id='r', seq=0, writer_id='w', timestamp=NOW, kind='run_started')
+    assert made.metadata == {}
+    assert (
+        made.metadata
+        is not make(run_id='r', seq=0, writer_id='w', timestamp=NOW, kind='run_started').metadata
+    )
+    with pytest.raises(TypeError, match='seq'):
+        make(run_id='r', writer_id='w', timestamp=NOW, kind='run_started')
+    with pytest.raises(TypeError, match='colour'):
+        make(run_id='r', seq=0, writer_id='w', timestamp=NOW, kind='run_started', colour='red')
+
+    @dataclasses.dataclass(frozen=True)
+    class NotSlotted:
+        a: int
+
+    with pytest.raises(TypeError, match='slotted'):
+        record_maker(NotSlotted)
 
 
 def test_a_schema_the_compiler_does_not_know_is_left_to_fastavro() -> None:
