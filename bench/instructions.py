@@ -23,8 +23,11 @@ process of that mode opens its log before its warm-up, used or not, so connectin
 topics cancel too. `eventlog - memory` is what the Kafka path (our `EventLog`, aiokafka, the
 codec, the event loop's work for them) adds over the in-memory log; `eventlog - eventlog-plain`
 is the codec's share; `eventlog-plain - raw-plain` is what `EventLog` costs over a log that is
-only aiokafka. A count on a live broker varies a little more than one in memory (how records
-meet in batches depends on timing): run it twice to see by how much.
+only aiokafka. A count on a live broker varies more than one in memory: how records meet in
+batches, and how often the loop wakes while a durability point waits, depend on timing, and the
+same commit's `eventlog-plain` counted 11.27 G and 11.48 G (1 M a step) at two loads of the
+machine. Before and after of one variant therefore run side by side, and a difference of a few
+tenths of a million a step between two runs is noise.
 """
 
 from __future__ import annotations
@@ -175,8 +178,13 @@ def instructions(pythonpath: str, bootstrap: str | None, variant: str) -> int:
 
 
 async def count(trees: dict[str, Path], kafka: bool) -> None:
-    """Count each tree's processes (two at a time) and print what each layer adds per step."""
+    """Count every tree's processes, two at a time, and print what each layer adds per step.
+
+    The trees' processes of one variant run side by side, so that before and after meet
+    the same load on the machine, which moves a count on a live broker (see the docstring).
+    """
     variants = ['none', 'memory', *(KAFKA_VARIANTS if kafka else ())]
+    jobs = [(name, variant) for variant in variants for name in trees]
     steps = WARM_UP + STEPS * RUNS
     async with contextlib.AsyncExitStack() as stack:
         bootstrap = None
@@ -184,36 +192,32 @@ async def count(trees: dict[str, Path], kafka: bool) -> None:
             from stepstream.embedded import EmbeddedStack
 
             bootstrap = (await stack.enter_async_context(EmbeddedStack())).settings.bootstrap_servers
-        for name, tree in trees.items():
-            pythonpath = f'{installed_layout(tree)}{os.pathsep}{HERE}'
-            with ThreadPoolExecutor(2) as pool:  # two processes at once, one core each
-                counted = await asyncio.gather(
-                    *(
-                        asyncio.get_running_loop().run_in_executor(
-                            pool, instructions, pythonpath, bootstrap, variant
-                        )
-                        for variant in variants
-                    )
-                )
-            got = dict(zip(variants, counted, strict=True))
+        paths = {name: f'{installed_layout(tree)}{os.pathsep}{HERE}' for name, tree in trees.items()}
+        loop = asyncio.get_running_loop()
+        with ThreadPoolExecutor(2) as pool:  # two processes at once, one core each
+            counted = await asyncio.gather(
+                *(loop.run_in_executor(pool, instructions, paths[name], bootstrap, v) for name, v in jobs)
+            )
+    for name in trees:
+        got = {v: n for (tree, v), n in zip(jobs, counted, strict=True) if tree == name}
 
-            def added(variant: str, over: str, got: dict[str, int] = got) -> str:
-                return f'{(got[variant] - got[over]) / steps / 1e6:.2f} M'
+        def added(variant: str, over: str, got: dict[str, int] = got) -> str:
+            return f'{(got[variant] - got[over]) / steps / 1e6:.2f} M'
 
+        print(
+            f'{name}: ' + ', '.join(f'{v} {n:,}' for v, n in got.items()) + ' instructions; '
+            f'the capability adds {added("memory", "none")} per step',
+            flush=True,
+        )
+        if kafka:
             print(
-                f'{name}: ' + ', '.join(f'{v} {n:,}' for v, n in got.items()) + ' instructions; '
-                f'the capability adds {added("memory", "none")} per step',
+                f'{name}: on Kafka, persistence adds {added("eventlog", "none")} per step; the Kafka '
+                f'path adds {added("eventlog", "memory")} over the in-memory log, of which the codec '
+                f'{added("eventlog", "eventlog-plain")}; without the codec, EventLog adds '
+                f'{added("eventlog-plain", "raw-plain")} over a log that is only aiokafka (`RawLog`), '
+                f'which adds {added("raw-plain", "memory")} over the in-memory log',
                 flush=True,
             )
-            if kafka:
-                print(
-                    f'{name}: on Kafka, persistence adds {added("eventlog", "none")} per step; the Kafka '
-                    f'path adds {added("eventlog", "memory")} over the in-memory log, of which the codec '
-                    f'{added("eventlog", "eventlog-plain")}; without the codec, EventLog adds '
-                    f'{added("eventlog-plain", "raw-plain")} over a log that is only aiokafka (`RawLog`), '
-                    f'which adds {added("raw-plain", "memory")} over the in-memory log',
-                    flush=True,
-                )
 
 
 def main() -> None:
