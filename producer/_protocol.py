@@ -9,7 +9,6 @@ the same headers (`record_headers`).
 from __future__ import annotations
 
 import asyncio
-import functools
 import operator
 from collections.abc import Iterable
 from typing import Any, Protocol, runtime_checkable
@@ -160,7 +159,10 @@ def record_headers(record: LogRecord) -> list[tuple[str, bytes]]:
     kind = record.kind if isinstance(record, StepEvent) else record.status
     pairs = _PAIRS.get((type(record), kind))
     if pairs is None:
-        pairs = (_kind_header(kind), _schema_header(schema_of(record).fingerprint))
+        pairs = (
+            ('stepstream-kind', kind.encode()),
+            ('stepstream-schema', schema_of(record).fingerprint.hex().encode()),
+        )
         if len(_PAIRS) < 256:  # kinds come from a short list; a stray one is not kept
             _PAIRS[type(record), kind] = pairs
     headers = list(pairs)
@@ -173,15 +175,3 @@ def record_headers(record: LogRecord) -> list[tuple[str, bytes]]:
 
 _PAIRS: dict[tuple[type, str], tuple[tuple[str, bytes], tuple[str, bytes]]] = {}
 """The kind and schema pairs of each record type and kind, made once (a record is one of a few)."""
-
-
-@functools.lru_cache(maxsize=256)
-def _kind_header(kind: str) -> tuple[str, bytes]:
-    """`stepstream-kind`, made once per kind (a record is one of a few)."""
-    return ('stepstream-kind', kind.encode())
-
-
-@functools.lru_cache(maxsize=64)
-def _schema_header(fingerprint: bytes) -> tuple[str, bytes]:
-    """`stepstream-schema`: the fingerprint in hex, made once per schema version."""
-    return ('stepstream-schema', fingerprint.hex().encode())
