@@ -337,6 +337,14 @@ class EventLog:
         )
         try:
             await asyncio.wait_for(producer.start(), self.settings.ack_timeout_s)
+            # aiokafka's metadata covers every topic until the producer first sends to a topic it
+            # did not know when it started (the key topic, made below); from then on it covers only
+            # the topics named that way. A batch waiting for a topic that fell out had no leader,
+            # and failed with NotLeaderForPartitionError when it expired (decision 0040). Naming
+            # the log's own topics now keeps them in.
+            async with asyncio.timeout(self.settings.ack_timeout_s):
+                for topic in (self.settings.step_events_topic, self.settings.tool_effects_topic):
+                    await producer.client.add_topic(topic)
         except (KafkaError, OSError, TimeoutError) as exc:
             await producer.stop()
             raise await connection_error(self.settings, 'did not accept a producer connection', exc) from exc

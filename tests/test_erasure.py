@@ -241,6 +241,27 @@ async def produce_and_destroy_a_key(settings: Settings) -> bytes:
     return key.record_key()
 
 
+async def test_a_conversation_key_leaves_the_producers_metadata_covering_the_logs_topics(
+    settings: Settings,
+) -> None:
+    """aiokafka's metadata covers every topic until the producer first sends to one it did not
+    know at its start; from then on it covers only the topics sent to that way. The key topic
+    made after the producer started was such a topic, so the events and tool-effects topics fell
+    out: a batch waiting for them had no leader and failed with NotLeaderForPartitionError when
+    it expired, ten seconds later (a run failed on Tansu under load)."""
+    settings = sealed_settings(settings)
+    async with EventLog(settings) as log:
+        assert log.sealer is not None and log._producer is not None
+        await log.sealer.key_for('conv-metadata')  # the first conversation key this writer makes
+        client = log._producer.client
+        await client.force_metadata_update()
+        known = {
+            topic: client.cluster.partitions_for_topic(topic)
+            for topic in (key_topic(settings), settings.step_events_topic, settings.tool_effects_topic)
+        }
+        assert all(known.values()), known
+
+
 @tansu_only('documents what Tansu does with a compacted topic')
 async def test_tansu_keeps_a_destroyed_key_record(settings: Settings) -> None:
     """Tansu accepts `cleanup.policy=compact` but its memory and S3 engines never compact: the
