@@ -2,9 +2,10 @@
 
 It only appends. A record waits up to `linger_ms` in the log's own queue, so that the records of
 a step leave together (one produce request, one compressed batch per partition); a caller that
-reaches a durability point (a tool about to run, a snapshot, the end of a run) hands everything
-queued to the producer at once and waits for the acknowledgements of exactly the records it
-wrote, with a timeout. Order is kept per partition throughout.
+reaches a durability point (a tool about to run, a snapshot, the end of a run) has everything
+queued handed to the producer at the event loop's next turn, together with the records of every
+other durability point reached in this one, and waits for the acknowledgements of exactly the
+records it wrote, with a timeout. Order is kept per partition throughout.
 
 A record the broker did not take (it was away, or the send expired) is not dropped: the log keeps
 it, holds every later record of the same run behind it, and sends them again, in `seq` order, as
@@ -140,7 +141,7 @@ class _Batch:
         records = len(self.entries)
         records_appended.add(records, _TOPIC_ATTRIBUTES[self.topic == self.log.settings.step_events_topic])
         self.log._pending[future] = [out for _index, out, _ack in self.entries]
-        self.log._opened((self.topic, self.partition))
+        self.log._opened((self.topic, self.partition), self.entries[-1][1].record.run_id)
         future.add_done_callback(self.done)
 
     def keep(self) -> None:
@@ -223,9 +224,9 @@ class EventLog:
         """Configure the log; nothing connects until `start()` (or `async with`).
 
         `linger_ms` (default 5, as Kafka's own producer since 4.0) is how long a record that no
-        durability point waits for may stay queued before it is sent; a durability point, `flush`
-        and `close` send the queue at once, so a wait never pays the linger. 0 sends each record
-        as it is appended.
+        durability point waits for may stay queued before it is sent; a durability point (at the
+        loop's next turn), `flush` and `close` send the queue at once, so a wait never pays the
+        linger. 0 sends each record as it is appended.
         `enable_idempotence` (default None: on when the cluster grants producer ids, as Apache
         Kafka does and Tansu does not) makes the broker drop the duplicates a retried send would
         otherwise write. `compression_type` (default 'gzip', the codec that needs no
@@ -268,8 +269,12 @@ class EventLog:
         self._handing: asyncio.Future[None] | None = None
         self._open_sends: dict[tuple[str, int], int] = {}
         """Per partition: sends (a record's or a batch's) not acknowledged yet (see `_hand_batches`)."""
+        self._last_sender: dict[tuple[str, int], str] = {}
+        """Per partition: the run whose record was given to the producer last (see `_hand_batches`)."""
         """Set while a hand-over runs (see `_hand_over`)."""
         self._linger_timer: asyncio.TimerHandle | None = None
+        self._soon: asyncio.Handle | None = None
+        """Set while a hand-over is due at the loop's next turn (`_hand_over_soon`)."""
         self._linger_tasks: set[asyncio.Task[None]] = set()
         self._resender: asyncio.Task[None] | None = None
         self._started = False
@@ -413,6 +418,9 @@ class EventLog:
         if self._linger_timer is not None:
             self._linger_timer.cancel()
             self._linger_timer = None
+        if self._soon is not None:
+            self._soon.cancel()
+            self._soon = None
         resender, self._resender = self._resender, None
         if resender is not None:
             if self._kept:
@@ -504,8 +512,22 @@ class EventLog:
             loop = asyncio.get_running_loop()
             self._linger_timer = loop.call_later(self.linger_ms / 1000, self._linger_over)
 
+    def _hand_over_soon(self) -> None:
+        """Hand the queue over at the loop's next turn, for every durability point reached in this one.
+
+        Runs woken together (by one acknowledgement) reach their durability points in the same
+        turn of the event loop; one hand-over then gives the producer all their records, in one
+        batch per partition, instead of one hand-over per run. The wait costs one loop turn.
+        """
+        if self._soon is None:
+            if self._linger_timer is not None:
+                self._linger_timer.cancel()
+                self._linger_timer = None
+            self._soon = asyncio.get_running_loop().call_soon(self._linger_over)
+
     def _linger_over(self) -> None:
         self._linger_timer = None
+        self._soon = None
         if self._queued:
             task = asyncio.create_task(self._hand_over_lingered(), name='stepstream-linger')
             self._linger_tasks.add(task)
@@ -545,23 +567,28 @@ class EventLog:
             handing.set_result(None)
 
     async def _hand_batches(self, queued: list[tuple[_Outgoing, Ack]]) -> None:
-        """Give queued records to the producer: one batch per idle partition, else record by record.
+        """Give queued records to the producer: a batch per partition, but for a run's own busy one.
 
         A partition with nothing of this log's unacknowledged gets the hand-over's records as one
         batch (`create_batch`/`send_batch`): one future per batch, not per record, whose
-        acknowledgement resolves each record's own (`_Batch.done`). A partition with a send still
-        open (a lingered record, another run's durability point) gets them record by record
-        (`send`), which adds them to the producer's batch still waiting there, as before: a new
-        batch would wait for that one to leave and go out one round trip later, in a batch of
-        its own (more framing bytes, decision 0034). A record of a run with kept records is kept
-        behind them. A batch the producer does not take in time (one deadline for the hand-over's
-        batches) is kept record by record, like a record the broker did not take, and so is every
-        batch after it. Cancelled (the waiting
-        caller was) or failed before the producer took them: the records not handed yet go back
-        to the front of the queue, in order.
+        acknowledgement resolves each record's own (`_Batch.done`). So does a partition whose
+        last send was another run's: runs share it, so the log is busy, and a batch costs a
+        fraction of the producer's path per record. Such a batch waits for the producer's batch
+        ahead of it to leave (`send_batch` does), so these go last; durability points that arrive
+        meanwhile queue their records for the hand-over's next round, in fewer, larger batches.
+        A partition whose last send is this run's own (a record of the same step sent when its
+        linger ended) gets the records one by one (`send`), joining the producer's batch still
+        waiting there: a batch would leave one round trip later, in a batch of its own (more
+        framing bytes for a lone run, decision 0034). A record of a run with kept records is
+        kept behind them. A batch the producer does not take in time (one deadline for the
+        hand-over's batches) is kept record by record, like a record the broker did not take,
+        and so is every batch after it. Cancelled (the waiting caller was) or failed before the
+        producer took them: the records not handed yet go back to the front of the queue, in
+        order.
         """
         assert self._producer is not None
         batches: list[_Batch] = []
+        behind: list[_Batch] = []  # for partitions with another run's send open
         open_batches: dict[tuple[str, int], _Batch | None] = {}
         singles: list[tuple[int, _Outgoing, Ack]] = []
         handed = 0  # of `singles`
@@ -574,10 +601,15 @@ class EventLog:
                     continue
                 key, topic, partition, tp = out.key, out.topic, out.partition, out.tp
                 if tp not in open_batches:
-                    batch = None if self._open_sends.get(tp) else self._new_batch(topic, partition)
-                    open_batches[tp] = batch
-                    if batch is not None:
+                    if not self._open_sends.get(tp):
+                        batch = self._new_batch(topic, partition)
                         batches.append(batch)
+                    elif self._last_sender.get(tp) != record.run_id:
+                        batch = self._new_batch(topic, partition)
+                        behind.append(batch)
+                    else:
+                        batch = None
+                    open_batches[tp] = batch
                 batch = open_batches[tp]
                 if batch is None:
                     singles.append((index, out, ack))
@@ -592,7 +624,7 @@ class EventLog:
                         continue
                 if not batch.add(index, out, ack, key, value):  # full: the rest goes in a new batch
                     batch = open_batches[tp] = self._new_batch(topic, partition)
-                    batches.append(batch)
+                    (behind if self._open_sends.get(tp) else batches).append(batch)
                     if not batch.add(index, out, ack, key, value):  # never: an empty batch takes any record
                         raise StepStreamError(
                             f'the producer refused a {len(value)}-byte record in an empty batch'
@@ -608,6 +640,9 @@ class EventLog:
                 for _i, out, ack in singles[handed:]:
                     self._keep(out).add_done_callback(functools.partial(_settle, ack))
                 handed = len(singles)
+            # Last: each waits for the producer's batch ahead of it on its partition to leave.
+            batches += behind
+            behind = []
             batches = [batch for batch in batches if batch.entries]  # all kept: no schema id yet
             try:
                 # One deadline for the hand-over's batches (asyncio.timeout: no task, one timer).
@@ -625,7 +660,8 @@ class EventLog:
                 submitted = len(batches)
         except BaseException:
             unsent = sorted(
-                [*singles[handed:], *(e for b in batches[submitted:] for e in b.entries)], key=_append_order
+                [*singles[handed:], *(e for b in [*batches[submitted:], *behind] for e in b.entries)],
+                key=_append_order,
             )
             self._queued[:0] = [(out, ack) for _i, out, ack in unsent]
             self._arm_linger()
@@ -635,9 +671,10 @@ class EventLog:
         assert self._producer is not None
         return _Batch(self, topic, partition, self._producer.create_batch())
 
-    def _opened(self, tp: tuple[str, int]) -> None:
+    def _opened(self, tp: tuple[str, int], run_id: str) -> None:
         """Count a send (a record's or a batch's) as open on `tp`; its done callback calls `_closed`."""
         self._open_sends[tp] = self._open_sends.get(tp, 0) + 1
+        self._last_sender[tp] = run_id
 
     def _closed(self, tp: tuple[str, int]) -> None:
         left = self._open_sends[tp] - 1
@@ -697,7 +734,7 @@ class EventLog:
         sent: Ack = await self._producer.send(
             topic, value, key=out.key, headers=out.headers, partition=out.partition
         )
-        self._opened(tp)
+        self._opened(tp, out.record.run_id)
         records_appended.add(1, _TOPIC_ATTRIBUTES[isinstance(out.record, StepEvent)])
         sent.add_done_callback(functools.partial(self._sent, tp, sent_at, then))
         return sent
@@ -818,7 +855,7 @@ class EventLog:
         """
         acks = list(acks)
         if self._queued:
-            await self._hand_over()
+            self._hand_over_soon()
         try:
             await await_acks(self.settings, acks, timeout)
         except StepStreamUnavailable as missing:
