@@ -179,12 +179,19 @@ async def bare_reader(settings: Settings) -> AsyncIterator[Callable[[RecordMetad
         await consumer.stop()
 
 
-async def raw_ceiling(settings: Settings, scale: Scale, *, rate: float = 1000.0) -> dict[str, Any]:
-    """The same traffic through a bare producer and a bare consumer."""
+async def raw_ceiling(
+    settings: Settings, scale: Scale, *, rate: float = 1000.0, linger_ms: int = EVENTLOG_LINGER_MS
+) -> dict[str, Any]:
+    """The same traffic through a bare producer and a bare consumer.
+
+    The producer lingers `linger_ms` (`EventLog`'s default) also while a writer waits at a
+    durability point, which `EventLog` never does (decision 0025); `linger_ms=0` sends as
+    `EventLog` does at a durability point, at once.
+    """
     run_settings = fresh(settings, 'w4-raw')
     await ensure_topics(run_settings)
     producer = AIOKafkaProducer(
-        bootstrap_servers=run_settings.bootstrap_servers, acks='all', linger_ms=EVENTLOG_LINGER_MS
+        bootstrap_servers=run_settings.bootstrap_servers, acks='all', linger_ms=linger_ms
     )
 
     async def append(record: LogRecord) -> Ack:

@@ -4,6 +4,7 @@
 .venv/bin/python -m bench.freshness_trace stepstream 30   # EventLog -> Projector -> get_run
 .venv/bin/python -m bench.freshness_trace raw 30          # the ceiling: bare producer, bare consumer
 .venv/bin/python -m bench.freshness_trace log 30          # EventLog's traffic, read by a bare consumer
+.venv/bin/python -m bench.freshness_trace raw0 30         # the ceiling, its producer not lingering
 ```
 
 Runs `bench.freshness`'s load and probes on a fresh embedded stack (`STEPSTREAM_EMBEDDED_BROKER`
@@ -15,6 +16,9 @@ timestamped (by wrapping them in this process only), then splits each probe's la
 - `fetch>get`: from there to `getmany` returning it (the consumer's loop);
 - `get>applied`: to `AppliedPosition.advance` covering it (pacing, staging, the RocksDB commit);
 - `applied>woken`: to `Projector.wait_for` returning; `get_run`: the read itself.
+
+The `raw0` variant is the ceiling with its producer's linger at 0: it sends at a durability
+point at once, as `EventLog` does, where the ceiling's aiokafka waits out its 5 ms linger.
 
 The `log` variant separates the write side's log from the read side: the same traffic as the
 stepstream variant, read by the ceiling's bare consumer. Also per window: fetch round trips,
@@ -41,7 +45,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import RecordMetadata
 
 from bench import freshness
-from bench.common import Scale, fresh, median, percentile
+from bench.common import EVENTLOG_LINGER_MS, Scale, fresh, median, percentile
 from stepstream.embedded import EmbeddedStack
 from stepstream.producer import EventLog
 from stepstream.projector import Projector
@@ -170,7 +174,7 @@ async def _log(stack: EmbeddedStack, scale: Scale) -> dict[str, Any]:
             return await freshness._drive(log.append, log.wait_acked, visible, scale, 1000.0)
 
 
-async def _raw(stack: EmbeddedStack, scale: Scale) -> dict[str, Any]:
+async def _raw(stack: EmbeddedStack, scale: Scale, *, linger_ms: int) -> dict[str, Any]:
     drive = freshness._drive
 
     async def traced(append: Any, wait_acked: Any, visible: Any, scale: Scale, rate: float) -> dict[str, Any]:
@@ -183,7 +187,7 @@ async def _raw(stack: EmbeddedStack, scale: Scale) -> dict[str, Any]:
 
     freshness._drive = traced  # type: ignore[assignment]
     try:
-        return await freshness.raw_ceiling(stack.settings, scale)
+        return await freshness.raw_ceiling(stack.settings, scale, linger_ms=linger_ms)
     finally:
         freshness._drive = drive
 
@@ -209,7 +213,7 @@ async def main(variant: str, seconds: float) -> None:
         elif variant == 'log':
             result = await _log(stack, scale)
         else:
-            result = await _raw(stack, scale)
+            result = await _raw(stack, scale, linger_ms=0 if variant == 'raw0' else EVENTLOG_LINGER_MS)
         stop.set()
         await watcher
     report(variant, result)
@@ -292,6 +296,6 @@ def report(variant: str, result: dict[str, Any]) -> None:
 
 if __name__ == '__main__':
     which = sys.argv[1] if len(sys.argv) > 1 else 'stepstream'
-    if which not in ('stepstream', 'raw', 'log'):
-        raise SystemExit('usage: python -m bench.freshness_trace stepstream|raw|log [SECONDS]')
+    if which not in ('stepstream', 'raw', 'raw0', 'log'):
+        raise SystemExit('usage: python -m bench.freshness_trace stepstream|raw|raw0|log [SECONDS]')
     asyncio.run(main(which, float(sys.argv[2]) if len(sys.argv) > 2 else 30.0))
