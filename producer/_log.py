@@ -267,11 +267,11 @@ class EventLog:
         self._queued: list[tuple[_Outgoing, Ack]] = []
         """Appended, not yet handed to the producer, in call order (see `linger_ms`)."""
         self._handing: asyncio.Future[None] | None = None
+        """Set while a hand-over runs (see `_hand_over`)."""
         self._open_sends: dict[tuple[str, int], int] = {}
         """Per partition: sends (a record's or a batch's) not acknowledged yet (see `_hand_batches`)."""
         self._last_sender: dict[tuple[str, int], str] = {}
         """Per partition: the run whose record was given to the producer last (see `_hand_batches`)."""
-        """Set while a hand-over runs (see `_hand_over`)."""
         self._linger_timer: asyncio.TimerHandle | None = None
         self._soon: asyncio.Handle | None = None
         """Set while a hand-over is due at the loop's next turn (`_hand_over_soon`)."""
@@ -640,10 +640,9 @@ class EventLog:
                 for _i, out, ack in singles[handed:]:
                     self._keep(out).add_done_callback(functools.partial(_settle, ack))
                 handed = len(singles)
-            # Last: each waits for the producer's batch ahead of it on its partition to leave.
-            batches += behind
-            behind = []
-            batches = [batch for batch in batches if batch.entries]  # all kept: no schema id yet
+            # `behind` last: each waits for the producer's batch ahead of it on its partition to
+            # leave. A batch whose records were all kept (no schema id yet) is not handed over.
+            batches, behind = [batch for batch in (*batches, *behind) if batch.entries], []
             try:
                 # One deadline for the hand-over's batches (asyncio.timeout: no task, one timer).
                 async with asyncio.timeout(self.settings.ack_timeout_s):
