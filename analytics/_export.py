@@ -40,6 +40,7 @@ from pydantic import TypeAdapter
 from pydantic_ai.messages import ModelMessage, ModelResponse
 
 from stepstream.analytics._tables import COST_SCALE, ROWS, arrow_schema
+from stepstream.erasure import ErasureError
 from stepstream.errors import StepStreamError, UsageError
 from stepstream.projector._reader import ProjectionReader
 from stepstream.schemas import RunRecord, StepEvent, ToolEffectRecord
@@ -78,6 +79,9 @@ class ExportReport:
     """Runs whose snapshots cannot be reconstructed (a gap in the log): no `messages` rows for them."""
     erased_histories: list[str] = field(default_factory=list)
     """Runs whose content was erased (`stepstream forget`): no `messages` rows, every other row stays."""
+    sealed_histories: dict[str, str] = field(default_factory=dict)
+    """Runs whose content is sealed and could not be opened, with why (no `STEPSTREAM_ERASURE_KEY`,
+    or another one than the writers'): no `messages` rows. An export with any is incomplete."""
     export_seq: int = 0
     """0 for a full export; one more than the mark's for an export `since` one."""
 
@@ -475,6 +479,9 @@ async def export_parquet(
                     rows['model_requests'].append(_request_row(event))
             try:
                 snap = await reader.latest_snapshot(run.run_id, include_interrupted=True, restore=False)
+            except ErasureError as exc:  # the reader's key, not the log: never called a gap
+                report.sealed_histories[run.run_id] = str(exc)
+                snap = None
             except StepStreamError:
                 report.unreadable_histories.append(run.run_id)
                 snap = None
@@ -514,6 +521,7 @@ async def export_parquet(
                     'tables': list(TABLES),
                     'rows': report.rows,
                     'unreadable_histories': report.unreadable_histories,
+                    'sealed_histories': sorted(report.sealed_histories),
                     'mark': new_mark.to_json(),
                 },
                 indent=2,

@@ -1,7 +1,9 @@
 """Media offload: large payloads live once in a content-addressed store, the log holds references.
 
-`externalize_media` replaces every payload of at least `threshold_bytes` in a message history by a
-`media+sha256://` reference and uploads it; `restore_media` puts the payloads back. Stores:
+`offload_media` replaces every payload of at least `threshold_bytes` in a message history by a
+`media+sha256://` reference, uploads it and lists what it stored (`externalize_media` gives only
+the lean messages); `restore_media` puts the payloads back. `snapshot_media` says which objects a
+snapshot record needs: the one answer of the media index, `forget` and the media sweep. Stores:
 `S3MediaStore` (any S3-compatible service) and `DiskMediaStore` (a local directory), both behind
 the `MediaStore` protocol. `MediaExternalizer` is a capability that sends large media to the model
 as the store's public URL instead of as bytes in every request.
@@ -16,9 +18,11 @@ from stepstream.lazy import lazy_exports
 if TYPE_CHECKING:
     from stepstream.media._disk import DiskMediaStore
     from stepstream.media._externalizer import MediaExternalizer
+    from stepstream.media._references import legacy_media, snapshot_media
     from stepstream.media._s3 import S3MediaStore
     from stepstream.media._types import (
         NO_CONTEXT,
+        REFERENCE_PREFIX,
         KeyStrategy,
         MediaContext,
         MediaIntegrityError,
@@ -32,16 +36,19 @@ if TYPE_CHECKING:
     )
     from stepstream.media._walker import (
         DEFAULT_THRESHOLD_BYTES,
-        REFERENCE_PREFIX,
+        Offloaded,
         externalize_media,
         link_media,
+        media_read,
+        offload_media,
         restore_media,
     )
 
 _WHERE = {
     'DEFAULT_THRESHOLD_BYTES': 'stepstream.media._walker',
     'NO_CONTEXT': 'stepstream.media._types',
-    'REFERENCE_PREFIX': 'stepstream.media._walker',
+    'REFERENCE_PREFIX': 'stepstream.media._types',
+    'Offloaded': 'stepstream.media._walker',
     'DiskMediaStore': 'stepstream.media._disk',
     'KeyStrategy': 'stepstream.media._types',
     'MediaContext': 'stepstream.media._types',
@@ -53,7 +60,11 @@ _WHERE = {
     'S3MediaStore': 'stepstream.media._s3',
     'default_key_strategy': 'stepstream.media._types',
     'externalize_media': 'stepstream.media._walker',
+    'legacy_media': 'stepstream.media._references',
     'link_media': 'stepstream.media._walker',
+    'media_read': 'stepstream.media._walker',
+    'offload_media': 'stepstream.media._walker',
+    'snapshot_media': 'stepstream.media._references',
     'make_static_public_url': 'stepstream.media._types',
     'media_uri_for': 'stepstream.media._types',
     'parse_media_uri': 'stepstream.media._types',
@@ -73,15 +84,20 @@ __all__ = [
     'MediaIntegrityError',
     'MediaNotFound',
     'MediaStore',
+    'Offloaded',
     'PublicUrlResolver',
     'S3MediaStore',
     'default_key_strategy',
     'externalize_media',
+    'legacy_media',
     'link_media',
     'make_static_public_url',
+    'media_read',
     'media_uri_for',
+    'offload_media',
     'parse_media_uri',
     'restore_media',
+    'snapshot_media',
 ]
 
 __getattr__ = lazy_exports(__name__, _WHERE)

@@ -33,12 +33,14 @@ __all__ = [
 ]
 
 MEDIA_URI_SCHEME = 'media+sha256://'
+
+REFERENCE_PREFIX = '\x00stepstream:'
+"""Starts every reference a walker leaves in a message (`REFERENCE_PREFIX + 'media+sha256://<hex>'`)
+and every escaped value (docs/decisions/0005-media-references.md)."""
+
+JSON_REFERENCE = 'json:'
+"""After `REFERENCE_PREFIX`: the reference names a JSON payload that stands for a list or dict."""
 _URI = re.compile(r'media\+sha256://([0-9a-f]{64})')
-
-
-def media_uris_in(text: str) -> list[str]:
-    """Every media URI that `text` names (a message's JSON, say), sorted, each once."""
-    return sorted({MEDIA_URI_SCHEME + digest for digest in _URI.findall(text)})
 
 
 _EMPTY: Mapping[str, str] = MappingProxyType({})

@@ -15,12 +15,15 @@ form is still at or above the threshold (say a thousand items of 50 KB) moves as
 payload, `REFERENCE_PREFIX + 'json:' + uri`; it comes back as the value Pydantic AI's JSON gives.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: `Offloaded` crosses a durable engine's boundary, whose
+# converter resolves its field types (in Temporal's sandbox, where this module's globals are not
+# found by name), so they are evaluated here, at definition.
 
 import asyncio
 import dataclasses
 import json
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from pydantic_ai.messages import (
@@ -35,21 +38,32 @@ from pydantic_ai.messages import (
     VideoUrl,
 )
 
-from stepstream.media._types import MediaContext, MediaStore, is_media_uri, media_uri_for
+from stepstream.media._types import (
+    JSON_REFERENCE,
+    REFERENCE_PREFIX,
+    MediaContext,
+    MediaNotFound,
+    MediaStore,
+    is_media_uri,
+    media_uri_for,
+)
 
 LinkFor = Callable[[str, str], Awaitable[str]]
 """`(uri, media_type) -> URL` at which a reader of a linked history fetches that payload."""
 
-__all__ = ['DEFAULT_THRESHOLD_BYTES', 'REFERENCE_PREFIX', 'externalize_media', 'link_media', 'restore_media']
+__all__ = [
+    'DEFAULT_THRESHOLD_BYTES',
+    'REFERENCE_PREFIX',
+    'Offloaded',
+    'externalize_media',
+    'link_media',
+    'media_read',
+    'offload_media',
+    'restore_media',
+]
 
 DEFAULT_THRESHOLD_BYTES = 64 * 1024
 """Payloads of at least this many bytes (UTF-8 for text) move to the media store."""
-
-REFERENCE_PREFIX = '\x00stepstream:'
-"""Starts every reference (`REFERENCE_PREFIX + 'media+sha256://<hex>'`) and every escaped value."""
-
-JSON_REFERENCE = 'json:'
-"""After `REFERENCE_PREFIX`: the reference names a JSON payload that stands for a list or dict."""
 
 TEXT_MEDIA_TYPE = 'text/plain; charset=utf-8'
 """The media type text payloads (and bytes that are not `BinaryContent`) are stored with."""
@@ -72,6 +86,21 @@ _Key = tuple[str, str]
 """(uri, media type) of one store call: a custom key strategy may place a payload by media type."""
 
 
+@dataclass(frozen=True, slots=True)
+class Offloaded:
+    """What `offload_media` made of a history: the lean messages, and every object it stored.
+
+    `media` is known by construction: the walk that replaced a payload by a reference is the one
+    that lists it, so it holds the references of every part type and nesting (binaries, whose
+    references are bytes that Pydantic AI's JSON writes as base64, included) and the references
+    inside a JSON payload, which no reader of the lean messages can see without fetching it.
+    """
+
+    messages: list[ModelMessage]
+    media: list[str]
+    """The URI of every object put in the store for these messages (sorted, each once)."""
+
+
 async def externalize_media(
     messages: Sequence[ModelMessage],
     store: MediaStore,
@@ -79,6 +108,17 @@ async def externalize_media(
     *,
     seal: Callable[[bytes], bytes] | None = None,
 ) -> list[ModelMessage]:
+    """The lean messages of `offload_media(messages, store, threshold_bytes, seal=seal)`."""
+    return (await offload_media(messages, store, threshold_bytes, seal=seal)).messages
+
+
+async def offload_media(
+    messages: Sequence[ModelMessage],
+    store: MediaStore,
+    threshold_bytes: int = DEFAULT_THRESHOLD_BYTES,
+    *,
+    seal: Callable[[bytes], bytes] | None = None,
+) -> Offloaded:
     """Copies of `messages` whose payloads of `threshold_bytes` or more are references into `store`.
 
     A payload is any string or bytes value anywhere in a message (text and thinking parts, user
@@ -94,9 +134,13 @@ async def externalize_media(
     the same object: a walk visits every value but copies only what changes. `seal` (erasure on,
     decision 0033) turns each payload into the bytes stored and addressed in its place.
 
+    The result also lists the URI of every object stored (`Offloaded.media`): a record built
+    from the lean messages carries that list, so the projection, `forget` and the media sweep know
+    what the record needs without reading its content.
+
     ```python
-    lean = await externalize_media(messages, store)
-    record = ModelMessagesTypeAdapter.dump_json(lean)       # small, whatever the attachments
+    offloaded = await offload_media(messages, store)
+    record = ModelMessagesTypeAdapter.dump_json(offloaded.messages)  # small, whatever the attachments
     back = await restore_media(ModelMessagesTypeAdapter.validate_json(record), store)
     # `back` equals what the JSON round trip of `messages` itself gives
     ```
@@ -105,6 +149,7 @@ async def externalize_media(
         raise ValueError(f'threshold_bytes must be a positive int, got {threshold_bytes!r}')
     externalizer = _Externalizer(threshold_bytes, seal)
     lean = await asyncio.to_thread(externalizer.messages, messages)
+    media = sorted({uri for uri, _ in externalizer.uploads})
     if externalizer.uploads:
 
         async def upload(key: _Key, data: bytes) -> None:
@@ -114,7 +159,7 @@ async def externalize_media(
                 raise ValueError(f'{store!r}.put returned {stored!r} for a payload whose URI is {uri}')
 
         await _gather([upload(key, data) for key, data in externalizer.uploads.items()])
-    return lean
+    return Offloaded(lean, media)
 
 
 async def restore_media(messages: Sequence[ModelMessage], store: MediaStore) -> list[ModelMessage]:
@@ -144,6 +189,35 @@ async def restore_media(messages: Sequence[ModelMessage], store: MediaStore) -> 
 
         keys = list(restorer.wanted)
         fetched.update(zip(keys, await _gather([fetch(key) for key in keys]), strict=True))
+
+
+async def media_read(messages: Sequence[ModelMessage], store: MediaStore) -> set[str]:
+    """The URI of every object that reading `messages` back (`restore_media`) would fetch.
+
+    Found the way a reader finds them, not from what a writer declared: each reference in the
+    lean messages, and inside each JSON payload they name (fetched, opened and walked in turn).
+    Other payloads are not fetched. A JSON payload missing from the store is read, with nothing
+    seen inside it. The media sweep checks its candidates against this before it deletes
+    anything (docs/decisions/0041-media-known-by-construction.md).
+    """
+    fetched: dict[_Key, bytes] = {}
+    read: set[str] = set()
+    while True:
+        restorer = _Restorer(fetched)
+        restorer.messages(messages)
+        read.update(uri for uri, _ in restorer.wanted)
+        json_keys = [key for key in restorer.wanted if key[1] == JSON_MEDIA_TYPE and key not in fetched]
+        if not json_keys:
+            return read
+
+        async def fetch(key: _Key) -> bytes:
+            uri, media_type = key
+            try:
+                return await store.get(uri, MediaContext(media_type=media_type))
+            except MediaNotFound:
+                return b'null'  # gone: whatever it held is not readable, so nothing in it is read
+
+        fetched.update(zip(json_keys, await _gather([fetch(key) for key in json_keys]), strict=True))
 
 
 async def link_media(

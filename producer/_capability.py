@@ -47,7 +47,7 @@ from pydantic_ai.tools import AgentDepsT, RunContext, ToolDefinition
 
 from stepstream.errors import StepStreamError
 from stepstream.ids import check_run_id, to_run_id
-from stepstream.media import MediaStore, S3MediaStore, externalize_media
+from stepstream.media import MediaStore, Offloaded, S3MediaStore, offload_media
 from stepstream.producer._engines import (
     in_temporal_workflow,
     refuse_temporal_sandbox_import,
@@ -531,17 +531,16 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         return list(sealing)
 
     @durable_operation('offload')
-    async def _offload_durably(
-        self, ctx: RunContext[Any], messages: list[ModelMessage]
-    ) -> list[ModelMessage]:
+    async def _offload_durably(self, ctx: RunContext[Any], messages: list[ModelMessage]) -> Offloaded:
         """Move the large values of `messages` to the media store: I/O, so an operation of the engine.
 
         Under Temporal this is an activity (the walk uses a worker thread and the upload is I/O,
         neither allowed in workflow code); under DBOS and Prefect a step or task, whose journaled
-        result (the lean messages, references in place) a recovered run reuses. The references are
-        content addresses, so an upload that runs again stores the same objects.
+        result (the lean messages, references in place, and the objects stored) a recovered run
+        reuses. The references are content addresses, so an upload that runs again stores the
+        same objects.
         """
-        return await externalize_media(messages, self._media(), self.threshold_bytes)
+        return await offload_media(messages, self._media(), self.threshold_bytes)
 
     @durable_operation('write')
     async def _write_durably(

@@ -17,9 +17,8 @@ from collections.abc import Awaitable, Callable
 from pydantic_ai.messages import ModelMessage
 
 from stepstream.erasure import ConversationKey, parse_kek
-from stepstream.media import externalize_media
+from stepstream.media import Offloaded, offload_media
 from stepstream.media._sealed import SealedMediaStore
-from stepstream.media._types import media_uris_in
 from stepstream.producer._snapshots import SnapshotPlan, SnapshotWriter
 from stepstream.schemas import SnapshotDelta
 
@@ -75,14 +74,15 @@ class Sealer:
         assert writer.media_store is not None, 'sealing runs outside durable engines, with a store'
         store = SealedMediaStore(writer.media_store, lookup=lambda _: key)
 
-        async def offload(tail: list[ModelMessage]) -> list[ModelMessage]:
-            return await externalize_media(tail, store, writer.threshold_bytes, seal=key.seal_bytes)
+        async def offload(tail: list[ModelMessage]) -> Offloaded:
+            return await offload_media(tail, store, writer.threshold_bytes, seal=key.seal_bytes)
 
         delta = await writer.delta(plan, snapshot_seq, offload=offload)
         where = (run_id, str(snapshot_seq))
         return dataclasses.replace(
             delta,
-            # The sealed payloads it names stay visible to the projection's media index.
-            messages=key.seal_text(delta.messages, *where, 'messages', refs=media_uris_in(delta.messages)),
+            # The sealed payloads stay listed in clear (`delta.media`, the hashes of ciphertext, which
+            # say nothing of the content); readers before schema v4 find them beside the ciphertext.
+            messages=key.seal_text(delta.messages, *where, 'messages', refs=delta.media or ()),
             patch=None if delta.patch is None else key.seal_text(delta.patch, *where, 'patch'),
         )

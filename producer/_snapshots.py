@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic_ai.messages import ModelMessage
 
-from stepstream.media import MediaStore, externalize_media
+from stepstream.media import MediaStore, Offloaded, offload_media
 from stepstream.producer._validity import ToolCallScan
 from stepstream.schemas import (
     MessageState,
@@ -27,8 +27,8 @@ from stepstream.schemas import (
     stamps_since,
 )
 
-Offload = Callable[[list[ModelMessage]], Awaitable[list[ModelMessage]]]
-"""Moves the large values of messages to the media store; returns the lean messages."""
+Offload = Callable[[list[ModelMessage]], Awaitable[Offloaded]]
+"""Moves the large values of messages to the media store; returns the lean messages and what it stored."""
 
 RECENT = 2
 """How many of a snapshot's last messages the next delta compares field by field (see DeltaTracker)."""
@@ -171,9 +171,10 @@ class SnapshotWriter:
     ) -> SnapshotDelta:
         """The record payload of `plan`, after its large values reached the media store.
 
-        `offload` moves a tail's large values (default: `externalize_media` into this writer's
+        `offload` moves a tail's large values (default: `offload_media` into this writer's
         store); under a durable-execution engine the capability passes its durable operation, so
         the walk and the upload run as the engine's activity or step, never in workflow code.
+        The record lists every object the offload stored (`SnapshotDelta.media`).
         """
         state: SnapshotState = 'complete' if plan.valid else 'interrupted'
         prefix_len, tail_json, patch = plan.prefix_len, plan.tail_json, patch_json(plan.patch)
@@ -184,20 +185,23 @@ class SnapshotWriter:
             tail_json = [message_json(m) for m in plan.messages[prefix_len : plan.prefix_len]] + tail_json
         # A value at or above the threshold makes its message's JSON at least that long, so only
         # such tails pay for the walk (in a worker thread) and the upload.
+        media: list[str] = []
         if any(len(m) >= self.threshold_bytes for m in tail_json):
             tail = list(plan.messages[prefix_len:])
             if offload is not None:
-                lean = await offload(tail)
+                offloaded = await offload(tail)
             else:
                 assert self.media_store is not None, 'a writer without a media store is given `offload`'
-                lean = await externalize_media(tail, self.media_store, self.threshold_bytes)
-            tail_json = [message_json(m) for m in lean]
+                offloaded = await offload_media(tail, self.media_store, self.threshold_bytes)
+            tail_json = [message_json(m) for m in offloaded.messages]
+            media = offloaded.media
         return SnapshotDelta(
             snapshot_seq=snapshot_seq,
             state=state,
             prefix_len=prefix_len,
             messages='[' + ','.join(m.decode() for m in tail_json) + ']',
             patch=patch,
+            media=media,
         )
 
     def commit(self, plan: SnapshotPlan) -> None:

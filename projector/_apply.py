@@ -49,6 +49,8 @@ from typing import Any
 
 from stepstream.errors import SchemaError
 from stepstream.ids import MAX_ID_BYTES, OTHER_ID_FIELDS, check_record_ids, is_plain_id, is_run_id
+from stepstream.media._references import snapshot_media
+from stepstream.media._types import is_media_uri
 from stepstream.projector._keys import (
     APART,
     CHILDREN,
@@ -65,7 +67,7 @@ from stepstream.projector._keys import (
     UNRESOLVED,
     UNRESOLVED_RUN,
 )
-from stepstream.projector._retention import MEDIA_MARK, Retention
+from stepstream.projector._retention import Retention
 from stepstream.projector._shard import Transaction, Transactional
 from stepstream.projector._state import EffectState, RunState, SnapshotEntry, ranges_add, ranges_hold
 from stepstream.schemas import EVENT_KINDS, MAX_NOTE_CHARS, RESOLUTIONS, TOOL_EFFECT_STATUSES
@@ -648,8 +650,8 @@ class Applier:
         else:
             run.claim(seq)
         txn.put(event_key, source.value)
-        if self.retention is not None and MEDIA_MARK in source.value:
-            self.retention.referenced(txn, run.run_id, source.value)
+        if self.retention is not None and snap is not None:
+            self.retention.referenced(txn, run.run_id, snapshot_media(snap['messages'], snap['media']))
         kind = event['kind']
         if kind in TERMINAL_KINDS:
             if self.retention is not None:
@@ -694,16 +696,12 @@ class Applier:
                 )
             # Held by a step event, which wins. Kept (dead) so that a repeat is a duplicate.
             txn.put_transition(transition_key, source.offset, source.value)
-            if self.retention is not None and MEDIA_MARK in source.value:
-                self.retention.referenced(txn, run.run_id, source.value)
             raise Rejected(
                 'duplicate_seq',
                 f'seq {seq} of run {run.run_id!r} holds a step event, which takes precedence',
             )
         run.claim(seq)
         txn.put_transition(transition_key, source.offset, source.value)
-        if self.retention is not None and MEDIA_MARK in source.value:
-            self.retention.referenced(txn, run.run_id, source.value)
         effect_key = keys.effect(t['tool_call_id'])
         effect = txn.get_state(effect_key, EffectState)
         first = effect_key not in keys.effects
@@ -843,6 +841,10 @@ def _check_event(event: Fields) -> None:
         raise Rejected('invalid', f'snapshot messages are not JSON: {exc}') from None
     if not isinstance(tail, list):
         raise Rejected('invalid', 'snapshot messages are not a JSON list')
+    media = snap['media']
+    if media is not None and not all(is_media_uri(uri) for uri in media):
+        bad = next(uri for uri in media if not is_media_uri(uri))
+        raise Rejected('invalid', f'snapshot media lists {bad[:100]!r}, which is not a media+sha256:// URI')
 
 
 def _check_resolution(t: Fields) -> None:

@@ -34,9 +34,10 @@ No other module spells key bytes: they ask a `Keyspace` for a key, a prefix or t
 | `ENDS`             | `f`  | run_id, ended_at                      | empty: `ENDED` by run          |
 | `EXPIRED`          | `g`  | run_id                                | JSON: when a dropped run began |
 | `MEDIA`            | `h`  | sha256 hex, run_id                    | empty: a run references it     |
+| `RUN_MEDIA`        | `j`  | run_id, sha256 hex                    | empty: `MEDIA` by run          |
 | `TALLY`            | `y`  | run_id                                | JSON: its dead letters, by why |
 
-The last six exist only in a projection built with a retention policy (`_retention.py`,
+The last seven exist only in a projection built with a retention policy (`_retention.py`,
 docs/decisions/0032-retention.md).
 
 Values that are not a state record are read and written through `_shard` (its
@@ -176,6 +177,7 @@ ENDED = Keyspace('ended', b'n', ('int', 'int', 'str'))
 ENDS = Keyspace('ends', b'f', ('str', 'int'))
 EXPIRED = Keyspace('expired', b'g', ('str',))
 MEDIA = Keyspace('media', b'h', ('str', 'str'))
+RUN_MEDIA = Keyspace('run_media', b'j', ('str', 'str'))
 TALLY = Keyspace('tally', b'y', ('str',))
 
 KEYSPACES = (
@@ -200,6 +202,7 @@ KEYSPACES = (
     ENDS,
     EXPIRED,
     MEDIA,
+    RUN_MEDIA,
     TALLY,
 )
 BY_TAG = {ks.tag: ks for ks in KEYSPACES}

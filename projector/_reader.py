@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import itertools
 import os
@@ -15,11 +16,11 @@ from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import ValidationError
 
-from stepstream.erasure import ContentErased, KeyRing, open_snapshot
+from stepstream.erasure import ContentErased, ErasureError, KeyRing, open_snapshot
 from stepstream.errors import StepStreamError
 from stepstream.ids import is_run_id
 from stepstream.media._sealed import SealedMediaStore
-from stepstream.media._types import NO_CONTEXT, MediaContext, MediaStore
+from stepstream.media._types import MEDIA_URI_SCHEME, NO_CONTEXT, MediaContext, MediaStore
 from stepstream.projector._keys import (
     CHILDREN,
     CONFLICT,
@@ -28,6 +29,7 @@ from stepstream.projector._keys import (
     EVENT,
     PARKED,
     RUN,
+    RUN_MEDIA,
     RUNS,
     SNAPSHOT,
     UNRESOLVED,
@@ -691,6 +693,64 @@ class ProjectionReader:
         shard is not readable here: a sweep must see every shard's references).
         """
         return await self._query(lambda: set().union(*(referenced_media(s) for s in self._all())))
+
+    async def media_index_versions(self) -> dict[int, int]:
+        """Each shard's media index version (`Identity.media_index`), by partition."""
+
+        def query() -> dict[int, int]:
+            self._all()  # every shard, or `ShardUnavailable`
+            versions = {}
+            for partition, shard in sorted(self._shards.items()):
+                identity = shard.identity()
+                versions[partition] = identity.media_index if identity is not None else 1
+            return versions
+
+        return await self._query(query)
+
+    async def media_read(self) -> set[str]:
+        """The URI of every payload that reading a kept run's snapshots fetches, over every shard.
+
+        Found as a reader finds them (`stepstream.media.media_read` over each snapshot's tail,
+        opened with the reader's keys, JSON payloads fetched to see the references inside them),
+        never from the media index, so the media sweep can check its index against it before it
+        deletes anything. A run whose snapshots cannot be read (a gap in the log, messages
+        Pydantic AI cannot read) counts with what its records list. Sealed content needs the
+        reader's `keys` (`ErasureError` without them); erased content reads nothing.
+        """
+        from stepstream.media._walker import media_read
+
+        if self.keys is not None:
+            await self.keys.refresh(thorough=True)  # a key not seen yet must not read as erased
+        store: MediaStore = self.media_store or _NoMediaStore()
+        if self.keys is not None:
+            store = SealedMediaStore(store, lookup=self.keys.get)
+        run_ids = await self._query(
+            lambda: [RUN.last_str(k) for s in self._all() for k, _ in s.scan(RUN.tag)]
+        )
+        read: set[str] = set()
+        for run_id in run_ids:
+
+            def tails(run_id: str = run_id) -> list[list[ModelMessage] | None] | set[str]:
+                try:
+                    return self._tails(run_id, self._snapshot_entries(run_id))[1]
+                except ErasureError:
+                    raise  # sealed content and no (or the wrong) key: say so, guess nothing
+                except StepStreamError:
+                    return {
+                        MEDIA_URI_SCHEME + RUN_MEDIA.last_str(k)
+                        for k, _ in self._db(run_id).scan(RUN_MEDIA.prefix(run_id))
+                    }
+
+            found = await self._query(tails)
+            if isinstance(found, set):
+                read |= found
+                continue
+            for tail in found:
+                # A JSON payload sealed with a key destroyed since holds nothing to keep.
+                with contextlib.suppress(ContentErased):
+                    if tail is not None:
+                        read |= await media_read(tail, store)
+        return read
 
     # -- tool effects ------------------------------------------------------------------------------
 

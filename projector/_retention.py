@@ -23,19 +23,22 @@ however old. The decisions behind this are in docs/decisions/0032-retention.md; 
 - An expired run leaves a small `EXPIRED` marker. A record of it that comes later (a late
   transition, a retried write, an operator's resolution) is dropped, not parked, and a reader
   can say that a child's parent expired instead of failing to find it.
-- Each kept record's media references are indexed (`MEDIA`: sha256, run_id); expiry removes
-  the run's. `sweep_media` deletes bucket objects that no run of any shard references and that
-  are older than a grace period (mark and sweep, see the decision).
+- Each kept snapshot record's media is indexed (`MEDIA`: sha256, run_id, and its twin
+  `RUN_MEDIA`), from what the record says it needs (`snapshot_media`: the writer's own list
+  since schema v4, never a scan of its text); expiry removes the run's. `sweep_media` deletes
+  bucket objects that no run of any shard references and that are older than a grace period
+  (mark and sweep, see the decision). A shard's identity says which version of the index it
+  holds (`MEDIA_INDEX_VERSION`); a sweep refuses an older one (decision 0041).
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from stepstream.media._types import MEDIA_URI_SCHEME
 from stepstream.projector._keys import (
     APART,
     CHILDREN,
@@ -50,6 +53,7 @@ from stepstream.projector._keys import (
     MEDIA,
     RESOLUTION,
     RUN,
+    RUN_MEDIA,
     RUNS,
     SNAPSHOT,
     TALLY,
@@ -57,20 +61,15 @@ from stepstream.projector._keys import (
     UNRESOLVED,
     UNRESOLVED_RUN,
 )
-from stepstream.projector._shard import ShardReads, Transaction, unpack_transition
+from stepstream.projector._shard import ShardReads, Transaction
 from stepstream.projector._state import EffectState, RunState, dumps
 
-MEDIA_REF = re.compile(rb'media\+sha256://([0-9a-f]{64})')
-"""A content address inside a record's bytes (the walkers write it into the JSON they offload)."""
-MEDIA_MARK = b'media+sha256://'
-"""What every media URI starts with: a record without it references no media (a memchr)."""
+MEDIA_INDEX_VERSION = 2
+"""The version of the `MEDIA` index a shard made now holds (its identity's `media_index`).
 
-
-def media_refs(value: bytes) -> set[str]:
-    """The sha256 hex digests of every media URI in a record's bytes."""
-    if MEDIA_MARK not in value:  # the common case, at memchr speed
-        return set()
-    return {m.group(1).decode() for m in MEDIA_REF.finditer(value)}
+1: references found by scanning each record's bytes for URIs, which missed every offloaded
+binary (base64 in the record) and every sealed one; a sweep over it would delete kept media.
+2: each snapshot record's own list of the objects it needs (`snapshot_media`)."""
 
 
 class Retention:
@@ -124,10 +123,12 @@ class Retention:
         counts[reason] = counts.get(reason, 0) + 1
         txn.put(k, dumps(counts))
 
-    def referenced(self, txn: Transaction, run_id: str, value: bytes) -> None:
-        """Index the media a stored record of the run references."""
-        for digest in media_refs(value):
+    def referenced(self, txn: Transaction, run_id: str, uris: Iterable[str]) -> None:
+        """Index the media a stored snapshot record of the run needs (`snapshot_media`'s URIs)."""
+        for uri in uris:
+            digest = uri[len(MEDIA_URI_SCHEME) :]
             txn.put(MEDIA.key(digest, run_id), b'')
+            txn.put(RUN_MEDIA.key(run_id, digest), b'')
 
     def expire(self, txn: Transaction, partitions: Iterable[int]) -> list[str]:
         """Move each partition's clock and drop the runs that ended before its cut-off.
@@ -183,17 +184,11 @@ def drop_run(txn: Transaction, partition: int, run_id: str) -> None:
         txn.delete(CONVERSATION.key(run.conversation_id, run.started_at, run_id))
     if run.parent_run_id is not None:
         txn.delete(CHILDREN.key(run.parent_run_id, run.started_at, run_id))
-    released: set[str] = set()
-    for k, value in list(txn.scan(EVENT.prefix(run_id))):
-        released |= media_refs(value)
+    for k, _ in list(txn.scan(RUN_MEDIA.prefix(run_id))):
+        txn.delete(MEDIA.key(RUN_MEDIA.last_str(k), run_id))
         txn.delete(k)
-    for k, stored in list(txn.scan(TRANSITION.prefix(run_id))):
-        released |= media_refs(unpack_transition(stored)[1])
-        txn.delete(k)
-    for digest in released:
-        txn.delete(MEDIA.key(digest, run_id))
     # The run's own children stay indexed under it: those entries describe the children.
-    for space in (SNAPSHOT, EFFECT, RESOLUTION, APART, CONFLICT):
+    for space in (EVENT, TRANSITION, SNAPSHOT, EFFECT, RESOLUTION, APART, CONFLICT):
         for k, _ in list(txn.scan(space.prefix(run_id))):
             txn.delete(k)
     tally = txn.get(TALLY.key(run_id))

@@ -18,6 +18,7 @@ from types import MappingProxyType
 
 from stepstream.errors import ProjectionInUse, ProjectionMismatch
 from stepstream.projector._checkpoints import Checkpoints
+from stepstream.projector._retention import MEDIA_INDEX_VERSION
 from stepstream.projector._shard import Shard, read_projection_identity, shard_path, shard_paths
 from stepstream.projector._state import Identity
 from stepstream.settings import Settings
@@ -117,6 +118,7 @@ class ShardSet:
             state='rebuilding' if self.rebuilding else 'live',
             partitions=layout.partitions,
             partition=partition,
+            media_index=MEDIA_INDEX_VERSION,
         )
         shard = self._adopt(await asyncio.to_thread(Shard.create, self.root, partition, identity))
         if self.identity is None:

@@ -254,6 +254,9 @@ class Identity(_Json):
     retain_ended_us: int | None = None
     """The retention policy: runs that ended this long (micros, log time) before the newest step
     event of their partition are dropped (`_retention.py`); None keeps every run."""
+    media_index: int = 1
+    """The version of the shard's media index (`_retention.MEDIA_INDEX_VERSION`); 1 (absent) in a
+    shard made before version 2, whose index missed binaries: a media sweep refuses it."""
 
     def options(self) -> dict[str, Any]:
         """What must match for two projections of one log to be equal."""

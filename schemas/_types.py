@@ -86,6 +86,14 @@ class SnapshotDelta:
     re-sending a whole message (a folded tool-return request gets its `timestamp`, `run_id`,
     `conversation_id` and `instructions` once it is sent). See docs/decisions/0019-snapshot-patches.md.
     """
+    media: list[str] | None = None
+    """Since schema v4: the URI of every object the writer put in the media store for this tail.
+
+    Sorted, each once; plain or sealed, any part type or nesting, the references inside a JSON
+    payload included; empty when nothing was offloaded. The walk that offloaded them lists them
+    (`stepstream.media.offload_media`), so nobody has to find them in the content. None from an
+    earlier writer: `stepstream.media.snapshot_media` then reads them from `messages`.
+    """
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -2,11 +2,14 @@
 
 The log is not rewritten. Forgetting a conversation:
 
-1. reads the key topic and the projection, and collects the media its sealed snapshots refer to
-   (those payloads are sealed with the conversation's keys, so no other conversation uses them);
+1. reads the key topic and the projection, and collects the media the conversation's snapshot
+   records need (`snapshot_media`: what each record lists, never found by reading its content);
 2. appends a tombstone for every key of the conversation (acknowledged by the broker), which every
    reader honours at its next read, and which compaction later turns into the key's absence;
-3. deletes the collected media objects.
+3. deletes each collected object that is sealed with one of those keys: no other conversation can
+   read it. An object that is not (plain, written before erasure was on, so maybe shared by
+   content addressing; or sealed for another conversation, named by a record that had no business
+   naming it) stays, and the report says why, as it says each object it deleted.
 
 See docs/decisions/0033-erasure-by-crypto-shredding.md for what holds on which broker.
 """
@@ -14,13 +17,13 @@ See docs/decisions/0033-erasure-by-crypto-shredding.md for what holds on which b
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from stepstream.erasure import KeyRing, is_sealed_text, key_topic, open_snapshot
+from stepstream.erasure import KeyRing, key_topic, sealed_media_key_id
 from stepstream.errors import StepStreamError
-from stepstream.media._types import media_uris_in
+from stepstream.media._references import snapshot_media
+from stepstream.media._types import NO_CONTEXT, MediaNotFound
 
 if TYPE_CHECKING:
     from stepstream.media import MediaStore
@@ -38,7 +41,21 @@ class ForgetReport:
     runs: list[str] = field(default_factory=list)
     """The conversation's runs in the projection: their structure stays, their content is gone."""
     media_deleted: list[str] = field(default_factory=list)
-    """The sealed payloads deleted from the media store."""
+    """The payloads deleted from the media store (each sealed with one of the destroyed keys)."""
+    media_kept: dict[str, str] = field(default_factory=dict)
+    """The conversation's payloads not deleted, each with the reason (not sealed, sealed with
+    another conversation's key, already gone, or the store's error)."""
+
+    @property
+    def failed(self) -> bool:
+        """Whether deleting a payload that should go failed (the store's error is in `media_kept`)."""
+        return any(reason.startswith(DELETE_FAILED) for reason in self.media_kept.values())
+
+
+DELETE_FAILED = 'could not be deleted'
+NOT_SEALED = 'not sealed (written before erasure was on; other conversations may share it)'
+OTHER_KEY = "sealed with a key that is not this conversation's"
+GONE = 'not in the media store (deleted already)'
 
 
 async def forget_conversation(
@@ -59,27 +76,25 @@ async def forget_conversation(
             'can be forgotten without rewriting it'
         )
     report = ForgetReport(conversation_id=conversation_id)
+    uris = await _conversation_media(reader, conversation_id, report)
     async with KeyRing(settings) as keys:
-        await keys.refresh()
-        owned = reader.keys
-        reader.keys = keys  # the media references are read with the keys, before they go
-        try:
-            uris = await _sealed_media(reader, conversation_id, keys, report)
-        finally:
-            reader.keys = owned
+        await keys.refresh(thorough=True)  # every key of the conversation, or one would survive
         doomed = keys.of_conversation(conversation_id)
         await _tombstone(settings, [k.record_key() for k in doomed])
         report.keys_destroyed = sorted(k.key_id for k in doomed)
     for uri in sorted(uris):
-        if await _delete(media_store, uri):
+        reason = await _delete_sealed(media_store, uri, set(report.keys_destroyed))
+        if reason is None:
             report.media_deleted.append(uri)
+        else:
+            report.media_kept[uri] = reason
     return report
 
 
-async def _sealed_media(
-    reader: ProjectionReader, conversation_id: str, keys: KeyRing, report: ForgetReport
+async def _conversation_media(
+    reader: ProjectionReader, conversation_id: str, report: ForgetReport
 ) -> set[str]:
-    """The media references in the conversation's sealed snapshots (only sealed ones: unshared)."""
+    """Every payload the conversation's snapshot records list (`snapshot_media`), erased or not."""
     runs = await reader.list_runs(conversation_id=conversation_id)
     alone = await reader.get_run(conversation_id)  # a run with no conversation id is its own
     if alone is not None and alone.conversation_id is None:
@@ -88,15 +103,31 @@ async def _sealed_media(
     for run in runs:
         report.runs.append(run.run_id)
         for event in await reader.list_events(run.run_id):
-            if event.snapshot is None:
-                continue
-            if not is_sealed_text(event.snapshot.messages):
-                continue  # written before erasure was on: its media may be shared, it stays
-            opened = open_snapshot(event.snapshot, run_id=run.run_id, keys=keys)
-            if opened is None:
-                continue  # erased already
-            uris.update(media_uris_in(json.dumps(opened)))
+            if event.snapshot is not None:
+                uris |= snapshot_media(event.snapshot.messages, event.snapshot.media)
     return uris
+
+
+async def _delete_sealed(store: MediaStore, uri: str, key_ids: set[str]) -> str | None:
+    """Delete `uri` if it is sealed with one of `key_ids`; else why it stays."""
+    try:
+        data = await store.get(uri, NO_CONTEXT)
+    except MediaNotFound:
+        return GONE
+    except Exception as exc:  # the store's own error, reported with the payload it concerns
+        return f'{DELETE_FAILED}: {exc}'
+    key_id = sealed_media_key_id(data)
+    if key_id is None:
+        return NOT_SEALED
+    if key_id not in key_ids:
+        return OTHER_KEY
+    try:
+        await _delete(store, uri)
+    except StepStreamError:
+        raise  # a store forget cannot delete from: the caller's configuration
+    except Exception as exc:
+        return f'{DELETE_FAILED}: {exc}'
+    return None
 
 
 async def _tombstone(settings: Settings, record_keys: list[bytes]) -> None:
@@ -118,20 +149,16 @@ async def _tombstone(settings: Settings, record_keys: list[bytes]) -> None:
         await producer.stop()
 
 
-async def _delete(store: MediaStore, uri: str) -> bool:
-    """Delete one payload from an S3 or disk store; False when it was not there."""
+async def _delete(store: MediaStore, uri: str) -> None:
+    """Delete one payload from an S3 or disk store."""
     from stepstream.media import DiskMediaStore, S3MediaStore
 
     if isinstance(store, S3MediaStore):
-        if not await store.exists(uri):
-            return False
         await store.delete(uri)
-        return True
+        return
     if isinstance(store, DiskMediaStore):
-        path = store.path_for(uri)
-        existed = path.exists()
-        path.unlink(missing_ok=True)
-        return existed
+        store.path_for(uri).unlink(missing_ok=True)
+        return
     raise StepStreamError(
         f'cannot delete media from a {type(store).__name__}: forget supports S3 and disk stores'
     )

@@ -32,10 +32,11 @@ import pytest
 from fastavro import parse_schema, schemaless_writer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pydantic_ai.messages import ModelMessagesTypeAdapter, ModelRequest, UserPromptPart
+from pydantic_ai.messages import BinaryContent, ModelMessagesTypeAdapter, ModelRequest, UserPromptPart
 
 from stepstream.errors import SchemaError, StepStreamError
 from stepstream.ids import MAX_ID_BYTES
+from stepstream.media import REFERENCE_PREFIX, media_uri_for
 from stepstream.projector import ProjectionReader, inspect_recovery
 from stepstream.projector import _apply as apply_module
 from stepstream.projector._apply import (
@@ -68,6 +69,30 @@ PARTITIONS = 2
 T0 = datetime(2026, 11, 30, tzinfo=UTC)
 TAIL = ModelMessagesTypeAdapter.dump_json([ModelRequest(parts=[UserPromptPart('hi')])]).decode()
 SEQ_JUMP = 50  # a small limit, so that generated seqs cross it
+_URIS = [media_uri_for(f'payload {i}'.encode()) for i in range(3)]
+_TEXT_REF_TAIL = ModelMessagesTypeAdapter.dump_json(
+    [ModelRequest(parts=[UserPromptPart(REFERENCE_PREFIX + _URIS[0])])]
+).decode()
+_BINARY_REF_TAIL = ModelMessagesTypeAdapter.dump_json(
+    [
+        ModelRequest(
+            parts=[
+                UserPromptPart(
+                    [BinaryContent((REFERENCE_PREFIX + _URIS[1]).encode(), media_type='image/png')]
+                )
+            ]
+        )
+    ]
+).decode()
+SNAPSHOT_MEDIA: list[tuple[str, list[str] | None]] = [
+    (TAIL, None),  # an earlier writer's record that offloaded nothing
+    (TAIL, []),  # a v4 writer's that offloaded nothing
+    (_TEXT_REF_TAIL, [_URIS[0]]),
+    (TAIL, [_URIS[2], _URIS[1]]),  # what a JSON payload holds is listed, never seen in the text
+    (_TEXT_REF_TAIL, None),  # before v4: read from the content, text...
+    (_BINARY_REF_TAIL, None),  # ...and binaries (base64 in the JSON)
+]
+"""(messages, media) of a snapshot record: what its media index entries come from."""
 
 RUN_IDS = ['run-a', 'run-a', 'run-b', 'run-c']
 WRITERS = ['owner', 'owner', 'owner', 'intruder', 'w\x00x', 'operator']
@@ -105,6 +130,7 @@ HOSTILE = [
     'bad_resolution',
     'misplaced_usage',
     'bad_usage',
+    'bad_media',
 ]
 TOKENS = [1000, 7, 0, 2**39]
 COSTS = ['0.004125', None, '1E-3', '0.000000000000000000000000000001']
@@ -146,6 +172,8 @@ class Op:
     cost: str | None = None
     duration_us: int | None = None
     trace_id: str | None = None
+    media: int = 0
+    """Which `SNAPSHOT_MEDIA` a snapshot record holds."""
 
 
 ops = st.builds(
@@ -166,6 +194,7 @@ ops = st.builds(
     cost=st.sampled_from(COSTS),
     duration_us=st.sampled_from(DURATIONS),
     trace_id=st.sampled_from(TRACE_IDS),
+    media=st.integers(0, len(SNAPSHOT_MEDIA) - 1),
 )
 
 
@@ -221,12 +250,16 @@ def to_source(op: Op, offsets: dict[tuple[int, int], int]) -> SourceRecord:
                 cost_usd=op.cost,
             )
         snapshot = None
+        if op.hostile == 'bad_media':
+            op = replace(op, kind='snapshot_saved')
         if op.kind == 'snapshot_saved':
+            messages, media = SNAPSHOT_MEDIA[op.media]
             snapshot = SnapshotDelta(
                 snapshot_seq=op.snapshot_seq,
                 state='complete' if op.minute % 2 else 'interrupted',
                 prefix_len=op.prefix_len,
-                messages=TAIL,
+                messages=messages,
+                media=['../not-a-uri', *(media or [])] if op.hostile == 'bad_media' else media,
             )
         record = StepEvent(
             run_id=run_id,
@@ -456,7 +489,10 @@ def test_views_agree_with_each_other(generated: list[Op], store: str) -> None:
             assert {dead.reason for dead in outcome.dead} <= set(DLQ_REASONS)
             refused = sum(
                 op.hostile not in (None, 'big_value')
-                and (op.hostile not in ('unknown_kind', 'misplaced_usage', 'bad_usage') or op.is_event)
+                and (
+                    op.hostile not in ('unknown_kind', 'misplaced_usage', 'bad_usage', 'bad_media')
+                    or op.is_event
+                )
                 and (op.hostile != 'bad_resolution' or not op.is_event)
                 for op in generated
             )

@@ -356,6 +356,20 @@ async def test_the_cli_the_service_and_the_export_show_erased_content_as_erased(
         assert exported.erased_histories == [erased.run_id]
         assert exported.rows['messages'] > 0 and exported.rows['runs'] == 2
 
+        # Erased content as JSON is JSON; a missing or wrong key is named as such, never a gap.
+        code, out, err = await cli(settings, db_path, 'snapshot', erased.run_id, '--json')
+        assert code == 0 and json.loads(out)['erased'] is True and json.loads(out)['messages'] == [], err
+        for key, words in (
+            (None, 'STEPSTREAM_ERASURE_KEY is not set'),
+            (new_kek(), 'is not the key-encryption key'),
+        ):
+            out_dir = tmp_path / f'export-{"none" if key is None else "wrong"}'
+            code, out, err = await cli(
+                settings.replace(erasure_key=key), db_path, 'export', '--out', str(out_dir)
+            )
+            assert code == 1 and 'the export is incomplete' in err and words in err, err
+            assert 'gap' not in err
+
 
 async def test_two_writers_of_one_conversation_use_their_own_keys_and_forget_destroys_both(
     settings: Settings, tmp_path: Path

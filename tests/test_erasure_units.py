@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from pydantic_ai import RunContext
 from pydantic_ai.messages import (
+    BinaryContent,
     ModelMessagesTypeAdapter,
     ModelRequest,
     ModelResponse,
@@ -186,11 +187,11 @@ async def test_erasure_under_a_durable_engine_is_refused_at_the_start_of_the_run
 async def test_a_sealed_snapshot_names_its_sealed_media_for_the_retention_sweep(tmp_path: Path) -> None:
     """With erasure and retention both on, the sweep must still see which objects a kept run uses.
 
-    The content is sealed, so the projection's media index (decision 0032) reads the sealed
-    payloads' URIs that follow the sealed body in clear; they are hashes of ciphertext.
+    The content is sealed, so the projection's media index (decisions 0032, 0041) reads what the
+    record lists in clear: hashes of ciphertext, image included.
     """
-    from stepstream.projector._retention import media_refs
-    from stepstream.schemas import StepEvent, encode
+    from stepstream.media import snapshot_media
+    from stepstream.schemas import StepEvent, decode, encode
 
     kek = new_kek()
     key = ConversationKey.new('conv-1')
@@ -199,12 +200,18 @@ async def test_a_sealed_snapshot_names_its_sealed_media_for_the_retention_sweep(
     sealer = Sealer(kek, send_key=lambda k, v: _noop())
     sealer._keys['conv-1'] = key  # as if acknowledged on the key topic
     messages = [
-        ModelRequest(parts=[UserPromptPart((SECRET + '\n') * 200)]),
+        ModelRequest(
+            parts=[
+                UserPromptPart(
+                    [(SECRET + '\n') * 200, BinaryContent(b'\x89PNG' * 600, media_type='image/png')]
+                )
+            ]
+        ),
         ModelResponse(parts=[TextPart('ok')]),
     ]
     delta = await sealer.delta(writer, writer.plan(messages), 0, conversation_id='conv-1', run_id='run-a')
     stored = {p.stem for p in (tmp_path / 'media').rglob('*.bin')}
-    assert len(stored) == 1 and SECRET not in delta.messages
+    assert len(stored) == 2 and SECRET not in delta.messages
     record = StepEvent(
         run_id='run-a',
         seq=3,
@@ -214,8 +221,10 @@ async def test_a_sealed_snapshot_names_its_sealed_media_for_the_retention_sweep(
         conversation_id='conv-1',
         snapshot=delta,
     )
-    assert media_refs(encode(record)) == stored  # what the sweep marks is exactly what was stored
-    keys = ring(kek)
-    keys._apply(key.record_key(), key.wrap(parse_kek(kek)))
-    opened = open_snapshot(delta, run_id='run-a', keys=keys)
-    assert opened is not None and SECRET not in ''.join(media_refs(opened[0].encode()))
+    read = decode(encode(record))
+    assert isinstance(read, StepEvent) and read.snapshot is not None
+    listed = snapshot_media(read.snapshot.messages, read.snapshot.media)
+    assert {uri.removeprefix('media+sha256://') for uri in listed} == stored  # exactly what was stored
+    assert SECRET not in ''.join(listed)
+    # A reader before schema v4 finds the same list in clear beside the ciphertext.
+    assert snapshot_media(read.snapshot.messages, None) == listed

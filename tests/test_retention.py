@@ -34,7 +34,8 @@ from test_apply_properties import (
 )
 
 from stepstream.errors import UsageError
-from stepstream.media import S3MediaStore
+from stepstream.media import S3MediaStore, snapshot_media
+from stepstream.media._types import MEDIA_URI_SCHEME
 from stepstream.projector import ProjectionReader, ShardUnavailable
 from stepstream.projector._apply import EFFECTS, EVENTS, Applier, SourceRecord
 from stepstream.projector._keys import (
@@ -46,13 +47,13 @@ from stepstream.projector._keys import (
     EXPIRED,
     MEDIA,
     RUN,
-    TRANSITION,
+    RUN_MEDIA,
 )
-from stepstream.projector._retention import Retention, media_refs, retention_preview, retention_state
-from stepstream.projector._shard import MemoryShard, Shard, unpack_transition
+from stepstream.projector._retention import Retention, retention_preview, retention_state
+from stepstream.projector._shard import MemoryShard, Shard, shard_path
 from stepstream.projector._state import Identity, RunState
 from stepstream.projector._sweep import sweep_media
-from stepstream.schemas._plain import read_plain
+from stepstream.schemas._plain import read_plain, read_record
 from stepstream.timestamps import micros
 from stepstream.topics import murmur2_partition
 
@@ -146,13 +147,15 @@ def test_exactly_the_runs_that_ended_before_the_cutoff_are_dropped_and_nothing_o
         else:
             assert kept.get(k) == full.get(k)
 
-    # The media index is exactly the references of the stored records of the kept runs.
+    # The media index is exactly what the kept runs' stored snapshot records list, and its twin agrees.
     wanted = set()
     for k, value in kept.scan(EVENT.tag):
-        wanted |= {(d, EVENT.parse(k)[0]) for d in media_refs(value)}
-    for k, stored in kept.scan(TRANSITION.tag):
-        wanted |= {(d, TRANSITION.parse(k)[0]) for d in media_refs(unpack_transition(stored)[1])}
+        snap = read_record(value)[1]['snapshot']
+        if snap is not None:
+            uris = snapshot_media(snap['messages'], snap['media'])
+            wanted |= {(uri.removeprefix(MEDIA_URI_SCHEME), EVENT.parse(k)[0]) for uri in uris}
     assert {MEDIA.parse(k) for k, _ in kept.scan(MEDIA.tag)} == wanted
+    assert {tuple(reversed(RUN_MEDIA.parse(k))) for k, _ in kept.scan(RUN_MEDIA.tag)} == wanted
     # Every ENDED entry has its twin, and both belong to kept runs.
     for k, _ in kept.scan(ENDED.tag):
         _, ended_at, run_id = ENDED.parse(k)
@@ -281,6 +284,25 @@ async def test_a_media_sweep_refuses_without_every_shard_or_without_a_policy(tmp
             await sweep_media(reader, store)
         with pytest.raises(UsageError, match='grace period'):
             await sweep_media(reader, store, grace=timedelta(minutes=30))
+    finally:
+        reader.close()
+
+
+async def test_a_media_sweep_refuses_an_index_made_before_it_knew_binaries(tmp_path: Path) -> None:
+    """A shard made by an earlier stepstream has a media index that missed every offloaded binary
+    (media index 1): a sweep over it would delete kept runs' images, so it refuses, saying to
+    rebuild. No S3 is reached."""
+    store = S3MediaStore(bucket='never-reached', endpoint='http://127.0.0.1:9')
+    _projection(tmp_path / 'old', [0, 1], 2, MINUTE)
+    shard = Shard.open(shard_path(tmp_path / 'old', 1))
+    identity = shard.identity()
+    shard.close()
+    assert identity is not None and identity.media_index == 1  # what an earlier shard reads as
+    reader = ProjectionReader.open(tmp_path / 'old')
+    try:
+        assert await reader.media_index_versions() == {0: 1, 1: 1}
+        with pytest.raises(UsageError, match=r'partition\(s\) \[0, 1\].*Rebuild the projection'):
+            await sweep_media(reader, store)
     finally:
         reader.close()
 

@@ -61,6 +61,7 @@ from stepstream.schemas import (
 from stepstream.schemas._patch import _BY_KIND, _MESSAGE
 from stepstream.schemas._writer import compile_writer
 
+MEDIA_URI = 'media+sha256://' + '5e' * 32
 NOW = datetime(2026, 11, 30, 12, 0, 0, 123456, tzinfo=UTC)
 USAGE = ModelUsage(
     model_name='gpt-4o',
@@ -90,7 +91,13 @@ def every_record() -> list[StepEvent | ToolEffectTransition]:
     records: list[StepEvent | ToolEffectTransition] = []
     for i, kind in enumerate(sorted(EVENT_KINDS)):
         snapshot = (
-            SnapshotDelta(snapshot_seq=3, state='interrupted', prefix_len=7, messages='[{"kind":"request"}]')
+            SnapshotDelta(
+                snapshot_seq=3,
+                state='interrupted',
+                prefix_len=7,
+                messages='[{"kind":"request"}]',
+                media=[MEDIA_URI],
+            )
             if kind == 'snapshot_saved'
             else None
         )
@@ -229,10 +236,35 @@ def test_snapshot_patches_cross_versions() -> None:
     schemaless_writer(old, v1.parsed, {**value, 'snapshot': {k: v for k, v in delta.items() if k != 'patch'}})
     decoded = decode(old.getvalue())
     assert isinstance(decoded, StepEvent) and decoded.snapshot is not None
-    assert decoded.snapshot.patch is None and decoded == replace(snapshot, trace_id=None, span_id=None)
+    assert decoded.snapshot.patch is None
+    assert decoded == replace(
+        snapshot, trace_id=None, span_id=None, snapshot=replace(snapshot.snapshot, media=None)
+    )
     assert decode(
         encode(StepEvent(**{**value, 'snapshot': SnapshotDelta(**patched['snapshot'])}))
     )  # v2 round trip
+
+
+def test_snapshot_media_lists_cross_versions() -> None:
+    """A v4 snapshot's media list reads away as v3; a v3 snapshot decodes with none (None, not []),
+    so a reader knows to read its references from the content (decision 0041)."""
+    v3, v4 = load_schema_versions()['step_event'][2:4]
+    snapshot = next(r for r in every_record() if isinstance(r, StepEvent) and r.snapshot is not None)
+    assert snapshot.snapshot is not None and snapshot.snapshot.media == [MEDIA_URI]
+    assert decode(encode(snapshot)) == snapshot
+    value = {k: getattr(snapshot, k) for k in snapshot.__slots__}
+    delta = {k: getattr(snapshot.snapshot, k) for k in SnapshotDelta.__slots__}
+    out = io.BytesIO()
+    schemaless_writer(out, v4.parsed, {**value, 'snapshot': delta})
+    as_v3 = schemaless_reader(io.BytesIO(out.getvalue()), v4.parsed, v3.parsed)
+    assert isinstance(as_v3, dict) and 'media' not in as_v3['snapshot']
+    old = io.BytesIO()
+    old.write(b'\xc3\x01' + v3.fingerprint)
+    schemaless_writer(old, v3.parsed, as_v3)
+    decoded = decode(old.getvalue())
+    assert isinstance(decoded, StepEvent) and decoded.snapshot is not None
+    assert decoded.snapshot.media is None
+    assert decoded == replace(snapshot, snapshot=replace(snapshot.snapshot, media=None))
 
 
 def test_resolutions_cross_versions() -> None:
@@ -310,6 +342,7 @@ async def test_outside_consumer_decodes_with_only_the_avsc_files(
         'prefix_len': 7,
         'messages': '[{"kind":"request"}]',
         'patch': None,
+        'media': [MEDIA_URI],
     }
     assert all(v['timestamp'] == NOW for v in decoded)
 

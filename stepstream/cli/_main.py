@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -565,6 +566,20 @@ async def _export(args: argparse.Namespace, settings: Settings) -> int:
         )
     if report.erased_histories:
         print(f'{len(report.erased_histories)} run(s) have no messages rows: their content was erased')
+    if report.sealed_histories:
+        first = next(iter(report.sealed_histories.values()))
+        key = (
+            'STEPSTREAM_ERASURE_KEY is not set'
+            if settings.erasure_key is None
+            else 'STEPSTREAM_ERASURE_KEY is not the key-encryption key their writers used'
+        )
+        print(
+            f'the export is incomplete: {len(report.sealed_histories)} run(s) have no messages rows because '
+            f"their content is sealed and {key} ({first}). Export again with the writers' "
+            'STEPSTREAM_ERASURE_KEY',
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
     return EXIT_OK
 
 
@@ -731,7 +746,17 @@ async def _snapshot(args: argparse.Namespace, settings: Settings) -> int:
     if snap is None:
         which = 'snapshot' if args.include_interrupted else 'complete snapshot (try --include-interrupted)'
         raise NotFound(f'run {args.run_id!r} has no {which} in the projection at {settings.db_path}')
-    if snap.erased:
+    if snap.erased and args.json:
+        erased = {
+            'run_id': snap.run_id,
+            'snapshot_seq': snap.snapshot_seq,
+            'state': snap.state,
+            'step_index': snap.step_index,
+            'erased': True,
+            'messages': [],
+        }
+        print(json.dumps(erased, indent=2))
+    elif snap.erased:
         print(
             f'snapshot {snap.snapshot_seq} of {snap.run_id}: {snap.state}, step {snap.step_index}, '
             'content erased'
@@ -824,10 +849,15 @@ async def _forget(args: argparse.Namespace, settings: Settings) -> int:
         print(
             f'forgot conversation {report.conversation_id!r}: {len(report.keys_destroyed)} key(s) destroyed, '
             f'{len(report.runs)} run(s) keep their structure, {len(report.media_deleted)} media payload(s) '
-            'deleted. Readers show its content as erased from their next read; on Apache Kafka, compaction '
-            'removes the key records (see docs/decisions/0033-erasure-by-crypto-shredding.md)'
+            f'deleted, {len(report.media_kept)} not. Readers show its content as erased from their next '
+            'read; on Apache Kafka, compaction removes the key records (see '
+            'docs/decisions/0033-erasure-by-crypto-shredding.md)'
         )
-    return EXIT_OK
+        for uri in report.media_deleted:
+            print(f'  deleted  {uri}')
+        for uri, reason in sorted(report.media_kept.items()):
+            print(f'  kept     {uri}: {reason}')
+    return EXIT_FAILED if report.failed else EXIT_OK
 
 
 async def _conflicts(args: argparse.Namespace, settings: Settings) -> int:

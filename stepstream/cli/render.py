@@ -390,6 +390,11 @@ def sweep_text(report: SweepReport) -> str:
         f'{report.listed} payloads in the bucket, {report.referenced} referenced by kept runs, '
         f'{report.young} unreferenced but younger than the grace period; '
         f'{verb} {len(report.deleted)} ({report.deleted_bytes} bytes)'
+    ) + (
+        f'; kept {len(report.guarded)} that kept runs read although the media index does not list them '
+        '(the index is incomplete: rebuild the projection)'
+        if report.guarded
+        else ''
     )
 
 
