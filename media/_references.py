@@ -31,9 +31,9 @@ __all__ = ['legacy_media', 'snapshot_media']
 _PREFIX_BYTES = REFERENCE_PREFIX.encode()
 _JSON_MARK = json.dumps(REFERENCE_PREFIX)[1:-1]
 """How a reference starts inside Pydantic AI's JSON (the NUL escaped as `\\u0000`)."""
-_BINARY_MARK = '"' + base64.b64encode(_PREFIX_BYTES[:12]).decode()
+_BINARY_MARK = base64.b64encode(_PREFIX_BYTES).decode()
 """How a binary's reference starts inside that JSON: the base64 of the prefix opens its `data`,
-whatever follows (12 bytes are 16 base64 characters, with no padding)."""
+whatever follows (the prefix's 12 bytes are 16 base64 characters, with no padding)."""
 
 
 def snapshot_media(messages: str, media: Sequence[str] | None) -> frozenset[str]:
@@ -101,12 +101,11 @@ def _text_reference(value: str) -> str | None:
 
 
 def _binary_reference(data: str) -> str | None:
-    if not data.startswith(_BINARY_MARK[1:]):
+    if not data.startswith(_BINARY_MARK):
         return None
     try:
         raw = base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError):
         return None
-    rest = raw[len(_PREFIX_BYTES) :] if raw.startswith(_PREFIX_BYTES) else b''
-    uri = rest.decode('ascii', 'replace')
+    uri = raw[len(_PREFIX_BYTES) :].decode('ascii', 'replace')  # the mark decodes to the prefix
     return uri if is_media_uri(uri) else None

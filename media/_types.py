@@ -40,6 +40,7 @@ and every escaped value (docs/decisions/0005-media-references.md)."""
 
 JSON_REFERENCE = 'json:'
 """After `REFERENCE_PREFIX`: the reference names a JSON payload that stands for a list or dict."""
+
 _URI = re.compile(r'media\+sha256://([0-9a-f]{64})')
 
 

@@ -841,9 +841,8 @@ def _check_event(event: Fields) -> None:
         raise Rejected('invalid', f'snapshot messages are not JSON: {exc}') from None
     if not isinstance(tail, list):
         raise Rejected('invalid', 'snapshot messages are not a JSON list')
-    media = snap['media']
-    if media is not None and not all(is_media_uri(uri) for uri in media):
-        bad = next(uri for uri in media if not is_media_uri(uri))
+    bad = next((uri for uri in snap['media'] or () if not is_media_uri(uri)), None)
+    if bad is not None:
         raise Rejected('invalid', f'snapshot media lists {bad[:100]!r}, which is not a media+sha256:// URI')
 
 

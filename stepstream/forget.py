@@ -82,8 +82,9 @@ async def forget_conversation(
         doomed = keys.of_conversation(conversation_id)
         await _tombstone(settings, [k.record_key() for k in doomed])
         report.keys_destroyed = sorted(k.key_id for k in doomed)
+    destroyed = set(report.keys_destroyed)
     for uri in sorted(uris):
-        reason = await _delete_sealed(media_store, uri, set(report.keys_destroyed))
+        reason = await _delete_sealed(media_store, uri, destroyed)
         if reason is None:
             report.media_deleted.append(uri)
         else:
