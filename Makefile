@@ -19,9 +19,9 @@ install: $(STAMP)
 
 # The fast tier: unit and property tests on the in-memory implementations (MemoryShard,
 # InMemoryLog, DiskMediaStore) and RocksDB on disk; no broker, no S3, no processes started
-# (tests/conftest.py `--fast` says which). Under two minutes; run it before every commit.
+# (the tests marked `fast`; pyproject.toml lists the tiers). Under two minutes; run it before every commit.
 check: $(STAMP)
-	$(BIN)/python -m pytest -q --fast --durations=5
+	$(BIN)/python -m pytest -q -m fast --durations=5
 
 # The fast tier, then the whole suite on both embedded brokers: Tansu (the default) and Apache
 # Kafka (a JVM; its jars are fetched once from Maven Central into ~/.cache/stepstream).
@@ -62,9 +62,10 @@ browser:
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/python tools/limits.py
 	rm -rf build/typecheck && mkdir -p build/typecheck/stepstream
 	ln -s $(CURDIR)/stepstream/* build/typecheck/stepstream/
-	for p in schemas producer projector media serve analytics; do ln -s $(CURDIR)/$$p build/typecheck/stepstream/$$p; done
+	for p in schemas producer projector media serve analytics readmodel; do ln -s $(CURDIR)/$$p build/typecheck/stepstream/$$p; done
 	$(BIN)/mypy
 
 format: $(STAMP)

@@ -42,7 +42,7 @@ from pydantic_ai.messages import ModelMessage, ModelResponse
 from stepstream.analytics._tables import COST_SCALE, ROWS, arrow_schema
 from stepstream.erasure import ErasureError
 from stepstream.errors import StepStreamError, UsageError
-from stepstream.projector._reader import ProjectionReader
+from stepstream.readmodel import ProjectionReader
 from stepstream.schemas import RunRecord, StepEvent, ToolEffectRecord
 from stepstream.settings import Settings
 

@@ -5,7 +5,9 @@
     python -m bench --only per-step,freshness --no-plot
 
 Results go to bench/results/latest.json (and a dated copy), the table to stdout and to
-bench/results/latest.md, the plot to docs/benchmarks-per-step.png.
+bench/results/latest.md, the plot to docs/benchmarks-per-step.png. A full-scale run also puts
+the figures it measured, with its date and commit, into docs/benchmarks/current.json and the
+"Current figures" of docs/benchmarks.md (`bench.current`); `--no-record` leaves them.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import stepstream
 from bench import (
+    current,
     freshness,
     harness_env,
     partitioned,
@@ -53,6 +57,9 @@ def _parse() -> argparse.Namespace:
     parser.add_argument('--only', default=','.join(WORKLOADS), help=f'comma-separated subset of {WORKLOADS}')
     parser.add_argument('--no-reference', action='store_true', help='skip pydantic-ai-harness')
     parser.add_argument('--no-plot', action='store_true')
+    parser.add_argument(
+        '--no-record', action='store_true', help='leave docs/benchmarks/current.json as it is'
+    )
     parser.add_argument('--results', type=Path, default=REPO / 'bench' / 'results')
     parser.add_argument('--plot', type=Path, default=REPO / 'docs' / 'benchmarks-per-step.png')
     args = parser.parse_args()
@@ -132,12 +139,37 @@ def main() -> int:
     text = report.render(summary, raw)
     header = f'# stepstream benchmarks, {results["date"]} (`{command}`, {results["seconds"]:.0f} s)\n\n'
     (args.results / 'latest.md').write_text(header + text)
-    if summary.get('per_step') and not args.no_plot:
+    plotted = bool(summary.get('per_step')) and not args.no_plot
+    if plotted:
         harness_env.plot(latest, args.plot)
         say(f'plot: {args.plot.relative_to(REPO) if args.plot.is_relative_to(REPO) else args.plot}')
     print(header + text)
     say(f'results: {latest.relative_to(REPO) if latest.is_relative_to(REPO) else latest}')
+    # The figures are this checkout's only if stepstream came from it (a before/after comparison
+    # may put another tree first on PYTHONPATH) and the run was at full scale.
+    here = Path(stepstream.__file__).resolve().is_relative_to(REPO)
+    if args.quick or args.no_record or not here:
+        why = (
+            'scaled down'
+            if args.quick
+            else '--no-record'
+            if args.no_record
+            else 'stepstream from another tree'
+        )
+        say(f'docs/benchmarks/current.json: not updated ({why})')
+    else:
+        ids = current.record_run(
+            summary, raw, date=results['date'], command=_command(args), plot=args.plot if plotted else None
+        )
+        say(f'docs/benchmarks/current.json and docs/benchmarks.md: {len(ids)} figures updated')
     return 0
+
+
+def _command(args: argparse.Namespace) -> str:
+    """How this run was started, as the figures it records name it."""
+    argv = sys.argv[1:]
+    prefix = 'BENCH_FULL=1 ' if args.full and '--full' not in argv else ''
+    return f'{prefix}make bench' if not argv else f'{prefix}python -m bench {" ".join(argv)}'
 
 
 if __name__ == '__main__':

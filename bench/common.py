@@ -98,7 +98,8 @@ async def read_topics(settings: Settings, position: Position) -> list[ConsumerRe
     """Every record on both log topics up to `position` (what `EventLog.flush()` returned).
 
     Not up to `end_offsets`: Tansu answers ListOffsets with the base offset of the partition's
-    last batch + 1, so the end it reports misses the rest of that batch (see docs/benchmarks.md).
+    last batch + 1, so the end it reports misses the rest of that batch (see
+    docs/benchmarks/history/2026-11-30-recorded-run.md, "Broker findings").
     """
     consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False)
     await consumer.start()

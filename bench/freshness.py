@@ -10,7 +10,7 @@ acknowledgement resolves to the moment it is visible:
   example);
 - raw aiokafka (the ceiling): the same traffic from a bare producer, and a bare consumer holds
   the record (no decode, no RocksDB). It shows the broker's own share: Tansu's fetch slows as
-  a partition grows (see docs/benchmarks.md).
+  a partition grows (docs/benchmarks/history/2026-11-30-recorded-run.md, "Broker findings").
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@
 ```
 
 CPU time per step moves by 10-20 % from one process to the next on a shared VM, more than most
-changes to the hot path (docs/benchmarks.md, issue 27). Valgrind counts the instructions a
+changes to the hot path (docs/benchmarks/history/issue-27.md). Valgrind counts the instructions a
 process executes instead, and those barely vary. Each tree runs two processes under
 `valgrind --tool=callgrind`, with the same imports and a warm-up run of 3 steps: `none` runs
 workload 1 twice for 100 steps without persistence, `memory` runs it with `StepPersistence` on
@@ -67,6 +67,7 @@ class RawLog:
 
         self.settings = settings
         self.liveness = Liveness(self, 0, bind_on_first_open=True)
+        self.sealer = None
         self.producer: Any = None
 
     async def start(self) -> None:

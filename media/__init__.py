@@ -19,8 +19,10 @@ if TYPE_CHECKING:
     from stepstream.media._disk import DiskMediaStore
     from stepstream.media._externalizer import MediaExternalizer
     from stepstream.media._references import legacy_media, snapshot_media
-    from stepstream.media._s3 import S3MediaStore
+    from stepstream.media._s3 import S3MediaStore, StoredPayload
+    from stepstream.media._sealed import SealedMediaStore
     from stepstream.media._types import (
+        MEDIA_URI_SCHEME,
         NO_CONTEXT,
         REFERENCE_PREFIX,
         KeyStrategy,
@@ -30,6 +32,7 @@ if TYPE_CHECKING:
         MediaStore,
         PublicUrlResolver,
         default_key_strategy,
+        is_media_uri,
         make_static_public_url,
         media_uri_for,
         parse_media_uri,
@@ -46,6 +49,7 @@ if TYPE_CHECKING:
 
 _WHERE = {
     'DEFAULT_THRESHOLD_BYTES': 'stepstream.media._walker',
+    'MEDIA_URI_SCHEME': 'stepstream.media._types',
     'NO_CONTEXT': 'stepstream.media._types',
     'REFERENCE_PREFIX': 'stepstream.media._types',
     'Offloaded': 'stepstream.media._walker',
@@ -58,7 +62,10 @@ _WHERE = {
     'MediaStore': 'stepstream.media._types',
     'PublicUrlResolver': 'stepstream.media._types',
     'S3MediaStore': 'stepstream.media._s3',
+    'SealedMediaStore': 'stepstream.media._sealed',
+    'StoredPayload': 'stepstream.media._s3',
     'default_key_strategy': 'stepstream.media._types',
+    'is_media_uri': 'stepstream.media._types',
     'externalize_media': 'stepstream.media._walker',
     'legacy_media': 'stepstream.media._references',
     'link_media': 'stepstream.media._walker',
@@ -75,6 +82,7 @@ _WHERE = {
 
 __all__ = [
     'DEFAULT_THRESHOLD_BYTES',
+    'MEDIA_URI_SCHEME',
     'NO_CONTEXT',
     'REFERENCE_PREFIX',
     'DiskMediaStore',
@@ -87,8 +95,11 @@ __all__ = [
     'Offloaded',
     'PublicUrlResolver',
     'S3MediaStore',
+    'SealedMediaStore',
+    'StoredPayload',
     'default_key_strategy',
     'externalize_media',
+    'is_media_uri',
     'legacy_media',
     'link_media',
     'make_static_public_url',

@@ -71,7 +71,7 @@ from stepstream.settings import Settings
 from stepstream.telemetry import span
 
 if TYPE_CHECKING:
-    from stepstream.producer._sealing import Sealer
+    pass
 
 logger = logging.getLogger('stepstream.producer')
 
@@ -326,7 +326,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         # Under an engine the media store is only used by the offload operation (an activity or
         # step), so workflow code never builds the S3 client.
         store = None if ctx.in_durable_context else self._media()
-        if ctx.in_durable_context and getattr(self.log, 'sealer', None) is not None:
+        if ctx.in_durable_context and self.log.sealer is not None:
             raise StepStreamError(
                 'erasure (STEPSTREAM_ERASURE_KEY) is not supported under a durable-execution engine yet: '
                 'unset it for this process, or run the agent outside the engine (decision 0033)'
@@ -580,7 +580,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         if (settled_only and not plan.valid) or (changed_only and writer.unchanged(plan)):
             return
         snapshot_seq = self._snapshot_seq
-        sealer: Sealer | None = getattr(self.log, 'sealer', None)
+        sealer = self.log.sealer
         if sealer is not None:  # erasure on: content and media sealed with the conversation's key
             assert self.run_id is not None
             delta = await sealer.delta(

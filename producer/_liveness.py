@@ -28,12 +28,31 @@ import signal
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from stepstream.schemas import StepEvent
 
-if TYPE_CHECKING:
-    from stepstream.producer._protocol import Ack, StepLog
+Ack = asyncio.Future[Any]
+"""A queued record's acknowledgement (a `StepLog`'s `Ack`, whose result is the record's metadata)."""
+
+
+class BeatingLog(Protocol):
+    """What liveness needs of a log (every `StepLog` is one): queue a heartbeat, flush, its `liveness`."""
+
+    liveness: Liveness
+
+    def encode(self, record: StepEvent) -> bytes:
+        """The record's bytes."""
+        ...
+
+    async def send(self, record: StepEvent, value: bytes) -> Ack:
+        """Queue an encoded record; its acknowledgement, not awaited."""
+        ...
+
+    async def flush(self, *, timeout: float | None = None) -> object:
+        """Wait until everything queued so far is acknowledged."""
+        ...
+
 
 logger = logging.getLogger('stepstream.producer')
 
@@ -79,7 +98,7 @@ class Liveness:
     ```
     """
 
-    def __init__(self, log: StepLog, interval_s: float, *, bind_on_first_open: bool = False) -> None:
+    def __init__(self, log: BeatingLog, interval_s: float, *, bind_on_first_open: bool = False) -> None:
         """`interval_s` 0 (or less) sends no heartbeats; runs are still ended by `close_runs`.
 
         The keeper times on the loop it is bound to (`bind`, which `EventLog.start` calls);
@@ -192,12 +211,12 @@ def _retrieved(ack: Ack) -> None:
         ack.exception()
 
 
-_watched: dict[asyncio.AbstractEventLoop, set[StepLog]] = {}
+_watched: dict[asyncio.AbstractEventLoop, set[BeatingLog]] = {}
 """The logs whose open runs SIGTERM ends, by the loop they run on."""
 _terminating: set[asyncio.Task[None]] = set()
 
 
-def watch_sigterm(log: StepLog) -> bool:
+def watch_sigterm(log: BeatingLog) -> bool:
     """End `log`'s open runs when the process gets SIGTERM, then let SIGTERM end the process.
 
     Only where nobody else handles SIGTERM (its handler is the default) or where we already do,
@@ -215,7 +234,7 @@ def watch_sigterm(log: StepLog) -> bool:
     return True
 
 
-def unwatch_sigterm(log: StepLog) -> None:
+def unwatch_sigterm(log: BeatingLog) -> None:
     """Stop watching `log`; with no log left, SIGTERM gets its default action back (if still ours)."""
     for loop, logs in list(_watched.items()):
         logs.discard(log)
@@ -237,13 +256,13 @@ def _on_sigterm(signum: int, frame: object) -> None:
         loop.call_soon_threadsafe(_start_terminating, loop, logs)
 
 
-def _start_terminating(loop: asyncio.AbstractEventLoop, logs: set[StepLog]) -> None:
+def _start_terminating(loop: asyncio.AbstractEventLoop, logs: set[BeatingLog]) -> None:
     task = loop.create_task(_terminate(logs), name='stepstream-sigterm')
     _terminating.add(task)
     task.add_done_callback(_terminating.discard)
 
 
-async def _terminate(logs: set[StepLog]) -> None:
+async def _terminate(logs: set[BeatingLog]) -> None:
     """Write the ends of the open runs, wait (within each log's timeout) for them, then die of SIGTERM."""
     try:
         for log in logs:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from aiokafka.structs import RecordMetadata, TopicPartition
 
@@ -27,6 +27,9 @@ from stepstream.producer._protocol import (
 from stepstream.schemas import LogRecord
 from stepstream.settings import Settings
 from stepstream.topics import Position, murmur2_partition
+
+if TYPE_CHECKING:
+    from stepstream.producer._sealing import Sealer
 
 
 class StoredRecord(NamedTuple):
@@ -72,6 +75,8 @@ class InMemoryLog:
         """Resolved when the next record is stored (`wait_for_record`)."""
         self.liveness = Liveness(self, self.settings.heartbeat_interval_s, bind_on_first_open=True)
         """Heartbeats of the open runs, as `EventLog` sends them (`beat(now=...)` runs one pass)."""
+        self.sealer: Sealer | None = None
+        """Erasure's sealer when a test sets one (`EventLog` makes one when erasure is on)."""
 
     def encode(self, record: LogRecord) -> bytes:
         """The record's bytes, or the error that refuses it (the same rules as `EventLog.encode`)."""

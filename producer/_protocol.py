@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import operator
 from collections.abc import Iterable
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from aiokafka.structs import RecordMetadata
 from opentelemetry import trace
@@ -23,6 +23,9 @@ from stepstream.producer._liveness import Liveness
 from stepstream.schemas import LogRecord, StepEvent, encode, schema_of
 from stepstream.settings import Settings
 from stepstream.topics import Position
+
+if TYPE_CHECKING:
+    from stepstream.producer._sealing import Sealer
 
 Ack = asyncio.Future[RecordMetadata]
 """Resolves when the log acknowledged one record (for Kafka: acks=all)."""
@@ -39,11 +42,13 @@ class StepLog(Protocol):
     a refused record leaves no gap in the run's `seq`); `send` queues an encoded record and
     returns its acknowledgement without waiting; `wait_acked` is a durability point and raises
     `StepStreamUnavailable` when the acknowledgements do not come in time. `liveness` keeps the
-    log's open runs alive on it (heartbeats) and ends them when the log closes.
+    log's open runs alive on it (heartbeats) and ends them when the log closes. `sealer` (None
+    unless erasure is on) seals each conversation's content with its key (decision 0033).
     """
 
     settings: Settings
     liveness: Liveness
+    sealer: Sealer | None
 
     def encode(self, record: LogRecord) -> bytes:
         """The record's bytes, or `ValueError`/`RecordTooLarge` before anything is sent."""

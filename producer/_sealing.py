@@ -17,8 +17,7 @@ from collections.abc import Awaitable, Callable
 from pydantic_ai.messages import ModelMessage
 
 from stepstream.erasure import ConversationKey, parse_kek
-from stepstream.media import Offloaded, offload_media
-from stepstream.media._sealed import SealedMediaStore
+from stepstream.media import Offloaded, SealedMediaStore, offload_media
 from stepstream.producer._snapshots import SnapshotPlan, SnapshotWriter
 from stepstream.schemas import SnapshotDelta
 

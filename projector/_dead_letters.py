@@ -12,7 +12,8 @@ import asyncio
 import base64
 import hashlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError, MessageSizeTooLargeError
@@ -30,6 +31,61 @@ DLQ_HEAD_BYTES = 1024
 """How much of an oversized record's value an envelope keeps."""
 
 log = logging.getLogger('stepstream.projector')
+
+_HEADER = 'stepstream-'
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterHeaders:
+    """Why a record was dead-lettered and where it came from: a DLQ record's headers.
+
+    Written by `DeadLetterSender` and read by the service's `/api/dlq` through this one
+    declaration: `stepstream-dlq-reason`, `stepstream-dlq-detail` (at most 4 KiB),
+    `stepstream-source-topic`, `stepstream-source-partition`, `stepstream-source-offset`, and
+    `stepstream-dlq-envelope: 1` when the value is an envelope (`dlq_envelope`).
+    """
+
+    reason: str | None = None
+    detail: str | None = None
+    source_topic: str | None = None
+    source_partition: int | None = None
+    source_offset: int | None = None
+    envelope: bool = False
+
+    def encode(self) -> list[tuple[str, bytes]]:
+        """The Kafka headers, in the order the projector has always written them."""
+        headers = [
+            (f'{_HEADER}dlq-reason', (self.reason or '').encode()),
+            (f'{_HEADER}dlq-detail', (self.detail or '').encode(errors='replace')[:4096]),
+            (f'{_HEADER}source-topic', (self.source_topic or '').encode()),
+            (f'{_HEADER}source-partition', str(self.source_partition).encode()),
+            (f'{_HEADER}source-offset', str(self.source_offset).encode()),
+        ]
+        if self.envelope:
+            headers.append((f'{_HEADER}dlq-envelope', b'1'))
+        return headers
+
+    @classmethod
+    def decode(cls, headers: Iterable[tuple[str, bytes | None]]) -> DeadLetterHeaders:
+        """Read them back from any record's headers; a missing or garbled one reads as None."""
+        found = {name: value for name, value in headers if value is not None}
+
+        def text(name: str) -> str | None:
+            value = found.get(f'{_HEADER}{name}')
+            return None if value is None else value.decode('utf-8', 'replace')
+
+        def number(name: str) -> int | None:
+            value = text(name)
+            return int(value) if value is not None and value.isdigit() else None
+
+        return cls(
+            reason=text('dlq-reason'),
+            detail=text('dlq-detail'),
+            source_topic=text('source-topic'),
+            source_partition=number('source-partition'),
+            source_offset=number('source-offset'),
+            envelope=found.get(f'{_HEADER}dlq-envelope') == b'1',
+        )
 
 
 class DeadLetterSender:
@@ -97,23 +153,18 @@ class DeadLetterSender:
         for letter in dead:
             source = letter.source
             topic = self.topics[source.topic]
-            headers = [
-                ('stepstream-dlq-reason', letter.reason.encode()),
-                ('stepstream-dlq-detail', letter.detail.encode(errors='replace')[:4096]),
-                ('stepstream-source-topic', topic.encode()),
-                ('stepstream-source-partition', str(source.partition).encode()),
-                ('stepstream-source-offset', str(source.offset).encode()),
-            ]
+            why = DeadLetterHeaders(letter.reason, letter.detail, topic, source.partition, source.offset)
             key, value = source.key, source.value
             if len(key or b'') + len(value or b'') > DLQ_INLINE_BYTES:
                 key, value = None, dlq_envelope(letter, topic)
-                headers.append(('stepstream-dlq-envelope', b'1'))
+                why = replace(why, envelope=True)
             try:
-                ack = await self._producer.send(self.settings.dlq_topic, value, key=key, headers=headers)
+                ack = await self._producer.send(self.settings.dlq_topic, value, key=key, headers=why.encode())
             except MessageSizeTooLargeError:  # the DLQ's own limit is below ours: send the envelope
-                headers.append(('stepstream-dlq-envelope', b'1'))
                 ack = await self._producer.send(
-                    self.settings.dlq_topic, dlq_envelope(letter, topic), headers=headers
+                    self.settings.dlq_topic,
+                    dlq_envelope(letter, topic),
+                    headers=replace(why, envelope=True).encode(),
                 )
             acks.append(ack)
         try:

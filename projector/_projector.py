@@ -22,6 +22,7 @@ from aiokafka.errors import GroupAuthorizationFailedError, KafkaError
 from aiokafka.structs import TopicPartition
 from opentelemetry.trace import Span
 
+from stepstream import readmodel
 from stepstream.erasure import KeyRing
 from stepstream.errors import StepStreamError, UsageError
 from stepstream.kafka_client import AUTHORIZATION_ERRORS, access_denied, client_options, connection_error
@@ -34,7 +35,6 @@ from stepstream.projector._dead_letters import DeadLetterSender
 from stepstream.projector._membership import Membership, membership_assignor
 from stepstream.projector._metrics import ApplyMetrics
 from stepstream.projector._progress import AppliedPosition
-from stepstream.projector._reader import ProjectionReader
 from stepstream.projector._shard import Shard, Transaction, check_projection
 from stepstream.projector._shard_set import ShardSet
 from stepstream.projector._state import Identity
@@ -364,21 +364,25 @@ class Projector:
 
     # -- reading your writes ---------------------------------------------------------------------
 
-    def reader(self) -> ProjectionReader:
+    def reader(self) -> readmodel.ProjectionReader:
         """A reader over the shards this projector holds open (same process, always current).
 
         A group member holds only its own shards; `ProjectionReader.open(db_path)` reads every
-        shard in the directory, whichever member writes it.
+        shard in the directory, whichever member writes it. A member that serves (its membership
+        has an `endpoint`) lists only the partitions it owns at each query: its service merges the
+        other members' lists.
         """
         partitions = (
             self._layout.partitions if self._layout is not None else max(self.shards.view, default=-1) + 1
         )
-        return ProjectionReader(
+        membership = self.membership
+        return readmodel.ProjectionReader(
             self.shards.view,
             partitions=partitions,
             media_store=self.media_store,
             stale_after_s=self.settings.stale_after_s,
             keys=self.keys,
+            scope=(lambda: membership.own) if membership.endpoint is not None else None,
         )
 
     @property

@@ -38,7 +38,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from stepstream.media._types import MEDIA_URI_SCHEME
+from stepstream.media import MEDIA_URI_SCHEME
 from stepstream.projector._keys import (
     APART,
     CHILDREN,

@@ -31,12 +31,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 from stepstream.errors import UsageError
-from stepstream.media._s3 import S3MediaStore, StoredPayload
-from stepstream.media._types import MEDIA_URI_SCHEME
-from stepstream.projector._reader import ProjectionReader
+from stepstream.media import MEDIA_URI_SCHEME, S3MediaStore, StoredPayload
 from stepstream.projector._retention import MEDIA_INDEX_VERSION
+
+if TYPE_CHECKING:
+    from stepstream.readmodel import ProjectionReader
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +82,8 @@ async def sweep_media(
     The caller has let the projection catch up with the log first (see the module's text).
 
     ```python
-    report = await sweep_media(ProjectionReader.open(path), S3MediaStore.from_settings(settings))
+    async with ProjectionReader.from_settings(settings) as reader:
+        report = await sweep_media(reader, S3MediaStore.from_settings(settings))
     ```
     """
     if grace <= store.refresh_after:

@@ -23,8 +23,7 @@ from collections.abc import Callable, Sequence
 from stepstream.errors import SchemaError, SchemaRegistryError
 from stepstream.projector._apply import SourceRecord
 from stepstream.schema_registry import SchemaRegistry
-from stepstream.schemas import SchemaVersion, confluent_schema_id, from_confluent
-from stepstream.schemas._confluent import CONFLUENT_MAGIC
+from stepstream.schemas import CONFLUENT_MAGIC, SchemaVersion, confluent_schema_id, from_confluent
 from stepstream.settings import Settings
 
 log = logging.getLogger('stepstream.projector')

@@ -16,6 +16,7 @@ from stepstream.schemas._codec import (
     schema_of,
 )
 from stepstream.schemas._confluent import (
+    CONFLUENT_MAGIC,
     confluent_schema_id,
     from_confluent,
     subject_of,
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
         stamp_changes,
         stamps_since,
     )
+    from stepstream.schemas._plain import RECORD_TYPES, STEP_EVENTS, TOOL_EFFECTS, Fields, read_record
 from stepstream.schemas._types import (
     EVENT_KINDS,
     MAX_NOTE_CHARS,
@@ -57,17 +59,22 @@ from stepstream.schemas._types import (
 )
 
 __all__ = [
+    'CONFLUENT_MAGIC',
     'EVENT_KINDS',
     'MAGIC',
     'MAX_NOTE_CHARS',
+    'RECORD_TYPES',
     'RESOLUTIONS',
     'SCHEMA_DIR',
+    'STEP_EVENTS',
     'STEP_EVENT_SCHEMA',
+    'TOOL_EFFECTS',
     'TOOL_EFFECT_SCHEMA',
     'TOOL_EFFECT_STATUSES',
     'ContinuableSnapshot',
     'EffectResolution',
     'EventKind',
+    'Fields',
     'LogRecord',
     'MessageState',
     'ModelUsage',
@@ -92,6 +99,7 @@ __all__ = [
     'message_json',
     'message_state',
     'patch_json',
+    'read_record',
     'record_maker',
     'schema_of',
     'stamp_changes',
@@ -104,18 +112,25 @@ __all__ = [
 
 __getattr__ = lazy_exports(
     __name__,
-    dict.fromkeys(
-        (
-            'MessageState',
-            'apply_patch',
-            'message_json',
-            'message_state',
-            'patch_json',
-            'record_maker',
-            'stamp_changes',
-            'stamps_since',
+    {
+        **dict.fromkeys(
+            (
+                'MessageState',
+                'apply_patch',
+                'message_json',
+                'message_state',
+                'patch_json',
+                'record_maker',
+                'stamp_changes',
+                'stamps_since',
+            ),
+            'stepstream.schemas._patch',
         ),
-        'stepstream.schemas._patch',
-    ),
+        **dict.fromkeys(
+            ('RECORD_TYPES', 'STEP_EVENTS', 'TOOL_EFFECTS', 'Fields', 'read_record'),
+            'stepstream.schemas._plain',
+        ),
+    },
 )
-"""`_patch` needs Pydantic AI: its names are imported on first use, so reading records does not."""
+"""`_patch` needs Pydantic AI: its names are imported on first use, so reading records does not.
+`_plain` (the projector's fast read) builds its Avro readers when imported: only its users pay."""

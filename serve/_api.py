@@ -6,8 +6,10 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Path, Query, Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
+from stepstream.console import VIEW_HEADER, ViewArgs, show
+from stepstream.errors import NotFound
 from stepstream.serve._models import (
     DeadLetters,
     Event,
@@ -241,3 +243,80 @@ async def media(
     if not safe:
         headers['Content-Disposition'] = f'attachment; filename="{sha256[:16]}.bin"'
     return Response(data, media_type=media_type if safe else 'application/octet-stream', headers=headers)
+
+
+ConsoleStatus = Literal['running', 'stale', 'completed', 'failed', 'cancelled']
+CONSOLE_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        'content': {'text/plain': {'schema': {'type': 'string'}}},
+        'description': 'What `stepstream VIEW ...` prints.',
+    },
+    **NOT_FOUND,
+    409: {'model': Problem, 'description': "A group member's service: the CLI reads the shards itself."},
+}
+
+
+@router.get(
+    '/console/{view}',
+    response_class=Response,
+    summary='A CLI view over every run, as the CLI prints it',
+    responses=CONSOLE_RESPONSES,
+)
+async def console(
+    request: Request,
+    view: Annotated[Literal['runs', 'unresolved', 'conflicts'], Path(description='The view.')],
+    conversation_id: str | None = None,
+    parent_run_id: str | None = None,
+    status: ConsoleStatus | None = None,
+    agent_name: str | None = None,
+    json: bool = False,
+) -> Response:
+    """The text (with `json`, the JSON) `stepstream VIEW` prints, read from this service's projection.
+
+    The CLI asks this when a stack's or a configured service is at hand, rather than opening the
+    shards itself (`stepstream.console`: the same view function either way).
+    """
+    args = ViewArgs(
+        conversation_id=conversation_id,
+        parent_run_id=parent_run_id,
+        status=status,
+        agent_name=agent_name,
+        json=json,
+    )
+    return await _console(request, view, args)
+
+
+@router.get(
+    '/console/{view}/{run_id}',
+    response_class=Response,
+    summary='A CLI view of one run, as the CLI prints it',
+    responses=CONSOLE_RESPONSES,
+)
+async def console_run(
+    request: Request,
+    view: Annotated[
+        Literal['tree', 'events', 'snapshot', 'effects', 'unresolved'], Path(description='The view.')
+    ],
+    run_id: RunId,
+    include_interrupted: bool = False,
+    json: bool = False,
+) -> Response:
+    """`stepstream VIEW RUN` as the CLI prints it, read from this service's projection.
+
+    A run this service does not hold is a 404 whose `detail` is the CLI's message.
+    """
+    return await _console(
+        request, view, ViewArgs(run_id=run_id, include_interrupted=include_interrupted, json=json)
+    )
+
+
+async def _console(request: Request, view: str, args: ViewArgs) -> Response:
+    found = source(request)
+    if found.peers is not None:
+        return JSONResponse({'detail': 'a group member serves its own shards only'}, status_code=409)
+    headers = {VIEW_HEADER: view}
+    try:
+        text = await show(view, args, found.reader, found.settings)
+    except NotFound as exc:
+        return JSONResponse({'detail': str(exc)}, status_code=404, headers=headers)
+    return PlainTextResponse(text, headers=headers)

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from stepstream.errors import NotFound, NotUnknown, StepStreamError
-from stepstream.projector import ShardUnavailable
+from stepstream.readmodel import ShardUnavailable
 from stepstream.serve import _api, _explorer
 from stepstream.serve._auth import authorized
 from stepstream.serve._group import FORWARDED_HEADER, forwarded
@@ -26,7 +26,7 @@ PAGE_POLICY = (
 
 
 def create_app(
-    source: Source, *, token: str | None = None, on_close: Callable[[], None] | None = None
+    source: Source, *, token: str | None = None, on_close: Callable[[], Awaitable[None]] | None = None
 ) -> FastAPI:
     """The service over `source`: JSON under `/api`, the explorer at `/`, the schema at `/openapi.json`.
 
@@ -41,7 +41,7 @@ def create_app(
         finally:
             await source.aclose()
             if on_close is not None:
-                on_close()
+                await on_close()
 
     app = FastAPI(
         title='stepstream',

@@ -15,7 +15,8 @@ from typing import Any
 import httpx
 
 from stepstream.errors import NotUnknown, StepStreamError
-from stepstream.projector import Membership, ShardUnavailable
+from stepstream.projector import Membership
+from stepstream.readmodel import ShardUnavailable
 from stepstream.topics import murmur2_partition
 
 FORWARDED_HEADER = 'x-stepstream-forwarded'

@@ -13,7 +13,7 @@ from typing import Any, Literal, Self
 
 from pydantic import AliasPath, BaseModel, ConfigDict, Field
 
-from stepstream.projector import ProjectionStatus
+from stepstream.readmodel import ProjectionStatus
 from stepstream.schemas import MAX_NOTE_CHARS
 
 

@@ -13,7 +13,8 @@ from fastapi import FastAPI
 
 from stepstream.errors import UsageError
 from stepstream.media import MediaStore, S3MediaStore
-from stepstream.projector import Membership, ProjectionReader
+from stepstream.projector import Membership
+from stepstream.readmodel import ProjectionReader
 from stepstream.serve._app import create_app
 from stepstream.serve._group import Peers
 from stepstream.serve._source import Source
@@ -58,17 +59,13 @@ def app_for(
     """
     store = media_store if media_store is not None else S3MediaStore.from_settings(settings)
     owned = reader is None
-    reader = (
-        reader
-        if reader is not None
-        else ProjectionReader.open(settings.db_path, media_store=store, stale_after_s=settings.stale_after_s)
-    )
+    reader = reader if reader is not None else ProjectionReader.from_settings(settings, media_store=store)
     token = settings.serve_token.get_secret_value() if settings.serve_token is not None else None
     peers = None
     if membership is not None:
         peers = Peers(membership, token=token, timeout_s=settings.ack_timeout_s * 3)
     source = Source(settings, reader, store, peers=peers)
-    return create_app(source, token=token, on_close=reader.close if owned else None)
+    return create_app(source, token=token, on_close=reader.aclose if owned else None)
 
 
 class _Server(uvicorn.Server):

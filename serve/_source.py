@@ -20,13 +20,20 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
 
-from stepstream.erasure import ContentErased, KeyRing
-from stepstream.errors import NotFound, StepStreamError
+from stepstream.erasure import ContentErased
+from stepstream.errors import NotFound, StepStreamError, UsageError
 from stepstream.kafka_client import client_options
-from stepstream.media import MediaContext, MediaStore, link_media, media_uri_for, parse_media_uri
-from stepstream.media._sealed import SealedMediaStore
+from stepstream.media import (
+    MediaContext,
+    MediaStore,
+    SealedMediaStore,
+    link_media,
+    media_uri_for,
+    parse_media_uri,
+)
 from stepstream.producer import EventLog, StepLog, resolve_tool_effect, resolver_id
-from stepstream.projector import ProjectionReader
+from stepstream.projector import DeadLetterHeaders
+from stepstream.readmodel import ProjectionReader
 from stepstream.schemas import (
     ContinuableSnapshot,
     Resolution,
@@ -80,10 +87,12 @@ class Source:
         self.reader = reader
         self.media_store = media_store
         self.peers = peers
-        self._owned_keys: KeyRing | None = None
         if settings.erasure_key is not None:  # erasure on: sealed content and media open with the keys
             if reader.keys is None:
-                reader.keys = self._owned_keys = KeyRing(settings)
+                raise UsageError(
+                    'erasure is on (STEPSTREAM_ERASURE_KEY) but the reader has no conversation keys: '
+                    'open it with ProjectionReader.from_settings(settings) or take projector.reader()'
+                )
             if media_store is not None:
                 self.media_store = SealedMediaStore(media_store, lookup=reader.keys.get)
         self._log = log
@@ -97,9 +106,6 @@ class Source:
         if self._owned_log is not None:
             owned, self._owned_log = self._owned_log, None
             await owned.close()
-        if self._owned_keys is not None:
-            keys, self._owned_keys = self._owned_keys, None
-            await keys.close()
 
     # -- a group's members -------------------------------------------------------------------------
 
@@ -109,10 +115,9 @@ class Source:
 
     def _merging(self) -> bool:
         """Whether lists are merged from every member (a group's service, asked by a client)."""
-        if self.peers is None:
-            return False
-        self.reader.only = self.peers.membership.own  # this member's part of every list
-        return not forwarded.get()
+        # A member's reader lists only its own partitions (`Projector.reader`); the others' come
+        # from them, unless this request was itself forwarded by a member.
+        return self.peers is not None and not forwarded.get()
 
     async def _there(self, url: str, path: str, *, method: str = 'GET', **kwargs: Any) -> Any:
         assert self.peers is not None
@@ -186,17 +191,8 @@ class Source:
         return RunPage(runs=page_runs, next_after=page_runs[-1].run_id if more and page_runs else None)
 
     async def run_record(self, run_id: str) -> RunRecord:
-        """The run, or `NotFound`."""
-        run = await self.reader.get_run(run_id)
-        if run is None:
-            started = await self.reader.expired(run_id)
-            if started is not None:
-                raise NotFound(
-                    f'run {run_id!r} (started {started.isoformat()}) ended long ago and was dropped by '
-                    'the retention policy (STEPSTREAM_RETAIN_ENDED_DAYS); the log may still hold it'
-                )
-            raise NotFound(f'no run {run_id!r} in the projection')
-        return run
+        """The run, or `NotFound` (`ProjectionReader.require_run`)."""
+        return await self.reader.require_run(run_id)
 
     async def run(self, run_id: str) -> Run:
         """The run, or `NotFound`."""
@@ -561,16 +557,7 @@ def _summary(snap: ContinuableSnapshot) -> SnapshotSummary:
 
 
 def _dead_letter(record: Any) -> DeadLetter:
-    headers = {k: v for k, v in record.headers}
-
-    def text(name: str) -> str | None:
-        value = headers.get(name)
-        return None if value is None else value.decode('utf-8', 'replace')
-
-    def number(name: str) -> int | None:
-        value = text(name)
-        return int(value) if value is not None and value.isdigit() else None
-
+    why = DeadLetterHeaders.decode(record.headers)
     try:
         key = record.key.decode() if record.key is not None else None
     except UnicodeDecodeError:
@@ -579,14 +566,14 @@ def _dead_letter(record: Any) -> DeadLetter:
         partition=record.partition,
         offset=record.offset,
         timestamp=datetime.fromtimestamp(record.timestamp / 1000, UTC) if record.timestamp >= 0 else None,
-        reason=text('stepstream-dlq-reason'),
-        detail=text('stepstream-dlq-detail'),
-        source_topic=text('stepstream-source-topic'),
-        source_partition=number('stepstream-source-partition'),
-        source_offset=number('stepstream-source-offset'),
+        reason=why.reason,
+        detail=why.detail,
+        source_topic=why.source_topic,
+        source_partition=why.source_partition,
+        source_offset=why.source_offset,
         key=key,
         value_bytes=len(record.value or b''),
-        envelope=headers.get('stepstream-dlq-envelope') == b'1',
+        envelope=why.envelope,
     )
 
 

@@ -395,7 +395,7 @@ async def ensure_key_topic(settings: Settings) -> None:
     from aiokafka.errors import TopicAlreadyExistsError
 
     from stepstream.kafka_client import client_options
-    from stepstream.topics import _topic_errors
+    from stepstream.topics import topic_errors
 
     topic = key_topic(settings)
     admin = AIOKafkaAdminClient(
@@ -415,7 +415,7 @@ async def ensure_key_topic(settings: Settings) -> None:
             response = await admin.create_topics([new])
         except TopicAlreadyExistsError:
             return
-        for name, code, message in _topic_errors(response):
+        for name, code, message in topic_errors(response):
             if code in (29, 31):  # TOPIC_/CLUSTER_AUTHORIZATION_FAILED
                 raise StepStreamError(
                     f'the key topic {name} is missing and this principal may not create it: run '

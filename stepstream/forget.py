@@ -22,12 +22,11 @@ from typing import TYPE_CHECKING
 
 from stepstream.erasure import KeyRing, key_topic, sealed_media_key_id
 from stepstream.errors import StepStreamError
-from stepstream.media._references import snapshot_media
-from stepstream.media._types import NO_CONTEXT, MediaNotFound
+from stepstream.media import NO_CONTEXT, MediaNotFound, snapshot_media
 
 if TYPE_CHECKING:
     from stepstream.media import MediaStore
-    from stepstream.projector import ProjectionReader
+    from stepstream.readmodel import ProjectionReader
     from stepstream.settings import Settings
 
 

@@ -23,14 +23,45 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from pydantic import SecretStr
-
 ENV_PREFIX = 'STEPSTREAM_'
 FILE_SUFFIX = '_FILE'
 """`STEPSTREAM_<SECRET>_FILE` names a file that holds a secret (a mounted Kubernetes or docker secret)."""
 
 SECURITY_PROTOCOLS = ('PLAINTEXT', 'SSL', 'SASL_PLAINTEXT', 'SASL_SSL')
 SASL_MECHANISMS = ('PLAIN', 'SCRAM-SHA-256', 'SCRAM-SHA-512', 'OAUTHBEARER')
+
+
+class SecretStr:
+    """A secret that no repr, log line or traceback shows; `get_secret_value()` reads it.
+
+    Pydantic's `SecretStr` interface without importing Pydantic, so that a command that only asks
+    the read service starts fast; a Pydantic `SecretStr` given to `Settings` becomes one of these.
+    """
+
+    __slots__ = ('_secret_value',)
+
+    def __init__(self, secret_value: str) -> None:
+        """Hold `secret_value`."""
+        self._secret_value = secret_value
+
+    def get_secret_value(self) -> str:
+        """The secret itself."""
+        return self._secret_value
+
+    def __repr__(self) -> str:
+        return "SecretStr('**********')"
+
+    def __str__(self) -> str:
+        return '**********' if self._secret_value else ''
+
+    def __len__(self) -> int:
+        return len(self._secret_value)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SecretStr) and other._secret_value == self._secret_value
+
+    def __hash__(self) -> int:
+        return hash(self._secret_value)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,6 +153,10 @@ class Settings:
     """The trace viewer's URL with `{trace_id}` (and `{span_id}` if it takes one), for example
     Jaeger's `http://localhost:16686/trace/{trace_id}`: the explorer links each event to the trace
     it was written under. Unset, the explorer shows the trace id."""
+    serve_url: str | None = None
+    """A read service (`stepstream serve`, `http://host:port`) the CLI's views ask instead of opening
+    the projection: set, `runs`, `tree`, `events`, ... print its answer (they read `db_path` when it
+    does not answer). Unset, they ask the stack's service when their settings are the stack's."""
 
     retain_ended_days: float | None = None
     """Retention of the read model: runs that ended more than this many days before the newest
@@ -150,6 +185,10 @@ class Settings:
                 f'{_name("retain_ended_days")} must be a positive number of days, '
                 f'got {self.retain_ended_days}'
             )
+        if self.serve_url is not None and not self.serve_url.startswith(('http://', 'https://')):
+            raise ValueError(
+                f'{_name("serve_url")} must be an http:// or https:// URL, got {self.serve_url!r}'
+            )
         if self.trace_url is not None and '{trace_id}' not in self.trace_url:
             raise ValueError(
                 f'{_name("trace_url")} must hold {{trace_id}} where the trace id goes, got {self.trace_url!r}'
@@ -168,9 +207,12 @@ class Settings:
         """Refuse a security setup that cannot work, naming the variable to change."""
         protocol = self.security_protocol.upper()
         object.__setattr__(self, 'security_protocol', protocol)
-        for secret in SECRET_FIELDS:  # a plain string from Python code: hide it too
-            if isinstance(getattr(self, secret), str):
-                object.__setattr__(self, secret, SecretStr(getattr(self, secret)))
+        for secret in SECRET_FIELDS:  # a plain string (or Pydantic's SecretStr) from Python code
+            value = getattr(self, secret)
+            if isinstance(value, str):
+                object.__setattr__(self, secret, SecretStr(value))
+            elif value is not None and not isinstance(value, SecretStr):
+                object.__setattr__(self, secret, SecretStr(value.get_secret_value()))
         if protocol not in SECURITY_PROTOCOLS:
             choices = ', '.join(SECURITY_PROTOCOLS)
             raise ValueError(f'{_name("security_protocol")} must be one of {choices}, got {protocol!r}')
@@ -307,13 +349,15 @@ class Settings:
         return env
 
     @classmethod
-    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+    def add_arguments(cls, parser: argparse.ArgumentParser, *, documented: bool = True) -> None:
         """Add one `--flag` per field but secrets; unset flags fall back to the environment.
 
         Secrets (`sasl_password`) have no flag: a command line shows in `ps` and shell history.
+        Each flag's help is its field's docstring (`documented=False`: none, for a parser that
+        will not print help and should not pay for reading the docstrings).
         """
         group = parser.add_argument_group('settings (flags override STEPSTREAM_* variables)')
-        docs = _field_docs()
+        docs = _field_docs() if documented else {}
         for f in fields(cls):
             if f.name in SECRET_FIELDS:
                 continue

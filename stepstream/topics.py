@@ -132,7 +132,7 @@ async def _create(admin: AIOKafkaAdminClient, settings: Settings, topics: list[s
         return
     except AUTHORIZATION_ERRORS as exc:
         raise _may_not_create(settings, topics, exc) from exc
-    for topic, code, message in _topic_errors(response):
+    for topic, code, message in topic_errors(response):
         # 36 = TOPIC_ALREADY_EXISTS: another process created it first, which is fine.
         if code in (29, 31):  # TOPIC_/CLUSTER_AUTHORIZATION_FAILED: no CREATE for this principal
             raise _may_not_create(settings, topics, for_code(code)())
@@ -150,7 +150,8 @@ def _may_not_create(settings: Settings, topics: list[str], exc: BaseException) -
     )
 
 
-def _topic_errors(response: object) -> list[tuple[str, int, str | None]]:
+def topic_errors(response: object) -> list[tuple[str, int, str | None]]:
+    """`(topic, error code, message)` of each topic in a CreateTopics response (the admin client's)."""
     rows = getattr(response, 'topic_errors', [])
     return [(row[0], row[1], row[2] if len(row) > 2 else None) for row in rows]
 

@@ -1,11 +1,15 @@
-"""Shared fixtures: one real embedded stack (Tansu + SeaweedFS) for the session.
+"""Shared fixtures: one real embedded stack (Tansu + SeaweedFS) for the session; and the tiers.
 
 Tests share the broker but never a topic: each test gets its own topic prefix, so they cannot
 see each other's records, and its own RocksDB directory.
+
+Each test is in one tier, by a pytest marker on its module or on itself (pyproject.toml lists
+them): collection fails on a test in none, and on a `fast` one that asks for `stack`.
 """
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -52,82 +56,43 @@ async def projector(settings: Settings, db_path: Path) -> AsyncIterator[Projecto
         yield running
 
 
-BROKER_INDEPENDENT = {
-    'test_apply_properties',
-    'test_settings',
-    'test_compose',
-    'test_media',
-    'test_media_externalizer',
-    'test_explorer',
-    'test_capability_rules',
-    'test_cli_usage',
-    'test_liveness',
-    'test_retention',
-}
-"""Modules that never talk to Kafka, and the explorer's browser tests (what a page shows does not
-depend on the broker; test_serve checks the API on both): run once, in the Tansu pass."""
+TIERS = ('fast', 'broker', 'engines', 'browser')
+"""The tiers a test pass selects by (pyproject.toml's `markers` says what each means): every test
+has exactly one, on its module (`pytestmark`) or on itself; `soak` may go with `broker`, or stand
+alone for a test only `make soak` runs."""
 
-ENGINE_BOUND = {'test_durable_exec', 'test_durable_temporal', 'test_durable_prefect'}
-"""The durable-execution engines' tests: what they prove is what each engine journals and replays
-(the broker only stores what the processes send), and each starts processes and servers for a
-minute or more, so they run once, in the Tansu pass."""
+ONCE = {'fast', 'once', 'engines', 'browser'}
+"""Marks of tests that run once, in the Tansu pass: what they prove does not depend on the broker
+(`fast`, which uses none; `once`, a broker-tier test whose answer does not depend on which), or
+each starts an engine's processes for a minute or more (`engines`), or what a page shows does not
+depend on the broker (`browser`; test_serve checks the API on both)."""
 
 
-STARTS_SERVICES = {
-    'test_brokers',
-    'test_cli',
-    'test_compose_kafka',
-    'test_demo',
-    'test_embedded',
-    'test_failure_paths',
-    'test_media_e2e',
-    'test_s3_tls',
-    'test_schema_registry',
-    'test_telemetry',
-    'test_producer::test_a_refused_broker_is_named_and_not_blamed_on_the_timeout',
-    'test_producer::test_broker_down_at_a_durability_point_fails_the_run_before_the_tool',
-    'test_media::test_s3_stopped_fails_clearly_and_recovers',
-    'test_cli_usage::test_version_and_help',
-    'test_cli_usage::test_the_secret_key_is_never_a_flag',
-    'test_cli_usage::test_a_usage_error_names_the_subcommand_and_the_closest_flag',
-    'test_cli_usage::test_a_wrong_broker_address_says_what_is_wrong',
-}
-"""Modules and tests that start a broker, S3, a CLI process or a JVM of their own (without the
-`stack` fixture): left out of the fast tier with every test that asks for `stack`."""
-
-
-def needs_services(item: pytest.Item) -> bool:
-    """Whether a test talks to a broker or S3 (or starts a process): not in the fast tier."""
-    module = getattr(item, 'module', None)
-    name = module.__name__ if module is not None else ''
-    test = getattr(item, 'originalname', item.name)
-    return (
-        'stack' in getattr(item, 'fixturenames', ())
-        or name in STARTS_SERVICES
-        or f'{name}::{test}' in STARTS_SERVICES
-    )
-
-
-def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption(
-        '--fast',
-        action='store_true',
-        help='the fast tier (`make check`): unit and property tests that need no broker and no S3',
-    )
+def tier_error(item: pytest.Item) -> str | None:
+    """Why `item` is in no tier or the wrong one, or None."""
+    marks = {mark.name for mark in item.iter_markers()}
+    tiers = sorted(marks.intersection(TIERS))
+    if len(tiers) > 1:
+        return f'marked {", ".join(tiers)}: one tier only'
+    if not tiers and 'soak' not in marks:
+        return f'no tier marker: mark its module (`pytestmark`) or it with one of {", ".join(TIERS)}'
+    if tiers == ['fast'] and 'stack' in getattr(item, 'fixturenames', ()):
+        return 'marked fast but asks for the `stack` fixture (a broker and S3): mark it broker'
+    return None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if config.getoption('--fast'):
-        keep = [item for item in items if not needs_services(item)]
-        config.hook.pytest_deselected(items=[item for item in items if item not in keep])
-        items[:] = keep
-    if BROKER != 'kafka':
-        return
+    errors = [f'{item.nodeid}: {error}' for item in items if (error := tier_error(item))]
+    if errors:
+        raise pytest.UsageError('tests outside the tiers (tests/conftest.py):\n' + '\n'.join(errors))
+    soak_only = pytest.mark.skip(reason='a soak test: `make soak` runs it (STEPSTREAM_SOAK_KILLS)')
     skip = pytest.mark.skip(reason='does not touch the broker: it runs in the Tansu pass')
     skip_engine = pytest.mark.skip(reason="tests an engine's journal, not the broker: runs in the Tansu pass")
     for item in items:
-        module = getattr(item, 'module', None)
-        if module is not None and module.__name__ in BROKER_INDEPENDENT:
-            item.add_marker(skip)
-        elif module is not None and module.__name__ in ENGINE_BOUND:
+        marks = {mark.name for mark in item.iter_markers()}
+        if not marks.intersection(TIERS) and not os.environ.get('STEPSTREAM_SOAK_KILLS'):
+            item.add_marker(soak_only)
+        if BROKER == 'kafka' and 'engines' in marks:
             item.add_marker(skip_engine)
+        elif BROKER == 'kafka' and marks.intersection(ONCE):
+            item.add_marker(skip)

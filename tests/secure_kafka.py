@@ -34,6 +34,7 @@ from stepstream.embedded import apache_kafka
 
 from certificates import HOST, TestCA
 from processes import free_port, spawn, stop
+from waits import until, until_sync
 
 USERS = {name: f'{name}-secret' for name in ('admin', 'producer', 'projector', 'analyst', 'stranger')}
 """SCRAM users (SHA-256 and SHA-512) and PLAIN users; ACLs decide what each may do."""
@@ -160,21 +161,20 @@ async def until_answers(
     broker: subprocess.Popen[bytes], options: dict[str, Any], log: Path, timeout: float = 90
 ) -> None:
     """Return once a broker started as `broker` lists itself to an admin client built with `options`."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
+
+    async def answers() -> bool:
         if broker.poll() is not None:
             raise RuntimeError(f'the broker exited: see {log}')
         with contextlib.suppress(Exception):
             admin = AIOKafkaAdminClient(**options, request_timeout_ms=3000)
             await asyncio.wait_for(admin.start(), 5)
             try:
-                if (await asyncio.wait_for(admin.describe_cluster(), 5))['brokers']:
-                    return
+                return bool((await asyncio.wait_for(admin.describe_cluster(), 5))['brokers'])
             finally:
                 await admin.close()
-        if asyncio.get_running_loop().time() > deadline:
-            raise TimeoutError(f'the broker did not answer within {timeout}s: see {log}')
-        await asyncio.sleep(0.3)
+        return False
+
+    await until(answers, f'the broker to answer (see {log})', timeout, every=0.3)
 
 
 # -- ACLs, as docs/security.md writes them ----------------------------------------------------
@@ -276,7 +276,9 @@ def grant(
         AclOperation.ANY,
         AclPermissionType.ANY,
     )
-    deadline = time.monotonic() + 30
-    while not set(bindings) <= set(admin.describe_acls(everything).result(timeout=30)):
-        if time.monotonic() > deadline:
-            raise TimeoutError('the ACLs did not show up within 30s')
+    until_sync(
+        lambda: set(bindings) <= set(admin.describe_acls(everything).result(timeout=30)),
+        'the ACLs to show up',
+        30,
+        every=0.1,
+    )

@@ -32,6 +32,8 @@ from stepstream.producer import EventLog, StepPersistence, annotate_tool_effect
 from stepstream.projector import Projector, continue_run
 from stepstream.topics import log_end_offsets, murmur2_partition
 
+pytestmark = pytest.mark.broker
+
 DOC = Path(__file__).parent.parent / 'docs' / 'analytics.md'
 
 

@@ -15,6 +15,8 @@ from stepstream.errors import StepStreamError
 from stepstream.projector._metrics import RATE_WINDOW_S, ApplyMetrics
 from stepstream.projector._progress import AppliedPosition
 
+pytestmark = pytest.mark.fast
+
 A, B = TopicPartition('events', 0), TopicPartition('effects', 0)
 
 

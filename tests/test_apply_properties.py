@@ -64,6 +64,8 @@ from stepstream.schemas._plain import plain_fields, read_plain
 from stepstream.timestamps import micros
 from stepstream.topics import murmur2_partition
 
+pytestmark = [pytest.mark.fast, pytest.mark.once]
+
 TOPICS = ('props.step-events', 'props.tool-effects')
 PARTITIONS = 2
 T0 = datetime(2026, 11, 30, tzinfo=UTC)

@@ -23,6 +23,8 @@ from stepstream.topics import ensure_topics, supports_idempotence
 
 from brokers import BROKER, kafka_only
 
+pytestmark = pytest.mark.broker
+
 NOW = datetime(2026, 11, 30, tzinfo=UTC)
 
 

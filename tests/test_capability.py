@@ -76,6 +76,7 @@ async def settle(log: StepLog, projector: MemoryProjection | Projector) -> Proje
     return projector.reader()
 
 
+@pytest.mark.fast
 async def test_events_carry_lineage_metadata_and_step(
     event_log: InMemoryLog, projector: MemoryProjection
 ) -> None:
@@ -111,6 +112,7 @@ async def test_events_carry_lineage_metadata_and_step(
     assert [e.step_index for e in events if e.kind == 'model_request_started'] == [1, 2]
 
 
+@pytest.mark.fast
 async def test_without_agent_name_the_context_run_id_is_used(
     event_log: InMemoryLog, projector: MemoryProjection
 ) -> None:
@@ -121,6 +123,7 @@ async def test_without_agent_name_the_context_run_id_is_used(
     assert run.run_id == result.run_id
 
 
+@pytest.mark.fast
 async def test_concurrent_delegates_get_their_parent(
     event_log: InMemoryLog, projector: MemoryProjection
 ) -> None:
@@ -149,6 +152,7 @@ async def test_concurrent_delegates_get_their_parent(
     assert (await reader.root_of(children[2].run_id)).run_id == boss.run_id  # type: ignore[union-attr]
 
 
+@pytest.mark.fast
 async def test_explicit_parent_overrides_inference(
     event_log: InMemoryLog, projector: MemoryProjection
 ) -> None:
@@ -169,6 +173,7 @@ async def test_explicit_parent_overrides_inference(
     assert (await reader.get_run('remote-1')).parent_run_id == 'elsewhere-9'  # type: ignore[union-attr]
 
 
+@pytest.mark.fast
 async def test_runs_of_a_conversation_are_listed_in_start_order(
     event_log: InMemoryLog, projector: MemoryProjection
 ) -> None:
@@ -180,6 +185,7 @@ async def test_runs_of_a_conversation_are_listed_in_start_order(
     assert [r.run_id for r in runs] == ids and len(set(ids)) == 3
 
 
+@pytest.mark.fast
 async def test_run_without_tools_is_saved_by_the_after_run_fallback(
     event_log: InMemoryLog, projector: MemoryProjection
 ) -> None:
@@ -189,6 +195,7 @@ async def test_run_without_tools_is_saved_by_the_after_run_fallback(
     assert await continue_run(reader, run_id='no-tools') == result.all_messages()
 
 
+@pytest.mark.fast
 async def test_run_stream_is_saved_after_the_last_boundary(
     event_log: InMemoryLog, projector: MemoryProjection
 ) -> None:
@@ -209,6 +216,7 @@ async def test_run_stream_is_saved_after_the_last_boundary(
     assert (await reader.get_run('st-1')).status == 'completed'  # type: ignore[union-attr]
 
 
+@pytest.mark.fast
 async def test_snapshot_folds_in_the_pending_tool_return(
     event_log: InMemoryLog, projector: MemoryProjection
 ) -> None:
@@ -245,6 +253,7 @@ class SnapshotListener(AbstractCapability[Any]):
             self.seen.append((event, list(ctx.messages)))
 
 
+@pytest.mark.fast
 async def test_snapshot_saved_capability_event(event_log: InMemoryLog) -> None:
     listener = SnapshotListener()
     agent = Agent(
@@ -266,6 +275,7 @@ async def test_snapshot_saved_capability_event(event_log: InMemoryLog) -> None:
     )
 
 
+@pytest.mark.fast
 async def test_capture_frontier_saves_inputs_and_tool_call_frontiers(
     event_log: InMemoryLog, projector: MemoryProjection
 ) -> None:
@@ -292,6 +302,7 @@ async def test_capture_frontier_saves_inputs_and_tool_call_frontiers(
     assert isinstance(frontier.messages[-1].parts[0], ToolCallPart)
 
 
+@pytest.mark.fast
 async def test_rewritten_history_reconstructs_exactly(
     event_log: InMemoryLog, projector: MemoryProjection
 ) -> None:
@@ -323,6 +334,7 @@ async def test_rewritten_history_reconstructs_exactly(
     assert any(b < a for a, b in itertools.pairwise(prefix_lens))
 
 
+@pytest.mark.fast
 async def test_failed_tool_leaves_an_interrupted_snapshot(
     event_log: InMemoryLog, projector: MemoryProjection
 ) -> None:
@@ -378,6 +390,7 @@ async def test_failed_tool_leaves_an_interrupted_snapshot(
     assert sorted(report.completed_tools) == ['fast', 'warm_up'] and report.failed_tools == ['explode']
 
 
+@pytest.mark.fast
 async def test_model_failure_is_recorded(event_log: InMemoryLog, projector: MemoryProjection) -> None:
     def broken(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         raise ConnectionError('provider down')
@@ -392,6 +405,7 @@ async def test_model_failure_is_recorded(event_log: InMemoryLog, projector: Memo
         await continue_run(reader, run_id='model-down')
 
 
+@pytest.mark.fast
 async def test_retry_prompt_settles_its_call(event_log: InMemoryLog, projector: MemoryProjection) -> None:
     attempts: list[int] = []
     agent = Agent(calls_then_answers('flaky'), capabilities=[StepPersistence(log=event_log, run_id='retry')])
@@ -409,6 +423,7 @@ async def test_retry_prompt_settles_its_call(event_log: InMemoryLog, projector: 
     assert is_provider_valid(result.all_messages())
 
 
+@pytest.mark.fast
 async def test_cancelled_run_leaves_a_usable_trail(
     event_log: InMemoryLog, projector: MemoryProjection
 ) -> None:
@@ -439,6 +454,7 @@ async def test_cancelled_run_leaves_a_usable_trail(
     assert [p.tool_call_id for p in tool_returns(history)] == ['call-0']
 
 
+@pytest.mark.fast
 async def test_annotate_outside_a_persisted_tool_is_a_no_op(
     event_log: InMemoryLog, projector: MemoryProjection
 ) -> None:
@@ -459,6 +475,7 @@ async def test_annotate_outside_a_persisted_tool_is_a_no_op(
     assert await reader.list_runs() == []
 
 
+@pytest.mark.fast
 async def test_annotate_in_an_unpersisted_agent_inside_a_persisted_tool_writes_nothing(
     event_log: InMemoryLog, projector: MemoryProjection, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -488,6 +505,7 @@ async def test_annotate_in_an_unpersisted_agent_inside_a_persisted_tool_writes_n
     assert 'outside a recorded tool call' in caplog.text
 
 
+@pytest.mark.broker
 async def test_one_log_many_concurrent_runs_keep_per_run_order(
     broker_log: EventLog, broker_projector: Projector
 ) -> None:
@@ -512,6 +530,7 @@ async def test_one_log_many_concurrent_runs_keep_per_run_order(
         assert snapshot is not None and len(tool_returns(snapshot.messages)) == 3
 
 
+@pytest.mark.broker
 async def test_from_spec_uses_a_shared_log(settings: Settings, broker_projector: Projector) -> None:
     projector = broker_projector
     spec = {
@@ -533,6 +552,7 @@ async def test_from_spec_uses_a_shared_log(settings: Settings, broker_projector:
         StepPersistence.from_spec(backend='sqlite')
 
 
+@pytest.mark.broker
 async def test_specs_for_different_principals_get_different_shared_logs(settings: Settings) -> None:
     """A log connects as one SASL user: two users of one cluster must not share its connection."""
     spec = {
@@ -555,10 +575,12 @@ async def test_specs_for_different_principals_get_different_shared_logs(settings
         await EventLog.close_shared()
 
 
+@pytest.mark.fast
 def test_compaction_transcript_handle_is_the_run_id(event_log: InMemoryLog) -> None:
     assert StepPersistence(log=event_log, run_id='handle-1').compaction_transcript_handle() == 'handle-1'
 
 
+@pytest.mark.fast
 async def test_snapshot_records_stay_flat_across_a_long_run(
     event_log: InMemoryLog, projector: MemoryProjection
 ) -> None:
@@ -579,6 +601,7 @@ async def test_snapshot_records_stay_flat_across_a_long_run(
     assert final is not None and len(tool_returns(final.messages)) == 200
 
 
+@pytest.mark.fast
 class TestIsProviderValid:
     def call(self, *ids: str) -> ModelResponse:
         return ModelResponse(parts=[ToolCallPart('t', {}, tool_call_id=i) for i in ids])
@@ -610,6 +633,7 @@ class TestIsProviderValid:
         assert not is_provider_valid([self.call('a'), stray])
 
 
+@pytest.mark.fast
 class TestDeltaTracker:
     """The planner against the plain definitions it shortcuts: shared prefix and validity."""
 

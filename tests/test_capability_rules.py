@@ -21,6 +21,8 @@ from stepstream.schemas import StepEvent, ToolEffectTransition, apply_patch
 
 from agents import calls_then_answers
 
+pytestmark = [pytest.mark.fast, pytest.mark.once]
+
 
 def snapshots(log: InMemoryLog, run_id: str) -> list[StepEvent]:
     return [

@@ -24,6 +24,8 @@ from stepstream.service_log import BrokerLossLog
 from agents import calls_then_answers
 from brokers import tansu_only
 
+pytestmark = pytest.mark.broker
+
 STEPSTREAM = str(Path(sys.executable).parent / 'stepstream')
 """The installed command, as a user runs it."""
 

@@ -15,6 +15,8 @@ import pytest
 from stepstream import Settings
 from stepstream.cli._main import _parser
 
+pytestmark = pytest.mark.once
+
 STEPSTREAM = str(Path(sys.executable).parent / 'stepstream')
 
 
@@ -42,6 +44,7 @@ def subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentPa
     return found
 
 
+@pytest.mark.fast
 def test_every_command_and_flag_says_what_it_is_for() -> None:
     commands = subparsers(_parser())
     assert not [name for name in commands if name.startswith('_')]  # nothing internal to stumble on
@@ -52,6 +55,7 @@ def test_every_command_and_flag_says_what_it_is_for() -> None:
             assert action.help, f'{name} {action.option_strings or action.dest} has no help'
 
 
+@pytest.mark.broker
 async def test_version_and_help(tmp_path: Path) -> None:
     code, out, _ = await run('--version', cwd=tmp_path)
     assert code == 0 and out.startswith('stepstream ')
@@ -59,6 +63,7 @@ async def test_version_and_help(tmp_path: Path) -> None:
     assert code == 0 and 'stack' in out and 'Exit codes' in out and 'demo-delegate' not in out
 
 
+@pytest.mark.broker
 async def test_a_usage_error_names_the_subcommand_and_the_closest_flag(tmp_path: Path) -> None:
     code, _, err = await run('runs', '--statu', 'stale', cwd=tmp_path)
     assert code == 2 and err.startswith('usage: stepstream runs ')
@@ -70,6 +75,7 @@ async def test_a_usage_error_names_the_subcommand_and_the_closest_flag(tmp_path:
     assert code == 2 and 'stepstream runs: error: unrecognized arguments: --bogus' in err
 
 
+@pytest.mark.broker
 async def test_the_secret_key_is_never_a_flag(tmp_path: Path) -> None:
     code, _, err = await run('runs', '--s3-secret-access-key', 'hunter2', cwd=tmp_path)
     assert code == 2 and 'unrecognized arguments' in err
@@ -84,6 +90,7 @@ async def test_the_secret_key_is_never_a_flag(tmp_path: Path) -> None:
         Settings.from_env({'STEPSTREAM_S3_SECRET_ACCESS_KEY_FILE': str(tmp_path / 'missing')})
 
 
+@pytest.mark.broker
 async def test_a_wrong_broker_address_says_what_is_wrong(tmp_path: Path) -> None:
     async def attempt(servers: str) -> str:
         env = {'STEPSTREAM_BOOTSTRAP_SERVERS': servers, 'STEPSTREAM_ACK_TIMEOUT_S': '2'}

@@ -23,6 +23,8 @@ from stepstream.settings import ENV_PREFIX, Settings
 
 from secure_kafka import acl_rules, documented_acl_rules
 
+pytestmark = [pytest.mark.fast, pytest.mark.once]
+
 yaml = pytest.importorskip('yaml', reason='PyYAML is needed to read the compose file (dev extra)')
 
 COMPOSE_DIR = Path(__file__).resolve().parent.parent / 'compose'

@@ -37,6 +37,8 @@ from brokers import kafka_only
 from processes import free_port, running
 from secure_kafka import acl_rules, documented_acl_rules, grant, until_answers
 
+pytestmark = pytest.mark.broker
+
 COMPOSE = Path(__file__).resolve().parent.parent / 'compose'
 
 

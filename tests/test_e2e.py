@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from pydantic_ai import Agent, RunContext
 
 from stepstream import Settings
@@ -11,6 +12,8 @@ from stepstream.producer import EventLog, StepPersistence
 from stepstream.projector import ProjectionReader, Projector, continue_run
 
 from agents import answers, calls_then_answers
+
+pytestmark = pytest.mark.broker
 
 
 async def test_orchestrator_and_delegate_round_trip(event_log: EventLog, projector: Projector) -> None:

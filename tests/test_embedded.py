@@ -26,6 +26,8 @@ from stepstream.settings import Settings
 
 from brokers import BROKER_LOG
 
+pytestmark = pytest.mark.broker
+
 linux_only = pytest.mark.skipif(sys.platform != 'linux', reason='reads /proc')
 
 

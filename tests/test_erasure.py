@@ -25,7 +25,6 @@ from aiokafka.structs import TopicPartition
 from pydantic_ai import Agent, BinaryContent
 from pydantic_ai.messages import ModelMessagesTypeAdapter
 from test_cli import cli
-from test_partitioned import until
 
 from stepstream import Settings
 from stepstream.analytics import export_parquet
@@ -45,6 +44,9 @@ from stepstream.topics import partition_counts
 
 from agents import calls_then_answers
 from brokers import BROKER, kafka_only, tansu_only
+from waits import until
+
+pytestmark = pytest.mark.broker
 
 
 def sealed_settings(settings: Settings) -> Settings:

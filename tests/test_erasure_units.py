@@ -41,6 +41,8 @@ from stepstream.producer._sealing import Sealer
 from stepstream.producer._snapshots import SnapshotWriter
 from stepstream.settings import SECRET_FIELDS
 
+pytestmark = pytest.mark.fast
+
 SECRET = 'the patient has condition X'
 
 
@@ -177,7 +179,7 @@ async def test_erasure_under_a_durable_engine_is_refused_at_the_start_of_the_run
             return True
 
     log = InMemoryLog()
-    log.sealer = Sealer(new_kek(), lambda k, v: _noop())  # type: ignore[attr-defined]
+    log.sealer = Sealer(new_kek(), lambda k, v: _noop())
     persistence = StepPersistence(log=log, agent_name='a', media_store=DiskMediaStore(tmp_path))
     ctx = InWorkflow(deps=None, model=TestModel(), usage=RunUsage(), run_id='run-1')
     with pytest.raises(StepStreamError, match='not supported under a durable-execution engine'):

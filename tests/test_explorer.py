@@ -34,6 +34,7 @@ LAUNCH_FLAGS = [
 ]
 
 pytestmark = [
+    pytest.mark.browser,
     pytest.mark.asyncio(loop_scope='module'),
     pytest.mark.skipif(
         not Path(CHROMIUM).exists(),

@@ -25,6 +25,8 @@ from stepstream.schemas import RunRecord, ToolEffectTransition, decode
 
 from agents import calls_then_answers
 
+pytestmark = pytest.mark.broker
+
 RUNS = 4
 
 

@@ -17,6 +17,7 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 from pydantic_ai import Agent
@@ -30,6 +31,8 @@ from stepstream.topics import Position, murmur2_partition
 from agents import calls_then_answers
 from log_copy import copy_log
 from waits import wait_applied
+
+pytestmark = pytest.mark.broker
 
 NOW = datetime(2026, 11, 30, tzinfo=UTC)
 Coordinates = tuple[str, int, int]

@@ -14,6 +14,7 @@ import asyncio
 import time
 from pathlib import Path
 
+import pytest
 from kafka_cluster import KafkaCluster
 from pydantic_ai import Agent
 
@@ -24,6 +25,9 @@ from stepstream.projector import Projector, rebuild, verify_paths
 
 from agents import calls_then_answers
 from brokers import kafka_only
+from waits import until
+
+pytestmark = pytest.mark.broker
 
 
 class Traffic:
@@ -37,7 +41,8 @@ class Traffic:
         """Failed runs, each with the phases it lived through."""
         self.other: list[tuple[str, str]] = []
         self._stop = asyncio.Event()
-        self._changed = asyncio.Event()
+        self.changed = asyncio.Event()
+        """Set whenever a run ends, completed or not: what a wait on the traffic wakes on."""
 
     @property
     def phase(self) -> str:
@@ -77,27 +82,21 @@ class Traffic:
                 self.unavailable.append((run_id, self.phases_between(started, time.monotonic())))
             except Exception as exc:
                 self.other.append((run_id, repr(exc)))
-            self._changed.set()
+            self.changed.set()
 
-    async def until(self, predicate: object, timeout: float = 120) -> None:
-        """Wait (on the workers' progress, not on a clock) until `predicate()` holds."""
-        assert callable(predicate)
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f'in phase {self.phase}: {len(self.completed)} completed, {self.unavailable}'
-                )
-            self._changed.clear()
-            try:
-                await asyncio.wait_for(self._changed.wait(), max(0.1, deadline - time.monotonic()))
-            except TimeoutError:
-                continue
+    def summary(self) -> str:
+        return f'in phase {self.phase}: {len(self.completed)} completed, {self.unavailable}'
 
     async def more_completed(self, count: int) -> float:
         """Wait for `count` more completed runs; returns when the first of them completed."""
         start = len(self.completed)
-        await self.until(lambda: len(self.completed) >= start + count)
+        await until(
+            lambda: len(self.completed) >= start + count,
+            f'{count} more completed runs',
+            120,
+            wake=self.changed,
+            describe=self.summary,
+        )
         return self.completed[start][1]
 
     def stop(self) -> None:
@@ -106,10 +105,7 @@ class Traffic:
 
 async def in_sync(cluster: KafkaCluster, settings: Settings, timeout: float = 120) -> None:
     topics = [settings.step_events_topic, settings.tool_effects_topic]
-    deadline = time.monotonic() + timeout
-    while not await cluster.fully_in_sync(topics):
-        assert time.monotonic() < deadline, 'the restarted broker never caught up'
-        await asyncio.sleep(0.5)
+    await until(lambda: cluster.fully_in_sync(topics), 'the restarted broker to catch up', timeout, every=0.5)
 
 
 @kafka_only('runs as one broker here: the cluster test needs Apache Kafka')
@@ -154,7 +150,13 @@ async def test_three_brokers_killed_one_at_a_time_lose_no_acknowledged_record(
             down = list(cluster.nodes)[:2]
             for node in down:
                 cluster.kill(node)
-            await traffic.until(lambda: any('two down' in phases for _, phases in traffic.unavailable))
+            await until(
+                lambda: any('two down' in phases for _, phases in traffic.unavailable),
+                'a run to fail with two brokers down',
+                120,
+                wake=traffic.changed,
+                describe=traffic.summary,
+            )
             for node in down:
                 cluster.restart(node)
             await cluster.wait_for_brokers(3)

@@ -31,6 +31,8 @@ from stepstream.topics import murmur2_partition
 
 from agents import calls_then_answers
 
+pytestmark = [pytest.mark.fast, pytest.mark.once]
+
 QUIET = 60.0
 """A heartbeat interval no test waits out: each test runs a heartbeat pass itself (`beat(now=...)`)."""
 

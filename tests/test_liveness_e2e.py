@@ -12,10 +12,9 @@ import json
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 from pydantic_ai import Agent
@@ -27,12 +26,14 @@ from stepstream.schemas import RunRecord, ToolEffectRecord
 from stepstream.topics import ensure_topics
 
 from agents import calls_then_answers
+from waits import until
 
 CHILD = Path(__file__).with_name('liveness_child.py')
 STEPSTREAM = str(Path(sys.executable).parent / 'stepstream')
 INTERVAL_S = 0.2
 STALE_AFTER_S = 2.0
-T = TypeVar('T')
+
+pytestmark = pytest.mark.broker
 
 
 @pytest.fixture
@@ -44,17 +45,6 @@ def live(settings: Settings) -> Settings:
 async def reader(live: Settings, db_path: Path) -> AsyncIterator[ProjectionReader]:
     async with Projector(live, db_path=db_path) as projector:
         yield projector.reader()
-
-
-async def until(read: Callable[[], Awaitable[T]], holds: Callable[[T], bool], what: str) -> T:
-    """Read until `holds`; fail after a minute, showing the last reading."""
-    last: T | None = None
-    for _ in range(1200):
-        last = await read()
-        if holds(last):
-            return last
-        await asyncio.sleep(0.05)
-    raise AssertionError(f'never {what}; last read {last!r}')
 
 
 async def state(reader: ProjectionReader, run_id: str) -> tuple[RunRecord | None, ToolEffectRecord | None]:
@@ -108,12 +98,14 @@ async def test_a_killed_writer_reads_stale_and_its_call_unknown_after_crash(
 ) -> None:
     child = await child_in_tool(live, 'killed')
     try:
-        await until(lambda: state(reader, 'killed'), reads('running', 'in_flight'), 'in flight')
+        await until(lambda: state(reader, 'killed'), 'the run in flight', holds=reads('running', 'in_flight'))
     finally:
         child.send_signal(signal.SIGKILL)
         await child.wait()
     run, _ = await until(
-        lambda: state(reader, 'killed'), reads('stale', 'unknown_after_crash'), 'stale after the kill'
+        lambda: state(reader, 'killed'),
+        'the run stale after the kill',
+        holds=reads('stale', 'unknown_after_crash'),
     )
     assert run is not None and run.ended_at is None  # nothing was written for it: it is read stale
     [swept] = await reader.list_unresolved_tool_effects()
@@ -136,7 +128,7 @@ async def test_a_slow_tool_of_a_live_writer_stays_in_flight_for_its_whole_durati
         task = asyncio.create_task(agent.run('go'))
         await asyncio.wait_for(entered.wait(), 30)
         run, effect = await until(
-            lambda: state(reader, 'slow-run'), reads('running', 'in_flight'), 'in flight'
+            lambda: state(reader, 'slow-run'), 'the run in flight', holds=reads('running', 'in_flight')
         )
         assert effect is not None and effect.started_at is not None
         # Quiet for three stale windows, yet read in flight at every look: heartbeats alone carry it.
@@ -150,7 +142,9 @@ async def test_a_slow_tool_of_a_live_writer_stays_in_flight_for_its_whole_durati
             assert now[0] is not None and now[0].last_record_at is not None
             return now[0].last_record_at > quiet_until
 
-        await until(lambda: state(reader, 'slow-run'), in_flight_throughout, 'kept alive by heartbeats')
+        await until(
+            lambda: state(reader, 'slow-run'), 'heartbeats to carry the run', holds=in_flight_throughout
+        )
         assert seen > 10 and log.liveness.sent >= 3 * STALE_AFTER_S / INTERVAL_S / 2
 
         # The operator's views say so too, and resolving it is refused while it runs.
@@ -165,8 +159,8 @@ async def test_a_slow_tool_of_a_live_writer_stays_in_flight_for_its_whole_durati
         await log.flush()
     run, effect = await until(
         lambda: state(reader, 'slow-run'),
-        lambda s: s[0] is not None and s[0].status == 'completed',
-        'completed',
+        'the run completed',
+        holds=lambda s: s[0] is not None and s[0].status == 'completed',
     )
     assert effect is not None and (effect.status, effect.doubt) == ('completed', None)
     assert (
@@ -182,13 +176,17 @@ async def test_a_paused_writer_reads_stale_then_running_again_and_sigterm_ends_i
 ) -> None:
     child = await child_in_tool(live, 'paused')
     try:
-        await until(lambda: state(reader, 'paused'), reads('running', 'in_flight'), 'in flight')
+        await until(lambda: state(reader, 'paused'), 'the run in flight', holds=reads('running', 'in_flight'))
         child.send_signal(signal.SIGSTOP)
         await until(
-            lambda: state(reader, 'paused'), reads('stale', 'unknown_after_crash'), 'stale while stopped'
+            lambda: state(reader, 'paused'),
+            'the run stale while stopped',
+            holds=reads('stale', 'unknown_after_crash'),
         )
         child.send_signal(signal.SIGCONT)
-        await until(lambda: state(reader, 'paused'), reads('running', 'in_flight'), 'running again')
+        await until(
+            lambda: state(reader, 'paused'), 'the run running again', holds=reads('running', 'in_flight')
+        )
         child.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(child.wait(), 30) == -signal.SIGTERM  # it still dies of SIGTERM
     finally:
@@ -198,8 +196,8 @@ async def test_a_paused_writer_reads_stale_then_running_again_and_sigterm_ends_i
             await child.wait()
     run, effect = await until(
         lambda: state(reader, 'paused'),
-        lambda s: s[0] is not None and s[0].status == 'cancelled',
-        'cancelled by SIGTERM',
+        'the run cancelled by SIGTERM',
+        holds=lambda s: s[0] is not None and s[0].status == 'cancelled',
     )
     assert run is not None and run.error == 'the process received SIGTERM while the run was open'
     assert effect is not None and effect.doubt == 'unknown_after_crash'  # the call will not finish now

@@ -62,6 +62,8 @@ from stepstream.media import (
 )
 from stepstream.media import _walker as media_walker
 
+pytestmark = pytest.mark.once
+
 KIB = 1024
 IMAGE = os.urandom(5 * 1024 * 1024)  # a 5 MB "image": random, so no layer can compress it away
 TOOL_OUTPUT = ''.join(f'line {i}: {"é" * 20}\n' for i in range(3900))  # 200 KB, not ASCII
@@ -118,12 +120,14 @@ def json_round_trip(messages: Sequence[ModelMessage]) -> list[ModelMessage]:
 # -- URIs and context ---------------------------------------------------------------------------
 
 
+@pytest.mark.fast
 def test_media_uri_is_the_sha256_of_the_bytes() -> None:
     digest = hashlib.sha256(b'hello').hexdigest()
     assert media_uri_for(b'hello') == f'media+sha256://{digest}'
     assert parse_media_uri(media_uri_for(b'hello')) == digest
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     'uri',
     [
@@ -142,6 +146,7 @@ def test_parse_media_uri_rejects_anything_else_and_says_what_is_valid(uri: str) 
         parse_media_uri(uri)
 
 
+@pytest.mark.fast
 def test_media_context_is_frozen_keyword_only_and_read_only() -> None:
     source = {'run': 'r1'}
     ctx = MediaContext(media_type='image/png', metadata=source)
@@ -158,6 +163,7 @@ def test_media_context_is_frozen_keyword_only_and_read_only() -> None:
     assert MediaContext() == MediaContext(metadata={})
 
 
+@pytest.mark.broker
 def test_both_stores_satisfy_the_protocol(s3: S3MediaStore, tmp_path: Path) -> None:
     assert isinstance(s3, MediaStore)
     assert isinstance(DiskMediaStore(tmp_path), MediaStore)
@@ -166,6 +172,7 @@ def test_both_stores_satisfy_the_protocol(s3: S3MediaStore, tmp_path: Path) -> N
 # -- S3 store -----------------------------------------------------------------------------------
 
 
+@pytest.mark.broker
 async def test_s3_round_trip_with_media_type_filename_and_metadata(
     s3: S3MediaStore, raw: S3Store, key_prefix: str
 ) -> None:
@@ -187,6 +194,7 @@ async def test_s3_round_trip_with_media_type_filename_and_metadata(
     assert result.attributes['run-id'] == 'r1'
 
 
+@pytest.mark.broker
 async def test_s3_missing_object_is_not_found_naming_the_uri(s3: S3MediaStore) -> None:
     uri = media_uri_for(b'never stored')
     assert not await s3.exists(uri)
@@ -198,6 +206,7 @@ async def test_s3_missing_object_is_not_found_naming_the_uri(s3: S3MediaStore) -
         await s3.get_metadata(uri)
 
 
+@pytest.mark.broker
 async def test_s3_put_of_present_bytes_does_not_upload_again(
     s3: S3MediaStore, raw: S3Store, key_prefix: str
 ) -> None:
@@ -212,6 +221,7 @@ async def test_s3_put_of_present_bytes_does_not_upload_again(
     assert keys_under(raw, key_prefix) == [key]
 
 
+@pytest.mark.broker
 async def test_s3_corrupted_object_is_detected_on_read(s3: S3MediaStore, raw: S3Store) -> None:
     data = b'the real payload ' * 100
     uri = await s3.put(data)
@@ -222,6 +232,7 @@ async def test_s3_corrupted_object_is_detected_on_read(s3: S3MediaStore, raw: S3
     assert caught.value.actual_uri == media_uri_for(data.replace(b'real', b'fake'))
 
 
+@pytest.mark.broker
 async def test_s3_put_repairs_a_truncated_object(s3: S3MediaStore, raw: S3Store) -> None:
     data = b'0123456789' * 100
     uri = await s3.put(data)
@@ -233,6 +244,7 @@ async def test_s3_put_repairs_a_truncated_object(s3: S3MediaStore, raw: S3Store)
     assert await s3.get(uri) == data
 
 
+@pytest.mark.broker
 async def test_s3_wrong_credentials_fail_naming_endpoint_and_bucket(stack: EmbeddedStack) -> None:
     settings = stack.settings.replace(s3_secret_access_key='not-the-secret')
     store = S3MediaStore.from_settings(settings)
@@ -247,6 +259,7 @@ async def test_s3_wrong_credentials_fail_naming_endpoint_and_bucket(stack: Embed
         assert 'access was denied' in message and 'STEPSTREAM_S3_SECRET_ACCESS_KEY' in message
 
 
+@pytest.mark.broker
 async def test_s3_missing_bucket_fails_naming_it(stack: EmbeddedStack) -> None:
     # The embedded SeaweedFS, like AWS and MinIO, does not create a bucket on a PUT.
     store = S3MediaStore.from_settings(stack.settings.replace(s3_bucket=f'missing-{uuid.uuid4().hex[:8]}'))
@@ -255,6 +268,7 @@ async def test_s3_missing_bucket_fails_naming_it(stack: EmbeddedStack) -> None:
             await call
 
 
+@pytest.mark.broker
 async def test_s3_stopped_fails_clearly_and_recovers(tmp_path: Path) -> None:
     async with EmbeddedStack(tmp_path / 's') as own:
         store = S3MediaStore.from_settings(own.settings)
@@ -276,6 +290,7 @@ async def test_s3_stopped_fails_clearly_and_recovers(tmp_path: Path) -> None:
         assert await store.get(uri) == b'before the outage'
 
 
+@pytest.mark.broker
 async def test_s3_key_strategy_and_public_urls(stack: EmbeddedStack, raw: S3Store, key_prefix: str) -> None:
     seen: list[tuple[str, MediaContext, str]] = []
 
@@ -308,6 +323,7 @@ async def test_s3_key_strategy_and_public_urls(stack: EmbeddedStack, raw: S3Stor
         await presigned.public_url('https://elsewhere/x.png')
 
 
+@pytest.mark.broker
 async def test_s3_rejects_metadata_keys_s3_would_change(s3: S3MediaStore) -> None:
     for key in ('Run-Id', 'content-type', 'with space'):
         with pytest.raises(ValueError, match='cannot be S3 object metadata'):
@@ -317,6 +333,7 @@ async def test_s3_rejects_metadata_keys_s3_would_change(s3: S3MediaStore) -> Non
 # -- disk store ---------------------------------------------------------------------------------
 
 
+@pytest.mark.fast
 async def test_disk_round_trip_dedup_and_integrity(tmp_path: Path) -> None:
     store = DiskMediaStore(tmp_path / 'media')
     ctx = MediaContext(media_type='audio/wav', filename='clip.wav', metadata={'k': 'v ✓'})
@@ -349,6 +366,7 @@ async def test_disk_round_trip_dedup_and_integrity(tmp_path: Path) -> None:
         await store.get_metadata(missing)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     'key',
     ['/etc/stepstream.bin', '../outside.bin', 'a/../../outside.bin', 'a/..', '..\\x.bin', 'C:\\x.bin', ''],
@@ -363,6 +381,7 @@ async def test_disk_rejects_key_strategies_that_escape_the_directory(tmp_path: P
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.fast
 async def test_disk_key_strategy_nests_and_rejects_foreign_uris(tmp_path: Path) -> None:
     store = DiskMediaStore(
         tmp_path, key_strategy=lambda uri, ctx: f'{parse_media_uri(uri)[:2]}/{uri[-8:]}.dat'
@@ -411,6 +430,7 @@ def big_history() -> list[ModelMessage]:
     ]
 
 
+@pytest.mark.broker
 async def test_walkers_round_trip_big_payloads_through_json(
     s3: S3MediaStore, raw: S3Store, key_prefix: str
 ) -> None:
@@ -433,6 +453,7 @@ async def test_walkers_round_trip_big_payloads_through_json(
     assert len(keys_under(raw, key_prefix)) == 7
 
 
+@pytest.mark.broker
 async def test_walkers_keep_the_reference_in_the_payload_field(s3: S3MediaStore) -> None:
     image = BinaryImage(IMAGE, media_type='image/png', vendor_metadata={'detail': 'low'})
     [lean] = await externalize_media([ModelRequest(parts=[UserPromptPart([image, TOOL_OUTPUT])])], s3)
@@ -450,6 +471,7 @@ async def test_walkers_keep_the_reference_in_the_payload_field(s3: S3MediaStore)
     assert lean_image.data.startswith(REFERENCE_PREFIX.encode())  # restore did not touch its input
 
 
+@pytest.mark.broker
 async def test_same_image_in_ten_messages_is_one_object(
     s3: S3MediaStore, raw: S3Store, key_prefix: str
 ) -> None:
@@ -464,6 +486,7 @@ async def test_same_image_in_ten_messages_is_one_object(
     assert await restore_media(first + second, s3) == turns
 
 
+@pytest.mark.fast
 async def test_messages_below_threshold_are_the_same_objects(tmp_path: Path) -> None:
     store = DiskMediaStore(tmp_path / 'media')
     history = big_history()
@@ -480,6 +503,7 @@ async def test_messages_below_threshold_are_the_same_objects(tmp_path: Path) -> 
     assert lean[4].parts[0] is history[4].parts[0]
 
 
+@pytest.mark.fast
 async def test_link_media_turns_offloaded_binaries_into_links_and_restores_text(tmp_path: Path) -> None:
     store = DiskMediaStore(tmp_path / 'media')
     history = big_history()
@@ -508,6 +532,7 @@ async def test_link_media_turns_offloaded_binaries_into_links_and_restores_text(
     assert len(dumped) < len(ModelMessagesTypeAdapter.dump_json(history)) - len(IMAGE)
 
 
+@pytest.mark.fast
 async def test_user_text_that_looks_like_a_reference_is_not_misread(tmp_path: Path) -> None:
     store = DiskMediaStore(tmp_path / 'media')
     uri = media_uri_for(b'some payload')
@@ -548,6 +573,7 @@ async def test_user_text_that_looks_like_a_reference_is_not_misread(tmp_path: Pa
     assert await restore_media(plain, store) == plain
 
 
+@pytest.mark.fast
 async def test_walkers_keep_sequence_types_and_odd_text(tmp_path: Path) -> None:
     store = DiskMediaStore(tmp_path)
     odd = 'surrogate \udcff ' * 10_000  # text decoded with surrogateescape
@@ -559,12 +585,14 @@ async def test_walkers_keep_sequence_types_and_odd_text(tmp_path: Path) -> None:
     assert await restore_media(lean, store) == history
 
 
+@pytest.mark.fast
 async def test_externalize_rejects_a_bad_threshold(tmp_path: Path) -> None:
     for threshold in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match='threshold_bytes must be a positive int'):
             await externalize_media([], DiskMediaStore(tmp_path), threshold)  # type: ignore[arg-type]
 
 
+@pytest.mark.fast
 async def test_restore_names_the_missing_object(tmp_path: Path) -> None:
     writer, reader = DiskMediaStore(tmp_path / 'a'), DiskMediaStore(tmp_path / 'b')
     lean = await externalize_media([ModelRequest(parts=[UserPromptPart(TOOL_OUTPUT)])], writer)
@@ -572,6 +600,7 @@ async def test_restore_names_the_missing_object(tmp_path: Path) -> None:
         await restore_media(lean, reader)
 
 
+@pytest.mark.fast
 async def test_text_content_in_a_tool_return_survives_json(tmp_path: Path) -> None:
     # Pydantic AI's JSON turns a TextContent inside a tool return into a plain dict; the walkers
     # treat both forms as the same payload, so the reference never leaks to the reader.
@@ -618,6 +647,7 @@ class ConcurrencyProbe:
         return await self.inner.get_metadata(uri, ctx)
 
 
+@pytest.mark.fast
 async def test_uploads_of_one_call_run_concurrently(tmp_path: Path) -> None:
     probe = ConcurrencyProbe(DiskMediaStore(tmp_path), expected=3)
     history: list[ModelMessage] = [
@@ -661,6 +691,7 @@ def everywhere_history(big: str) -> list[ModelMessage]:
     ]
 
 
+@pytest.mark.fast
 async def test_large_values_anywhere_in_a_message_move_and_come_back(tmp_path: Path) -> None:
     store = DiskMediaStore(tmp_path)
     history = everywhere_history('x' * 2 * KIB)
@@ -675,6 +706,7 @@ async def test_large_values_anywhere_in_a_message_move_and_come_back(tmp_path: P
     assert await restore_media(lean, store) == history
 
 
+@pytest.mark.fast
 async def test_many_values_below_the_threshold_move_as_one_payload(tmp_path: Path) -> None:
     """A tool returning 1,000 items each under the threshold: the list moves, not the items."""
     store = DiskMediaStore(tmp_path)
@@ -692,6 +724,7 @@ async def test_many_values_below_the_threshold_move_as_one_payload(tmp_path: Pat
     )
 
 
+@pytest.mark.fast
 async def test_a_json_payload_keeps_its_own_references_and_escapes(tmp_path: Path) -> None:
     store = DiskMediaStore(tmp_path)
     rows: list[Any] = [REFERENCE_PREFIX + 'not a reference', 'z' * 5 * KIB, *(['w' * 300] * 20)]
@@ -702,6 +735,7 @@ async def test_a_json_payload_keeps_its_own_references_and_escapes(tmp_path: Pat
     assert restored == json_round_trip(history)
 
 
+@pytest.mark.fast
 async def test_externalize_hashes_off_the_event_loop(tmp_path: Path) -> None:
     """The walk (and its hashing) runs in a worker thread: the loop keeps serving other tasks."""
     store = DiskMediaStore(tmp_path)
@@ -721,6 +755,7 @@ async def test_externalize_hashes_off_the_event_loop(tmp_path: Path) -> None:
     assert seen and loop_thread not in seen
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize('key', ['.', './.', './'])
 async def test_disk_refuses_keys_that_name_the_directory_itself(tmp_path: Path, key: str) -> None:
     store = DiskMediaStore(tmp_path / 'media', key_strategy=lambda uri, ctx: key)
@@ -728,6 +763,7 @@ async def test_disk_refuses_keys_that_name_the_directory_itself(tmp_path: Path, 
         await store.put(b'x')
 
 
+@pytest.mark.fast
 async def test_disk_refuses_a_symlink_that_leads_outside(tmp_path: Path) -> None:
     outside = tmp_path / 'outside'
     outside.mkdir()

@@ -35,6 +35,8 @@ from stepstream.projector import ProjectionReader, Projector, continue_run
 
 from agents import calls_then_answers, tool_returns
 
+pytestmark = pytest.mark.broker
+
 IMAGE = os.urandom(5 * 1024 * 1024)
 TOOL_OUTPUT = 'row,' * 50_000  # 200 KB
 

@@ -45,6 +45,8 @@ from stepstream.media import (
 from stepstream.producer import InMemoryLog, StepPersistence
 from stepstream.schemas import StepEvent
 
+pytestmark = [pytest.mark.fast, pytest.mark.once]
+
 CDN = 'https://cdn.example.com/media'
 BIG = 100 * 1024
 IMAGE = os.urandom(BIG)

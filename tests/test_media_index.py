@@ -54,6 +54,8 @@ from stepstream.projector._shard import MemoryShard, Shard
 from stepstream.schemas import SnapshotDelta, StepEvent, decode, encode
 from stepstream.settings import Settings
 
+pytestmark = pytest.mark.fast
+
 THRESHOLD = 160
 """Small, so that generated payloads are small and still offloaded."""
 TOPICS = ('idx.step-events', 'idx.tool-effects')

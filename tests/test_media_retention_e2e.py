@@ -38,7 +38,6 @@ from pydantic_ai.messages import (
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from test_cli import cli
 from test_media_index import THRESHOLD, histories
-from test_partitioned import until
 from test_retention_e2e import _Clock, same_partition
 
 from stepstream import Settings
@@ -52,6 +51,10 @@ from stepstream.projector._keys import MEDIA, RUN_MEDIA
 from stepstream.projector._shard import Shard, shard_paths
 from stepstream.projector._sweep import sweep_media
 from stepstream.serve import Source, create_app
+
+from waits import until
+
+pytestmark = pytest.mark.broker
 
 PARTITIONS = 3
 

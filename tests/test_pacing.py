@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 from aiokafka.structs import TopicPartition
 from pydantic_ai import Agent
 
@@ -60,6 +61,7 @@ def offsets(batch: dict[TopicPartition, list[Rec]]) -> dict[TopicPartition, list
     return {tp: [r.offset for r in records] for tp, records in batch.items()}
 
 
+@pytest.mark.fast
 def test_effects_ahead_wait_for_the_step_events_and_come_after_them() -> None:
     pacer = TopicPacer(EVENTS, EFFECTS, patience_s=3600)
     out = pacer.pace({fx(0): recs(0, 10, 20, 30, 40), ev(0): recs(0, 5, 25)}, behind, lambda tp: 0)
@@ -73,6 +75,7 @@ def test_effects_ahead_wait_for_the_step_events_and_come_after_them() -> None:
     assert pacer.holding == set()
 
 
+@pytest.mark.fast
 def test_nothing_waits_once_the_step_events_are_caught_up() -> None:
     pacer = TopicPacer(EVENTS, EFFECTS, patience_s=3600)
     ends = {ev(0): 2, ev(1): None}
@@ -86,6 +89,7 @@ def test_nothing_waits_once_the_step_events_are_caught_up() -> None:
     assert offsets(out) == {}
 
 
+@pytest.mark.fast
 def test_held_records_go_when_no_step_event_comes() -> None:
     pacer = TopicPacer(EVENTS, EFFECTS, patience_s=0)
     out = pacer.pace({ev(0): recs(0, 1), fx(0): recs(0, 1, 2)}, behind, lambda tp: 0)
@@ -95,6 +99,7 @@ def test_held_records_go_when_no_step_event_comes() -> None:
     assert pacer.holding == set()
 
 
+@pytest.mark.fast
 def test_dropped_records_are_forgotten() -> None:
     pacer = TopicPacer(EVENTS, EFFECTS, patience_s=3600)
     pacer.pace(
@@ -142,6 +147,7 @@ def logical(root: Path) -> dict[int, list[tuple[bytes, bytes]]]:
     return found
 
 
+@pytest.mark.broker
 async def test_effects_stamped_after_every_step_event_are_held_then_applied_the_same(
     settings: Settings, event_log: EventLog, tmp_path: Path
 ) -> None:

@@ -29,15 +29,9 @@ from stepstream.projector import (
 from stepstream.topics import Position, murmur2_partition
 
 from brokers import BROKER, kafka_only
+from waits import until
 
-
-async def until(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    """Wait for a condition that other tasks make true (assignment, catch-up)."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        if asyncio.get_running_loop().time() > deadline:
-            raise TimeoutError(f'waited {timeout:g}s for {what}')
-        await asyncio.sleep(0.05)
+pytestmark = pytest.mark.broker
 
 
 async def write_runs(log: EventLog, prefix: str, count: int) -> None:
@@ -329,6 +323,7 @@ class Member:
     'the chaos run (about 100 s) runs once, on the broker production uses; the two-member '
     'handoff and the checkpoint restore above run on both brokers'
 )
+@pytest.mark.soak
 @pytest.mark.timeout(600)
 async def test_members_killed_at_random_lose_nothing_and_restore_from_checkpoints(
     settings: Settings, event_log: EventLog, tmp_path: Path

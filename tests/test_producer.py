@@ -56,6 +56,7 @@ def _event(run_id: str, seq: int) -> StepEvent:
     return StepEvent(run_id=run_id, seq=seq, writer_id='w', timestamp=datetime.now(UTC), kind=kind)
 
 
+@pytest.mark.broker
 async def test_queued_records_leave_when_the_linger_ends_or_at_once_when_waited_for(
     settings: Settings,
 ) -> None:
@@ -90,6 +91,7 @@ _OPS = st.lists(
 )
 
 
+@pytest.mark.broker
 @hypothesis_settings(max_examples=25, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 @given(ops=_OPS, linger_ms=st.sampled_from([0, 1, 5]))
 def test_any_mix_of_appends_waits_and_lingers_keeps_each_runs_order(
@@ -133,6 +135,7 @@ def test_any_mix_of_appends_waits_and_lingers_keeps_each_runs_order(
     asyncio.run(scenario())
 
 
+@pytest.mark.broker
 @hypothesis_settings(max_examples=10, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 @given(
     runs=st.lists(st.lists(st.integers(1, 4), min_size=1, max_size=6), min_size=2, max_size=16),
@@ -170,6 +173,7 @@ def test_concurrent_runs_sharing_partitions_keep_each_runs_order(
     asyncio.run(scenario())
 
 
+@pytest.mark.broker
 async def test_started_is_acknowledged_before_the_tool_body_runs(
     settings: Settings, event_log: EventLog
 ) -> None:
@@ -189,12 +193,14 @@ async def test_started_is_acknowledged_before_the_tool_body_runs(
     assert [(r.tool_name, r.status) for r in started] == [('charge_card', 'started')]
 
 
+@pytest.mark.broker
 @pytest.mark.parametrize('bad', ['', 'a/b', '../etc', 'x..y', 'a b', 'é', 'x' * 201])
 def test_unsafe_run_ids_are_rejected(event_log: EventLog, bad: str) -> None:
     with pytest.raises(ValueError, match='not allowed'):
         StepPersistence(log=event_log, run_id=bad)
 
 
+@pytest.mark.broker
 async def test_explicit_run_id_is_single_shot(event_log: EventLog, projector: Projector) -> None:
     capability = StepPersistence(log=event_log, run_id='only-once')
     agent = Agent(answers(), capabilities=[capability])
@@ -207,6 +213,7 @@ async def test_explicit_run_id_is_single_shot(event_log: EventLog, projector: Pr
     assert [e.kind for e in await projector.reader().list_events('only-once')].count('run_started') == 1
 
 
+@pytest.mark.broker
 async def test_annotation_survives_the_terminal_transition(event_log: EventLog, projector: Projector) -> None:
     agent = Agent(
         calls_then_answers('open_pr'), capabilities=[StepPersistence(log=event_log, run_id='annotated-1')]
@@ -229,6 +236,7 @@ async def test_annotation_survives_the_terminal_transition(event_log: EventLog, 
     assert effect.ended_at is not None and effect.started_at is not None
 
 
+@pytest.mark.broker
 @pytest.mark.parametrize(
     ('change', 'said'),
     [
@@ -245,6 +253,7 @@ async def test_a_wrong_bucket_or_key_fails_at_start_not_at_the_first_large_paylo
     await log.close()
 
 
+@pytest.mark.broker
 async def test_record_above_the_limit_fails_before_sending(settings: Settings) -> None:
     # Every value is under the threshold and no part's value is free-form JSON that could move as
     # one payload: twenty text parts of 900 bytes still make the record too large.
@@ -263,11 +272,13 @@ async def test_record_above_the_limit_fails_before_sending(settings: Settings) -
             await agent.run('say a lot')
 
 
+@pytest.mark.broker
 def test_threshold_must_stay_below_the_record_limit(settings: Settings) -> None:
     with pytest.raises(ValueError, match='below the record limit'):
         EventLog(settings.replace(media_threshold_bytes=8192), max_record_bytes=4096)
 
 
+@pytest.mark.broker
 async def test_a_refused_broker_is_named_and_not_blamed_on_the_timeout() -> None:
     settings = Settings(bootstrap_servers='127.0.0.1:9', ack_timeout_s=1)
     with pytest.raises(
@@ -278,6 +289,7 @@ async def test_a_refused_broker_is_named_and_not_blamed_on_the_timeout() -> None
     assert 'within' not in str(caught.value)
 
 
+@pytest.mark.broker
 async def test_broker_down_at_a_durability_point_fails_the_run_before_the_tool(tmp_path: Path) -> None:
     async with EmbeddedStack(tmp_path / 'stack', partitions=1) as stack:
         settings = stack.settings.replace(ack_timeout_s=2)
@@ -301,6 +313,7 @@ async def test_broker_down_at_a_durability_point_fails_the_run_before_the_tool(t
             assert not body_ran.is_set()
 
 
+@pytest.mark.broker
 async def test_records_carry_the_active_trace(settings: Settings, event_log: EventLog) -> None:
     from opentelemetry import trace
     from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
@@ -323,6 +336,7 @@ async def test_records_carry_the_active_trace(settings: Settings, event_log: Eve
     assert {h['stepstream-kind'] for h in headers} >= {b'run_started', b'run_completed'}
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     'text', ['tenant/caller-chosen', 'wf-7:1', '', '..', 'a..b', 'é', 'x' * 300, 'tenant_caller-chosen']
 )
@@ -333,6 +347,7 @@ def test_any_text_maps_to_a_valid_run_id_deterministically(text: str) -> None:
         assert mapped == text
 
 
+@pytest.mark.fast
 def test_texts_that_read_alike_after_mapping_get_different_ids() -> None:
     alike = ['tenant/caller-chosen', 'tenant:caller-chosen', 'tenant_caller-chosen', 'tenant caller-chosen']
     assert len({to_run_id(t) for t in alike}) == len(alike)
@@ -340,6 +355,7 @@ def test_texts_that_read_alike_after_mapping_get_different_ids() -> None:
     assert len({to_run_id('x' * 300 + c) for c in 'ab'}) == 2
 
 
+@pytest.mark.broker
 async def test_an_unsafe_context_run_id_is_mapped_not_rejected(
     event_log: EventLog, projector: Projector
 ) -> None:
@@ -356,6 +372,7 @@ async def test_an_unsafe_context_run_id_is_mapped_not_rejected(
     assert all(r.status == 'completed' and r.conflicting_writers == [] for r in runs)
 
 
+@pytest.mark.broker
 async def test_a_re_executed_run_keeps_its_id_and_writer(event_log: EventLog, projector: Projector) -> None:
     # What a durable-execution engine does on recovery: the same run context runs again.
     agent = Agent(
@@ -377,6 +394,7 @@ async def test_a_re_executed_run_keeps_its_id_and_writer(event_log: EventLog, pr
     assert run.rejected == {'duplicate_seq': run.event_count}
 
 
+@pytest.mark.broker
 async def test_two_runs_reusing_one_explicit_run_id_are_two_writers(
     event_log: EventLog, projector: Projector
 ) -> None:

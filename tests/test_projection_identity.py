@@ -18,6 +18,8 @@ from stepstream.producer import EventLog
 from stepstream.projector import ProjectionReader, Projector, rebuild, verify_paths
 from stepstream.projector._shard import read_projection_identity
 
+pytestmark = pytest.mark.broker
+
 
 async def test_paths_that_are_not_projections_are_refused_and_left_alone(
     settings: Settings, tmp_path: Path

@@ -16,6 +16,8 @@ from stepstream.projector import Projector
 from stepstream.schemas import StepEvent, ToolEffectTransition, encode
 from stepstream.topics import ensure_topics, murmur2_partition
 
+pytestmark = pytest.mark.broker
+
 NOW = datetime(2026, 11, 30, tzinfo=UTC)
 
 

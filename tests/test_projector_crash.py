@@ -13,6 +13,7 @@ import signal
 import sys
 from pathlib import Path
 
+import pytest
 from pydantic_ai import Agent
 from pydantic_ai.capabilities import ProcessHistory
 from pydantic_ai.messages import ModelMessage, ModelRequest, UserPromptPart
@@ -24,6 +25,8 @@ from stepstream.projector import ProjectionReader, rebuild, verify_paths
 from agents import turns_then_answers
 from brokers import tansu_only
 from waits import wait_applied
+
+pytestmark = [pytest.mark.broker, pytest.mark.soak]
 
 CHILD = Path(__file__).with_name('projector_child.py')
 KILLS = int(os.environ.get('STEPSTREAM_SOAK_KILLS', '10'))

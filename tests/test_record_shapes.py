@@ -24,6 +24,8 @@ from stepstream.schemas import (
 )
 from stepstream.serve._models import Event, ModelRequestUsage, Resolution, Run, ToolEffect, Usage
 
+pytestmark = pytest.mark.fast
+
 INTERNAL: dict[type, set[str]] = {
     RunRecord: {'last_record_at'},  # `status` is judged by it; the API shows the status
     ToolEffectRecord: {'status_seq'},  # what a resolution answers; `resolution.resolves_seq` shows it

@@ -13,6 +13,8 @@ from stepstream.schemas import StepEvent, ToolEffectTransition
 
 from agents import calls_then_answers
 
+pytestmark = pytest.mark.broker
+
 
 async def test_inspect_recovery_lists_the_unresolved_effects_list_unresolved_lists(
     event_log: EventLog, projector: Projector

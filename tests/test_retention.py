@@ -57,6 +57,8 @@ from stepstream.schemas._plain import read_plain, read_record
 from stepstream.timestamps import micros
 from stepstream.topics import murmur2_partition
 
+pytestmark = [pytest.mark.fast, pytest.mark.once]
+
 MINUTE = 60_000_000
 Log = dict[tuple[int, int], list[SourceRecord]]
 

@@ -40,6 +40,8 @@ from stepstream.topics import murmur2_partition
 
 from brokers import tansu_only
 
+pytestmark = pytest.mark.broker
+
 PARTITIONS = 3
 SHARED = 'a payload two runs share. ' * 200
 ONLY_PARENT = 'only the parent asked this. ' * 200

@@ -27,6 +27,8 @@ from stepstream.s3_client import client_options
 from agents import calls_then_answers
 from certificates import TestCA
 
+pytestmark = pytest.mark.broker
+
 TOOL_OUTPUT = 'row,' * 50_000  # 200 KB: well above the 64 KiB threshold, so it goes to S3
 
 

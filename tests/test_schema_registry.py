@@ -63,6 +63,8 @@ from agents import answers, calls_then_answers
 from certificates import TestCA
 from schema_registry import running_registry
 
+pytestmark = pytest.mark.broker
+
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
 

@@ -138,6 +138,7 @@ def every_record() -> list[StepEvent | ToolEffectTransition]:
     return records
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize('record', every_record(), ids=lambda r: getattr(r, 'kind', None) or r.status)
 def test_every_kind_round_trips(record: StepEvent | ToolEffectTransition) -> None:
     data = encode(record)
@@ -145,6 +146,7 @@ def test_every_kind_round_trips(record: StepEvent | ToolEffectTransition) -> Non
     assert decode(data) == record
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     'data',
     [b'', b'{"json": true}', b'\xc3\x01\x00\x00\x00\x00\x00\x00\x00\x00body', b'\xc3'],
@@ -155,12 +157,14 @@ def test_bytes_that_are_not_ours_raise_schema_error(data: bytes) -> None:
         decode(data)
 
 
+@pytest.mark.fast
 def test_corrupt_body_raises_schema_error() -> None:
     data = encode(every_record()[0])
     with pytest.raises(SchemaError, match='corrupt'):
         decode(data[:12])
 
 
+@pytest.mark.fast
 def test_every_committed_version_reads_every_other() -> None:
     """Evolution rule: schemas only grow by fields with defaults, so any version reads any other."""
     for name, versions in load_schema_versions().items():
@@ -190,6 +194,7 @@ def avro_value(record: StepEvent | ToolEffectTransition) -> dict[str, object]:
     return value
 
 
+@pytest.mark.fast
 def test_usage_cross_versions() -> None:
     """A v3 event (usage, duration, trace) reads as v1 and v2 without them; theirs decode with none."""
     versions = load_schema_versions()['step_event']
@@ -218,6 +223,7 @@ def test_usage_cross_versions() -> None:
     assert completed.usage == USAGE
 
 
+@pytest.mark.fast
 def test_snapshot_patches_cross_versions() -> None:
     """A v2 snapshot (with a patch) reads as v1 without it; a v1 snapshot decodes with no patch."""
     v1, v2 = load_schema_versions()['step_event'][:2]
@@ -245,6 +251,7 @@ def test_snapshot_patches_cross_versions() -> None:
     )  # v2 round trip
 
 
+@pytest.mark.fast
 def test_snapshot_media_lists_cross_versions() -> None:
     """A v4 snapshot's media list reads away as v3; a v3 snapshot decodes with none (None, not []),
     so a reader knows to read its references from the content (decision 0041)."""
@@ -267,6 +274,7 @@ def test_snapshot_media_lists_cross_versions() -> None:
     assert decoded == replace(snapshot, snapshot=replace(snapshot.snapshot, media=None))
 
 
+@pytest.mark.fast
 def test_resolutions_cross_versions() -> None:
     """A v2 resolution reads as v1 without its new fields (an older reader then refuses its status
     as `unknown_version`); a v1 transition decodes with none of them."""
@@ -291,6 +299,7 @@ def test_resolutions_cross_versions() -> None:
     assert decoded == started and isinstance(decoded, ToolEffectTransition) and decoded.resolution is None
 
 
+@pytest.mark.broker
 async def test_outside_consumer_decodes_with_only_the_avsc_files(
     settings: Settings, event_log: EventLog
 ) -> None:
@@ -387,6 +396,7 @@ def lean_json_cases() -> list[ModelMessage]:
     ]
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize('message', lean_json_cases())
 def test_lean_message_json_reads_back_as_the_full_json_does(message: ModelMessage) -> None:
     full = ModelMessagesTypeAdapter.dump_json([message])
@@ -397,6 +407,7 @@ def test_lean_message_json_reads_back_as_the_full_json_does(message: ModelMessag
     assert len(lean) < len(full) - 1
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize('message', lean_json_cases())
 def test_each_message_class_adapter_writes_the_unions_json(message: ModelMessage) -> None:
     assert _BY_KIND[type(message)].dump_json(message) == _MESSAGE.dump_json(message)
@@ -422,6 +433,7 @@ RESPONSE_STAMPS = {
 }
 
 
+@pytest.mark.fast
 @hypothesis_settings(max_examples=300, deadline=None)
 @given(data=st.data())
 def test_stamps_since_a_state_are_the_stamp_changes_of_the_json(data: st.DataObject) -> None:
@@ -456,6 +468,7 @@ def read_lean(lean: bytes) -> ModelMessage:
     return ModelMessagesTypeAdapter.validate_json(b'[' + lean + b']')[0]
 
 
+@pytest.mark.fast
 def test_stamps_from_none_to_a_value_and_back_are_patches() -> None:
     sent = ModelRequest(parts=[ToolReturnPart('t', 'ok', 'c1')])
     stamped = dataclasses.replace(sent, run_id='r', conversation_id='conv')
@@ -472,6 +485,7 @@ def test_stamps_from_none_to_a_value_and_back_are_patches() -> None:
     assert stamp_changes(message_json(sent), message_json(changed_part)) is None
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize('record', every_record(), ids=lambda r: getattr(r, 'kind', None) or r.status)
 def test_the_compiled_writer_writes_fastavros_bytes(record: StepEvent | ToolEffectTransition) -> None:
     assert encode(record) == encode_with_fastavro(record)
@@ -522,6 +536,7 @@ _records = st.builds(
 )
 
 
+@pytest.mark.fast
 @given(_records)
 @hypothesis_settings(max_examples=300, deadline=None)
 def test_the_compiled_writer_writes_fastavros_bytes_for_any_record(
@@ -532,6 +547,7 @@ def test_the_compiled_writer_writes_fastavros_bytes_for_any_record(
     assert decode(data) == record
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize('record', every_record(), ids=lambda r: getattr(r, 'kind', None) or r.status)
 def test_record_maker_makes_what_the_class_makes(record: StepEvent | ToolEffectTransition) -> None:
     values = {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
@@ -544,6 +560,7 @@ def test_record_maker_makes_what_the_class_makes(record: StepEvent | ToolEffectT
         made.seq = 7  # type: ignore[misc]
 
 
+@pytest.mark.fast
 def test_record_maker_takes_the_class_defaults_and_refuses_what_the_class_refuses() -> None:
     make = record_maker(StepEvent)
     made = make(run_id='r', seq=0, writer_id='w', timestamp=NOW, kind='run_started')
@@ -566,6 +583,7 @@ def test_record_maker_takes_the_class_defaults_and_refuses_what_the_class_refuse
         record_maker(NotSlotted)
 
 
+@pytest.mark.fast
 def test_a_schema_the_compiler_does_not_know_is_left_to_fastavro() -> None:
     assert compile_writer(['string', 'long']) is None
     assert compile_writer({'type': 'long', 'logicalType': 'timestamp-nanos'}) is None

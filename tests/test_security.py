@@ -28,7 +28,10 @@ from agents import answers, calls_then_answers
 from brokers import kafka_only
 from secure_kafka import USERS, SecureKafka, documented_acl_rules, grant
 
-pytestmark = kafka_only('has no TLS listeners, SASL users or ACLs: the security tests need Apache Kafka')
+pytestmark = [
+    pytest.mark.broker,
+    kafka_only('has no TLS listeners, SASL users or ACLs: the security tests need Apache Kafka'),
+]
 
 
 @pytest.fixture(scope='module')

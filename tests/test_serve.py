@@ -44,6 +44,7 @@ async def api(served: Served) -> AsyncIterator[httpx.AsyncClient]:
         yield client
 
 
+@pytest.mark.broker
 @in_module_loop
 async def test_runs_filter_page_and_order(served: Served, api: httpx.AsyncClient) -> None:
     everything = (await api.get('/api/runs', params={'order': 'started', 'limit': 1000})).json()
@@ -85,6 +86,7 @@ async def test_runs_filter_page_and_order(served: Served, api: httpx.AsyncClient
     assert unknown_cursor.status_code == 404 and 'no-such-run' in unknown_cursor.json()['detail']
 
 
+@pytest.mark.broker
 @in_module_loop
 async def test_one_run_its_events_effects_and_lineage(served: Served, api: httpx.AsyncClient) -> None:
     run = (await api.get(f'/api/runs/{served.crashed_run}')).json()
@@ -117,6 +119,7 @@ async def test_one_run_its_events_effects_and_lineage(served: Served, api: httpx
         assert 'no-such-run' in missing.json()['detail']
 
 
+@pytest.mark.broker
 @in_module_loop
 async def test_snapshots_are_pydantic_ai_json_with_media_as_checked_links(
     served: Served, api: httpx.AsyncClient
@@ -150,6 +153,7 @@ async def test_snapshots_are_pydantic_ai_json_with_media_as_checked_links(
     assert (await api.get('/api/media/not-a-hash')).status_code == 422
 
 
+@pytest.mark.broker
 @in_module_loop
 async def test_unresolved_conflicts_dlq_and_status(served: Served, api: httpx.AsyncClient) -> None:
     unresolved = (await api.get('/api/unresolved')).json()
@@ -179,6 +183,7 @@ async def test_unresolved_conflicts_dlq_and_status(served: Served, api: httpx.As
     assert status['total_lag'] == 0 and status['shards'] == [0, 1, 2] and status['missing_shards'] == []
 
 
+@pytest.mark.broker
 @in_module_loop
 @pytest.mark.filterwarnings('ignore::hypothesis.errors.HypothesisDeprecationWarning')
 async def test_every_response_matches_the_openapi_schema(served: Served, api: httpx.AsyncClient) -> None:
@@ -217,6 +222,7 @@ async def test_every_response_matches_the_openapi_schema(served: Served, api: ht
     assert not failures, '\n\n'.join(failures)
 
 
+@pytest.mark.broker
 @in_module_loop
 async def test_a_token_guards_the_api_and_the_explorer(served: Served, tmp_path: Path) -> None:
     settings = served.settings.replace(serve_token='s3cret-token')
@@ -247,6 +253,7 @@ async def test_a_token_guards_the_api_and_the_explorer(served: Served, tmp_path:
         reader.close()
 
 
+@pytest.mark.fast
 def test_serving_beyond_loopback_needs_a_token(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -258,6 +265,7 @@ def test_serving_beyond_loopback_needs_a_token(
     assert Settings.from_env({'STEPSTREAM_SERVE_TOKEN': 't'}).serve_token is not None
 
 
+@pytest.mark.broker
 @in_module_loop
 async def test_the_serve_command_serves_a_projection_directory(served: Served) -> None:
     env = {**os.environ, **served.settings.to_env(), 'STEPSTREAM_DB_PATH': str(served.projector.db_path)}
@@ -288,6 +296,7 @@ async def test_the_serve_command_serves_a_projection_directory(served: Served) -
             await child.wait()
 
 
+@pytest.mark.broker
 @in_module_loop
 async def test_resolving_an_unknown_effect_is_an_audited_write(
     served: Served, api: httpx.AsyncClient, tmp_path: Path
@@ -337,6 +346,7 @@ async def test_resolving_an_unknown_effect_is_an_audited_write(
     assert rebuilt == live and len(live.resolutions) == 1
 
 
+@pytest.mark.broker
 @in_module_loop
 async def test_a_token_guards_resolutions(served: Served) -> None:
     run_id = await served.add_crashed_run('publisher-resolve-token')
@@ -368,6 +378,7 @@ async def test_a_token_guards_resolutions(served: Served) -> None:
         reader.close()
 
 
+@pytest.mark.broker
 @in_module_loop
 async def test_the_resolve_command(served: Served) -> None:
     run_id = await served.add_crashed_run('publisher-resolve-cli')

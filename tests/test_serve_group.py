@@ -17,7 +17,6 @@ from pathlib import Path
 import httpx
 import pytest
 from test_cli import orchestrate
-from test_partitioned import until
 
 from stepstream import Settings
 from stepstream.producer import EventLog
@@ -26,6 +25,9 @@ from stepstream.serve import app_for, listen, running, url_of
 from stepstream.topics import murmur2_partition
 
 from served import crash_in_tool
+from waits import until
+
+pytestmark = pytest.mark.broker
 
 
 @dataclass

@@ -10,6 +10,8 @@ from pydantic import SecretStr
 
 from stepstream import Settings
 
+pytestmark = [pytest.mark.fast, pytest.mark.once]
+
 
 def test_env_round_trip() -> None:
     settings = Settings(

@@ -33,6 +33,8 @@ from stepstream.topics import murmur2_partition
 
 from agents import calls_then_answers
 
+pytestmark = pytest.mark.broker
+
 
 @dataclass
 class Telemetry:

@@ -9,6 +9,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import httpx
+import pytest
 from pydantic_ai import Agent, ModelRetry
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
@@ -21,6 +22,8 @@ from stepstream.projector import Projector
 from stepstream.serve import app_for, running
 
 from agents import tool_returns
+
+pytestmark = pytest.mark.broker
 
 TOOL_BODY_NS = 2_000_000
 """How long the `lookup` tool body runs at least (it spins on the monotonic clock, it does not sleep)."""

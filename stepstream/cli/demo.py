@@ -33,11 +33,10 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCall
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.usage import RequestUsage
 
-from stepstream.cli.render import effects_table, events_table, runs_table, tree
+from stepstream.console import effects_table, events_table, runs_table, tree
 from stepstream.errors import StepStreamError
-from stepstream.media import S3MediaStore
 from stepstream.producer import EventLog, StepPersistence, annotate_tool_effect, current_run_id
-from stepstream.projector import ProjectionReader
+from stepstream.readmodel import ProjectionReader
 from stepstream.settings import Settings
 
 Step = tuple[str, dict[str, object]] | str | Callable[[list[ModelMessage]], str]
@@ -191,16 +190,8 @@ async def run_demo(settings: Settings, *, stack_dir: str | Path = '.stepstream')
 
     The stack's projector applies what the demo writes; the demo reads the projection beside it.
     """
-    async with EventLog(settings) as log:
-        reader = ProjectionReader.open(
-            settings.db_path,
-            media_store=S3MediaStore.from_settings(settings),
-            stale_after_s=settings.stale_after_s,
-        )
-        try:
-            await _demo(settings, log, reader, stack_dir)
-        finally:
-            reader.close()
+    async with EventLog(settings) as log, ProjectionReader.from_settings(settings) as reader:
+        await _demo(settings, log, reader, stack_dir)
 
 
 async def _demo(settings: Settings, log: EventLog, reader: ProjectionReader, stack_dir: str | Path) -> None:

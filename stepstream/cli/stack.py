@@ -37,7 +37,7 @@ from stepstream.errors import StepStreamError, UsageError
 from stepstream.settings import ENV_PREFIX, Settings
 
 if TYPE_CHECKING:
-    from stepstream.embedded._processes import Child
+    from stepstream.embedded import Child
 
 DEFAULT_STACK_DIR = '.stepstream'
 ENV_FILE = 'stack.env'
@@ -249,7 +249,7 @@ class _Supervised:
         self.started_at = 0.0
 
     def start(self) -> None:
-        from stepstream.embedded._processes import spawn
+        from stepstream.embedded import spawn
 
         self.child = spawn(
             self.name,
@@ -295,7 +295,7 @@ def _explorer_port() -> int:
 
 def _wait_for_projection(path: Path, projector: _Supervised, asked: threading.Event) -> None:
     """Wait until the projector made its shards, so that `serve` finds a projection to open."""
-    from stepstream.projector._shard import shard_paths
+    from stepstream.projector import shard_paths
 
     deadline = time.monotonic() + 60
     while not shard_paths(path) and time.monotonic() < deadline and not asked.is_set():
@@ -308,8 +308,7 @@ def serve(directory: str | Path) -> None:
 
     The children are started again when they die; on SIGTERM they stop first, then the stack.
     """
-    from stepstream.embedded import EmbeddedStack
-    from stepstream.embedded._processes import terminate
+    from stepstream.embedded import EmbeddedStack, terminate
 
     root = Path(directory).absolute()
     received: list[signal.Signals] = []

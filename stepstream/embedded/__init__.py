@@ -26,8 +26,8 @@ One module per concern: `_processes` (children: spawn, readiness, stop, errors),
 service's binary and command line), `_stack` (`EmbeddedStack`, which composes them).
 """
 
-from stepstream.embedded._processes import EmbeddedStackError
+from stepstream.embedded._processes import Child, EmbeddedStackError, spawn, terminate
 from stepstream.embedded._seaweedfs import LOG_BUCKET
 from stepstream.embedded._stack import BROKERS, EmbeddedStack
 
-__all__ = ['BROKERS', 'LOG_BUCKET', 'EmbeddedStack', 'EmbeddedStackError']
+__all__ = ['BROKERS', 'LOG_BUCKET', 'Child', 'EmbeddedStack', 'EmbeddedStackError', 'spawn', 'terminate']

@@ -1,4 +1,4 @@
-"""Plain-text and JSON renderings of projection views, shared by the CLI and the demo."""
+"""Plain-text and JSON renderings of the read model's views, shared by the console views and the demo."""
 
 from __future__ import annotations
 
@@ -13,9 +13,8 @@ from stepstream.schemas import RunRecord, StepEvent, ToolEffectRecord
 from stepstream.timestamps import from_micros
 
 if TYPE_CHECKING:
-    from stepstream.projector import ProjectionStatus
-    from stepstream.projector._retention import RetentionPreview, RetentionState
-    from stepstream.projector._sweep import SweepReport
+    from stepstream.projector import RetentionPreview, RetentionState, SweepReport
+    from stepstream.readmodel import ProjectionStatus
     from stepstream.settings import Settings
 
 

@@ -1,0 +1,145 @@
+"""The record-level rules: what a record must be to apply, whatever the projection's state.
+
+A record that breaks one raises `Rejected` with its dead-letter reason (`DLQ_REASONS` in
+`_apply.py`): no value or no key, not a record of its topic (`read_record`, in
+`schemas/_plain.py`, gives the reasons for bytes that do not decode), an invalid id, a key or
+partition that is not its run's, or fields no writer makes (docs/decisions/0010-conflict-rules.md).
+The state rules (seqs, ownership, snapshots, tool effects) come after these, in the applier.
+"""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+from stepstream.errors import SchemaError
+from stepstream.ids import MAX_ID_BYTES, OTHER_ID_FIELDS, check_record_ids, is_plain_id, is_run_id
+from stepstream.media import is_media_uri
+from stepstream.projector._batch import EVENTS, Rejected, RunKeys, SourceRecord
+from stepstream.projector._usage import check_usage
+from stepstream.schemas import (
+    EVENT_KINDS,
+    MAX_NOTE_CHARS,
+    RECORD_TYPES,
+    RESOLUTIONS,
+    TOOL_EFFECT_STATUSES,
+    Fields,
+    read_record,
+)
+
+_RESOLUTION_FIELDS = ('resolution', 'resolved_by', 'note')
+
+# -- reading records into plain values ---------------------------------------------------------
+
+
+_ENVELOPE_IDS = ('writer_id', 'conversation_id', 'agent_name', 'parent_run_id')
+_CALL_IDS = ('tool_call_id', 'tool_name')
+assert {*_ENVELOPE_IDS, *_CALL_IDS} == {*OTHER_ID_FIELDS, 'parent_run_id'}
+
+
+def _ids_plainly_valid(fields: Fields, keys: RunKeys) -> bool:
+    """The common case of `check_record_ids` (`is_plain_id`), without raising; False if unsure.
+
+    The run id is checked against the key. A run's records share their envelope, so it is
+    checked once per key and batch, and again only where it changes.
+    """
+    writer_id, conversation_id = fields['writer_id'], fields['conversation_id']
+    agent_name, parent = fields['agent_name'], fields['parent_run_id']
+    envelope = (writer_id, conversation_id, agent_name, parent)
+    if envelope != keys.envelope:
+        if not (
+            is_plain_id(writer_id)
+            and is_plain_id(conversation_id)
+            and is_plain_id(agent_name)
+            and (parent is None or is_run_id(parent))
+        ):
+            return False
+        keys.envelope = envelope
+    call, tool = fields['tool_call_id'], fields['tool_name']
+    return (call is None or is_plain_id(call)) and (tool is None or is_plain_id(tool))
+
+
+def check_record(source: SourceRecord, keys: RunKeys, topics: tuple[str, str], partitions: int) -> Fields:
+    """The record's plain fields, or `Rejected` when it cannot apply whatever the state.
+
+    `keys` are its key's (`RunKeys`, made once per key and batch); `topics` and `partitions`
+    are the applier's, named in the reasons.
+    """
+    if source.value is None:
+        raise Rejected('tombstone', 'a record with no value (a tombstone) on a log topic')
+    if source.key is None:
+        raise Rejected('no_key', 'a record with no key: log records are keyed by their run_id')
+    if source.unreadable is not None:
+        raise Rejected(source.unreadable.reason, str(source.unreadable))
+    try:
+        topic, record = read_record(source.value)
+    except SchemaError as exc:
+        raise Rejected(exc.reason, str(exc)) from None
+    if topic != source.topic:
+        raise Rejected('wrong_topic', f'a {RECORD_TYPES[topic]} on the {topics[source.topic]} topic')
+    run_id = record['run_id']
+    if not (keys.valid and run_id == keys.run_id and _ids_plainly_valid(record, keys)):
+        try:
+            check_record_ids(SimpleNamespace(**record))
+        except ValueError as exc:
+            raise Rejected('invalid_id', str(exc)) from None
+    if run_id != keys.run_id:  # the key is UTF-8 of its run_id exactly when it decodes to it
+        raise Rejected('wrong_key', f'record key {source.key[:300]!r} is not its run_id {run_id!r}')
+    if keys.home != source.partition:
+        raise Rejected(
+            'wrong_partition',
+            f'run {run_id!r} belongs in partition {keys.home} of {partitions}, not {source.partition}',
+        )
+    if record['seq'] < 0:
+        raise Rejected('invalid', f'negative seq {record["seq"]}')
+    if topic == EVENTS:
+        _check_event(record)
+    elif record['status'] not in TOOL_EFFECT_STATUSES:
+        raise Rejected(
+            'unknown_version', f'unknown tool effect status {record["status"]!r} (a newer writer?)'
+        )
+    else:
+        _check_resolution(record)
+    return record
+
+
+def _check_event(event: Fields) -> None:
+    kind = event['kind']
+    if kind not in EVENT_KINDS:
+        raise Rejected('unknown_version', f'unknown event kind {kind!r} (a newer writer?)')
+    if event['usage'] is not None or event['duration_us'] is not None or event['trace_id'] is not None:
+        check_usage(event)
+    snap = event['snapshot']
+    if (kind == 'snapshot_saved') != (snap is not None):
+        raise Rejected('invalid', 'a snapshot payload belongs to snapshot_saved events, and only to them')
+    if snap is None:
+        return
+    state, prefix_len, snapshot_seq = snap['state'], snap['prefix_len'], snap['snapshot_seq']
+    if state not in ('complete', 'interrupted') or prefix_len < 0 or snapshot_seq < 0:
+        raise Rejected('invalid', f'invalid snapshot header {state!r} {prefix_len} {snapshot_seq}')
+    try:
+        tail = json.loads(snap['messages'])
+    except ValueError as exc:
+        raise Rejected('invalid', f'snapshot messages are not JSON: {exc}') from None
+    if not isinstance(tail, list):
+        raise Rejected('invalid', 'snapshot messages are not a JSON list')
+    bad = next((uri for uri in snap['media'] or () if not is_media_uri(uri)), None)
+    if bad is not None:
+        raise Rejected('invalid', f'snapshot media lists {bad[:100]!r}, which is not a media+sha256:// URI')
+
+
+def _check_resolution(t: Fields) -> None:
+    """A `resolved` transition names its resolution, operator and note; no other carries them."""
+    if t['status'] != 'resolved':
+        if any(t[name] is not None for name in _RESOLUTION_FIELDS):
+            raise Rejected('invalid', 'resolution, resolved_by and note belong to resolved transitions only')
+        return
+    if t['resolution'] not in RESOLUTIONS:
+        raise Rejected('invalid', f'a resolution is happened or did_not_happen, not {t["resolution"]!r}')
+    by, note = t['resolved_by'], t['note']
+    if not by or len(by) > MAX_ID_BYTES or not by.isprintable():
+        raise Rejected(
+            'invalid', f'a resolution needs the operator who made it (resolved_by), got {by!r:.80}'
+        )
+    if not note or not note.strip() or len(note) > MAX_NOTE_CHARS:
+        raise Rejected('invalid', f'a resolution needs a note of 1 to {MAX_NOTE_CHARS} characters')

@@ -1,0 +1,132 @@
+"""The step-event rules of a registered run's owner: registration, events, status, snapshots.
+
+- `register`: a run is registered by the first `run_started` in its partition; its writer owns
+  it, and the run is listed by its start, its conversation and its parent.
+- `apply_event`: a step event holds its seq (displacing a tool-effect transition there, which
+  `withdraw_transition` dead-letters); the terminal event with the highest seq gives the status;
+  model request and tool call ends add to the run's sums (`add_usage`); a snapshot is saved once
+  per `snapshot_seq`, and with a retention policy its media are indexed (decisions 0010, 0032).
+- `_retain`: with `max_snapshots_per_run`, which snapshots the read side still lists
+  (docs/decisions/0006-snapshot-retention.md).
+
+`apply_event` returns False for a duplicate and raises `Rejected` for the DLQ.
+"""
+
+from __future__ import annotations
+
+from stepstream.media import snapshot_media
+from stepstream.projector._batch import Rejected, RunKeys, RunRules, SourceRecord
+from stepstream.projector._keys import CHILDREN, CONVERSATION, RUNS
+from stepstream.projector._shard import Transaction
+from stepstream.projector._state import RunState, SnapshotEntry, ranges_add, ranges_hold
+from stepstream.projector._tool_effects import withdraw_transition
+from stepstream.projector._usage import TIMED_KINDS, add_usage
+from stepstream.schemas import Fields
+
+TERMINAL_KINDS = {'run_completed': 'completed', 'run_failed': 'failed', 'run_cancelled': 'cancelled'}
+
+
+def register(txn: Transaction, started: Fields) -> RunState:
+    """Register the run of a `run_started`: its state, owned by its writer, and its index entries."""
+    run = RunState(
+        run_id=started['run_id'],
+        owner=started['writer_id'],
+        started_at=started['timestamp'],
+        conversation_id=started['conversation_id'],
+        parent_run_id=started['parent_run_id'],
+        agent_name=started['agent_name'],
+        metadata=dict(started['metadata']),
+    )
+    txn.put(RUNS.key(run.started_at, run.run_id), b'')
+    if run.conversation_id is not None:
+        txn.put(CONVERSATION.key(run.conversation_id, run.started_at, run.run_id), b'')
+    if run.parent_run_id is not None:
+        txn.put(CHILDREN.key(run.parent_run_id, run.started_at, run.run_id), b'')
+    return run
+
+
+def apply_event(
+    txn: Transaction,
+    keys: RunKeys,
+    run: RunState,
+    source: SourceRecord,
+    event: Fields,
+    rules: RunRules,
+) -> bool:
+    """Apply the owner's step event at its seq: False for a duplicate.
+
+    `rules` gives the applier's options (a retention policy, `max_snapshots`), and takes the
+    transition this event displaces, if any, to the DLQ.
+    """
+    assert source.value is not None
+    seq = event['seq']
+    event_key = keys.event(seq)
+    held = run.holds(seq)
+    if held:
+        existing = txn.get(event_key)
+        if existing is not None:
+            if existing == source.value:
+                return False
+            raise Rejected('duplicate_seq', f'seq {seq} of run {run.run_id!r} holds another step event')
+    snap = event['snapshot']
+    if snap is not None and ranges_hold(run.snapshots, snap['snapshot_seq']):
+        raise Rejected(
+            'snapshot_conflict',
+            f'snapshot {snap["snapshot_seq"]} of run {run.run_id!r} was saved already by another event',
+        )
+    if held:  # by a tool-effect transition: the step event wins
+        withdraw_transition(txn, keys, run, source.partition, seq, rules.run_dead_letter)
+    else:
+        run.claim(seq)
+    txn.put(event_key, source.value)
+    if rules.retention is not None and snap is not None:
+        rules.retention.referenced(txn, run.run_id, snapshot_media(snap['messages'], snap['media']))
+    kind = event['kind']
+    if kind in TERMINAL_KINDS:
+        if rules.retention is not None:
+            rules.retention.ended(txn, keys.home, run.run_id, event['timestamp'])
+        if seq > run.terminal_seq:
+            run.terminal_seq = seq
+            run.status = TERMINAL_KINDS[kind]
+            run.ended_at = event['timestamp']
+            run.error = event['error']
+    elif kind in TIMED_KINDS:
+        add_usage(run, event)
+    elif snap is not None:
+        snapshot_seq = snap['snapshot_seq']
+        ranges_add(run.snapshots, snapshot_seq)
+        entry = SnapshotEntry(
+            seq=seq,
+            snapshot_seq=snapshot_seq,
+            state=snap['state'],
+            step_index=event['step_index'],
+            prefix_len=snap['prefix_len'],
+            timestamp=event['timestamp'],
+            idempotency_key=event['idempotency_key'],
+        )
+        txn.put_state(keys.snapshot(snapshot_seq), entry)
+        if rules.max_snapshots is not None:
+            _retain(txn, keys, run, snapshot_seq, snap['state'], rules.max_snapshots)
+    return True
+
+
+def _retain(txn: Transaction, keys: RunKeys, run: RunState, snapshot_seq: int, state: str, keep: int) -> None:
+    """Keep the newest `keep` snapshots, the newest complete one and the newest overall.
+
+    Retention hides snapshots from the read side; their deltas stay, because later snapshots
+    are reconstructed through them (see docs/decisions/0006-snapshot-retention.md). The
+    candidates are tracked on the run, so this costs O(keep) per snapshot, not O(snapshots).
+    """
+    retained = run.retained_snapshots
+    retained.append(snapshot_seq)
+    retained.sort()
+    if state == 'complete' and snapshot_seq > run.newest_complete_snapshot:
+        run.newest_complete_snapshot = snapshot_seq
+    keep_set = set(retained[-keep:]) | {retained[-1], run.newest_complete_snapshot}
+    for dropped in [s for s in retained if s not in keep_set]:
+        retained.remove(dropped)
+        entry_key = keys.snapshot(dropped)
+        entry = txn.get_state(entry_key, SnapshotEntry)
+        if entry is not None:
+            entry.retained = False
+            txn.put_state(entry_key, entry)

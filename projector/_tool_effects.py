@@ -1,0 +1,221 @@
+"""The tool-effect rules of a registered run's owner: transitions, resolutions, the indexes.
+
+Each rule returns False for a duplicate and raises `Rejected` for the DLQ:
+
+- `apply_transition`: a transition holds its seq, unless a step event holds it (step events
+  win); the call's state is a max fold over its transitions (`_merge`), so arrival order is moot.
+- `apply_resolution`: an operator's `resolved` transition joins the call's ledger, keyed by its
+  offset; it decides the status if it answers the call's latest `started` (decision 0022).
+- `withdraw_transition`: a step event took a transition's seq; the transition stops counting,
+  and so do the resolutions only it came before.
+- `reindex_effects`: the unresolved indexes of the calls a batch changed, once per call and batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stepstream.projector._batch import EFFECTS, Rejected, RunDeadLetter, RunKeys, SourceRecord
+from stepstream.projector._keys import RESOLUTION, TRANSITION, UNRESOLVED, UNRESOLVED_RUN
+from stepstream.projector._shard import Transaction
+from stepstream.projector._state import EffectState, RunState
+from stepstream.schemas import Fields, read_record
+
+
+def apply_transition(txn: Transaction, keys: RunKeys, run: RunState, source: SourceRecord, t: Fields) -> bool:
+    """Apply the owner's tool-effect transition at its seq: False for a duplicate.
+
+    A different record at a held seq raises `Rejected` (`duplicate_seq`); one at a seq a step
+    event holds is kept dead, so that a repeat of it is a duplicate.
+    """
+    assert source.value is not None
+    seq = t['seq']
+    transition_key = keys.transition(seq)
+    if run.holds(seq):
+        existing = txn.transition(transition_key)
+        if existing is not None:
+            if existing[1] == source.value:
+                return False
+            raise Rejected(
+                'duplicate_seq', f'seq {seq} of run {run.run_id!r} holds another tool-effect transition'
+            )
+        # Held by a step event, which wins. Kept (dead) so that a repeat is a duplicate.
+        txn.put_transition(transition_key, source.offset, source.value)
+        raise Rejected(
+            'duplicate_seq',
+            f'seq {seq} of run {run.run_id!r} holds a step event, which takes precedence',
+        )
+    run.claim(seq)
+    txn.put_transition(transition_key, source.offset, source.value)
+    effect_key = keys.effect(t['tool_call_id'])
+    effect = txn.get_state(effect_key, EffectState)
+    first = effect_key not in keys.effects
+    if first:
+        keys.effects[effect_key] = _unresolved_keys(effect)
+    if effect is None:
+        effect = EffectState(
+            run_id=run.run_id, tool_call_id=t['tool_call_id'], tool_name=t['tool_name'], tool_name_seq=seq
+        )
+        txn.put_state(effect_key, effect)
+    elif first:  # staged once per batch; later changes are to the staged object
+        txn.put_state(effect_key, effect)
+    _merge(effect, t)
+    return True
+
+
+def apply_resolution(txn: Transaction, keys: RunKeys, run: RunState, source: SourceRecord, r: Fields) -> bool:
+    """Add an operator's resolution to the call's ledger.
+
+    It decides the status if it answers the call's latest `started` (`EffectState.settle`).
+    """
+    assert source.value is not None
+    call = r['tool_call_id']
+    resolution_key = RESOLUTION.key(run.run_id, call, source.offset)
+    if txn.get(resolution_key) is not None:
+        return False
+    effect_key = keys.effect(call)
+    effect = txn.get_state(effect_key, EffectState)
+    if effect is None:
+        raise Rejected(
+            'unknown_effect',
+            f'run {run.run_id!r} has no tool call {call!r} before this resolution: nothing to resolve',
+        )
+    if effect_key not in keys.effects:
+        keys.effects[effect_key] = _unresolved_keys(effect)
+        txn.put_state(effect_key, effect)
+    txn.put(resolution_key, source.value)
+    effect.resolutions.append(
+        {
+            'offset': source.offset,
+            'seq': r['seq'],
+            'resolution': r['resolution'],
+            'resolved_by': r['resolved_by'],
+            'writer_id': r['writer_id'],
+            'at': r['timestamp'],
+            'note': r['note'],
+        }
+    )
+    effect.resolutions.sort(key=_by_offset)
+    effect.settle()
+    return True
+
+
+def withdraw_transition(
+    txn: Transaction, keys: RunKeys, run: RunState, partition: int, seq: int, dead_letter: RunDeadLetter
+) -> None:
+    """A step event took this seq: its transition stops counting and goes to the DLQ."""
+    stored = txn.transition(keys.transition(seq))
+    assert stored is not None
+    offset, withdrawn = stored
+    t = read_record(withdrawn)[1]
+    effect_key = keys.effect(t['tool_call_id'])
+    before = txn.get_state(effect_key, EffectState)
+    if effect_key not in keys.effects:
+        keys.effects[effect_key] = _unresolved_keys(before)
+    # Rare (a reused seq), so the call's other live transitions are found by a scan of the run's.
+    effect = None
+    first_live = None
+    for k, other_offset, other_value in txn.transitions(TRANSITION.prefix(run.run_id)):
+        other_seq = TRANSITION.parse(k)[1]
+        assert isinstance(other_seq, int)
+        if other_seq == seq or txn.get(keys.event(other_seq)) is not None:
+            continue  # the withdrawn one, or another that a step event displaced
+        other = read_record(other_value)[1]
+        if other['tool_call_id'] != t['tool_call_id']:
+            continue
+        first_live = other_offset if first_live is None else min(first_live, other_offset)
+        if effect is None:
+            effect = EffectState(
+                run_id=run.run_id,
+                tool_call_id=other['tool_call_id'],
+                tool_name=other['tool_name'],
+                tool_name_seq=other['seq'],
+            )
+        _merge(effect, other)
+    # A resolution stays only where a live transition of the call came before it in the
+    # log, as if the withdrawn one had never applied (then it would have been dead-lettered).
+    for r in before.resolutions if before is not None else ():
+        if first_live is not None and r['offset'] > first_live:
+            assert effect is not None
+            effect.resolutions.append(r)
+            continue
+        resolution_key = RESOLUTION.key(run.run_id, t['tool_call_id'], r['offset'])
+        value = txn.get(resolution_key)
+        assert value is not None
+        txn.delete(resolution_key)
+        dead_letter(
+            txn,
+            run,
+            SourceRecord(EFFECTS, partition, r['offset'], keys.key, value),
+            'unknown_effect',
+            f'run {run.run_id!r} has no tool call {t["tool_call_id"]!r} before this resolution: '
+            'nothing to resolve',
+        )
+    if effect is None:
+        txn.delete(effect_key)
+    else:
+        effect.settle()
+        txn.put_state(effect_key, effect)
+    run.count_rejected('duplicate_seq')
+    dead_letter(
+        txn,
+        run,
+        SourceRecord(EFFECTS, partition, offset, keys.key, withdrawn),
+        'duplicate_seq',
+        f'seq {seq} of run {run.run_id!r} also holds a step event, which takes precedence',
+    )
+
+
+def reindex_effects(txn: Transaction, keys: RunKeys) -> None:
+    """Index the calls whose effect the key's records changed in the batch, as they are after it."""
+    for effect_key, before in keys.effects.items():
+        _reindex_effect(txn, before, _unresolved_keys(txn.get_state(effect_key, EffectState)))
+
+
+def _by_offset(r: dict[str, Any]) -> int:
+    return int(r['offset'])
+
+
+def _merge(effect: EffectState, t: Fields) -> None:
+    """Fold one transition into the call's state; commutative, so arrival order is moot."""
+    ts, seq, status = t['timestamp'], t['seq'], t['status']
+    if seq < effect.tool_name_seq:
+        effect.tool_name, effect.tool_name_seq = t['tool_name'], seq
+    if status == 'started':
+        effect.started_at = ts if effect.started_at is None else min(ts, effect.started_at)
+    if status != 'annotated' and seq > effect.status_seq:
+        effect.status, effect.status_seq, effect.error = status, seq, t['error']
+        effect.ended_at = None if status == 'started' else ts
+    idempotency_key = t['idempotency_key']
+    if idempotency_key is not None and seq > effect.idempotency_key_seq:
+        effect.idempotency_key, effect.idempotency_key_seq = idempotency_key, seq
+    summary = t['effect_summary']
+    if summary is not None and seq > effect.effect_summary_seq:
+        effect.effect_summary, effect.effect_summary_seq = summary, seq
+    effect.last_seq = max(effect.last_seq, seq)
+    if effect.resolutions:
+        effect.settle()
+
+
+def _unresolved_keys(effect: EffectState | None) -> tuple[bytes, ...]:
+    if effect is None or not effect.unresolved:
+        return ()
+    assert effect.started_at is not None
+    return (
+        UNRESOLVED.key(effect.started_at, effect.run_id, effect.tool_call_id),
+        UNRESOLVED_RUN.key(effect.run_id, effect.tool_call_id),
+    )
+
+
+def _reindex_effect(txn: Transaction, before: tuple[bytes, ...], after: tuple[bytes, ...]) -> None:
+    """Both unresolved indexes change together, from the same state: they cannot disagree.
+
+    Called once per call and batch, with its keys before the batch and after it: a call that
+    starts and completes within one batch never touches the indexes.
+    """
+    if before == after:
+        return
+    for k in before:
+        txn.delete(k)
+    for k in after:
+        txn.put(k, b'')

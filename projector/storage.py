@@ -1,0 +1,71 @@
+"""The shards' layout and codecs, shared by the projector that writes them and the read model that reads them.
+
+The projector's storage layer stays in its private modules (`_shard.py`: the shard types and
+the projection directory; `_keys.py`: the key layout; `_state.py`: the state records' codecs;
+`_retention.py`: what a retention policy keeps); this module is their public face, the names a
+reader of the shards needs (`stepstream.readmodel`) and nothing the projector alone uses.
+"""
+
+from __future__ import annotations
+
+from stepstream.projector._keys import (
+    CHILDREN,
+    CONFLICT,
+    CONVERSATION,
+    EFFECT,
+    EVENT,
+    PARKED,
+    RUN,
+    RUN_MEDIA,
+    RUNS,
+    SNAPSHOT,
+    UNRESOLVED,
+    UNRESOLVED_RUN,
+)
+from stepstream.projector._retention import (
+    RetentionPreview,
+    RetentionState,
+    expired_started_at,
+    referenced_media,
+    retention_preview,
+    retention_state,
+)
+from stepstream.projector._shard import (
+    MemoryShard,
+    Shard,
+    check_projection,
+    combined_state,
+    shard_paths,
+    shard_writer,
+)
+from stepstream.projector._state import EffectState, RunState, SnapshotEntry
+
+__all__ = [
+    'CHILDREN',
+    'CONFLICT',
+    'CONVERSATION',
+    'EFFECT',
+    'EVENT',
+    'PARKED',
+    'RUN',
+    'RUNS',
+    'RUN_MEDIA',
+    'SNAPSHOT',
+    'UNRESOLVED',
+    'UNRESOLVED_RUN',
+    'EffectState',
+    'MemoryShard',
+    'RetentionPreview',
+    'RetentionState',
+    'RunState',
+    'Shard',
+    'SnapshotEntry',
+    'check_projection',
+    'combined_state',
+    'expired_started_at',
+    'referenced_media',
+    'retention_preview',
+    'retention_state',
+    'shard_paths',
+    'shard_writer',
+]

@@ -1,0 +1,53 @@
+"""The read model: queries over the shards the projector writes (runs, lineage, effects, snapshots, status).
+
+One small view per shape over the shards (`_runs.py`, `_lineage.py`, `_events.py`,
+`_snapshots.py`, `_effects.py`, `_status.py`, `_retention.py`, `_recovery.py`), composed by
+`ProjectionReader`, which opens them one way: `ProjectionReader.from_settings(settings)` in any
+process, `projector.reader()` in the projector's own. Its callers never change it once open.
+`stepstream serve`, the CLI, the analytics export, the media sweep and the demo all read
+through it; the shards' layout and codecs it reads come from `stepstream.projector.storage`.
+
+```python
+from stepstream.readmodel import ProjectionReader
+
+async with ProjectionReader.from_settings(settings) as reader:
+    runs = await reader.list_runs(newest_first=True, limit=50)
+```
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from stepstream.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from stepstream.readmodel._reader import ProjectionReader
+    from stepstream.readmodel._recovery import RecoveryReport, inspect_recovery
+    from stepstream.readmodel._shards import ShardUnavailable
+    from stepstream.readmodel._snapshots import continue_run, fork_run
+    from stepstream.readmodel._status import ProjectionStatus
+
+_WHERE = {
+    'ProjectionReader': 'stepstream.readmodel._reader',
+    'ProjectionStatus': 'stepstream.readmodel._status',
+    'RecoveryReport': 'stepstream.readmodel._recovery',
+    'ShardUnavailable': 'stepstream.readmodel._shards',
+    'continue_run': 'stepstream.readmodel._snapshots',
+    'fork_run': 'stepstream.readmodel._snapshots',
+    'inspect_recovery': 'stepstream.readmodel._recovery',
+}
+"""Where each public name lives: imported on first use, so `import stepstream.readmodel` costs
+nothing until a reader is wanted (RocksDB, the schemas, ...)."""
+
+__all__ = [
+    'ProjectionReader',
+    'ProjectionStatus',
+    'RecoveryReport',
+    'ShardUnavailable',
+    'continue_run',
+    'fork_run',
+    'inspect_recovery',
+]
+
+__getattr__ = lazy_exports(__name__, _WHERE)

@@ -1,0 +1,105 @@
+"""The tool effects view: each call's merged ledger record, and the calls that have not ended.
+
+An unended call reads `in_flight` while its run is live (it may still finish) and
+`unknown_after_crash` once the run is stale, failed or cancelled: judged at read time, from the
+runs view's judgement of its run.
+"""
+
+from __future__ import annotations
+
+from stepstream.projector.storage import EFFECT, UNRESOLVED, UNRESOLVED_RUN, EffectState
+from stepstream.readmodel._runs import Runs
+from stepstream.readmodel._shards import Shards, ts
+from stepstream.schemas import EffectResolution, ToolEffectRecord
+from stepstream.timestamps import EPOCH, from_micros
+
+
+class Effects:
+    """The `EFFECT` states and the `UNRESOLVED`/`UNRESOLVED_RUN` indexes, as `ToolEffectRecord`s."""
+
+    def __init__(self, shards: Shards, runs: Runs) -> None:
+        self._shards = shards
+        self._runs = runs
+
+    async def get_tool_effect(self, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
+        """`ProjectionReader.get_tool_effect`."""
+        return await self._shards.query(lambda: self.effect(run_id, tool_call_id))
+
+    async def list_tool_effects(self, run_id: str) -> list[ToolEffectRecord]:
+        """`ProjectionReader.list_tool_effects`: the run's liveness judged once for all its calls."""
+
+        def query() -> list[ToolEffectRecord]:
+            db = self._shards.db(run_id)
+            calls = [EFFECT.last_str(k) for k, _ in db.scan(EFFECT.prefix(run_id))]
+            live = self._runs.live(run_id)
+            effects = [e for e in (self.effect(run_id, c, live=live) for c in calls) if e is not None]
+            effects.sort(key=lambda e: (e.started_at or EPOCH, e.tool_call_id))
+            return effects
+
+        return await self._shards.query(query)
+
+    async def list_unresolved_tool_effects(self, run_id: str | None) -> list[ToolEffectRecord]:
+        """`ProjectionReader.list_unresolved_tool_effects`: one run's index, or every shard's."""
+
+        def query() -> list[ToolEffectRecord]:
+            found: list[ToolEffectRecord] = []
+            if run_id is not None:
+                ids = [
+                    (run_id, UNRESOLVED_RUN.last_str(k))
+                    for k, _ in self._shards.db(run_id).scan(UNRESOLVED_RUN.prefix(run_id))
+                ]
+            else:
+                ids = [
+                    (str(run), str(call))
+                    for _, run, call in (
+                        UNRESOLVED.parse(k) for k, _ in self._shards.scan(UNRESOLVED.prefix())
+                    )
+                ]
+            live: dict[str, bool] = {}
+            for run, call in ids:
+                if run not in live:
+                    live[run] = self._runs.live(run)
+                effect = self.effect(run, call, live=live[run])
+                if effect is not None:
+                    found.append(effect)
+            found.sort(key=lambda e: (e.started_at or EPOCH, e.run_id, e.tool_call_id))
+            return found
+
+        return await self._shards.query(query)
+
+    def effect(self, run_id: str, tool_call_id: str, *, live: bool | None = None) -> ToolEffectRecord | None:
+        """The merged effect; `live` is whether its run reads `running` (looked up when not given)."""
+        state = self._shards.db(run_id).get_state(EFFECT.key(run_id, tool_call_id), EffectState)
+        if state is None:
+            return None
+        resolutions = [
+            EffectResolution(
+                resolution=r['resolution'],
+                resolved_by=r['resolved_by'],
+                writer_id=r['writer_id'],
+                resolved_at=from_micros(r['at']),
+                note=r['note'],
+                resolves_seq=r['seq'],
+                applied=r['offset'] == state.resolved_offset,
+            )
+            for r in state.resolutions
+        ]
+        resolution = next((r for r in resolutions if r.applied), None)
+        return ToolEffectRecord(
+            tool_call_id=state.tool_call_id,
+            tool_name=state.tool_name,
+            run_id=state.run_id,
+            status='resolved' if resolution is not None else state.status,  # type: ignore[arg-type]
+            started_at=ts(state.started_at),
+            ended_at=resolution.resolved_at if resolution is not None else ts(state.ended_at),
+            idempotency_key=state.idempotency_key,
+            effect_summary=state.effect_summary,
+            error=state.error,
+            last_seq=state.last_seq,
+            status_seq=state.status_seq,
+            resolution=resolution,
+            resolutions=resolutions,
+            in_flight=resolution is None
+            and state.status == 'started'
+            and (self._runs.live(run_id) if live is None else live),
+        )

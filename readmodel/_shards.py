@@ -1,0 +1,183 @@
+"""The shards a reader reads: a run routed to its shard, lists merged, writers caught up with.
+
+Every view of the read model (`_runs.py`, `_snapshots.py`, ...) reads through one `Shards`: a
+run's own reads go to the shard the producer's partitioner puts it in, lists merge the shards
+in key order, and a read that needs a shard this process cannot see raises `ShardUnavailable`
+naming the partition, never a partial answer. Over another process's projection (`open_under`)
+the shards are RocksDB secondary instances, caught up with their writers before every query.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import tempfile
+from collections.abc import Callable, Collection, Iterator, Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import TypeVar
+
+from stepstream.errors import StepStreamError
+from stepstream.projector.storage import MemoryShard, Shard, shard_paths
+from stepstream.timestamps import from_micros
+from stepstream.topics import murmur2_partition
+
+T = TypeVar('T')
+ReadableShard = Shard | MemoryShard
+"""A shard a reader can read: on disk (its writer's own, or a read-only secondary), or in memory."""
+
+
+class ShardUnavailable(StepStreamError):
+    """A read needs a shard this reader cannot see (moving to another member, or on another host)."""
+
+
+def ts(value: int | None) -> datetime | None:
+    """A stored time (microseconds), or None."""
+    return None if value is None else from_micros(value)
+
+
+class Shards:
+    """A projection's shards as its views read them: routing, merging, query threads and scope."""
+
+    def __init__(
+        self,
+        shards: ReadableShard | Mapping[int, ReadableShard],
+        *,
+        partitions: int | None = None,
+        secondary: bool = False,
+        owns_db: bool = False,
+        scope: Callable[[], Collection[int] | None] | None = None,
+    ) -> None:
+        """Open shards (`{partition: shard}` with the topics' `partitions`), or one shard alone.
+
+        `secondary`: catch each shard up with its writer before every query; `owns_db`: close
+        them with `close`; `scope`: as `ProjectionReader` says.
+        """
+        self._shards: Mapping[int, ReadableShard] = (
+            {0: shards} if isinstance(shards, Shard | MemoryShard) else shards
+        )
+        self._partitions = partitions
+        """None: one db holds every partition's runs (tests and benchmarks)."""
+        self._secondary = secondary
+        self._owns_db = owns_db
+        self._scope = scope
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        self._root: Path | None = None
+
+    def open_under(self, root: Path) -> None:
+        """Read the shards under the projection directory `root`, and those that appear there later."""
+        self._tmp = tempfile.TemporaryDirectory(prefix='stepstream-reader-')
+        self._root = root
+        self._open_new_shards()
+
+    @property
+    def root(self) -> Path | None:
+        """The projection directory these shards were opened under; None: a projector's own."""
+        return self._root
+
+    @property
+    def partitions(self) -> int | None:
+        """The topics' partition count; None: one shard holds every partition's runs."""
+        return self._partitions
+
+    @property
+    def held(self) -> Mapping[int, ReadableShard]:
+        """The shards readable here, by partition (whatever the scope)."""
+        return self._shards
+
+    def missing(self) -> list[int]:
+        """The partitions with no shard here."""
+        if self._partitions is None:
+            return []
+        return [p for p in range(self._partitions) if p not in self._shards]
+
+    def _open_new_shards(self) -> None:
+        """Open shards that appeared under the directory since the last query."""
+        assert self._root is not None and self._tmp is not None and isinstance(self._shards, dict)
+        for partition, path in shard_paths(self._root).items():
+            if partition in self._shards:
+                continue
+            shard = Shard.open_read_only(path, Path(self._tmp.name) / path.name)
+            identity = shard.identity()
+            assert identity is not None  # open_read_only checked it
+            if self._partitions is not None and identity.partitions != self._partitions:
+                shard.close()
+                raise StepStreamError(
+                    f'{path} is a shard of {identity.partitions} partitions, '
+                    f'the others of {self._partitions}: '
+                    'the directory mixes two projections; rebuild it'
+                )
+            self._partitions = identity.partitions
+            self._shards[partition] = shard
+
+    def close(self) -> None:
+        """Release the database handles if these shards were opened here."""
+        if self._owns_db:
+            for shard in self._shards.values():
+                shard.close()
+            if isinstance(self._shards, dict):
+                self._shards.clear()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    async def query(self, fn: Callable[[], T]) -> T:
+        """`fn` in a worker thread, after catching up with the writers (secondaries)."""
+
+        def run() -> T:
+            if self._secondary:
+                if self._root is not None:
+                    self._open_new_shards()
+                for shard in self._shards.values():
+                    shard.catch_up()
+            return fn()
+
+        return await asyncio.to_thread(run)
+
+    async def point(self, fn: Callable[[], T]) -> T:
+        """A point read (a few RocksDB gets): on the event loop over a projector's own shards.
+
+        Such a read takes microseconds; a hop to a worker thread and back costs the loop two
+        wake-ups, which while it serves writers too was most of a read-your-writes `get_run`
+        (docs/benchmarks.md, "Issue 27, third pass"). A reader of another process's shards
+        catches up with them first, which can take longer: that one goes to a thread.
+        """
+        if self._secondary:
+            return await self.query(fn)
+        return fn()
+
+    def db(self, run_id: str) -> ReadableShard:
+        """The shard holding `run_id`'s records."""
+        if self._partitions is None:
+            return self._shards[0]
+        partition = murmur2_partition(run_id.encode(), self._partitions)
+        shard = self._shards.get(partition)
+        if shard is None:
+            raise ShardUnavailable(self._missing_message([partition]))
+        return shard
+
+    def all(self) -> list[ReadableShard]:
+        """Every shard in scope, or `ShardUnavailable` naming those missing."""
+        if self._partitions is None:
+            return list(self._shards.values())
+        only = self._scope() if self._scope is not None else None
+        wanted = range(self._partitions) if only is None else sorted(only)
+        missing = [p for p in wanted if p not in self._shards]
+        if missing:
+            raise ShardUnavailable(self._missing_message(missing))
+        return [self._shards[p] for p in wanted]
+
+    def _missing_message(self, partitions: list[int]) -> str:
+        where = f' under {self._root}' if self._root is not None else ' in this process'
+        return (
+            f'the shard of partition(s) {partitions} is not readable{where}: it is moving to another '
+            'group member, held by a member on another host, or not made yet; try again, or read '
+            'a directory that holds every shard'
+        )
+
+    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """Every shard's keys under `prefix`, merged in key order (a k-way merge, not a sort)."""
+        shards = self.all()
+        if len(shards) == 1:
+            return shards[0].scan(prefix)
+        return heapq.merge(*(shard.scan(prefix) for shard in shards), key=lambda item: item[0])

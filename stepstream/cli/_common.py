@@ -1,0 +1,60 @@
+"""What every command module shares: exit codes, how a command is declared, how the projection is opened.
+
+A command is an `async def name(args, settings) -> int` registered by its module's
+`add_commands(command)`, where `command(name, fn, help)` makes its parser with the settings'
+flags and `--stack-dir`. The views open the projection one way, `open_reader`; an unknown run
+fails as everywhere else, through `ProjectionReader.require_run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Protocol, TypeVar
+
+from stepstream.settings import Settings
+
+if TYPE_CHECKING:
+    from stepstream.readmodel import ProjectionReader
+
+T = TypeVar('T')
+
+Command = Callable[[argparse.Namespace, Settings], Awaitable[int]]
+"""A subcommand: its parsed arguments and settings in, its exit code out."""
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+"""Not found, projections differ, lag above `--max-lag`, or any other stepstream error."""
+EXIT_USAGE = 2
+"""A flag, path or value used wrongly: the message says what to change."""
+EXIT_UNAVAILABLE = 3
+"""Kafka or S3 did not answer (or refused): the message says which and why."""
+EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141
+"""The reader of stdout went away (`stepstream runs --json | head`): 128 + SIGPIPE, like other tools."""
+
+
+class Declare(Protocol):
+    """Declares one subcommand (`_main._parser`'s `command`): its parser, with the settings' flags."""
+
+    def __call__(
+        self, name: str, fn: Command, help_text: str, *, parent: argparse._SubParsersAction | None = None
+    ) -> argparse.ArgumentParser:
+        """The parser of subcommand `name`, which runs `fn` (under `parent`: a nested action)."""
+        ...
+
+
+def add_json(*parsers: argparse.ArgumentParser) -> None:
+    """Give each view its `--json` flag."""
+    for parser in parsers:
+        parser.add_argument('--json', action='store_true', help='machine-readable output')
+
+
+@contextlib.asynccontextmanager
+async def open_reader(settings: Settings) -> AsyncIterator[ProjectionReader]:
+    """`ProjectionReader.from_settings`, imported only by the commands that read the projection."""
+    from stepstream.readmodel import ProjectionReader as Reader
+
+    async with Reader.from_settings(settings) as reader:
+        yield reader

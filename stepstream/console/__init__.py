@@ -1,0 +1,67 @@
+"""The console: what a terminal shows of the read model, each view's query and its text or JSON.
+
+`show(name, args, reader, settings)` runs one view (`runs`, `tree`, `events`, `snapshot`,
+`effects`, `unresolved`, `conflicts`). The CLI runs it over a projection it opens, the read
+service (`stepstream serve`) runs it for a CLI that asks over HTTP; the renderers beside it
+(tables, trees, histories, status) are shared by the CLI and the demo. Names are imported on
+first use, so a CLI that only asks the service never loads the read model.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from stepstream.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from stepstream.console._args import VIEW_HEADER, ViewArgs
+    from stepstream.console._render import (
+        effects_table,
+        events_table,
+        preview_text,
+        retention_text,
+        runs_table,
+        status_json,
+        status_text,
+        sweep_text,
+        to_json,
+        tree,
+    )
+    from stepstream.console._views import VIEWS, show
+
+_RENDER = 'stepstream.console._render'
+_WHERE = {
+    'VIEW_HEADER': 'stepstream.console._args',
+    'VIEWS': 'stepstream.console._views',
+    'ViewArgs': 'stepstream.console._args',
+    'effects_table': _RENDER,
+    'events_table': _RENDER,
+    'preview_text': _RENDER,
+    'retention_text': _RENDER,
+    'runs_table': _RENDER,
+    'show': 'stepstream.console._views',
+    'status_json': _RENDER,
+    'status_text': _RENDER,
+    'sweep_text': _RENDER,
+    'to_json': _RENDER,
+    'tree': _RENDER,
+}
+
+__all__ = [
+    'VIEWS',
+    'VIEW_HEADER',
+    'ViewArgs',
+    'effects_table',
+    'events_table',
+    'preview_text',
+    'retention_text',
+    'runs_table',
+    'show',
+    'status_json',
+    'status_text',
+    'sweep_text',
+    'to_json',
+    'tree',
+]
+
+__getattr__ = lazy_exports(__name__, _WHERE)
