@@ -4,12 +4,7 @@ A role of its own beside `serve/`: it reads the projection through `ProjectionRe
 and needs the `export` extra (pyarrow).
 """
 
-from stepstream.analytics._export import (
-    ExportMark,
-    ExportReport,
-    export_filesystem,
-    export_parquet,
-    read_mark,
-)
+from stepstream.analytics._export import ExportReport, export_parquet
+from stepstream.analytics._mark import ExportMark, export_filesystem, read_mark
 
 __all__ = ['ExportMark', 'ExportReport', 'export_filesystem', 'export_parquet', 'read_mark']

@@ -21,27 +21,38 @@ exported. A later export writes `events`/`model_requests` rows only past that (s
 in a recorded gap, and never past the run's own last seq or in its current gaps: each event exactly once),
 and the `runs`/`tool_effects`/`messages` rows of a run only when its digest changed, all of that run's
 rows again, with a higher `export_seq`; the views in docs/analytics.md keep each run's newest
-`export_seq`. See docs/decisions/0021-analytics-export.md.
+`export_seq`. See docs/decisions/0021-analytics-export.md. The mark, and where an export is written
+(a directory or an S3 prefix), are `_mark.py`'s; this module builds the rows and writes them.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import ROUND_HALF_EVEN, Decimal
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import TypeAdapter
 from pydantic_ai.messages import ModelMessage, ModelResponse
 
+from stepstream.analytics._mark import (
+    MANIFEST,
+    TABLES,
+    ExportMark,
+    _check_mark,
+    _digest,
+    _exported,
+    _remove_strays,
+    _same_place,
+    export_filesystem,
+    read_mark,
+)
 from stepstream.analytics._tables import COST_SCALE, ROWS, arrow_schema
 from stepstream.erasure import ErasureError
-from stepstream.errors import StepStreamError, UsageError
+from stepstream.errors import StepStreamError
 from stepstream.readmodel import ProjectionReader
 from stepstream.schemas import RunRecord, StepEvent, ToolEffectRecord
 from stepstream.settings import Settings
@@ -50,17 +61,8 @@ if TYPE_CHECKING:
     import pyarrow as pa
     import pyarrow.fs as pafs
 
-TABLES = tuple(ROWS)
-"""The tables an export writes, each a directory under the target (their rows: `_tables.py`)."""
-
 RUNS_PER_FILE = 1000
 """Runs whose rows go into one set of files: bounds the memory an export holds."""
-
-MANIFEST = '_stepstream_export.json'
-"""The file beside the tables that says what an export wrote, and its mark for a later `--since`."""
-
-MARK_VERSION = 1
-"""The layout of the mark in the manifest; a mark of another version is refused."""
 
 STATE_TABLES = ('runs', 'tool_effects', 'messages')
 """Tables whose rows of a run are replaced as a whole (newest `export_seq` wins); the others only grow."""
@@ -84,41 +86,6 @@ class ExportReport:
     or another one than the writers'): no `messages` rows. An export with any is incomplete."""
     export_seq: int = 0
     """0 for a full export; one more than the mark's for an export `since` one."""
-
-
-@dataclass
-class ExportMark:
-    """An export's high-water mark: what a later export `since` it must not write again.
-
-    `runs` maps a run_id to `[last_seq, digest, gaps]`: the events of that run with seq at most
-    `last_seq` and outside `gaps` were exported, and `digest` is the hash of the run's state rows
-    (its `runs` row, gaps and `tool_effects` rows) as exported. `offsets` are the projection's applied
-    offsets (`topic:partition` -> next offset) read before any row: a mark ahead of a projection
-    is from another log.
-    """
-
-    export_id: str
-    export_seq: int
-    topic_prefix: str | None
-    offsets: dict[str, int]
-    runs: dict[str, list[Any]]
-    exports: list[str]
-    """The export ids whose files are in the mark's directory (a chain appended into one place): files
-    of any other id there are what a failed export left, and the next export into it removes them."""
-    location: str = ''
-    """Where the mark was read from (the export's directory or `s3://` prefix)."""
-
-    def to_json(self) -> dict[str, Any]:
-        """The mark as it is stored in the manifest."""
-        return {
-            'version': MARK_VERSION,
-            'export_id': self.export_id,
-            'export_seq': self.export_seq,
-            'topic_prefix': self.topic_prefix,
-            'offsets': self.offsets,
-            'runs': self.runs,
-            'exports': self.exports,
-        }
 
 
 def _schemas() -> dict[str, pa.Schema]:
@@ -263,124 +230,6 @@ def _message_rows(
     return rows
 
 
-def export_filesystem(out: str, settings: Settings) -> tuple[pafs.FileSystem, str]:
-    """The pyarrow filesystem and base path of `out`: a local directory, or `s3://bucket/prefix`.
-
-    S3 uses the settings' endpoint, region and credentials (the media store's), path-style, over
-    http or https as the endpoint says.
-    """
-    import pyarrow.fs as pafs
-
-    if not out.startswith('s3://'):
-        return pafs.LocalFileSystem(), out
-    endpoint = settings.s3_endpoint
-    scheme = 'https'
-    if endpoint is not None and '://' in endpoint:
-        scheme, endpoint = endpoint.split('://', 1)
-    s3 = pafs.S3FileSystem(
-        access_key=settings.s3_access_key_id,
-        secret_key=(
-            settings.s3_secret_access_key.get_secret_value() if settings.s3_secret_access_key else None
-        ),
-        region=settings.s3_region,
-        endpoint_override=endpoint,
-        scheme=scheme,
-        force_virtual_addressing=False,
-    )
-    return s3, out.removeprefix('s3://').rstrip('/')
-
-
-def _same_place(a: str, b: str) -> bool:
-    if a.startswith('s3://') or b.startswith('s3://'):
-        return a.rstrip('/') == b.rstrip('/')
-    return Path(a).resolve() == Path(b).resolve()
-
-
-def read_mark(since: str, settings: Settings) -> ExportMark:
-    """The mark of an earlier export: `since` is its directory (or `s3://` prefix) or its manifest.
-
-    Raises `UsageError` (exit code 2) when there is no manifest there, or it holds no mark this
-    version of stepstream wrote (an export made before incremental exports, or not an export).
-    """
-    import pyarrow.fs as pafs
-
-    location = since.rstrip('/')
-    if location.endswith('.json'):
-        location = location.rsplit('/', 1)[0] if '/' in location else '.'
-    fs, base = export_filesystem(location, settings)
-    path = f'{base}/{MANIFEST}'
-    try:
-        if fs.get_file_info(path).type != pafs.FileType.File:
-            raise UsageError(f'--since {since}: no {MANIFEST} at {location} (not an export)')
-        with fs.open_input_stream(path) as f:
-            manifest = json.loads(f.read())
-    except (OSError, ValueError) as exc:
-        raise UsageError(f'--since {since}: cannot read {MANIFEST} at {location}: {exc}') from exc
-    mark = manifest.get('mark') if isinstance(manifest, dict) else None
-    if not isinstance(mark, dict) or mark.get('version') != MARK_VERSION:
-        raise UsageError(
-            f'--since {since}: {MANIFEST} at {location} holds no export mark of version {MARK_VERSION} '
-            '(an export made before incremental exports, or not an export): make a full export first'
-        )
-    try:
-        return ExportMark(
-            export_id=str(mark['export_id']),
-            export_seq=int(mark['export_seq']),
-            topic_prefix=mark['topic_prefix'],
-            offsets={str(k): int(v) for k, v in mark['offsets'].items()},
-            runs={str(k): list(v) for k, v in mark['runs'].items()},
-            exports=[str(e) for e in mark['exports']],
-            location=location,
-        )
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise UsageError(
-            f'--since {since}: the mark in {MANIFEST} at {location} is malformed: {exc!r}'
-        ) from exc
-
-
-def _check_mark(mark: ExportMark, topic_prefix: str | None, offsets: dict[str, int]) -> None:
-    """Refuse a mark from another log: another topic prefix, or offsets this projection has not reached."""
-    if mark.topic_prefix != topic_prefix:
-        raise UsageError(
-            f'--since {mark.location}: that export is of topic prefix {mark.topic_prefix!r}, '
-            f'this projection of {topic_prefix!r}: a mark from another log'
-        )
-    ahead = sorted(tp for tp, offset in mark.offsets.items() if offset > offsets.get(tp, 0))
-    if ahead:
-        raise UsageError(
-            f'--since {mark.location}: that export had applied more of {", ".join(ahead)} than this '
-            'projection has: a mark from another log, or a projection behind it (let it catch up, '
-            'or make a full export)'
-        )
-
-
-def _remove_strays(fs: pafs.FileSystem, base: str, exports: set[str]) -> None:
-    """Delete the table files under `base` that no export in `exports` wrote (a failed export's)."""
-    import pyarrow.fs as pafs
-
-    for table in TABLES:
-        selector = pafs.FileSelector(f'{base}/{table}', allow_not_found=True, recursive=True)
-        for info in fs.get_file_info(selector):
-            name = info.base_name
-            if (
-                info.type == pafs.FileType.File
-                and name.startswith('part-')
-                and name.split('-')[1] not in exports
-            ):
-                fs.delete_file(info.path)
-
-
-def _digest(run: RunRecord, run_row: dict[str, Any], effect_rows: list[dict[str, Any]]) -> str:
-    """The hash of a run's state rows: a later export rewrites the run's state only when it differs."""
-    content = json.dumps([run_row, run.gaps, effect_rows], sort_keys=True, default=str)
-    return hashlib.sha256(content.encode()).hexdigest()[:32]
-
-
-def _exported(seq: int, last_seq: int, gaps: Sequence[Sequence[int]]) -> bool:
-    """Whether a mark of `last_seq` and `gaps` covers the event `seq`."""
-    return seq <= last_seq and not any(low <= seq <= high for low, high in gaps)
-
-
 async def export_parquet(
     reader: ProjectionReader,
     out: str,
@@ -404,19 +253,14 @@ async def export_parquet(
     it adds files; anywhere else it replaces what is there with just those rows. A mark from
     another log raises `UsageError`.
     """
-    import pyarrow as pa
-    import pyarrow.dataset as ds
-
     mark = read_mark(since, settings) if isinstance(since, str) else since
     status = await reader.status()  # before any row: whatever is applied later is past the mark
     offsets = {f'{topic}:{partition}': offset for (topic, partition), offset in status.offsets.items()}
     if mark is not None:
         _check_mark(mark, status.topic_prefix, offsets)
     fs, base = export_filesystem(out, settings)
-    schemas = _schemas()
-    export_id = uuid.uuid4().hex[:12]
     export_seq = 0 if mark is None else mark.export_seq + 1
-    report = ExportReport(target=out, export_seq=export_seq)
+    files = _Files(fs, base, uuid.uuid4().hex[:12], ExportReport(target=out, export_seq=export_seq))
     appending = mark is not None and _same_place(mark.location, out)
     if appending:
         assert mark is not None
@@ -426,31 +270,6 @@ async def export_parquet(
             fs.delete_dir_contents(f'{base}/{table}', missing_dir_ok=True)
     runs_mark: dict[str, list[Any]] = {} if mark is None else dict(mark.runs)
 
-    rows: dict[str, list[dict[str, Any]]] = {t: [] for t in TABLES}
-    chunk = 0
-
-    def flush() -> None:
-        nonlocal chunk
-        for table in TABLES:
-            if not rows[table]:
-                continue
-            if table in STATE_TABLES:
-                for row in rows[table]:
-                    row['export_seq'] = export_seq
-            data = pa.Table.from_pylist(rows[table], schema=schemas[table])
-            ds.write_dataset(
-                data,
-                f'{base}/{table}',
-                filesystem=fs,
-                format='parquet',
-                partitioning=ds.partitioning(pa.schema([('date', pa.string())]), flavor='hive'),
-                basename_template=f'part-{export_id}-{chunk}-{{i}}.parquet',
-                existing_data_behavior='overwrite_or_ignore',
-            )
-            report.rows[table] += len(rows[table])
-            rows[table].clear()
-        chunk += 1
-
     after: str | None = None
     done = 0
     while True:
@@ -458,59 +277,113 @@ async def export_parquet(
         if not page:
             break
         for run in page:
-            run_row = _run_row(run)
-            effect_rows = [_effect_row(e, run) for e in await reader.list_tool_effects(run.run_id)]
-            digest = _digest(run, run_row, effect_rows)
-            before = runs_mark.get(run.run_id)
-            if before is not None and before[1] == digest:
-                continue  # nothing of this run changed since the mark
-            runs_mark[run.run_id] = [run.last_seq, digest, [list(g) for g in run.gaps]]
-            rows['runs'].append(run_row)
-            rows['tool_effects'] += effect_rows
-            for event in await reader.list_events(run.run_id):
-                # Exactly what the run record says is there (its last seq, outside its gaps), and
-                # none of what the mark says was exported: the next mark starts where this one ends.
-                if not _exported(event.seq, run.last_seq, run.gaps):
-                    continue
-                if before is not None and _exported(event.seq, before[0], before[2]):
-                    continue
-                rows['events'].append(_event_row(event))
-                if event.kind in ('model_request_completed', 'model_request_failed'):
-                    rows['model_requests'].append(_request_row(event))
-            try:
-                snap = await reader.latest_snapshot(run.run_id, include_interrupted=True, restore=False)
-            except ErasureError as exc:  # the reader's key, not the log: never called a gap
-                report.sealed_histories[run.run_id] = str(exc)
-                snap = None
-            except StepStreamError:
-                report.unreadable_histories.append(run.run_id)
-                snap = None
-            if snap is not None and snap.erased:
-                report.erased_histories.append(run.run_id)
-            elif snap is not None:
-                rows['messages'] += _message_rows(run, snap.messages, snap.snapshot_seq, snap.state)
+            await _add_run(reader, run, runs_mark, files)
         done += len(page)
         if progress is not None:
             progress(done)
-        flush()
+        files.flush()
         after = page[-1].run_id
-    flush()
+    files.flush()
     new_mark = ExportMark(
-        export_id=export_id,
+        export_id=files.export_id,
         export_seq=export_seq,
         topic_prefix=status.topic_prefix,
         offsets=offsets,
         runs=runs_mark,
-        exports=[*mark.exports, export_id] if appending and mark is not None else [export_id],
+        exports=[*mark.exports, files.export_id] if appending and mark is not None else [files.export_id],
     )
+    _write_manifest(files, mark, new_mark)
+    return files.report
+
+
+class _Files:
+    """The rows of the runs read so far, written as one set of Parquet files per `flush`."""
+
+    def __init__(self, fs: pafs.FileSystem, base: str, export_id: str, report: ExportReport) -> None:
+        self.fs = fs
+        self.base = base
+        self.export_id = export_id
+        self.report = report
+        self.schemas = _schemas()
+        self.rows: dict[str, list[dict[str, Any]]] = {t: [] for t in TABLES}
+        self.chunk = 0
+
+    def flush(self) -> None:
+        """Write the rows held (each table's into its own files) and start the next set."""
+        import pyarrow as pa
+        import pyarrow.dataset as ds
+
+        for table in TABLES:
+            rows = self.rows[table]
+            if not rows:
+                continue
+            if table in STATE_TABLES:
+                for row in rows:
+                    row['export_seq'] = self.report.export_seq
+            data = pa.Table.from_pylist(rows, schema=self.schemas[table])
+            ds.write_dataset(
+                data,
+                f'{self.base}/{table}',
+                filesystem=self.fs,
+                format='parquet',
+                partitioning=ds.partitioning(pa.schema([('date', pa.string())]), flavor='hive'),
+                basename_template=f'part-{self.export_id}-{self.chunk}-{{i}}.parquet',
+                existing_data_behavior='overwrite_or_ignore',
+            )
+            self.report.rows[table] += len(rows)
+            rows.clear()
+        self.chunk += 1
+
+
+async def _add_run(
+    reader: ProjectionReader, run: RunRecord, runs_mark: dict[str, list[Any]], files: _Files
+) -> None:
+    """Add a run's rows to `files`, those `runs_mark` does not say were exported, and mark them."""
+    rows, report = files.rows, files.report
+    run_row = _run_row(run)
+    effect_rows = [_effect_row(e, run) for e in await reader.list_tool_effects(run.run_id)]
+    digest = _digest(run, run_row, effect_rows)
+    before = runs_mark.get(run.run_id)
+    if before is not None and before[1] == digest:
+        return  # nothing of this run changed since the mark
+    runs_mark[run.run_id] = [run.last_seq, digest, [list(g) for g in run.gaps]]
+    rows['runs'].append(run_row)
+    rows['tool_effects'] += effect_rows
+    for event in await reader.list_events(run.run_id):
+        # Exactly what the run record says is there (its last seq, outside its gaps), and
+        # none of what the mark says was exported: the next mark starts where this one ends.
+        if not _exported(event.seq, run.last_seq, run.gaps):
+            continue
+        if before is not None and _exported(event.seq, before[0], before[2]):
+            continue
+        rows['events'].append(_event_row(event))
+        if event.kind in ('model_request_completed', 'model_request_failed'):
+            rows['model_requests'].append(_request_row(event))
+    try:
+        snap = await reader.latest_snapshot(run.run_id, include_interrupted=True, restore=False)
+    except ErasureError as exc:  # the reader's key, not the log: never called a gap
+        report.sealed_histories[run.run_id] = str(exc)
+        snap = None
+    except StepStreamError:
+        report.unreadable_histories.append(run.run_id)
+        snap = None
+    if snap is not None and snap.erased:
+        report.erased_histories.append(run.run_id)
+    elif snap is not None:
+        rows['messages'] += _message_rows(run, snap.messages, snap.snapshot_seq, snap.state)
+
+
+def _write_manifest(files: _Files, mark: ExportMark | None, new_mark: ExportMark) -> None:
+    """Write the manifest beside the tables: what this export wrote, and its mark."""
+    fs, base, report = files.fs, files.base, files.report
     fs.create_dir(base, recursive=True)
     with fs.open_output_stream(f'{base}/{MANIFEST}') as manifest:
         manifest.write(
             json.dumps(
                 {
                     'exported_at': datetime.now(UTC).isoformat(),
-                    'export_id': export_id,
-                    'export_seq': export_seq,
+                    'export_id': files.export_id,
+                    'export_seq': report.export_seq,
                     'since': None
                     if mark is None
                     else {
@@ -527,4 +400,3 @@ async def export_parquet(
                 indent=2,
             ).encode()
         )
-    return report

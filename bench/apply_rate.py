@@ -17,7 +17,10 @@ ceiling, then the apply; the last line gives medians and ranges over the rounds.
 in each round, right after today's or (every other round) right before it, so that before and
 after share a machine state and a ceiling, and neither always finds the caches both use warm.
 Each rate is given in wall time and in CPU time (the process's, RocksDB's threads included): on
-a machine other work shares, CPU time is the steadier figure.
+a machine other work shares, CPU time is the steadier figure. Since issue 34 split the rules out
+of `_apply.py` (`_checks`, `_step_events`, `_tool_effects`, `_usage`), `--baseline` compares the
+`Applier` class alone, over today's rules; to compare the whole apply path, run this module from
+both checkouts laid out as installed (`bench.interleave.installed_layout`), in turns.
 """
 
 from __future__ import annotations

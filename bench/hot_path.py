@@ -9,7 +9,6 @@ producer's metric calls, as they run with no OpenTelemetry SDK configured.
 
 from __future__ import annotations
 
-import functools
 import time
 import timeit
 from datetime import UTC, datetime
@@ -20,7 +19,6 @@ from pydantic_ai.messages import ModelResponse, TextPart
 from pydantic_ai.usage import RequestUsage
 
 from stepstream.producer._capability import _usage_of
-from stepstream.producer._log import _observe_ack
 from stepstream.schemas import StepEvent, encode
 from stepstream.telemetry import ack_latency, records_appended, span
 
@@ -72,10 +70,6 @@ def main() -> None:
         ('2 x perf_counter_ns', _best_ns(lambda: (time.perf_counter_ns(), time.perf_counter_ns()), 100_000)),
         ('durability-point span, no SDK', _best_ns(durability_span, 100_000)),
         ('records_appended.add, no SDK', _best_ns(lambda: records_appended.add(1, attributes), 100_000)),
-        (
-            'ack callback partial, no SDK',
-            _best_ns(lambda: functools.partial(_observe_ack, time.perf_counter()), 100_000),
-        ),
         ('ack_latency.record, no SDK', _best_ns(lambda: ack_latency.record(0.001), 100_000)),
     ]
     print(f'encoded sizes: {len(encode(plain))} B without usage, {len(encode(with_usage))} B with')

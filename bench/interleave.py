@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent.parent
-PACKAGES = ('schemas', 'producer', 'projector', 'media', 'serve', 'analytics')
+PACKAGES = ('schemas', 'producer', 'projector', 'media', 'serve', 'analytics', 'readmodel')
 
 
 def installed_layout(checkout: Path) -> Path:

@@ -26,7 +26,8 @@ from typing import Any
 from bench.common import fresh, say
 from bench.projector_throughput import fill
 from stepstream.embedded import EmbeddedStack
-from stepstream.projector import Projector, _apply
+from stepstream.projector import Projector, ProjectorParts, _apply
+from stepstream.projector._commits import GroupOffsets
 
 COUNTS = {'parked': 0, 'decoded_again': 0}
 
@@ -71,7 +72,7 @@ async def main() -> None:
                 settings,
                 db_path=Path(workdir) / 'projection',
                 create_topics=False,
-                commit_group_offsets=False,
+                parts=ProjectorParts(group_offsets=GroupOffsets(enabled=False)),
             ) as projector:
                 await projector.wait_for(position, timeout=1800)
                 applied = projector.records_applied + projector.duplicates_ignored + projector.dead_lettered

@@ -30,7 +30,7 @@ from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 from bench.common import Scale, dir_bytes, fresh, log_partitions, say
 from bench.synthetic import Wire, many_runs
 from stepstream import Settings
-from stepstream.projector import Projector
+from stepstream.projector import Projector, Rebuilding
 from stepstream.schemas import STEP_EVENT_SCHEMA, TOOL_EFFECT_SCHEMA, decode
 from stepstream.topics import Position, ensure_topics
 
@@ -145,9 +145,7 @@ async def rebuild_from_zero(settings: Settings, into: Path, position: Position) 
     (by the rest of each partition's last batch), so it would stop short of the last records.
     """
     t0 = time.perf_counter()
-    async with Projector(
-        settings, db_path=into, create_topics=False, commit_group_offsets=False
-    ) as projector:
+    async with Projector(settings, db_path=into, create_topics=False, rebuilding=Rebuilding()) as projector:
         await projector.wait_for(position, timeout=1800)
         elapsed = time.perf_counter() - t0
         applied = projector.records_applied + projector.duplicates_ignored + projector.dead_lettered

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from stepstream.projector._checkpoints import Checkpoints
     from stepstream.projector._dead_letters import DeadLetterHeaders
     from stepstream.projector._membership import Membership
+    from stepstream.projector._options import ProjectorParts, Rebuilding
     from stepstream.projector._projector import Projector
     from stepstream.projector._rebuild import progress_bar, rebuild
     from stepstream.projector._retention import RetentionPreview, RetentionState
@@ -38,6 +39,8 @@ _WHERE = {
     'ProjectionReader': 'stepstream.readmodel',
     'ProjectionStatus': 'stepstream.readmodel',
     'Projector': 'stepstream.projector._projector',
+    'ProjectorParts': 'stepstream.projector._options',
+    'Rebuilding': 'stepstream.projector._options',
     'RecoveryReport': 'stepstream.readmodel',
     'RetentionPreview': 'stepstream.projector._retention',
     'RetentionState': 'stepstream.projector._retention',
@@ -65,6 +68,8 @@ __all__ = [
     'ProjectionReader',
     'ProjectionStatus',
     'Projector',
+    'ProjectorParts',
+    'Rebuilding',
     'RecoveryReport',
     'RetentionPreview',
     'RetentionState',

@@ -5,7 +5,7 @@ the group's committed offsets only let standard tools (`kafka-consumer-groups`, 
 lag. So they are committed at most once a second, a failed commit is only logged, and the
 last ones are committed when the projector stops. A commit runs beside the apply loop, not in
 it: the loop does not wait a broker round trip once a second (live, that wait delayed the
-batches behind it: docs/benchmarks.md, "Issue 27, third pass").
+batches behind it: docs/benchmarks/history/issue-27.md, "Issue 27, third pass").
 """
 
 from __future__ import annotations

@@ -21,7 +21,8 @@ class AppliedPosition:
 
     Each waiter is a future with the position it waits for; `advance` resolves those it
     reaches, so a waiter resumes in the loop's next turn (no lock to take back, no task per
-    wait: reading your writes pays one wake-up, docs/benchmarks.md "Issue 27, third pass").
+    wait: reading your writes pays one wake-up; docs/benchmarks/history/issue-27.md, "Issue 27,
+    third pass").
     """
 
     def __init__(self) -> None:

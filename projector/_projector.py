@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -34,6 +34,7 @@ from stepstream.projector._commits import GroupOffsets
 from stepstream.projector._dead_letters import DeadLetterSender
 from stepstream.projector._membership import Membership, membership_assignor
 from stepstream.projector._metrics import ApplyMetrics
+from stepstream.projector._options import ProjectorParts, Rebuilding
 from stepstream.projector._progress import AppliedPosition
 from stepstream.projector._shard import Shard, Transaction, check_projection
 from stepstream.projector._shard_set import ShardSet
@@ -52,8 +53,8 @@ Staging is Python holding the GIL (live, 40-100 µs a record with the commit, si
 decodes and encodes the states of the runs it touches), so below the interpreter's switch
 interval (5 ms, about this many records) a worker thread does not give the loop that time back;
 it only adds the hop there and back, each a wake-up of a loop that is serving the writers too.
-Live, that hop was most of the time from a fetch to `wait_for` (docs/benchmarks.md, "Issue 27,
-third pass"). Larger batches (a rebuild, catching up) still go to a thread, so the loop keeps turning.
+Live, that hop was most of the time from a fetch to `wait_for` (benchmarks/history/issue-27.md,
+third pass). Larger batches (a rebuild, catching up) still go to a thread, so the loop keeps turning.
 """
 
 
@@ -71,8 +72,8 @@ class Projector:
     that partition's next offsets; on start (or on assignment) the consumer seeks to those stored
     offsets, so a crash at any instant neither loses nor repeats a record.
 
-    Without `group`, one projector owns every partition (or the `partitions` given, as a
-    parallel rebuild's workers do) and commits offsets to a consumer group only for standard
+    Without `group`, one projector owns every partition (or those of `Rebuilding.partitions`,
+    as a parallel rebuild's workers do) and commits offsets to a consumer group only for standard
     lag tooling. With `group`, it joins that consumer group as a member: it opens the shards
     of the partitions the group assigns it, closes them when they are revoked, and several
     members (on one host sharing `db_path`, or on several hosts) split the work.
@@ -83,44 +84,36 @@ class Projector:
         settings: Settings,
         *,
         db_path: str | Path | None = None,
-        group_id: str | None = None,
         group: str | None = None,
-        partitions: Collection[int] | None = None,
         create_topics: bool = True,
         max_batch_records: int = 5000,
         poll_timeout_ms: int = 100,
         max_snapshots_per_run: int | None = None,
-        commit_group_offsets: bool = True,
         media_store: MediaStore | None = None,
-        send_dead_letters: bool = True,
-        rebuilding: bool = False,
         checkpoints: Checkpoints | None = None,
         session_timeout_ms: int = 10_000,
         on_assignment: Callable[[list[int]], None] | None = None,
         membership: Membership | None = None,
-        dead_letters: DeadLetterSender | None = None,
-        group_offsets: GroupOffsets | None = None,
-        metrics: ApplyMetrics | None = None,
+        rebuilding: Rebuilding | None = None,
+        parts: ProjectorParts | None = None,
     ) -> None:
         """Check the projection directory; nothing connects until `start()` (or `async with`).
 
         `max_snapshots_per_run` keeps the newest N snapshots of each run readable, plus the
         newest complete and the newest overall; it is part of what the projection is, so an
         existing projection keeps the value it was built with (None: take it from there) and a
-        different one is refused. `commit_group_offsets=False` and `send_dead_letters=False` are
-        for rebuilds, which neither show up in lag tooling nor repeat the DLQ; `rebuilding` marks
-        the projection incomplete until `mark_rebuilt()`. `group` makes this projector a member
-        of that consumer group; `checkpoints` uploads its shards to S3 and restores shards it is
-        assigned but does not hold; `session_timeout_ms` is how long the group waits for a
-        silent member before its partitions move; `on_assignment` is called with the partitions
-        a member holds after every change. A member tells the group `membership.endpoint` (the
-        URL its service answers on) and learns there who owns each partition (`_membership`).
-
-        The parts it coordinates are made from `settings` unless given: `dead_letters` sends to
-        the DLQ, `group_offsets` commits to the consumer group for lag tooling, `metrics` counts.
+        different one is refused. `rebuilding` makes this a rebuild's projector (`Rebuilding`).
+        `group` makes this projector a member of that consumer group; `checkpoints` uploads its
+        shards to S3 and restores shards it is assigned but does not hold; `session_timeout_ms`
+        is how long the group waits for a silent member before its partitions move;
+        `on_assignment` is called with the partitions a member holds after every change. A member
+        tells the group `membership.endpoint` (the URL its service answers on) and learns there
+        who owns each partition (`_membership`). `parts` replaces what it coordinates
+        (`ProjectorParts`), made from `settings` otherwise.
         """
         if max_snapshots_per_run is not None and max_snapshots_per_run < 1:
             raise ValueError(f'max_snapshots_per_run must be at least 1, got {max_snapshots_per_run}')
+        partitions = rebuilding.partitions if rebuilding is not None else None
         if group is not None and partitions is not None:
             raise UsageError('a group member owns the partitions its group assigns; give group or partitions')
         self.settings = settings
@@ -129,20 +122,19 @@ class Projector:
             self.db_path,
             settings,
             group=group,
-            rebuilding=rebuilding,
+            rebuilding=rebuilding is not None,
             max_snapshots_per_run=max_snapshots_per_run,
             checkpoints=checkpoints,
         )
         """The shards this projector holds (assign, revoke, restore: `ShardSet`)."""
         self.group = group
-        self.group_id = group or group_id or f'{settings.topic_prefix}.projector'
+        self.group_id = group or f'{settings.topic_prefix}.projector'
         self.only = frozenset(partitions) if partitions is not None else None
         self.create_topics = create_topics
         self.max_batch_records = max_batch_records
         self.poll_timeout_ms = poll_timeout_ms
-        self.commit_group_offsets = commit_group_offsets
-        self.send_dead_letters = send_dead_letters
-        self.rebuilding = rebuilding
+        self.send_dead_letters = rebuilding is None  # a rebuild does not repeat the DLQ
+        self.rebuilding = rebuilding is not None
         self.checkpoints = checkpoints
         self.session_timeout_ms = session_timeout_ms
         self.on_assignment = on_assignment
@@ -151,9 +143,11 @@ class Projector:
         self.keys = KeyRing(settings) if settings.erasure_key is not None else None
         """Erasure on: the conversation keys its readers open sealed content with, in memory only."""
         self._topics = (settings.step_events_topic, settings.tool_effects_topic)
-        self.dead_letters = dead_letters or DeadLetterSender(settings, topics=self._topics)
-        self.group_offsets = group_offsets or GroupOffsets(enabled=commit_group_offsets)
-        self.metrics = metrics or ApplyMetrics()
+        parts = parts or ProjectorParts()
+        self.dead_letters = parts.dead_letters or DeadLetterSender(settings, topics=self._topics)
+        # A rebuild does not show up in lag tooling: it commits nothing to the consumer group.
+        self.group_offsets = parts.group_offsets or GroupOffsets(enabled=rebuilding is None)
+        self.metrics = parts.metrics or ApplyMetrics()
         self._topic_index = {settings.step_events_topic: EVENTS, settings.tool_effects_topic: EFFECTS}
         self._position = AppliedPosition()
         self._assignment = Assignment(

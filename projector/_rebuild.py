@@ -13,6 +13,7 @@ from typing import Any
 from aiokafka.structs import TopicPartition
 
 from stepstream.errors import StepStreamError, UsageError
+from stepstream.projector._options import Rebuilding
 from stepstream.projector._projector import Projector
 from stepstream.projector._shard import check_projection, read_projection_identity, shard_paths
 from stepstream.settings import Settings
@@ -72,11 +73,8 @@ async def rebuild(
     async with Projector(
         settings,
         db_path=target,
-        partitions=partitions,
         create_topics=False,
-        commit_group_offsets=False,
-        send_dead_letters=False,
-        rebuilding=True,
+        rebuilding=Rebuilding(partitions=partitions),
         max_snapshots_per_run=max_snapshots_per_run,
     ) as projector:
         end = await projector.end_position()

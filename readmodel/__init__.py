@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING
 from stepstream.lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from stepstream.readmodel._continue import continue_run, fork_run
     from stepstream.readmodel._reader import ProjectionReader
     from stepstream.readmodel._recovery import RecoveryReport, inspect_recovery
     from stepstream.readmodel._shards import ShardUnavailable
-    from stepstream.readmodel._snapshots import continue_run, fork_run
     from stepstream.readmodel._status import ProjectionStatus
 
 _WHERE = {
@@ -33,8 +33,8 @@ _WHERE = {
     'ProjectionStatus': 'stepstream.readmodel._status',
     'RecoveryReport': 'stepstream.readmodel._recovery',
     'ShardUnavailable': 'stepstream.readmodel._shards',
-    'continue_run': 'stepstream.readmodel._snapshots',
-    'fork_run': 'stepstream.readmodel._snapshots',
+    'continue_run': 'stepstream.readmodel._continue',
+    'fork_run': 'stepstream.readmodel._continue',
     'inspect_recovery': 'stepstream.readmodel._recovery',
 }
 """Where each public name lives: imported on first use, so `import stepstream.readmodel` costs

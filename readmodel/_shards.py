@@ -139,7 +139,7 @@ class Shards:
 
         Such a read takes microseconds; a hop to a worker thread and back costs the loop two
         wake-ups, which while it serves writers too was most of a read-your-writes `get_run`
-        (docs/benchmarks.md, "Issue 27, third pass"). A reader of another process's shards
+        (docs/benchmarks/history/issue-27.md, "Issue 27, third pass"). A reader of another process's shards
         catches up with them first, which can take longer: that one goes to a thread.
         """
         if self._secondary:

@@ -10,19 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
-from aiokafka import AIOKafkaConsumer
-from aiokafka.errors import KafkaError
-from aiokafka.structs import TopicPartition
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
 
 from stepstream.erasure import ContentErased
 from stepstream.errors import NotFound, StepStreamError, UsageError
-from stepstream.kafka_client import client_options
 from stepstream.media import (
     MediaContext,
     MediaStore,
@@ -32,7 +27,6 @@ from stepstream.media import (
     parse_media_uri,
 )
 from stepstream.producer import EventLog, StepLog, resolve_tool_effect, resolver_id
-from stepstream.projector import DeadLetterHeaders
 from stepstream.readmodel import ProjectionReader
 from stepstream.schemas import (
     ContinuableSnapshot,
@@ -41,13 +35,13 @@ from stepstream.schemas import (
     ToolEffectRecord,
     ToolEffectTransition,
 )
+from stepstream.serve._broker import dead_letters as read_dead_letters
+from stepstream.serve._broker import status_with_lag
 from stepstream.serve._group import NotFoundThere, Peers, forwarded
 from stepstream.serve._models import (
-    DeadLetter,
     DeadLetters,
     Event,
     Lineage,
-    PartitionLag,
     Resolved,
     Run,
     RunPage,
@@ -60,7 +54,6 @@ from stepstream.serve._models import (
 )
 from stepstream.serve._models import Resolution as ResolutionModel
 from stepstream.settings import Settings
-from stepstream.topics import log_end_offsets, partition_counts
 
 MEDIA_PATH = '/api/media/'
 """Where the service serves offloaded media by SHA-256, after checking the bytes against it."""
@@ -441,99 +434,15 @@ class Source:
             raise StepStreamError(f'the media store returned other bytes for {uri}')
         return data
 
-    # -- the broker --------------------------------------------------------------------------------
+    # -- the broker (serve/_broker.py) -------------------------------------------------------------
 
     async def status(self) -> Status:
         """The projection's status with each partition's lag (end offsets from the broker)."""
-        status = await self.reader.status()
-        applied = status.offsets
-        ends: dict[TopicPartition, int] = {}
-        error = None
-        try:
-            ends = await asyncio.wait_for(self._log_ends(applied), self.settings.ack_timeout_s * 2)
-        except (KafkaError, OSError, TimeoutError, StepStreamError) as exc:
-            error = f'the broker at {self.settings.bootstrap_servers} did not give end offsets: {exc!r}'
-        keys = sorted({*applied, *((tp.topic, tp.partition) for tp in ends)})
-        partitions = []
-        for topic, partition in keys:
-            done, end = applied.get((topic, partition), 0), ends.get(TopicPartition(topic, partition))
-            partitions.append(
-                PartitionLag(
-                    topic=topic,
-                    partition=partition,
-                    applied=done,
-                    end=end,
-                    lag=None if end is None else max(end - done, 0),
-                    projector_pid=status.writers.get(partition),
-                    last_batch_at=status.last_batch_at.get(partition),
-                )
-            )
-        return Status.of(status, partitions, error)
-
-    def _consumer(self) -> AIOKafkaConsumer:
-        timeout_ms = int(self.settings.ack_timeout_s * 1000)
-        return AIOKafkaConsumer(
-            **client_options(self.settings),
-            enable_auto_commit=False,
-            request_timeout_ms=max(timeout_ms, 5000),
-            client_id='stepstream-serve',
-        )
-
-    async def _partitions(self, *topics: str) -> list[TopicPartition]:
-        """The topics' partitions (none for a topic that does not exist), from the cluster now."""
-        counts = await partition_counts(self.settings, list(topics))
-        return [TopicPartition(topic, p) for topic in topics for p in range(counts.get(topic, 0))]
-
-    async def _log_ends(self, applied: Mapping[tuple[str, int], int]) -> dict[TopicPartition, int]:
-        """The end offset of every partition of both log topics (as `stepstream status` takes it)."""
-        tps = await self._partitions(self.settings.step_events_topic, self.settings.tool_effects_topic)
-        ends = await log_end_offsets(
-            self.settings, {(tp.topic, tp.partition): applied.get((tp.topic, tp.partition), 0) for tp in tps}
-        )
-        return {TopicPartition(topic, partition): end for (topic, partition), end in ends.items()}
+        return await status_with_lag(self.settings, self.reader)
 
     async def dead_letters(self, limit: int = 50) -> DeadLetters:
         """The newest `limit` records of the DLQ topic, newest first, read by a short-lived consumer."""
-        try:
-            return await asyncio.wait_for(self._read_dlq(limit), self.settings.ack_timeout_s * 2)
-        except (KafkaError, OSError, TimeoutError) as exc:
-            return DeadLetters(
-                entries=[], total=0, error=f'{self.settings.dlq_topic} could not be read: {exc!r}'
-            )
-
-    async def _read_dlq(self, limit: int) -> DeadLetters:
-        consumer = self._consumer()
-        await consumer.start()
-        try:
-            tps = await self._partitions(self.settings.dlq_topic)
-            if not tps:
-                return DeadLetters(entries=[], total=0, error=None)
-            starts = await consumer.beginning_offsets(tps)
-            ends = await consumer.end_offsets(tps)
-            consumer.assign(tps)
-            wanted = {}
-            for tp in tps:
-                first = max(starts[tp], ends[tp] - limit)
-                if first < ends[tp]:
-                    consumer.seek(tp, first)
-                    wanted[tp] = ends[tp]
-            entries: list[DeadLetter] = []
-            while wanted:
-                batches = await consumer.getmany(*wanted, timeout_ms=1000)
-                for tp, records in batches.items():
-                    entries.extend(_dead_letter(r) for r in records if r.offset < wanted.get(tp, 0))
-                for tp in list(wanted):
-                    if await consumer.position(tp) >= wanted[tp]:
-                        del wanted[tp]
-                        consumer.pause(tp)
-            entries.sort(
-                key=lambda e: (e.timestamp or datetime.min.replace(tzinfo=UTC), e.offset), reverse=True
-            )
-            return DeadLetters(
-                entries=entries[:limit], total=sum(ends[tp] - starts[tp] for tp in tps), error=None
-            )
-        finally:
-            await consumer.stop()
+        return await read_dead_letters(self.settings, limit)
 
 
 def messages_json(messages: list[ModelMessage]) -> list[dict[str, Any]]:
@@ -553,27 +462,6 @@ def _summary(snap: ContinuableSnapshot) -> SnapshotSummary:
         idempotency_key=snap.idempotency_key,
         message_count=len(snap.messages),
         erased=snap.erased,
-    )
-
-
-def _dead_letter(record: Any) -> DeadLetter:
-    why = DeadLetterHeaders.decode(record.headers)
-    try:
-        key = record.key.decode() if record.key is not None else None
-    except UnicodeDecodeError:
-        key = None
-    return DeadLetter(
-        partition=record.partition,
-        offset=record.offset,
-        timestamp=datetime.fromtimestamp(record.timestamp / 1000, UTC) if record.timestamp >= 0 else None,
-        reason=why.reason,
-        detail=why.detail,
-        source_topic=why.source_topic,
-        source_partition=why.source_partition,
-        source_offset=why.source_offset,
-        key=key,
-        value_bytes=len(record.value or b''),
-        envelope=why.envelope,
     )
 
 

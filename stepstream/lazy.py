@@ -12,7 +12,7 @@ def lazy_exports(package: str, where: Mapping[str, str]) -> Callable[[str], Any]
     """A package's `__getattr__` (PEP 562) that imports each name's module when the name is first used.
 
     ```python
-    _WHERE = {'ProjectionReader': 'stepstream.projector._reader'}
+    _WHERE = {'ProjectionReader': 'stepstream.readmodel._reader'}
     __getattr__ = lazy_exports(__name__, _WHERE)
     ```
 

@@ -1,7 +1,7 @@
 """OpenTelemetry spans and metrics of the producer and the projector, through `opentelemetry-api` only.
 
 Without an SDK configured (the default) the API hands out no-op tracers and meters: nothing is
-recorded or exported, and each call costs well under a microsecond (docs/benchmarks.md). An
+recorded or exported, and each call costs well under a microsecond (docs/benchmarks/history/issue-14.md). An
 application that configures one (Logfire, an OTLP exporter, the SDK's in-memory exporters in
 tests) gets:
 

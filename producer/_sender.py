@@ -1,0 +1,331 @@
+"""`Sender`: gives records to the producer, keeps the ones the broker did not take, and sends them again.
+
+The sender owns what `EventLog` has handed to aiokafka: the sends not acknowledged yet, per
+partition the sends open and the run that sent last (the hand-over's batching reads them), the
+records kept for a resend, in each run's `seq` order, the position acknowledged, and the refusal
+of a broker that denies the write. The hand-over (`_batches`) gives it batches through `opened`,
+`track`, `untrack`, `closed`, `keep`, `refused` and `wrote`; nothing else writes its state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Callable
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+from aiokafka.structs import RecordMetadata, TopicPartition
+
+from stepstream.errors import SchemaRegistryError, StepStreamError
+from stepstream.kafka_client import AUTHORIZATION_ERRORS, access_denied
+from stepstream.producer._framing import Framing
+from stepstream.producer._protocol import Ack
+from stepstream.schemas import LogRecord, StepEvent
+from stepstream.settings import Settings
+from stepstream.telemetry import ack_latency, records_appended
+from stepstream.topics import Position
+
+RESEND_BACKOFF_S = 0.5
+"""How long the log waits before it tries again to send records the broker did not take."""
+
+TOPIC_ATTRIBUTES = {True: {'stepstream.topic': 'step-events'}, False: {'stepstream.topic': 'tool-effects'}}
+"""The telemetry attributes of a record, by whether it is a step event."""
+
+logger = logging.getLogger('stepstream.producer')
+
+
+class Outgoing:
+    """A record on its way to the broker, with its bytes and headers.
+
+    Made once, in the writer's context, when the record is appended: the `traceparent` header
+    names the span active then, not the one of whichever task hands the record over or resends it.
+    """
+
+    __slots__ = ('headers', 'key', 'partition', 'record', 'topic', 'tp', 'value')
+
+    def __init__(
+        self,
+        record: LogRecord,
+        value: bytes,
+        headers: list[tuple[str, bytes]],
+        key: bytes,
+        topic: str,
+        partition: int,
+    ) -> None:
+        self.record = record
+        self.value = value
+        self.headers = headers
+        self.key = key
+        self.topic = topic
+        self.partition = partition
+        self.tp = (topic, partition)
+
+
+class Kept:
+    """A record the broker has not taken yet, and the acknowledgement its writer may wait on."""
+
+    __slots__ = ('ack', 'out', 'resending')
+
+    def __init__(self, out: Outgoing, ack: Ack) -> None:
+        self.out = out
+        self.ack = ack
+        self.resending: Ack | None = None
+        """The producer's future of the last resend while it is open: the record is not sent twice."""
+
+    @property
+    def record(self) -> LogRecord:
+        return self.out.record
+
+    def __lt__(self, other: Kept) -> bool:
+        return self.record.seq < other.record.seq
+
+
+class Sender:
+    """Hands records to one producer, keeps and resends the ones the broker did not take."""
+
+    def __init__(self, settings: Settings, framing: Framing) -> None:
+        self.settings = settings
+        self.framing = framing
+        self.producer: AIOKafkaProducer | None = None
+        """Set while the log is started: aiokafka binds a producer to the running loop."""
+        self.written: Position = {}
+        """The acknowledged position: per partition, the offset after the last record taken."""
+        self.pending: dict[asyncio.Future[RecordMetadata], list[Outgoing]] = {}
+        """Handed to the producer, not acknowledged yet: a record's or a batch's future, and its records."""
+        self.kept: dict[str, list[Kept]] = {}
+        """Per run, in `seq` order: records to send again (see the module docstring of `_log`)."""
+        self._kept_changed = asyncio.Event()
+        self.open_sends: dict[tuple[str, int], int] = {}
+        """Per partition: sends (a record's or a batch's) not acknowledged yet (see `hand_batches`)."""
+        self.last_sender: dict[tuple[str, int], str] = {}
+        """Per partition: the run whose record was given to the producer last (see `hand_batches`)."""
+        self.denied: StepStreamError | None = None
+        """Set when the broker refused a write for lack of an ACL; raised by every later wait."""
+        self._resender: asyncio.Task[None] | None = None
+
+    def start(self, producer: AIOKafkaProducer) -> None:
+        """Send through `producer` from now on, and resend kept records in the background."""
+        self.producer = producer
+        self._resender = asyncio.create_task(self._resend_kept(), name='stepstream-resend')
+
+    async def stop_resending(self, timeout: float) -> None:
+        """Give the kept records up to `timeout` to be taken, then stop the resender."""
+        resender, self._resender = self._resender, None
+        if resender is not None:
+            if self.kept:
+                self._kept_changed.set()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._all_kept_sent(), timeout)
+            resender.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await resender
+
+    def detach(self) -> AIOKafkaProducer | None:
+        """The producer, which the sender no longer sends through (the log stops it)."""
+        producer, self.producer = self.producer, None
+        return producer
+
+    def unsent(self) -> list[LogRecord]:
+        """Records handed over and not acknowledged, then records kept for a resend."""
+        pending = [out.record for outs in self.pending.values() for out in outs]
+        return [*pending, *(k.record for entries in self.kept.values() for k in entries)]
+
+    def waiting(self) -> int:
+        """How many records the broker has not taken yet (handed over or kept)."""
+        return sum(len(outs) for outs in self.pending.values()) + sum(
+            len(kept) for kept in self.kept.values()
+        )
+
+    async def settled(self) -> None:
+        """Wait until no record is handed over unacknowledged or kept."""
+        while self.pending or self.kept:
+            # A send that fails moves its record to the kept ones, so look again until none is left.
+            await asyncio.wait([*self.pending, *(k.ack for kept in self.kept.values() for k in kept)])
+
+    def opened(self, tp: tuple[str, int], run_id: str) -> None:
+        """Count a send (a record's or a batch's) as open on `tp`; its done callback calls `closed`."""
+        self.open_sends[tp] = self.open_sends.get(tp, 0) + 1
+        self.last_sender[tp] = run_id
+
+    def closed(self, tp: tuple[str, int]) -> None:
+        left = self.open_sends[tp] - 1
+        if left:
+            self.open_sends[tp] = left
+        else:
+            del self.open_sends[tp]
+
+    def track(self, future: asyncio.Future[RecordMetadata], outs: list[Outgoing]) -> None:
+        """The producer took `outs` as one send: pending until `future` is done (then `untrack`)."""
+        self.pending[future] = outs
+
+    def untrack(self, future: asyncio.Future[RecordMetadata]) -> None:
+        del self.pending[future]
+
+    def refused(self, exc: BaseException | None) -> None:
+        """No ACL to write: sending again cannot help; every later wait raises this."""
+        self.denied = self.denied or self.no_write(exc)
+
+    def wrote(self, tp: TopicPartition, end: int) -> None:
+        """The broker took records up to `end` (the offset after the last) on `tp`."""
+        if end > self.written.get(tp, 0):
+            self.written[tp] = end
+
+    def no_write(self, exc: BaseException | None) -> StepStreamError:
+        assert exc is not None
+        topics = f'{self.settings.step_events_topic} and {self.settings.tool_effects_topic}'
+        return access_denied(
+            self.settings,
+            f'write to {topics}',
+            exc,
+            fix=f'grant it WRITE on {topics} (the producer ACL), or use the producer principal',
+        )
+
+    async def hand(self, out: Outgoing, ack: Ack | None = None, *, deadline: bool = True) -> Ack:
+        """Give one record to the producer (or keep it for a resend); the producer's future.
+
+        `ack`, when given, is the record's own acknowledgement, resolved as that one resolves.
+        `deadline=False` for a caller that holds a deadline of its own over several records.
+        """
+        if self.kept and out.record.run_id in self.kept:
+            kept = self.keep(out)  # behind the run's earlier records, never ahead of them
+        else:
+            try:
+                if deadline:
+                    # asyncio.timeout, not wait_for: no extra task per record on the hot path.
+                    async with asyncio.timeout(self.settings.ack_timeout_s):
+                        sent = await self.send(out, functools.partial(self._handed, out, ack))
+                else:
+                    sent = await self.send(out, functools.partial(self._handed, out, ack))
+            except (KafkaError, TimeoutError, SchemaRegistryError):
+                kept = self.keep(out)
+            else:
+                self.pending[sent] = [out]
+                return sent
+        if ack is not None:
+            kept.add_done_callback(functools.partial(settle, ack))
+        return kept
+
+    def _handed(self, out: Outgoing, ack: Ack | None, sent: Ack) -> None:
+        """A record `hand` gave the producer was acknowledged, failed or cancelled."""
+        del self.pending[sent]
+        if not sent.cancelled() and isinstance(sent.exception(), AUTHORIZATION_ERRORS):
+            # No ACL to write: sending again cannot help. Every later wait raises this.
+            self.denied = self.denied or self.no_write(sent.exception())
+        elif sent.cancelled() or sent.exception() is not None:
+            self.keep(out)  # sent again; the waiter learns of the failure now (`settle`)
+        else:
+            self._record_position(sent.result())
+        if ack is not None:
+            settle(ack, sent)
+
+    async def send(self, out: Outgoing, then: Callable[[Ack], None]) -> Ack:
+        """Give a record to the producer; `then(future)` runs once the producer's future is done.
+
+        One callback per record: it closes the record's open send on its partition, records the
+        acknowledgement's latency and calls `then`.
+        """
+        assert self.producer is not None
+        topic, tp = out.topic, out.tp
+        framing = self.framing
+        value = (
+            out.value if framing.registry is None else await framing.confluent(out.record, out.value, topic)
+        )
+        sent_at = time.perf_counter()
+        sent: Ack = await self.producer.send(
+            topic, value, key=out.key, headers=out.headers, partition=out.partition
+        )
+        self.opened(tp, out.record.run_id)
+        records_appended.add(1, TOPIC_ATTRIBUTES[isinstance(out.record, StepEvent)])
+        sent.add_done_callback(functools.partial(self._sent, tp, sent_at, then))
+        return sent
+
+    def _sent(self, tp: tuple[str, int], sent_at: float, then: Callable[[Ack], None], sent: Ack) -> None:
+        self.closed(tp)
+        if not sent.cancelled() and sent.exception() is None:
+            ack_latency.record(time.perf_counter() - sent_at)
+        then(sent)
+
+    def keep(self, out: Outgoing) -> Ack:
+        """Keep a record the broker did not take, in its run's `seq` order, and wake the resender.
+
+        Only the same record is kept once: records may share a `seq` (an operator's resolution
+        names the seq of the transition it answers), and each must reach the log.
+        """
+        kept = self.kept.setdefault(out.record.run_id, [])
+        for other in kept:
+            if other.record == out.record:
+                return other.ack
+        entry = Kept(out, asyncio.get_running_loop().create_future())
+        bisect.insort(kept, entry)
+        self._kept_changed.set()
+        return entry.ack
+
+    async def _resend_kept(self) -> None:
+        """Send kept records again, run by run in `seq` order, until the broker takes them."""
+        while True:
+            await self._kept_changed.wait()
+            self._kept_changed.clear()
+            while self.kept:
+                if not await self._resend_once():
+                    await asyncio.sleep(RESEND_BACKOFF_S)
+
+    async def _resend_once(self) -> bool:
+        """One pass over the kept records, all runs at once; True when the broker took all of them."""
+        await asyncio.gather(*(self._resend_run(run_id) for run_id in list(self.kept)))
+        return not self.kept
+
+    async def _resend_run(self, run_id: str) -> None:
+        sent: list[Ack] = []
+        try:
+            async with asyncio.timeout(self.settings.ack_timeout_s):
+                for entry in list(self.kept.get(run_id, ())):
+                    if entry.resending is not None and not entry.resending.done():
+                        sent.append(entry.resending)  # still on its way from an earlier pass
+                        continue
+                    ack = entry.resending = await self.send(
+                        entry.out, functools.partial(self._on_resent, entry)
+                    )
+                    sent.append(ack)
+                if sent:
+                    await asyncio.wait(sent)
+        except (KafkaError, TimeoutError, OSError, SchemaRegistryError) as exc:
+            logger.debug('stepstream: resending records of run %r failed (%r); retrying', run_id, exc)
+
+    def _on_resent(self, entry: Kept, ack: Ack) -> None:
+        if ack.cancelled() or ack.exception() is not None:
+            return  # still kept: the next pass sends it again
+        self._record_position(ack.result())
+        kept = self.kept.get(entry.record.run_id)
+        if kept is not None and entry in kept:
+            kept.remove(entry)
+            if not kept:
+                del self.kept[entry.record.run_id]
+        if not entry.ack.done():
+            entry.ack.set_result(ack.result())
+
+    async def _all_kept_sent(self) -> None:
+        while self.kept:
+            await asyncio.gather(*(k.ack for kept in list(self.kept.values()) for k in kept))
+
+    def _record_position(self, meta: RecordMetadata) -> None:
+        tp = meta.topic_partition
+        if meta.offset + 1 > self.written.get(tp, 0):
+            self.written[tp] = meta.offset + 1
+
+
+def settle(ack: Ack, sent: Ack) -> None:
+    """Resolve a queued record's acknowledgement as the producer's (or the resend's) resolved."""
+    if ack.done():
+        return
+    if sent.cancelled():
+        ack.cancel()
+    elif (exc := sent.exception()) is not None:
+        ack.set_exception(exc)
+        ack.exception()  # retrieved: nobody may wait for it, and its record is kept and resent
+    else:
+        ack.set_result(sent.result())
