@@ -11,14 +11,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol
 
 from stepstream.settings import Settings
 
 if TYPE_CHECKING:
     from stepstream.readmodel import ProjectionReader
-
-T = TypeVar('T')
 
 Command = Callable[[argparse.Namespace, Settings], Awaitable[int]]
 """A subcommand: its parsed arguments and settings in, its exit code out."""

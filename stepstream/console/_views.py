@@ -37,9 +37,11 @@ def _either(args: ViewArgs, value: object, text: str) -> str:
     return to_json(value) if args.json else text
 
 
-def _run_id(args: ViewArgs) -> str:
+async def _known_run(args: ViewArgs, reader: ProjectionReader) -> str:
+    """The run a view of one run is about; `ValueError` without one, `NotFound` (`require_run`)."""
     if args.run_id is None:
         raise ValueError('this view needs a run_id')
+    await reader.require_run(args.run_id)
     return args.run_id
 
 
@@ -56,24 +58,21 @@ async def runs(args: ViewArgs, reader: ProjectionReader, settings: Settings) -> 
 
 async def run_tree(args: ViewArgs, reader: ProjectionReader, settings: Settings) -> str:
     """`stepstream tree RUN`: the run and all its descendants."""
-    run_id = _run_id(args)
-    await reader.require_run(run_id)
+    run_id = await _known_run(args, reader)
     found = await reader.run_tree(run_id)
     return _either(args, found, tree(found))
 
 
 async def events(args: ViewArgs, reader: ProjectionReader, settings: Settings) -> str:
     """`stepstream events RUN`: the run's step events in seq order."""
-    run_id = _run_id(args)
-    await reader.require_run(run_id)
+    run_id = await _known_run(args, reader)
     found = await reader.list_events(run_id)
     return _either(args, found, events_table(found))
 
 
 async def snapshot(args: ViewArgs, reader: ProjectionReader, settings: Settings) -> str:
     """`stepstream snapshot RUN`: the latest complete (or, asked, any) snapshot, its messages in full."""
-    run_id = _run_id(args)
-    await reader.require_run(run_id)
+    run_id = await _known_run(args, reader)
     snap = await reader.latest_snapshot(run_id, include_interrupted=args.include_interrupted)
     if snap is None:
         which = 'snapshot' if args.include_interrupted else 'complete snapshot (try --include-interrupted)'
@@ -100,8 +99,7 @@ async def snapshot(args: ViewArgs, reader: ProjectionReader, settings: Settings)
 
 async def effects(args: ViewArgs, reader: ProjectionReader, settings: Settings) -> str:
     """`stepstream effects RUN`: the run's tool-effect ledger, each call and every resolution."""
-    run_id = _run_id(args)
-    await reader.require_run(run_id)
+    run_id = await _known_run(args, reader)
     found = await reader.list_tool_effects(run_id)
     return _either(args, found, ledger(found))
 
