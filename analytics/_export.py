@@ -32,7 +32,6 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from decimal import ROUND_HALF_EVEN, Decimal
 from typing import TYPE_CHECKING, Any
 
 from pydantic import TypeAdapter
@@ -50,11 +49,11 @@ from stepstream.analytics._mark import (
     export_filesystem,
     read_mark,
 )
-from stepstream.analytics._tables import COST_SCALE, ROWS, arrow_schema
+from stepstream.analytics._tables import EVENTS, MODEL_REQUESTS, ROWS, RUNS, TOOL_EFFECTS, arrow_schema, day
 from stepstream.erasure import ErasureError
 from stepstream.errors import StepStreamError
 from stepstream.readmodel import ProjectionReader
-from stepstream.schemas import RunRecord, StepEvent, ToolEffectRecord
+from stepstream.schemas import RunRecord
 from stepstream.settings import Settings
 
 if TYPE_CHECKING:
@@ -68,7 +67,6 @@ STATE_TABLES = ('runs', 'tool_effects', 'messages')
 """Tables whose rows of a run are replaced as a whole (newest `export_seq` wins); the others only grow."""
 
 _MESSAGE = TypeAdapter(ModelMessage)
-_QUANTUM = Decimal(1).scaleb(-COST_SCALE)
 
 
 @dataclass
@@ -92,121 +90,6 @@ def _schemas() -> dict[str, pa.Schema]:
     return {table: arrow_schema(row) for table, row in ROWS.items()}
 
 
-def _day(ts: datetime | None) -> str:
-    return (ts or datetime(1970, 1, 1, tzinfo=UTC)).astimezone(UTC).strftime('%Y-%m-%d')
-
-
-def _cost(text: str | None) -> Decimal | None:
-    return None if text is None else Decimal(text).quantize(_QUANTUM, rounding=ROUND_HALF_EVEN)
-
-
-def _run_row(run: RunRecord) -> dict[str, Any]:
-    u = run.usage
-    return {
-        'run_id': run.run_id,
-        'agent_name': run.agent_name,
-        'conversation_id': run.conversation_id,
-        'parent_run_id': run.parent_run_id,
-        'parent_expired': run.parent_expired,
-        'status': run.status,
-        'started_at': run.started_at,
-        'ended_at': run.ended_at,
-        'error': run.error,
-        'metadata': run.metadata,
-        'registration_id': run.registration_id,
-        'event_count': run.event_count,
-        'last_seq': run.last_seq,
-        'missing_seqs': sum(high - low + 1 for low, high in run.gaps),
-        'model_requests': u.model_requests,
-        'requests': u.requests,
-        'input_tokens': u.input_tokens,
-        'output_tokens': u.output_tokens,
-        'cache_read_tokens': u.cache_read_tokens,
-        'cache_write_tokens': u.cache_write_tokens,
-        'cost_usd': _cost(u.cost_usd),
-        'unpriced_requests': u.unpriced_requests,
-        'model_request_us': u.model_request_us,
-        'tool_calls': u.tool_calls,
-        'tool_call_failures': u.tool_call_failures,
-        'tool_call_us': u.tool_call_us,
-        'date': _day(run.started_at),
-    }
-
-
-def _event_row(e: StepEvent) -> dict[str, Any]:
-    return {
-        'run_id': e.run_id,
-        'seq': e.seq,
-        'writer_id': e.writer_id,
-        'timestamp': e.timestamp,
-        'kind': e.kind,
-        'step_index': e.step_index,
-        'agent_name': e.agent_name,
-        'conversation_id': e.conversation_id,
-        'parent_run_id': e.parent_run_id,
-        'tool_call_id': e.tool_call_id,
-        'tool_name': e.tool_name,
-        'error': e.error,
-        'idempotency_key': e.idempotency_key,
-        'snapshot_seq': e.snapshot.snapshot_seq if e.snapshot is not None else None,
-        'duration_us': e.duration_us,
-        'trace_id': e.trace_id,
-        'span_id': e.span_id,
-        'date': _day(e.timestamp),
-    }
-
-
-def _request_row(e: StepEvent) -> dict[str, Any]:
-    u = e.usage
-    return {
-        'run_id': e.run_id,
-        'seq': e.seq,
-        'timestamp': e.timestamp,
-        'agent_name': e.agent_name,
-        'conversation_id': e.conversation_id,
-        'step_index': e.step_index,
-        'failed': e.kind == 'model_request_failed',
-        'error': e.error,
-        'model_name': u.model_name if u else None,
-        'provider': u.provider if u else None,
-        'input_tokens': u.input_tokens if u else None,
-        'output_tokens': u.output_tokens if u else None,
-        'cache_read_tokens': u.cache_read_tokens if u else None,
-        'cache_write_tokens': u.cache_write_tokens if u else None,
-        'requests': u.requests if u else None,
-        'finish_reason': u.finish_reason if u else None,
-        'cost_usd': _cost(u.cost_usd) if u else None,
-        'duration_us': e.duration_us,
-        'trace_id': e.trace_id,
-        'span_id': e.span_id,
-        'date': _day(e.timestamp),
-    }
-
-
-def _effect_row(effect: ToolEffectRecord, run: RunRecord) -> dict[str, Any]:
-    resolution = effect.resolution
-    return {
-        'run_id': effect.run_id,
-        'agent_name': run.agent_name,
-        'tool_call_id': effect.tool_call_id,
-        'tool_name': effect.tool_name,
-        'status': effect.status,
-        'unknown_after_crash': effect.unknown_after_crash,
-        'run_status': run.status,
-        'started_at': effect.started_at,
-        'ended_at': effect.ended_at,
-        'idempotency_key': effect.idempotency_key,
-        'effect_summary': effect.effect_summary,
-        'error': effect.error,
-        'last_seq': effect.last_seq,
-        'resolution': resolution.resolution if resolution else None,
-        'resolved_by': resolution.resolved_by if resolution else None,
-        'resolved_at': resolution.resolved_at if resolution else None,
-        'resolution_note': resolution.note if resolution else None,
-        'date': _day(effect.started_at or run.started_at),
-    }
-
-
 def _message_rows(
     run: RunRecord, messages: Sequence[ModelMessage], seq: int, state: str
 ) -> list[dict[str, Any]]:
@@ -224,7 +107,7 @@ def _message_rows(
                 'model_name': message.model_name if isinstance(message, ModelResponse) else None,
                 'part_kinds': [part.part_kind for part in message.parts],
                 'message_json': _MESSAGE.dump_json(message).decode(),
-                'date': _day(run.started_at),
+                'date': day(run.started_at),
             }
         )
     return rows
@@ -340,8 +223,8 @@ async def _add_run(
 ) -> None:
     """Add a run's rows to `files`, those `runs_mark` does not say were exported, and mark them."""
     rows, report = files.rows, files.report
-    run_row = _run_row(run)
-    effect_rows = [_effect_row(e, run) for e in await reader.list_tool_effects(run.run_id)]
+    run_row = RUNS.make(run)
+    effect_rows = [TOOL_EFFECTS.make((e, run)) for e in await reader.list_tool_effects(run.run_id)]
     digest = _digest(run, run_row, effect_rows)
     before = runs_mark.get(run.run_id)
     if before is not None and before[1] == digest:
@@ -356,9 +239,9 @@ async def _add_run(
             continue
         if before is not None and _exported(event.seq, before[0], before[2]):
             continue
-        rows['events'].append(_event_row(event))
+        rows['events'].append(EVENTS.make(event))
         if event.kind in ('model_request_completed', 'model_request_failed'):
-            rows['model_requests'].append(_request_row(event))
+            rows['model_requests'].append(MODEL_REQUESTS.make(event))
     try:
         snap = await reader.latest_snapshot(run.run_id, include_interrupted=True, restore=False)
     except ErasureError as exc:  # the reader's key, not the log: never called a gap

@@ -1,19 +1,29 @@
-"""The analytics tables, each row declared once as a Pydantic model; the Parquet schemas derive from them.
+"""The analytics tables: each a view of a read-side record, its columns derived from the record's declaration.
 
-A column is one field here: `arrow_schema` turns the field's type into the Parquet column's
-(`str` → string, `int` → int64, `datetime` → UTC microseconds, `Cost` → decimal, `dict[str, str]` → map,
-`list[str]` → list), and tests/test_record_shapes.py holds each row builder of `_export.py` to its
-model and each read-side record's fields to the columns that show them.
+A table's columns are its record's fields (`record_columns`), in their order, unless the table
+says how it shows one otherwise (renamed, computed, flattened, or not at all; each with why), so a
+field added to `RunRecord` or `ToolEffectRecord` is a column of `runs` or `tool_effects` with
+nothing else to write. `arrow_schema` turns each column's type into the Parquet column's (`str` →
+string, `int` → int64, `datetime` → UTC microseconds, `Decimal` → decimal, `dict[str, str]` → map,
+`list[str]` → list); each table's row model is the Pydantic model its rows validate against.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import operator
 import types
-from datetime import datetime
-from decimal import Decimal
-from typing import TYPE_CHECKING, Any, Union, get_args, get_origin
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from decimal import ROUND_HALF_EVEN, Decimal
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin, get_type_hints
 
-from pydantic import BaseModel
+from pydantic import BaseModel, create_model
+
+from stepstream.schemas import ModelUsage, RunRecord, StepEvent, ToolEffectRecord
+from stepstream.shapes import is_internal
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -21,111 +31,230 @@ if TYPE_CHECKING:
 COST_SCALE = 18
 """Decimal places of the `cost_usd` columns (`decimal(38, 18)`): costs are rounded half-even to them."""
 
-
-class RunRow(BaseModel):
-    """`runs`: one row per run, with its lineage, status and usage sums (`RunRecord`, flattened)."""
-
-    run_id: str
-    agent_name: str | None
-    conversation_id: str | None
-    parent_run_id: str | None
-    parent_expired: bool
-    status: str
-    started_at: datetime | None
-    ended_at: datetime | None
-    error: str | None
-    metadata: dict[str, str]
-    registration_id: str | None
-    event_count: int
-    last_seq: int
-    missing_seqs: int
-    model_requests: int
-    requests: int
-    input_tokens: int
-    output_tokens: int
-    cache_read_tokens: int
-    cache_write_tokens: int
-    cost_usd: Decimal | None
-    unpriced_requests: int
-    model_request_us: int
-    tool_calls: int
-    tool_call_failures: int
-    tool_call_us: int
-    export_seq: int
-    date: str
+_QUANTUM = Decimal(1).scaleb(-COST_SCALE)
 
 
-class EventRow(BaseModel):
-    """`events`: one row per step event, without snapshot payloads."""
-
-    run_id: str
-    seq: int
-    writer_id: str
-    timestamp: datetime
-    kind: str
-    step_index: int
-    agent_name: str | None
-    conversation_id: str | None
-    parent_run_id: str | None
-    tool_call_id: str | None
-    tool_name: str | None
-    error: str | None
-    idempotency_key: str | None
-    snapshot_seq: int | None
-    duration_us: int | None
-    trace_id: str | None
-    span_id: str | None
-    date: str
+def day(ts: datetime | None) -> str:
+    """The `date` partition of a row: the UTC day of `ts` (1970-01-01 for none)."""
+    return (ts or datetime(1970, 1, 1, tzinfo=UTC)).astimezone(UTC).strftime('%Y-%m-%d')
 
 
-class ModelRequestRow(BaseModel):
-    """`model_requests`: one row per model request that ended, with its model, tokens, cost and time."""
-
-    run_id: str
-    seq: int
-    timestamp: datetime
-    agent_name: str | None
-    conversation_id: str | None
-    step_index: int
-    failed: bool
-    error: str | None
-    model_name: str | None
-    provider: str | None
-    input_tokens: int | None
-    output_tokens: int | None
-    cache_read_tokens: int | None
-    cache_write_tokens: int | None
-    requests: int | None
-    finish_reason: str | None
-    cost_usd: Decimal | None
-    duration_us: int | None
-    trace_id: str | None
-    span_id: str | None
-    date: str
+def cost(text: str | None) -> Decimal | None:
+    """A `cost_usd` column's value from the records' exact decimal text."""
+    return None if text is None else Decimal(text).quantize(_QUANTUM, rounding=ROUND_HALF_EVEN)
 
 
-class ToolEffectRow(BaseModel):
-    """`tool_effects`: one row per tool call, its merged effect state and its run's status."""
+@dataclass(frozen=True, slots=True)
+class Column:
+    """One column of a table: its name, its type (a Python annotation) and its value in a row's source."""
 
-    run_id: str
-    agent_name: str | None
-    tool_call_id: str
-    tool_name: str
-    status: str
-    unknown_after_crash: bool
-    run_status: str
-    started_at: datetime | None
-    ended_at: datetime | None
-    idempotency_key: str | None
-    effect_summary: str | None
-    error: str | None
-    last_seq: int
-    resolution: str | None
-    resolved_by: str | None
-    resolved_at: datetime | None
-    resolution_note: str | None
-    export_seq: int
-    date: str
+    name: str
+    type: Any
+    get: Callable[[Any], Any]
+
+
+Shown = str | Sequence[Column] | None
+"""How a table shows a record's field: under another name, as these columns, or (None) not at all."""
+
+
+def _attribute(name: str, within: Callable[[Any], Any] | None) -> Callable[[Any], Any]:
+    if within is None:
+        return operator.attrgetter(name)
+
+    def get(source: Any) -> Any:
+        part = within(source)
+        return None if part is None else getattr(part, name)
+
+    return get
+
+
+def _column_type(annotation: Any, nullable: bool) -> Any:
+    """A record field's type as a column's: a `Literal` is `str`; `nullable` adds None."""
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Literal:
+        annotation = str
+    elif origin in (Union, types.UnionType) and any(get_origin(a) is Literal for a in args):
+        annotation = str | None
+    return annotation | None if nullable else annotation
+
+
+def record_columns(
+    record: type,
+    *,
+    shown_as: Mapping[str, Shown] = MappingProxyType({}),
+    flattened: Mapping[str, Mapping[str, Shown]] = MappingProxyType({}),
+    within: Callable[[Any], Any] | None = None,
+    nullable: bool = False,
+) -> list[Column]:
+    """A table's columns for the dataclass `record`: one per field it shows, in its order.
+
+    A field is a column of its name and type unless the table says otherwise in `shown_as` (another
+    name, columns computed from the row's source, or None: not shown) or `flattened` (a nested
+    record's fields in its place, each shown as the mapping says; nullable when the nested record
+    may be None). `within` reaches the record from the row's source; `nullable`: it may find None,
+    and every column is then nullable. A field the record declares
+    `internal` is a column only where the table computes one from it.
+    """
+    hints = get_type_hints(record)
+    columns: list[Column] = []
+    for f in dataclasses.fields(record):
+        shown = shown_as.get(f.name, f.name)
+        if is_internal(f) and isinstance(shown, str):
+            continue
+        get = _attribute(f.name, within)
+        if f.name in flattened:
+            hint = hints[f.name]
+            optional = get_origin(hint) in (Union, types.UnionType) and type(None) in get_args(hint)
+            nested = next(a for a in get_args(hint) if a is not type(None)) if optional else hint
+            columns += record_columns(
+                nested, shown_as=flattened[f.name], within=get, nullable=nullable or optional
+            )
+        elif isinstance(shown, str):
+            columns.append(Column(shown, _column_type(hints[f.name], nullable), get))
+        elif shown is not None:
+            columns += shown
+    return columns
+
+
+@dataclass(frozen=True)
+class Table:
+    """An analytics table: its columns, and the Pydantic model of its rows (its Parquet schema's source)."""
+
+    name: str
+    doc: str
+    columns: Sequence[Column]
+    dated: Callable[[Any], datetime | None]
+    """The time whose UTC day is a row's `date` partition."""
+    state: bool = False
+    """A state table's rows of a run are replaced as a whole (the newest `export_seq` wins), so its
+    rows carry `export_seq`; the other tables only grow."""
+    row: type[BaseModel] = field(init=False)
+
+    def __post_init__(self) -> None:
+        tail: dict[str, Any] = {'export_seq': (int, ...)} if self.state else {}
+        fields = {c.name: (c.type, ...) for c in self.columns} | tail | {'date': (str, ...)}
+        name = ''.join(part.capitalize() for part in self.name.split('_')) + 'Row'
+        object.__setattr__(self, 'row', create_model(name, __doc__=self.doc, **fields))
+
+    def make(self, source: Any) -> dict[str, Any]:
+        """The row of `source` (without `export_seq`, which the export stamps)."""
+        row = {c.name: c.get(source) for c in self.columns}
+        row['date'] = day(self.dated(source))
+        return row
+
+
+def _cost_column(within: Callable[[Any], Any]) -> list[Column]:
+    return [
+        Column('cost_usd', Decimal | None, lambda source: cost(getattr(within(source), 'cost_usd', None)))
+    ]
+
+
+_REQUEST_EVENT_COLUMNS: tuple[tuple[str, Any], ...] = (
+    ('run_id', str),
+    ('seq', int),
+    ('timestamp', datetime),
+    ('agent_name', str | None),
+    ('conversation_id', str | None),
+    ('step_index', int),
+)
+_REQUEST_TIMES = ('duration_us', 'trace_id', 'span_id')
+
+
+def _first(pair: tuple[Any, Any]) -> Any:
+    return pair[0]
+
+
+def _usage(source: Any) -> Any:
+    return source.usage
+
+
+RUNS = Table(
+    'runs',
+    '`runs`: one row per run, with its lineage, status and usage sums (`RunRecord`, flattened).',
+    record_columns(
+        RunRecord,
+        shown_as={
+            'gaps': [Column('missing_seqs', int, lambda run: sum(high - low + 1 for low, high in run.gaps))],
+            'conflicting_writers': None,  # a run with conflicts is in `stepstream conflicts`, not analytics
+            'rejected': None,  # dead letters are counted by the projection's status, not per run here
+        },
+        flattened={'usage': {'cost_usd': _cost_column(_usage)}},
+    ),
+    dated=operator.attrgetter('started_at'),
+    state=True,
+)
+
+EVENTS = Table(
+    'events',
+    '`events`: one row per step event, without snapshot payloads.',
+    record_columns(
+        StepEvent,
+        shown_as={
+            'metadata': None,  # the run's metadata is a column of `runs`
+            'snapshot': [
+                Column('snapshot_seq', int | None, lambda e: e.snapshot.snapshot_seq if e.snapshot else None)
+            ],
+            'usage': None,  # a model request's usage is in `model_requests`
+        },
+    ),
+    dated=operator.attrgetter('timestamp'),
+)
+
+
+def _event_column(name: str, kind: Any) -> Column:
+    return Column(name, kind, operator.attrgetter(name))
+
+
+MODEL_REQUESTS = Table(
+    'model_requests',
+    '`model_requests`: one row per model request that ended, with its model, tokens, cost and time.',
+    [
+        # A view of the request's end event: these of its fields, then its usage (a `ModelUsage`).
+        *(_event_column(name, kind) for name, kind in _REQUEST_EVENT_COLUMNS),
+        Column('failed', bool, lambda e: e.kind == 'model_request_failed'),
+        _event_column('error', str | None),
+        *record_columns(
+            ModelUsage, shown_as={'cost_usd': _cost_column(_usage)}, within=_usage, nullable=True
+        ),
+        *(
+            _event_column(name, int | None if name == 'duration_us' else str | None)
+            for name in _REQUEST_TIMES
+        ),
+    ],
+    dated=operator.attrgetter('timestamp'),
+)
+
+TOOL_EFFECTS = Table(
+    'tool_effects',
+    "`tool_effects`: one row per tool call, its merged effect state and its run's status.",
+    record_columns(
+        ToolEffectRecord,
+        within=_first,
+        shown_as={
+            'run_id': [
+                Column('run_id', str, lambda pair: pair[0].run_id),
+                Column('agent_name', str | None, lambda pair: pair[1].agent_name),
+            ],
+            'in_flight': [
+                Column('unknown_after_crash', bool, lambda pair: pair[0].unknown_after_crash),
+                Column('run_status', str, lambda pair: pair[1].status),
+            ],
+            # The resolution that decides the status is flattened; the history is the API's.
+            'resolutions': None,
+        },
+        flattened={
+            'resolution': {
+                'writer_id': None,
+                'note': 'resolution_note',
+                'resolves_seq': None,
+                'applied': None,  # the flattened one is always the applied one
+            }
+        },
+    ),
+    dated=lambda pair: pair[0].started_at or pair[1].started_at,
+    state=True,
+)
+"""Its rows' source is a pair: the effect, and its run."""
 
 
 class MessageRow(BaseModel):
@@ -145,13 +274,10 @@ class MessageRow(BaseModel):
     date: str
 
 
-ROWS: dict[str, type[BaseModel]] = {
-    'runs': RunRow,
-    'events': EventRow,
-    'model_requests': ModelRequestRow,
-    'tool_effects': ToolEffectRow,
-    'messages': MessageRow,
-}
+TABLES: tuple[Table, ...] = (RUNS, EVENTS, MODEL_REQUESTS, TOOL_EFFECTS)
+"""The tables whose rows are a record's (the `messages` table's are a snapshot's messages)."""
+
+ROWS: dict[str, type[BaseModel]] = {table.name: table.row for table in TABLES} | {'messages': MessageRow}
 """Every table and the model of its rows, in the order an export writes them."""
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from stepstream.projector.storage import EFFECT, UNRESOLVED, UNRESOLVED_RUN, EffectState
 from stepstream.readmodel._runs import Runs
-from stepstream.readmodel._shards import Shards, ts
+from stepstream.readmodel._shards import Shards, carry, ts
 from stepstream.schemas import EffectResolution, ToolEffectRecord
 from stepstream.timestamps import EPOCH, from_micros
 
@@ -85,18 +85,11 @@ class Effects:
             for r in state.resolutions
         ]
         resolution = next((r for r in resolutions if r.applied), None)
-        return ToolEffectRecord(
-            tool_call_id=state.tool_call_id,
-            tool_name=state.tool_name,
-            run_id=state.run_id,
-            status='resolved' if resolution is not None else state.status,  # type: ignore[arg-type]
-            started_at=ts(state.started_at),
+        return carry(
+            state,
+            ToolEffectRecord,
+            status='resolved' if resolution is not None else state.status,
             ended_at=resolution.resolved_at if resolution is not None else ts(state.ended_at),
-            idempotency_key=state.idempotency_key,
-            effect_summary=state.effect_summary,
-            error=state.error,
-            last_seq=state.last_seq,
-            status_seq=state.status_seq,
             resolution=resolution,
             resolutions=resolutions,
             in_flight=resolution is None

@@ -22,7 +22,7 @@ from stepstream.projector.storage import (
     RunState,
     expired_started_at,
 )
-from stepstream.readmodel._shards import Shards, ShardUnavailable, ts
+from stepstream.readmodel._shards import Shards, ShardUnavailable, carry
 from stepstream.schemas import RunRecord, RunUsage
 from stepstream.timestamps import EPOCH, from_micros, micros
 
@@ -49,23 +49,14 @@ class Runs:
         status, parent = state.status, state.parent_run_id
         if status == 'running' and not self.alive(last_record_at):
             status = 'stale'
-        return RunRecord(
-            run_id=state.run_id,
-            conversation_id=state.conversation_id,
-            parent_run_id=state.parent_run_id,
-            agent_name=state.agent_name,
-            metadata=dict(state.metadata),
-            started_at=ts(state.started_at),
+        return carry(
+            state,
+            RunRecord,
             registration_id=state.owner,
-            status=status,  # type: ignore[arg-type]
-            ended_at=ts(state.ended_at),
-            error=state.error,
+            status=status,
             last_record_at=last_record_at,
             event_count=state.record_count,
-            last_seq=state.last_seq,
             gaps=state.gaps(),
-            conflicting_writers=list(state.conflicting_writers),
-            rejected=dict(state.rejected),
             usage=RunUsage(**state.usage, cost_usd=state.cost_usd),
             parent_expired=parent is not None and self.expired_at(parent) is not None,
         )

@@ -10,12 +10,13 @@ the shards are RocksDB secondary instances, caught up with their writers before 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import heapq
 import tempfile
 from collections.abc import Callable, Collection, Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar, get_args, get_origin, get_type_hints
 
 from stepstream.errors import StepStreamError
 from stepstream.projector.storage import MemoryShard, Shard, shard_paths
@@ -34,6 +35,43 @@ class ShardUnavailable(StepStreamError):
 def ts(value: int | None) -> datetime | None:
     """A stored time (microseconds), or None."""
     return None if value is None else from_micros(value)
+
+
+Record = TypeVar('Record')
+
+_CARRIED: dict[tuple[type, type], tuple[tuple[str, Callable[[Any], Any]], ...]] = {}
+
+
+def carry(state: object, record: type[Record], **given: Any) -> Record:
+    """The read-side `record` of a projection `state`: every field the state has under the same name.
+
+    A field of the record the state also has (a field or a property) is carried over: a time
+    (microseconds stored) as a `datetime`, a list or dict as a copy (a record never shares the
+    state's mutable parts), anything else as it is. `given` supplies the rest, and overrides:
+    what the record shows that the state stores otherwise, or that is judged at read time. So a
+    field added to both a state and its record needs no copy written here.
+    """
+    plan = _CARRIED.get((type(state), record))
+    if plan is None:
+        hints = get_type_hints(record)
+        steps = []
+        for f in dataclasses.fields(record):  # type: ignore[arg-type]
+            if not hasattr(type(state), f.name):
+                continue
+            hint = hints[f.name]
+            kinds = set(get_args(hint)) or {hint}
+            origin = get_origin(hint)
+            convert: Callable[[Any], Any] = (
+                ts if datetime in kinds else list if origin is list else dict if origin is dict else _same
+            )
+            steps.append((f.name, convert))
+        plan = _CARRIED[(type(state), record)] = tuple(steps)
+    values = {name: convert(getattr(state, name)) for name, convert in plan if name not in given}
+    return record(**values, **given)
+
+
+def _same(value: T) -> T:
+    return value
 
 
 class Shards:

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
+from stepstream.shapes import internal
+
 if TYPE_CHECKING:  # importing Pydantic AI takes half a second: the CLI's views do without it
     from pydantic_ai.messages import ModelMessage
 
@@ -134,11 +136,14 @@ class StepEvent:
     error: str | None = None
     metadata: dict[str, str] = field(default_factory=_no_metadata)
     idempotency_key: str | None = None
-    snapshot: SnapshotDelta | None = None
+    snapshot: SnapshotDelta | None = field(
+        default=None, metadata=internal("the views name an event's snapshot (seq, state), not its content")
+    )
     usage: ModelUsage | None = None
     """Since schema v3, on `model_request_completed`: the response's model, tokens and cost."""
     duration_us: int | None = None
-    """Since schema v3, on model request and tool call ends: how long it took (writer's monotonic clock)."""
+    """Since schema v3, on model request and tool call ends: how long it took, in microseconds (the
+    writer's monotonic clock)."""
     trace_id: str | None = None
     """Since schema v3: the OpenTelemetry trace the event was written under, as 32 hex digits."""
     span_id: str | None = None
@@ -225,11 +230,12 @@ class RunUsage:
     """`model_request_completed` events."""
     requests: int = 0
     input_tokens: int = 0
+    """Including cache reads and writes, as Pydantic AI counts them."""
     output_tokens: int = 0
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
     cost_usd: str | None = None
-    """The sum of the priced requests' costs as decimal text; None while none was priced."""
+    """The sum of the priced requests' costs as exact decimal text; None while none was priced."""
     unpriced_requests: int = 0
     """Model requests with no cost (no price known, or written before v3): `cost_usd` leaves them out."""
     model_request_us: int = 0
@@ -246,33 +252,36 @@ class RunRecord:
     """Lineage and status of one run, as the projection knows it."""
 
     run_id: str
+    agent_name: str | None = None
     conversation_id: str | None = None
     parent_run_id: str | None = None
-    agent_name: str | None = None
-    metadata: dict[str, str] = field(default_factory=_no_metadata)
-    started_at: datetime | None = None
-    registration_id: str | None = None
-    """The `writer_id` that registered the run (its `run_started`)."""
+    parent_expired: bool = False
+    """The parent run was dropped by the retention policy: the run named by `parent_run_id` is no
+    longer in the projection (docs/retention.md)."""
     status: RunStatus = 'running'
+    """running | stale (running, but nothing new for STEPSTREAM_STALE_AFTER_S) | completed | failed
+    | cancelled."""
+    started_at: datetime | None = None
     ended_at: datetime | None = None
     error: str | None = None
-    last_record_at: datetime | None = None
-    """When the newest of the run's step events or heartbeats was written (by its writer's clock);
-    `stale` is judged by it."""
+    metadata: dict[str, str] = field(default_factory=_no_metadata)
+    registration_id: str | None = None
+    """The `writer_id` that registered the run (its `run_started`)."""
     event_count: int = 0
     """Records applied for this run, across both topics."""
     last_seq: int = -1
     gaps: list[tuple[int, int]] = field(default_factory=list)
-    """Ranges of sequence numbers below `last_seq` that never arrived, inclusive: `[(3, 3), (7, 9)]`."""
+    """Inclusive ranges of seq below `last_seq` that never arrived: `[(3, 3), (7, 9)]`."""
+    usage: RunUsage = field(default_factory=RunUsage)
+    """The sums of its model requests' usage and of its tool calls' durations."""
     conflicting_writers: list[str] = field(default_factory=list)
     """Other writers that claimed this run_id; their records are kept apart."""
     rejected: dict[str, int] = field(default_factory=dict)
     """This run's own records that went to the DLQ, by reason (`seq_jump`, `duplicate_seq`, ...)."""
-    usage: RunUsage = field(default_factory=RunUsage)
-    """The sums of its model requests' usage and of its tool calls' durations."""
-    parent_expired: bool = False
-    """The parent run ended long ago and the projection's retention policy dropped it: the run
-    named by `parent_run_id` is no longer in the projection (docs/retention.md)."""
+    last_record_at: datetime | None = field(
+        default=None, metadata=internal('`status` is judged by it (stale); the views show the status')
+    )
+    """When the newest of the run's step events or heartbeats was written (by its writer's clock)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -299,15 +308,19 @@ class EffectResolution:
     """An operator's resolution of an effect, as the ledger keeps it (applied or not)."""
 
     resolution: Resolution
+    """happened | did_not_happen."""
     resolved_by: str
+    """The operator (their settings, or their OS user)."""
     writer_id: str
+    """The process that wrote the resolution to the log."""
     resolved_at: datetime
     note: str
     resolves_seq: int
     """The seq of the `started` transition it answers."""
     applied: bool
     """Whether it decides the effect's status: it answers the `started` transition that is still
-    the effect's latest, and no earlier resolution did. Otherwise it is history only."""
+    the effect's latest, and no earlier resolution did. Otherwise it is history only (the effect had
+    ended, or an earlier resolution decided it)."""
 
 
 def _no_resolutions() -> list[EffectResolution]:
@@ -318,24 +331,27 @@ def _no_resolutions() -> list[EffectResolution]:
 class ToolEffectRecord:
     """The merged state of one tool call's effect: the latest status plus what was annotated."""
 
+    run_id: str
     tool_call_id: str
     tool_name: str
-    run_id: str
     status: ToolEffectStatus
+    """started | annotated | completed | failed | resolved (by an operator)."""
+    in_flight: bool = False
+    """Not ended (`started`) and its run is live: the call may still finish. Read, never stored."""
     started_at: datetime | None = None
     ended_at: datetime | None = None
     idempotency_key: str | None = None
     effect_summary: str | None = None
     error: str | None = None
     last_seq: int = -1
-    status_seq: int = -1
-    """The seq of the transition that decides the status (for `started`: what a resolution answers)."""
     resolution: EffectResolution | None = None
     """The operator's resolution that decides the status (`resolved`), if any."""
     resolutions: list[EffectResolution] = field(default_factory=_no_resolutions)
     """Every resolution written for this call, oldest first: the audit trail."""
-    in_flight: bool = False
-    """Not ended (`started`) and its run is live: the call may still finish. Read, never stored."""
+    status_seq: int = field(
+        default=-1, metadata=internal("what a resolution answers: the resolution's `resolves_seq` shows it")
+    )
+    """The seq of the transition that decides the status (for `started`: what a resolution answers)."""
 
     @property
     def unknown_after_crash(self) -> bool:

@@ -1,20 +1,44 @@
 """The API's response models: what every JSON endpoint returns, and so what its OpenAPI schema says.
 
-The wire shape of a read-side record (`RunRecord`, `StepEvent`, `ToolEffectRecord`, ...) is declared
-here once, with its descriptions, and read off the record by field name (`FromRecord.of`): there is
-no copy written by hand, and tests/test_record_shapes.py fails when a record grows a field that no
-shape here, nor its list of internal fields, names.
+A read-side record (`RunRecord`, `StepEvent`, `ToolEffectRecord`, ...) is declared once, in
+stepstream.schemas; its API shape derives from that declaration (`shows`): a field, its type and
+its description (the field's docstring) come from the record, and a field the record declares
+`internal` is left out. A shape declares only what the record does not have (a property shown as
+a field). So a field added to a record shows in the API, the explorer's JSON and the OpenAPI
+schema with nothing else to write.
 """
 
 from __future__ import annotations
 
+import types
+from collections.abc import Callable
 from datetime import datetime
-from typing import Any, Literal, Self
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Literal,
+    Self,
+    TypeVar,
+    Union,
+    cast,
+    get_args,
+    get_origin,
+    get_type_hints,
+)
 
-from pydantic import AliasPath, BaseModel, ConfigDict, Field
+from pydantic import AliasPath, BaseModel, ConfigDict, Field, create_model
 
 from stepstream.readmodel import ProjectionStatus
-from stepstream.schemas import MAX_NOTE_CHARS
+from stepstream.schemas import (
+    MAX_NOTE_CHARS,
+    EffectResolution,
+    ModelUsage,
+    RunRecord,
+    RunUsage,
+    StepEvent,
+    ToolEffectRecord,
+)
+from stepstream.shapes import field_docs, shown_fields
 
 
 class FromRecord(BaseModel):
@@ -28,64 +52,81 @@ class FromRecord(BaseModel):
         return cls.model_validate(record, from_attributes=True)
 
 
-class Usage(FromRecord):
+_SHAPES: dict[type, type[FromRecord]] = {}
+"""Each record type that has an API shape, and its shape: a nested record is shown as its shape."""
+
+_Shape = TypeVar('_Shape', bound=FromRecord)
+
+
+def shows(record: type) -> Callable[[type[_Shape]], type[_Shape]]:
+    """Make the decorated class the API shape of the dataclass `record`, derived from its declaration.
+
+    The shape has one field per field of `record` that is not `internal` (stepstream.shapes), in
+    its order, with its type (a `Literal` shown as `str`, a nested record as that record's shape)
+    and its docstring as the description; every field is required (a response always carries it).
+    The class body declares only what is not a field of the record: values derived from it (a
+    property, a nested attribute), appended after the record's fields.
+    """
+
+    def make(declared: type[_Shape]) -> type[_Shape]:
+        hints = get_type_hints(record)
+        docs = field_docs(record)
+        made: dict[str, Any] = {}
+        for f in shown_fields(record):
+            made[f.name] = (_shown_type(hints[f.name]), Field(description=docs.get(f.name)))
+        for name, info in declared.model_fields.items():
+            if name in made:
+                raise TypeError(
+                    f'{declared.__name__}.{name} is a field of {record.__name__}: declare it there'
+                )
+            made[name] = (info.annotation, info)
+        shape: type[FromRecord] = create_model(
+            declared.__name__, __base__=FromRecord, __doc__=declared.__doc__, __module__=__name__, **made
+        )
+        _SHAPES[record] = shape
+        return cast('type[_Shape]', shape)
+
+    return make
+
+
+def _shown_type(annotation: Any) -> Any:
+    """How the API shows a record field's type: `Literal`s as `str`, records as their shapes."""
+    if annotation in _SHAPES:
+        return _SHAPES[annotation]
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Literal:
+        return str
+    if origin in (Union, types.UnionType):
+        return Union[tuple(_shown_type(a) for a in args)]  # noqa: UP007 (built from a tuple)
+    if origin is list:
+        return list[_shown_type(args[0])]  # type: ignore[misc]
+    return annotation
+
+
+if TYPE_CHECKING:  # to the type checker, a shape has its record's attributes: they are its fields
+    _RunUsage = RunUsage
+    _ModelUsage = ModelUsage
+    _RunRecord = RunRecord
+    _StepEvent = StepEvent
+    _EffectResolution = EffectResolution
+    _ToolEffectRecord = ToolEffectRecord
+else:
+    _RunUsage = _ModelUsage = _RunRecord = _StepEvent = _EffectResolution = _ToolEffectRecord = object
+
+
+@shows(RunUsage)
+class Usage(FromRecord, _RunUsage):
     """What a run used: sums over its model requests and tool calls (events since schema v3)."""
 
-    model_requests: int
-    requests: int
-    input_tokens: int = Field(description='Including cache reads and writes, as Pydantic AI counts them.')
-    output_tokens: int
-    cache_read_tokens: int
-    cache_write_tokens: int
-    cost_usd: str | None = Field(
-        description="The priced requests' costs summed, as exact decimal text; null while none was priced."
-    )
-    unpriced_requests: int = Field(description='Model requests without a cost: cost_usd leaves them out.')
-    model_request_us: int = Field(description='Microseconds spent in model requests.')
-    tool_calls: int
-    tool_call_failures: int
-    tool_call_us: int = Field(description='Microseconds spent in tool bodies.')
 
-
-class ModelRequestUsage(FromRecord):
+@shows(ModelUsage)
+class ModelRequestUsage(FromRecord, _ModelUsage):  # type: ignore[misc]  # (the record is frozen)
     """What one model request used, as Pydantic AI reported it on the response."""
 
-    model_name: str | None
-    provider: str | None
-    input_tokens: int
-    output_tokens: int
-    cache_read_tokens: int
-    cache_write_tokens: int
-    requests: int
-    finish_reason: str | None
-    cost_usd: str | None
 
-
-class Run(FromRecord):
+@shows(RunRecord)
+class Run(FromRecord, _RunRecord):
     """Lineage and status of one run."""
-
-    run_id: str
-    conversation_id: str | None
-    parent_run_id: str | None
-    agent_name: str | None
-    metadata: dict[str, str]
-    started_at: datetime | None
-    registration_id: str | None = Field(description='The writer_id that registered the run.')
-    status: str = Field(
-        description='running | stale (running, but nothing new for STEPSTREAM_STALE_AFTER_S) | completed '
-        '| failed | cancelled'
-    )
-    ended_at: datetime | None
-    error: str | None
-    event_count: int
-    last_seq: int
-    gaps: list[tuple[int, int]] = Field(description='Inclusive ranges of seq that never arrived.')
-    conflicting_writers: list[str]
-    rejected: dict[str, int] = Field(description="This run's records that went to the DLQ, by reason.")
-    usage: Usage
-    parent_expired: bool = Field(
-        default=False, description='The parent run was dropped by the retention policy (docs/retention.md).'
-    )
 
 
 class RunPage(BaseModel):
@@ -97,23 +138,10 @@ class RunPage(BaseModel):
     )
 
 
-class Event(FromRecord):
+@shows(StepEvent)
+class Event(FromRecord, _StepEvent):  # type: ignore[misc]  # (the record is frozen)
     """One step event; a `snapshot_saved` event names its snapshot but does not carry its messages."""
 
-    run_id: str
-    seq: int
-    writer_id: str
-    timestamp: datetime
-    kind: str
-    step_index: int
-    agent_name: str | None
-    conversation_id: str | None
-    parent_run_id: str | None
-    tool_call_id: str | None
-    tool_name: str | None
-    error: str | None
-    metadata: dict[str, str]
-    idempotency_key: str | None
     snapshot_seq: int | None = Field(
         default=None,
         validation_alias=AliasPath('snapshot', 'snapshot_seq'),
@@ -124,25 +152,11 @@ class Event(FromRecord):
         validation_alias=AliasPath('snapshot', 'state'),
         description='For snapshot_saved: complete | interrupted.',
     )
-    usage: ModelRequestUsage | None = Field(description='For model_request_completed (since schema v3).')
-    duration_us: int | None = Field(description='For model request and tool call ends: microseconds taken.')
-    trace_id: str | None = Field(description='The OpenTelemetry trace the event was written under.')
-    span_id: str | None = Field(description='The OpenTelemetry span the event was written under.')
 
 
-class Resolution(FromRecord):
+@shows(EffectResolution)
+class Resolution(FromRecord, _EffectResolution):
     """An operator's resolution of an unknown effect, as the ledger keeps it."""
-
-    resolution: Literal['happened', 'did_not_happen']
-    resolved_by: str = Field(description='The operator (their settings, or their OS user).')
-    writer_id: str = Field(description='The process that wrote the resolution to the log.')
-    resolved_at: datetime
-    note: str
-    resolves_seq: int = Field(description='The seq of the `started` transition it answers.')
-    applied: bool = Field(
-        description='Whether it decides the status; false: history only (the effect had ended, or '
-        'an earlier resolution decided it).'
-    )
 
 
 class ResolveRequest(BaseModel):
@@ -165,37 +179,22 @@ class ResolveRequest(BaseModel):
     )
 
 
+@shows(ToolEffectRecord)
+class ToolEffect(FromRecord, _ToolEffectRecord):
+    """The merged state of one tool call's side effect."""
+
+    unknown_after_crash: bool = Field(
+        description='No terminal transition and its run is not live (stale, failed or cancelled): '
+        'the side effect may or may not have happened.'
+    )
+
+
 class Resolved(BaseModel):
     """A resolution written to the log, and the effect as the projection shows it now."""
 
     written: Resolution
     applied: bool = Field(description='Whether the projection read here shows it already.')
     effect: ToolEffect
-
-
-class ToolEffect(FromRecord):
-    """The merged state of one tool call's side effect."""
-
-    run_id: str
-    tool_call_id: str
-    tool_name: str
-    status: str = Field(description='started | annotated | completed | failed | resolved (by an operator)')
-    unknown_after_crash: bool = Field(
-        description='No terminal transition and its run is not live (stale, failed or cancelled): '
-        'the side effect may or may not have happened.'
-    )
-    in_flight: bool = Field(
-        default=False,
-        description='No terminal transition yet, and its run is live: the call may still finish.',
-    )
-    started_at: datetime | None
-    ended_at: datetime | None
-    idempotency_key: str | None
-    effect_summary: str | None
-    error: str | None
-    last_seq: int
-    resolution: Resolution | None = Field(description="The operator's resolution that decides the status.")
-    resolutions: list[Resolution] = Field(description='Every resolution written for the call, oldest first.')
 
 
 class SnapshotSummary(BaseModel):

@@ -8,20 +8,17 @@ the log and the media live.
 from __future__ import annotations
 
 import argparse
-import ast
 import base64
 import binascii
 import dataclasses
-import functools
 import getpass
-import inspect
-import itertools
 import os
-import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
+
+from stepstream.shapes import field_docs
 
 ENV_PREFIX = 'STEPSTREAM_'
 FILE_SUFFIX = '_FILE'
@@ -357,7 +354,7 @@ class Settings:
         will not print help and should not pay for reading the docstrings).
         """
         group = parser.add_argument_group('settings (flags override STEPSTREAM_* variables)')
-        docs = _field_docs() if documented else {}
+        docs = {k: v.replace('%', '%%') for k, v in field_docs(cls).items()} if documented else {}
         for f in fields(cls):
             if f.name in SECRET_FIELDS:
                 continue
@@ -383,24 +380,6 @@ SECRET_FIELDS = frozenset(
 """Fields read only from the environment or a file, hidden from `repr`, and never a CLI flag."""
 
 _TOPIC_CHARS = frozenset('abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-')
-
-
-@functools.cache
-def _field_docs() -> dict[str, str]:
-    """Each field's docstring, the one place a setting is explained (and its `--help`)."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(Settings)))
-    body = tree.body[0].body  # type: ignore[attr-defined]
-    docs: dict[str, str] = {}
-    for node, following in itertools.pairwise(body):
-        if (
-            isinstance(node, ast.AnnAssign)
-            and isinstance(node.target, ast.Name)
-            and isinstance(following, ast.Expr)
-            and isinstance(following.value, ast.Constant)
-            and isinstance(following.value.value, str)
-        ):
-            docs[node.target.id] = ' '.join(following.value.value.split()).replace('%', '%%')
-    return docs
 
 
 def _field(name: str) -> dataclasses.Field[Any]:

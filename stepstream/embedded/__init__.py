@@ -23,7 +23,8 @@ while a stack runs, so two never share the directory).
 
 One module per concern: `_processes` (children: spawn, readiness, stop, errors), `_network`
 (loopback ports and probes), `_tansu`, `apache_kafka` (with its Maven fetch) and `_seaweedfs` (each
-service's binary and command line), `_stack` (`EmbeddedStack`, which composes them).
+service's binary and command line), `_dirs` (the data dir, its lock and the socket dir), `_stack`
+(`EmbeddedStack`, which composes them).
 """
 
 from stepstream.embedded._processes import Child, EmbeddedStackError, spawn, terminate

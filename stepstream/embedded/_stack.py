@@ -7,16 +7,15 @@ import atexit
 import contextlib
 import os
 import secrets
-import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any
+from typing import Any
 
 from stepstream.embedded import _seaweedfs, _tansu, apache_kafka
+from stepstream.embedded._dirs import StackDirs
 from stepstream.embedded._network import HOST, Ports, kafka_probe, pick_ports
 from stepstream.embedded._processes import (
     BROKER,
@@ -24,7 +23,6 @@ from stepstream.embedded._processes import (
     Child,
     EmbeddedStackError,
     child_env,
-    lock_dir,
     spawn,
     terminate,
     wait_until_ready,
@@ -84,40 +82,17 @@ class EmbeddedStack:
         broker: str | None = None,
         **settings_overrides: Any,
     ) -> None:
-        if durable and data_dir is None:
-            raise ValueError(
-                'EmbeddedStack(durable=True) needs a data_dir: the log must outlive the stack somewhere'
-            )
-        if bucket == LOG_BUCKET:
-            raise ValueError(f'bucket {bucket!r} is reserved for the durable Kafka log; pick another name')
-        broker = broker or os.environ.get('STEPSTREAM_EMBEDDED_BROKER') or 'tansu'
-        if broker not in BROKERS:
-            raise ValueError(
-                f'broker must be one of {BROKERS} (or STEPSTREAM_EMBEDDED_BROKER), got {broker!r}'
-            )
-        if (s3_certfile is None) != (s3_keyfile is None):
-            raise ValueError('EmbeddedStack needs both s3_certfile and s3_keyfile to serve S3 over HTTPS')
-        if s3_certfile is not None and durable:
-            raise ValueError(
-                "EmbeddedStack(durable=True) keeps Tansu's log in S3 over plain HTTP; it cannot be "
-                'combined with s3_certfile'
-            )
-        if s3_certfile is not None and not settings_overrides.get('s3_cafile'):
-            raise ValueError(
-                'EmbeddedStack(s3_certfile=...) needs s3_cafile=, the CA that signed the certificate '
-                '(no public CA signs one for 127.0.0.1)'
-            )
-        if startup_timeout_s <= 0:
-            raise ValueError(f'startup_timeout_s must be positive, got {startup_timeout_s}')
-        owned = sorted(_STACK_OWNED_FIELDS & settings_overrides.keys())
-        if owned:
-            raise TypeError(
-                f'EmbeddedStack sets {", ".join(owned)} itself; to use other services, '
-                'build Settings yourself instead of starting a stack'
-            )
-        Settings(**settings_overrides)  # unknown or invalid fields fail here, not after startup
+        broker = _check_options(
+            data_dir,
+            durable=durable,
+            bucket=bucket,
+            broker=broker,
+            startup_timeout_s=startup_timeout_s,
+            s3_certfile=s3_certfile,
+            s3_keyfile=s3_keyfile,
+            settings_overrides=settings_overrides,
+        )
 
-        self._requested_dir = None if data_dir is None else Path(data_dir).absolute()
         self._durable = durable
         self._broker = broker
         self._kafka_lib: Path | None = None
@@ -131,10 +106,7 @@ class EmbeddedStack:
         self._overrides = dict(settings_overrides)
 
         self._lock = threading.RLock()
-        self._data_dir: Path | None = self._requested_dir
-        self._temp_dirs: list[Path] = []
-        self._socket_dir: Path | None = None
-        self._dir_lock: IO[str] | None = None
+        self._dirs = StackDirs(None if data_dir is None else Path(data_dir).absolute())
         self._ports: Ports | None = None
         self._access_key_id = ''
         self._secret_access_key = ''
@@ -154,9 +126,9 @@ class EmbeddedStack:
     @property
     def data_dir(self) -> Path:
         """The directory holding logs and SeaweedFS data (a temporary one if none was given)."""
-        if self._data_dir is None:
+        if self._dirs.data_dir is None:
             raise EmbeddedStackError('the stack has no data directory until it is started')
-        return self._data_dir
+        return self._dirs.data_dir
 
     @property
     def broker(self) -> str:
@@ -197,7 +169,7 @@ class EmbeddedStack:
             self._access_key_id = 'ss' + secrets.token_hex(8)
             self._secret_access_key = secrets.token_hex(20)
             try:
-                self._prepare_dirs()
+                self._dirs.prepare()
                 for attempt in (1, 2):
                     self._ports = pick_ports(_seaweedfs.COMPONENTS)
                     try:
@@ -212,7 +184,7 @@ class EmbeddedStack:
                 terminate(list(self._children.values()))
                 self._children.clear()
                 self._ports = None
-                self._release_dirs()
+                self._dirs.release()
                 raise
             self._settings = self._build_settings()
             _LIVE_STACKS.add(self)
@@ -234,7 +206,7 @@ class EmbeddedStack:
                 terminate([broker, s3])
             self._settings = None
             self._ports = None
-            self._release_dirs()
+            self._dirs.release()
             _LIVE_STACKS.discard(self)
 
     def stop_broker(self) -> None:
@@ -305,7 +277,7 @@ class EmbeddedStack:
 
     def __repr__(self) -> str:
         where = self._settings.bootstrap_servers if self._settings else 'stopped'
-        return f'EmbeddedStack({where}, data_dir={self._data_dir}, durable={self._durable})'
+        return f'EmbeddedStack({where}, data_dir={self._dirs.data_dir}, durable={self._durable})'
 
     # -- startup --------------------------------------------------------------------------------
 
@@ -330,35 +302,6 @@ class EmbeddedStack:
         except BaseException:
             terminate([self._children.pop(service, None)])
             raise
-
-    def _prepare_dirs(self) -> None:
-        if self._requested_dir is None:
-            self._data_dir = Path(tempfile.mkdtemp(prefix='stepstream-stack-'))
-            self._temp_dirs.append(self._data_dir)
-        else:
-            self._data_dir = self._requested_dir
-            self._data_dir.mkdir(parents=True, exist_ok=True)
-        data = self._data_dir
-        self._dir_lock = lock_dir(data)
-        for sub in ('seaweedfs', 'seaweedfs-logs', 'tmp'):
-            (data / sub).mkdir(parents=True, exist_ok=True)
-        # Unix socket paths are limited to ~107 bytes; a deep data_dir gets a short temp dir instead.
-        run = data / 'run'
-        if len(os.fsencode(run / 'filer.sock')) <= 100:
-            run.mkdir(exist_ok=True)
-            self._socket_dir = run
-        else:
-            self._socket_dir = Path(tempfile.mkdtemp(prefix='ss-'))
-            self._temp_dirs.append(self._socket_dir)
-
-    def _release_dirs(self) -> None:
-        if self._dir_lock is not None:
-            self._dir_lock.close()  # releases the flock
-            self._dir_lock = None
-        while self._temp_dirs:
-            shutil.rmtree(self._temp_dirs.pop(), ignore_errors=True)
-        if self._requested_dir is None:
-            self._data_dir = None
 
     def _start_services(self) -> None:
         deadline = time.monotonic() + self._startup_timeout_s
@@ -386,14 +329,14 @@ class EmbeddedStack:
         return f'{scheme}://{HOST}:{self._ports.s3}'
 
     def _spawn_weed(self) -> None:
-        assert self._ports is not None and self._socket_dir is not None
+        assert self._ports is not None and self._dirs.socket_dir is not None
         buckets = [self._bucket, LOG_BUCKET] if self._durable else [self._bucket]
         command = _seaweedfs.command(
             self._binaries[S3],
             data_dir=self.data_dir,
             ports=self._ports.weed,
             buckets=buckets,
-            socket_dir=self._socket_dir,
+            socket_dir=self._dirs.socket_dir,
             tls=self._s3_tls,
         )
         env = self._child_env(
@@ -466,7 +409,7 @@ class EmbeddedStack:
             probe,
             deadline=deadline,
             timeout_s=self._startup_timeout_s,
-            logs_removed=self._requested_dir is None,
+            logs_removed=self._dirs.temporary,
         )
 
     def _build_settings(self) -> Settings:
@@ -482,6 +425,54 @@ class EmbeddedStack:
             s3_secret_access_key=self._secret_access_key,
         )
         return Settings(**values)
+
+
+def _check_options(
+    data_dir: str | Path | None,
+    *,
+    durable: bool,
+    bucket: str,
+    broker: str | None,
+    startup_timeout_s: float,
+    s3_certfile: str | Path | None,
+    s3_keyfile: str | Path | None,
+    settings_overrides: dict[str, Any],
+) -> str:
+    """Refuse `EmbeddedStack` arguments that cannot work, before anything starts; returns the broker.
+
+    The broker is the one asked for, else `STEPSTREAM_EMBEDDED_BROKER`, else Tansu.
+    """
+    if durable and data_dir is None:
+        raise ValueError(
+            'EmbeddedStack(durable=True) needs a data_dir: the log must outlive the stack somewhere'
+        )
+    if bucket == LOG_BUCKET:
+        raise ValueError(f'bucket {bucket!r} is reserved for the durable Kafka log; pick another name')
+    broker = broker or os.environ.get('STEPSTREAM_EMBEDDED_BROKER') or 'tansu'
+    if broker not in BROKERS:
+        raise ValueError(f'broker must be one of {BROKERS} (or STEPSTREAM_EMBEDDED_BROKER), got {broker!r}')
+    if (s3_certfile is None) != (s3_keyfile is None):
+        raise ValueError('EmbeddedStack needs both s3_certfile and s3_keyfile to serve S3 over HTTPS')
+    if s3_certfile is not None and durable:
+        raise ValueError(
+            "EmbeddedStack(durable=True) keeps Tansu's log in S3 over plain HTTP; it cannot be "
+            'combined with s3_certfile'
+        )
+    if s3_certfile is not None and not settings_overrides.get('s3_cafile'):
+        raise ValueError(
+            'EmbeddedStack(s3_certfile=...) needs s3_cafile=, the CA that signed the certificate '
+            '(no public CA signs one for 127.0.0.1)'
+        )
+    if startup_timeout_s <= 0:
+        raise ValueError(f'startup_timeout_s must be positive, got {startup_timeout_s}')
+    owned = sorted(_STACK_OWNED_FIELDS & settings_overrides.keys())
+    if owned:
+        raise TypeError(
+            f'EmbeddedStack sets {", ".join(owned)} itself; to use other services, '
+            'build Settings yourself instead of starting a stack'
+        )
+    Settings(**settings_overrides)  # unknown or invalid fields fail here, not after startup
+    return broker
 
 
 _LIVE_STACKS: set[EmbeddedStack] = set()
