@@ -46,6 +46,11 @@ def _fix_clocks() -> None:
 
     from stepstream.producer import _capability
 
+    clocked: list[Any] = [_capability]
+    run_module = sys.modules.get('stepstream.producer._run')  # builds a run's records since issue 34
+    if run_module is not None:
+        clocked.append(run_module)
+
     ticks = itertools.count()
     start = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -67,13 +72,14 @@ def _fix_clocks() -> None:
             return now()  # type: ignore[return-value]
 
     nanos = itertools.count(0, 1_234_567)
-    _capability.datetime = FixedDatetime  # type: ignore[misc]
     fake_time = types.SimpleNamespace(
         **{name: getattr(_capability.time, name) for name in dir(_capability.time)}
     )
     fake_time.perf_counter_ns = lambda: next(nanos)
     fake_time.monotonic = lambda: next(nanos) / 1e9
-    _capability.time = fake_time  # type: ignore[assignment]
+    for module in clocked:  # one clock for all of them, read in the order the run reads it
+        module.datetime = FixedDatetime
+        module.time = fake_time
 
 
 def _tracer() -> Any:

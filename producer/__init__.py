@@ -1,6 +1,7 @@
 """The write side: the `StepPersistence` capability, its snapshot writer, and the logs it appends to.
 
-Read top-down: `_capability.py` (hooks, run identity, durability points) -> `_snapshots.py` (deltas,
+Read top-down: `_capability.py` (the hooks, thin: each hands its step to its run's `RunWriter`) ->
+`_run.py` (a run's state: its identity, records, durability points) -> `_snapshots.py` (deltas,
 patches, media offload) -> `_protocol.py` (the `StepLog` seam and the rules every log shares) ->
 `_log.py` (`EventLog`, Kafka) or `_memory.py` (`InMemoryLog`, tests).
 """

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from stepstream.projector._checkpoints import Checkpoints
     from stepstream.projector._dead_letters import DeadLetterHeaders
     from stepstream.projector._membership import Membership
-    from stepstream.projector._options import ProjectorParts, Rebuilding
+    from stepstream.projector._options import GroupMember, ProjectorParts, Rebuilding
     from stepstream.projector._projector import Projector
     from stepstream.projector._rebuild import progress_bar, rebuild
     from stepstream.projector._retention import RetentionPreview, RetentionState
@@ -35,6 +35,7 @@ _WHERE = {
     'Checkpoints': 'stepstream.projector._checkpoints',
     'DeadLetterHeaders': 'stepstream.projector._dead_letters',
     'Difference': 'stepstream.projector._verify',
+    'GroupMember': 'stepstream.projector._options',
     'Membership': 'stepstream.projector._membership',
     'ProjectionReader': 'stepstream.readmodel',
     'ProjectionStatus': 'stepstream.readmodel',
@@ -64,6 +65,7 @@ __all__ = [
     'Checkpoints',
     'DeadLetterHeaders',
     'Difference',
+    'GroupMember',
     'Membership',
     'ProjectionReader',
     'ProjectionStatus',

@@ -1,13 +1,46 @@
-"""The projector's option objects: what a rebuild changes, and the parts a test may replace."""
+"""The projector's option objects: a group member's, a rebuild's, and the parts a test may replace."""
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from stepstream.errors import UsageError
 from stepstream.projector._commits import GroupOffsets
 from stepstream.projector._dead_letters import DeadLetterSender
 from stepstream.projector._metrics import ApplyMetrics
+from stepstream.settings import Settings
+
+if TYPE_CHECKING:
+    from stepstream.projector._checkpoints import Checkpoints
+    from stepstream.projector._membership import Membership
+
+
+SESSION_TIMEOUT_MS = 10_000
+"""How long a consumer group waits for a silent member, unless `GroupMember` says otherwise."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupMember:
+    """A consumer group's member (`member`), instead of a projector that owns every partition.
+
+    It joins `group`: it opens the shards of the partitions the group assigns it, closes them
+    when they are revoked, and several members (on one host sharing `db_path`, or on several
+    hosts) split the work.
+    """
+
+    group: str
+    """The consumer group this projector is a member of."""
+    session_timeout_ms: int = SESSION_TIMEOUT_MS
+    """How long the group waits for a silent member before its partitions move."""
+    on_assignment: Callable[[list[int]], None] | None = None
+    """Called with the partitions the member holds after every change."""
+    membership: Membership | None = None
+    """What the member tells the group (`endpoint`, the URL its service answers on) and learns
+    there (who owns each partition: `_membership`); None: a `Membership()` without an endpoint."""
+    checkpoints: Checkpoints | None = None
+    """Uploads the member's shards to S3, and restores shards it is assigned but does not hold."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -32,3 +65,31 @@ class ProjectorParts:
     """Commits applied offsets to the consumer group, for lag tooling."""
     metrics: ApplyMetrics | None = None
     """Counts what was applied."""
+
+    def made(
+        self, settings: Settings, topics: tuple[str, str], *, live: bool
+    ) -> tuple[DeadLetterSender, GroupOffsets, ApplyMetrics]:
+        """These parts, each one not given made from `settings`.
+
+        A rebuild (not `live`) does not show up in lag tooling: it commits nothing to the consumer group.
+        """
+        return (
+            self.dead_letters or DeadLetterSender(settings, topics=topics),
+            self.group_offsets or GroupOffsets(enabled=live),
+            self.metrics or ApplyMetrics(),
+        )
+
+
+def only_partitions(
+    member: GroupMember | None, rebuilding: Rebuilding | None, max_snapshots_per_run: int | None
+) -> frozenset[int] | None:
+    """The partitions a projector is limited to (None: every one), once its options agree.
+
+    Refuses `max_snapshots_per_run` below 1, and a group member that is also given partitions.
+    """
+    if max_snapshots_per_run is not None and max_snapshots_per_run < 1:
+        raise ValueError(f'max_snapshots_per_run must be at least 1, got {max_snapshots_per_run}')
+    partitions = rebuilding.partitions if rebuilding is not None else None
+    if member is not None and partitions is not None:
+        raise UsageError('a group member owns the partitions its group assigns; give member or partitions')
+    return frozenset(partitions) if partitions is not None else None

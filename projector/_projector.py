@@ -12,29 +12,37 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Self
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord
-from aiokafka.errors import GroupAuthorizationFailedError, KafkaError
 from aiokafka.structs import TopicPartition
 from opentelemetry.trace import Span
 
 from stepstream import readmodel
 from stepstream.erasure import KeyRing
-from stepstream.errors import StepStreamError, UsageError
-from stepstream.kafka_client import AUTHORIZATION_ERRORS, access_denied, client_options, connection_error
+from stepstream.errors import StepStreamError
+from stepstream.kafka_client import AUTHORIZATION_ERRORS
 from stepstream.media import MediaStore, S3MediaStore
 from stepstream.projector._apply import EFFECTS, EVENTS, Applier, BatchOutcome, SourceRecord
 from stepstream.projector._assignment import Assignment
-from stepstream.projector._checkpoints import Checkpoints
-from stepstream.projector._commits import GroupOffsets
-from stepstream.projector._dead_letters import DeadLetterSender
-from stepstream.projector._membership import Membership, membership_assignor
-from stepstream.projector._metrics import ApplyMetrics
-from stepstream.projector._options import ProjectorParts, Rebuilding
+from stepstream.projector._connection import (
+    connect,
+    disconnect,
+    end_position,
+    make_consumer,
+    may_not_read,
+    take_partitions,
+)
+from stepstream.projector._membership import Membership
+from stepstream.projector._options import (
+    SESSION_TIMEOUT_MS,
+    GroupMember,
+    ProjectorParts,
+    Rebuilding,
+    only_partitions,
+)
 from stepstream.projector._progress import AppliedPosition
 from stepstream.projector._shard import Shard, Transaction, check_projection
 from stepstream.projector._shard_set import ShardSet
@@ -72,11 +80,19 @@ class Projector:
     that partition's next offsets; on start (or on assignment) the consumer seeks to those stored
     offsets, so a crash at any instant neither loses nor repeats a record.
 
-    Without `group`, one projector owns every partition (or those of `Rebuilding.partitions`,
+    Without `member`, one projector owns every partition (or those of `Rebuilding.partitions`,
     as a parallel rebuild's workers do) and commits offsets to a consumer group only for standard
-    lag tooling. With `group`, it joins that consumer group as a member: it opens the shards
-    of the partitions the group assigns it, closes them when they are revoked, and several
-    members (on one host sharing `db_path`, or on several hosts) split the work.
+    lag tooling. With `member=GroupMember(group=...)`, it joins that consumer group as a member:
+    it opens the shards of the partitions the group assigns it, closes them when they are
+    revoked, and several members (on one host sharing `db_path`, or on several hosts) split the
+    work; `GroupMember` also holds what only a member uses (its session timeout, assignment
+    callback, `Membership` and `Checkpoints`).
+
+    `max_snapshots_per_run` keeps the newest N snapshots of each run readable, plus the
+    newest complete and the newest overall; it is part of what the projection is, so an
+    existing projection keeps the value it was built with (None: take it from there) and a
+    different one is refused. `rebuilding` makes this a rebuild's projector (`Rebuilding`).
+    `parts` replaces what it coordinates (`ProjectorParts`), made from `settings` otherwise.
     """
 
     def __init__(
@@ -84,38 +100,19 @@ class Projector:
         settings: Settings,
         *,
         db_path: str | Path | None = None,
-        group: str | None = None,
+        member: GroupMember | None = None,
         create_topics: bool = True,
         max_batch_records: int = 5000,
         poll_timeout_ms: int = 100,
         max_snapshots_per_run: int | None = None,
         media_store: MediaStore | None = None,
-        checkpoints: Checkpoints | None = None,
-        session_timeout_ms: int = 10_000,
-        on_assignment: Callable[[list[int]], None] | None = None,
-        membership: Membership | None = None,
         rebuilding: Rebuilding | None = None,
         parts: ProjectorParts | None = None,
     ) -> None:
-        """Check the projection directory; nothing connects until `start()` (or `async with`).
-
-        `max_snapshots_per_run` keeps the newest N snapshots of each run readable, plus the
-        newest complete and the newest overall; it is part of what the projection is, so an
-        existing projection keeps the value it was built with (None: take it from there) and a
-        different one is refused. `rebuilding` makes this a rebuild's projector (`Rebuilding`).
-        `group` makes this projector a member of that consumer group; `checkpoints` uploads its
-        shards to S3 and restores shards it is assigned but does not hold; `session_timeout_ms`
-        is how long the group waits for a silent member before its partitions move;
-        `on_assignment` is called with the partitions a member holds after every change. A member
-        tells the group `membership.endpoint` (the URL its service answers on) and learns there
-        who owns each partition (`_membership`). `parts` replaces what it coordinates
-        (`ProjectorParts`), made from `settings` otherwise.
-        """
-        if max_snapshots_per_run is not None and max_snapshots_per_run < 1:
-            raise ValueError(f'max_snapshots_per_run must be at least 1, got {max_snapshots_per_run}')
-        partitions = rebuilding.partitions if rebuilding is not None else None
-        if group is not None and partitions is not None:
-            raise UsageError('a group member owns the partitions its group assigns; give group or partitions')
+        """Check the projection directory; nothing connects until `start()` (or `async with`)."""
+        self.only = only_partitions(member, rebuilding, max_snapshots_per_run)
+        group = member.group if member is not None else None
+        checkpoints = member.checkpoints if member is not None else None
         self.settings = settings
         self.db_path = check_projection(db_path if db_path is not None else settings.db_path, create=True)
         self.shards = ShardSet(
@@ -127,27 +124,24 @@ class Projector:
             checkpoints=checkpoints,
         )
         """The shards this projector holds (assign, revoke, restore: `ShardSet`)."""
+        self.member = member
         self.group = group
         self.group_id = group or f'{settings.topic_prefix}.projector'
-        self.only = frozenset(partitions) if partitions is not None else None
         self.create_topics = create_topics
         self.max_batch_records = max_batch_records
         self.poll_timeout_ms = poll_timeout_ms
         self.send_dead_letters = rebuilding is None  # a rebuild does not repeat the DLQ
         self.rebuilding = rebuilding is not None
         self.checkpoints = checkpoints
-        self.session_timeout_ms = session_timeout_ms
-        self.on_assignment = on_assignment
-        self.membership = membership if membership is not None else Membership()
+        self.session_timeout_ms = member.session_timeout_ms if member is not None else SESSION_TIMEOUT_MS
+        given = member.membership if member is not None else None
+        self.membership = given if given is not None else Membership()
         self.media_store: MediaStore = media_store or S3MediaStore.from_settings(settings)
         self.keys = KeyRing(settings) if settings.erasure_key is not None else None
         """Erasure on: the conversation keys its readers open sealed content with, in memory only."""
         self._topics = (settings.step_events_topic, settings.tool_effects_topic)
-        parts = parts or ProjectorParts()
-        self.dead_letters = parts.dead_letters or DeadLetterSender(settings, topics=self._topics)
-        # A rebuild does not show up in lag tooling: it commits nothing to the consumer group.
-        self.group_offsets = parts.group_offsets or GroupOffsets(enabled=rebuilding is None)
-        self.metrics = parts.metrics or ApplyMetrics()
+        made = (parts or ProjectorParts()).made(settings, self._topics, live=rebuilding is None)
+        self.dead_letters, self.group_offsets, self.metrics = made
         self._topic_index = {settings.step_events_topic: EVENTS, settings.tool_effects_topic: EFFECTS}
         self._position = AppliedPosition()
         self._assignment = Assignment(
@@ -156,7 +150,7 @@ class Projector:
             self.metrics,
             self._topics,
             group=group,
-            on_assignment=on_assignment,
+            on_assignment=member.on_assignment if member is not None else None,
             on_failure=self._fail,
             on_open=self._shard_opened,
         )
@@ -167,13 +161,7 @@ class Projector:
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         if group is None:
-            # Open the shards that exist now, so a second writer is refused before connecting.
-            try:
-                for shard in self.shards.open_existing(self.only):
-                    self._position.start_at(shard.offsets())
-            except BaseException:
-                self.close()
-                raise
+            self._open_existing()
 
     @property
     def records_applied(self) -> int:
@@ -220,31 +208,13 @@ class Projector:
             retain_ended_us=self.shards.retain_ended_us,
         )
         self._wire = WireFormats(self.settings)
-        consumer = AIOKafkaConsumer(
-            **client_options(self.settings),
+        consumer = make_consumer(
+            self.settings,
             group_id=self.group_id,
-            client_id='stepstream-projector',
-            enable_auto_commit=False,
-            auto_offset_reset='earliest',
-            fetch_max_wait_ms=50,
-            request_timeout_ms=max(5000, int(self.settings.ack_timeout_s * 1000)),
-            # Range assignment gives a member the same partition numbers of both topics, which
-            # are co-partitioned by run_id: one member owns every record of a shard. Ours also
-            # shares the members' endpoints. One assignor only: aiokafka (through 0.14) sends a
-            # JoinGroup per configured assignor, and the second one starts another rebalance,
-            # so members joining together can rebalance for minutes (decision 0016).
-            partition_assignment_strategy=(membership_assignor(self.membership),),
+            membership=self.membership,
             session_timeout_ms=self.session_timeout_ms,
-            heartbeat_interval_ms=max(100, self.session_timeout_ms // 3),
         )
-        try:
-            await asyncio.wait_for(consumer.start(), self.settings.ack_timeout_s)
-            if self.send_dead_letters:
-                await self.dead_letters.start()
-        except (KafkaError, OSError, TimeoutError) as exc:
-            await consumer.stop()
-            await self.dead_letters.stop()
-            raise await connection_error(self.settings, 'did not accept the projector', exc) from exc
+        await connect(self.settings, consumer, self.dead_letters, send_dead_letters=self.send_dead_letters)
         self._consumer = consumer
         self._assignment.attach(consumer, layout)
         if self.group is None:
@@ -252,33 +222,26 @@ class Projector:
             for partition in mine:
                 if partition not in self.shards:
                     await self._assignment.open_shard(partition)
-            assigned = {TopicPartition(t, p) for t in self._topics for p in mine}
-            consumer.assign(sorted(assigned))
             try:
-                # Asks the group coordinator once, so a missing group ACL fails here at once (a
-                # seek would wait out the request timeout first).
-                if assigned:
-                    await consumer.committed(min(assigned))
-                await self._assignment.seek(assigned)
+                await take_partitions(consumer, self._assignment, self._topics, mine)
             except AUTHORIZATION_ERRORS as exc:
                 self._consumer = None
                 await consumer.stop()
                 await self.dead_letters.stop()
-                raise self._may_not_read(exc) from exc
+                raise may_not_read(self.settings, self.group_id, self._topics, exc) from exc
         else:
             consumer.subscribe(list(self._topics), listener=self._assignment.listener())
         self._stopping = False
         self._task = asyncio.create_task(self._consume(), name='stepstream-projector')
 
-    def _may_not_read(self, exc: BaseException) -> StepStreamError:
-        """The error for a principal without the projector's READ rights (on its group or topics)."""
-        if isinstance(exc, GroupAuthorizationFailedError):
-            what, grant = f'use the consumer group {self.group_id}', f'READ on group {self.group_id}'
-        else:
-            topics = ' and '.join(self._topics)
-            what, grant = f'read {topics}', f'READ on {topics}'
-        fix = f'grant it {grant} (the projector ACL), or use the projector principal'
-        return access_denied(self.settings, what, exc, fix=fix)
+    def _open_existing(self) -> None:
+        """Open the shards that exist now, so a second writer is refused before connecting."""
+        try:
+            for shard in self.shards.open_existing(self.only):
+                self._position.start_at(shard.offsets())
+        except BaseException:
+            self.close()
+            raise
 
     def _shard_opened(self, shard: Shard) -> None:
         """A shard was opened or restored: the applier keeps the options its identity holds."""
@@ -307,17 +270,9 @@ class Projector:
             # The last second's offsets too, so lag tooling reads the position the projector left at.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.group_offsets.commit(self._consumer), self.settings.ack_timeout_s)
-        # A member's shards are revoked (and closed) as its consumer leaves the group. With the
-        # broker gone, leaving cannot finish: give up after the ack timeout, since the shards'
-        # offsets are stored with their state and `close()` closes them all the same.
-        stopping = [self.dead_letters.stop()]
-        if self._consumer is not None:
-            stopping.insert(0, _stop_consumer(self._consumer))
-        for client in stopping:
-            try:
-                await asyncio.wait_for(client, self.settings.ack_timeout_s)
-            except TimeoutError:
-                log.warning('the broker did not answer while the projector disconnected; stopping anyway')
+        # A member's shards are revoked (and closed) as its consumer leaves the group; with the
+        # broker gone, `close()` closes them all the same.
+        await disconnect(self.settings, self._consumer, self.dead_letters)
         self._consumer = None
         wire, self._wire = self._wire, None
         if wire is not None:
@@ -397,11 +352,7 @@ class Projector:
         """The end of every partition this projector owns right now (what `catch_up` waits for)."""
         if self._consumer is None:
             raise StepStreamError('the projector is not started')
-        ends = await self._consumer.end_offsets(list(self._consumer.assignment()))
-        # Some brokers (Tansu) can report an end short of the last batch's records; the high
-        # watermark seen on fetches is the larger, and right, figure then.
-        position = {tp: max(offset, self._consumer.highwater(tp) or 0) for tp, offset in ends.items()}
-        return {tp: offset for tp, offset in position.items() if offset > 0}
+        return await end_position(self._consumer)
 
     async def catch_up(self, timeout: float = 60.0) -> Position:
         """Wait until everything in the log when called is applied; returns that position."""
@@ -433,7 +384,7 @@ class Projector:
         except asyncio.CancelledError:
             raise
         except AUTHORIZATION_ERRORS as exc:
-            failure = self._may_not_read(exc)
+            failure = may_not_read(self.settings, self.group_id, self._topics, exc)
             log.error('projector stopped: %s', failure)
             await self._position.fail(failure)
             raise failure from exc
@@ -503,19 +454,3 @@ class Projector:
         self.metrics.observe(outcomes, next_offsets, self._consumer.highwater, current)
         await self._position.advance(next_offsets)
         await self.group_offsets.applied(self._consumer, next_offsets)
-
-
-async def _stop_consumer(consumer: AIOKafkaConsumer) -> None:
-    """Stop `consumer`, also while its broker is away.
-
-    aiokafka's fetcher cancels a fetch that waits out a retry backoff and then awaits it, so
-    `stop()` raises that fetch's `CancelledError` although nobody cancelled us: swallow that one.
-    """
-    try:
-        await consumer.stop()
-    except asyncio.CancelledError:
-        task = asyncio.current_task()
-        if task is not None and task.cancelling():
-            raise  # a real cancellation of the caller
-        # stop() ended early: close the connections it did not get to.
-        await consumer._client.close()

@@ -53,7 +53,7 @@ def app_for(
     """The service over `settings.db_path` (or over `reader`), with the settings' media store and token.
 
     A reader passed in stays the caller's to close; one opened here closes with the application.
-    With `membership` (a group member's, see `Projector(membership=)`), the service answers for
+    With `membership` (a group member's, see `GroupMember.membership`), the service answers for
     the whole group: it forwards a run's reads to the member owning its partition and merges
     lists from every member.
     """

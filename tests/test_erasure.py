@@ -34,6 +34,7 @@ from stepstream.media import S3MediaStore
 from stepstream.producer import EventLog, StepPersistence
 from stepstream.projector import (
     Checkpoints,
+    GroupMember,
     ProjectionReader,
     Projector,
     continue_run,
@@ -105,7 +106,10 @@ async def test_forget_erases_content_and_media_everywhere_but_keeps_the_trail(
     async with (
         EventLog(settings) as log,
         Projector(
-            settings, db_path=tmp_path / 'live', group=group, checkpoints=checkpoints, media_store=store
+            settings,
+            db_path=tmp_path / 'live',
+            member=GroupMember(group=group, checkpoints=checkpoints),
+            media_store=store,
         ) as projector,
     ):
         await until(lambda: projector.partitions == [0, 1, 2], 'the member to own every partition')
@@ -165,7 +169,10 @@ async def test_forget_erases_content_and_media_everywhere_but_keeps_the_trail(
     # A member that restores the checkpoint taken before the erasure.
     restorer = Checkpoints.from_settings(settings, group=group, interval_s=3600)
     async with Projector(
-        settings, db_path=tmp_path / 'restored', group=group, checkpoints=restorer, media_store=store
+        settings,
+        db_path=tmp_path / 'restored',
+        member=GroupMember(group=group, checkpoints=restorer),
+        media_store=store,
     ) as member:
         await until(lambda: member.partitions == [0, 1, 2], 'the new member to own every partition')
         assert member.restored_from_checkpoint  # restored, not replayed

@@ -45,8 +45,15 @@ from stepstream.erasure import KeyRing, new_kek
 from stepstream.forget import NOT_SEALED, forget_conversation
 from stepstream.media import S3MediaStore
 from stepstream.producer import EventLog, StepPersistence
-from stepstream.producer import _capability as capability
-from stepstream.projector import Checkpoints, ProjectionReader, Projector, continue_run, rebuild
+from stepstream.producer import _run as capability  # builds the records, with their timestamps
+from stepstream.projector import (
+    Checkpoints,
+    GroupMember,
+    ProjectionReader,
+    Projector,
+    continue_run,
+    rebuild,
+)
 from stepstream.projector._keys import MEDIA, RUN_MEDIA
 from stepstream.projector._shard import Shard, shard_paths
 from stepstream.projector._sweep import sweep_media
@@ -92,7 +99,10 @@ async def _index_scenario(
     async with (
         EventLog(settings) as log,
         Projector(
-            settings, db_path=tmp / 'live', group=group, checkpoints=checkpoints, media_store=store
+            settings,
+            db_path=tmp / 'live',
+            member=GroupMember(group=group, checkpoints=checkpoints),
+            media_store=store,
         ) as live,
     ):
         await until(lambda: live.partitions == [0, 1, 2], 'the member to own every partition')
@@ -120,7 +130,10 @@ async def _index_scenario(
 
     restorer = Checkpoints.from_settings(settings, group=group, interval_s=3600)
     async with Projector(
-        settings, db_path=tmp / 'restored', group=group, checkpoints=restorer, media_store=store
+        settings,
+        db_path=tmp / 'restored',
+        member=GroupMember(group=group, checkpoints=restorer),
+        media_store=store,
     ) as member:
         await until(lambda: member.partitions == [0, 1, 2], 'the new member to own every partition')
         assert member.restored_from_checkpoint  # restored, not replayed

@@ -16,12 +16,14 @@ import obstore
 import pytest
 from test_cli import cli, orchestrate
 
-from stepstream import ProjectionMismatch, Settings
+from stepstream import ProjectionMismatch, Settings, UsageError
 from stepstream.producer import EventLog
 from stepstream.projector import (
     Checkpoints,
+    GroupMember,
     ProjectionReader,
     Projector,
+    Rebuilding,
     ShardUnavailable,
     rebuild,
     verify_paths,
@@ -46,8 +48,8 @@ async def test_two_members_share_a_directory_and_hand_shards_over(
     await write_runs(event_log, 'before', 4)
     end = await event_log.flush()
     group = f'{settings.topic_prefix}.members'
-    a = Projector(settings, db_path=shared, group=group, session_timeout_ms=6000)
-    b = Projector(settings, db_path=shared, group=group, session_timeout_ms=6000)
+    a = Projector(settings, db_path=shared, member=GroupMember(group=group, session_timeout_ms=6000))
+    b = Projector(settings, db_path=shared, member=GroupMember(group=group, session_timeout_ms=6000))
     async with a, b:
         await until(
             lambda: sorted(a.partitions + b.partitions) == [0, 1, 2] and bool(a.partitions and b.partitions),
@@ -94,7 +96,9 @@ async def test_a_late_member_restores_shards_from_checkpoints(
     checkpoints = Checkpoints.from_settings(settings, group=group, interval_s=3600)
     await write_runs(event_log, 'early', 4)
     end = await event_log.flush()
-    async with Projector(settings, db_path=tmp_path / 'first', group=group, checkpoints=checkpoints) as first:
+    async with Projector(
+        settings, db_path=tmp_path / 'first', member=GroupMember(group=group, checkpoints=checkpoints)
+    ) as first:
         await until(lambda: first.partitions == [0, 1, 2], 'the only member to own every partition')
         await first.wait_for(end)
         uploaded = await checkpoints.upload_all(first.shards)
@@ -125,7 +129,9 @@ async def test_a_late_member_restores_shards_from_checkpoints(
     await write_runs(event_log, 'late', 2)
     end = await event_log.flush()
     restorer = Checkpoints.from_settings(settings, group=group, interval_s=3600)
-    async with Projector(settings, db_path=tmp_path / 'second', group=group, checkpoints=restorer) as second:
+    async with Projector(
+        settings, db_path=tmp_path / 'second', member=GroupMember(group=group, checkpoints=restorer)
+    ) as second:
         await until(lambda: second.partitions == [0, 1, 2], 'the new member to own every partition')
         assert second.restored_from_checkpoint == held  # restored, not replayed from offset zero
         await second.wait_for(end)
@@ -165,7 +171,9 @@ async def test_a_batch_fetched_before_the_assignment_seek_is_fetched_again(
     await write_runs(event_log, 'early', 3)
     early = await event_log.flush()
     checkpoints = Checkpoints.from_settings(settings, group=group, interval_s=3600)
-    async with Projector(settings, db_path=tmp_path / 'first', group=group, checkpoints=checkpoints) as first:
+    async with Projector(
+        settings, db_path=tmp_path / 'first', member=GroupMember(group=group, checkpoints=checkpoints)
+    ) as first:
         await until(lambda: first.partitions == [0, 1, 2], 'the only member to own every partition')
         await first.wait_for(early)
         assert await checkpoints.upload_all(first.shards)  # the checkpoints hold the early runs only
@@ -177,7 +185,9 @@ async def test_a_batch_fetched_before_the_assignment_seek_is_fetched_again(
     end = await event_log.flush()
 
     restorer = RestoreAfterAStaleFetch.from_settings(settings, group=group, interval_s=3600)
-    second = Projector(settings, db_path=tmp_path / 'second', group=group, checkpoints=restorer)
+    second = Projector(
+        settings, db_path=tmp_path / 'second', member=GroupMember(group=group, checkpoints=restorer)
+    )
     restorer.member, restorer.committed = second, {tp: o for tp, o in middle.items() if early.get(tp, 0) < o}
     async with second:
         await until(lambda: second.partitions == [0, 1, 2], 'the new member to own every partition')
@@ -203,7 +213,7 @@ async def test_a_member_joins_its_group_in_one_generation(
     then rebalance over and over (the chaos test waited minutes for a first assignment)."""
     caplog.set_level(logging.INFO, logger='aiokafka.consumer.group_coordinator')
     group = f'{settings.topic_prefix}.one-join'
-    async with Projector(settings, db_path=tmp_path / 'alone', group=group) as alone:
+    async with Projector(settings, db_path=tmp_path / 'alone', member=GroupMember(group=group)) as alone:
         await until(lambda: alone.partitions == [0, 1, 2], 'the only member to own every partition')
     joins = [r.getMessage() for r in caplog.records if r.getMessage().startswith('Joined group')]
     first = 0 if BROKER == 'tansu' else 1  # Tansu numbers a group's generations from 0, Kafka from 1
@@ -351,8 +361,9 @@ async def test_members_killed_at_random_lose_nothing_and_restore_from_checkpoint
     async with Projector(
         settings,
         db_path=tmp_path / 'last',
-        group=group,
-        checkpoints=Checkpoints.from_settings(settings, group=group, interval_s=3600),
+        member=GroupMember(
+            group=group, checkpoints=Checkpoints.from_settings(settings, group=group, interval_s=3600)
+        ),
     ) as last:
         await until(lambda: last.partitions == [0, 1, 2], 'the last member to own every partition', 90)
         assert len(last.restored_from_checkpoint) == 3
@@ -417,8 +428,17 @@ async def test_a_member_that_cannot_open_its_shards_stops_with_the_reason(
     await event_log.flush()
     await rebuild(settings, tmp_path / 'proj', max_snapshots_per_run=2)
     member = Projector(
-        settings, db_path=tmp_path / 'proj', group=f'{settings.topic_prefix}.strict', max_snapshots_per_run=5
+        settings,
+        db_path=tmp_path / 'proj',
+        member=GroupMember(group=f'{settings.topic_prefix}.strict'),
+        max_snapshots_per_run=5,
     )
     with pytest.raises(ProjectionMismatch, match='max_snapshots_per_run=2, not 5'):
         async with member:
             await member.join()  # never consumes partitions it has nowhere to apply
+
+
+def test_a_member_is_not_also_given_partitions(settings: Settings, tmp_path: Path) -> None:
+    member = GroupMember(group=f'{settings.topic_prefix}.both')
+    with pytest.raises(UsageError, match='give member or partitions'):
+        Projector(settings, db_path=tmp_path / 'p', member=member, rebuilding=Rebuilding(partitions=[0]))

@@ -32,7 +32,7 @@ from stepstream import Settings
 from stepstream.errors import UsageError
 from stepstream.media import S3MediaStore
 from stepstream.producer import EventLog, StepPersistence
-from stepstream.producer import _capability as capability
+from stepstream.producer import _run as capability  # builds the records, with their timestamps
 from stepstream.projector import ProjectionReader, Projector, continue_run, rebuild, verify_paths
 from stepstream.projector._sweep import sweep_media
 from stepstream.serve import Source, create_app

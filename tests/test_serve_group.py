@@ -20,7 +20,7 @@ from test_cli import orchestrate
 
 from stepstream import Settings
 from stepstream.producer import EventLog
-from stepstream.projector import Membership, Projector
+from stepstream.projector import GroupMember, Membership, Projector
 from stepstream.serve import app_for, listen, running, url_of
 from stepstream.topics import murmur2_partition
 
@@ -43,7 +43,9 @@ async def member(settings: Settings, group: str, db_path: Path) -> AsyncIterator
     sock = listen('127.0.0.1', 0)
     membership = Membership(endpoint=url_of(sock))
     projector = Projector(
-        settings, db_path=db_path, group=group, membership=membership, session_timeout_ms=6000
+        settings,
+        db_path=db_path,
+        member=GroupMember(group=group, membership=membership, session_timeout_ms=6000),
     )
     async with (
         projector,

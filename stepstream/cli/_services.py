@@ -73,7 +73,7 @@ async def projector_service(args: argparse.Namespace, settings: Settings) -> int
     import signal
 
     from stepstream.kafka_client import broker_answers
-    from stepstream.projector import Checkpoints, Projector
+    from stepstream.projector import Checkpoints, GroupMember, Projector
     from stepstream.service_log import BrokerLossLog
 
     loss = BrokerLossLog(settings.bootstrap_servers)
@@ -83,18 +83,6 @@ async def projector_service(args: argparse.Namespace, settings: Settings) -> int
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    checkpoints = None
-    if args.group is not None and args.checkpoint_interval > 0:
-        checkpoints = Checkpoints.from_settings(
-            settings, group=args.group, interval_s=args.checkpoint_interval
-        )
-    projector_settings = {
-        'max_batch_records': args.max_batch_records,
-        'max_snapshots_per_run': args.max_snapshots_per_run,
-        'group': args.group,
-        'checkpoints': checkpoints,
-        'session_timeout_ms': int(args.session_timeout * 1000),
-    }
     told: set[int] = set()
 
     def tell(owned: list[int]) -> None:
@@ -107,9 +95,27 @@ async def projector_service(args: argparse.Namespace, settings: Settings) -> int
                 )
         print(f'projector: owns partitions {owned}', flush=True)
 
-    async with Projector(settings, **projector_settings, on_assignment=tell) as projector:
-        member = f' (member of {args.group})' if args.group else ''
-        print(f'projector: {settings.bootstrap_servers} -> {projector.db_path}{member}', flush=True)
+    member = None
+    if args.group is not None:
+        checkpoints = None
+        if args.checkpoint_interval > 0:
+            checkpoints = Checkpoints.from_settings(
+                settings, group=args.group, interval_s=args.checkpoint_interval
+            )
+        member = GroupMember(
+            group=args.group,
+            session_timeout_ms=int(args.session_timeout * 1000),
+            on_assignment=tell,
+            checkpoints=checkpoints,
+        )
+    async with Projector(
+        settings,
+        member=member,
+        max_batch_records=args.max_batch_records,
+        max_snapshots_per_run=args.max_snapshots_per_run,
+    ) as projector:
+        of_group = f' (member of {args.group})' if args.group else ''
+        print(f'projector: {settings.bootstrap_servers} -> {projector.db_path}{of_group}', flush=True)
         stopping = asyncio.create_task(stop.wait())
         running = asyncio.create_task(projector.join())
         while not (stopping.done() or running.done()):
@@ -161,7 +167,7 @@ async def _serve_member(args: argparse.Namespace, settings: Settings) -> int:
     import asyncio
     import signal
 
-    from stepstream.projector import Checkpoints, Membership, Projector
+    from stepstream.projector import Checkpoints, GroupMember, Membership, Projector
     from stepstream.serve import app_for, listen, running, url_of
 
     if args.advertise is None and args.host in ('0.0.0.0', '::', '[::]'):
@@ -175,10 +181,12 @@ async def _serve_member(args: argparse.Namespace, settings: Settings) -> int:
         )
     member = Projector(
         settings,
-        group=args.group,
-        membership=membership,
-        checkpoints=checkpoints,
-        session_timeout_ms=int(args.session_timeout * 1000),
+        member=GroupMember(
+            group=args.group,
+            session_timeout_ms=int(args.session_timeout * 1000),
+            membership=membership,
+            checkpoints=checkpoints,
+        ),
     )
     async with (
         member,

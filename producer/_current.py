@@ -1,0 +1,71 @@
+"""The innermost persisted run of a task, and `annotate_tool_effect`, which writes through it.
+
+`StepPersistence.wrap_run` sets `current_run` around a run; a delegate reads it to learn its parent,
+and a tool body reads it to annotate its call.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any
+
+from pydantic_ai.messages import ToolCallPart
+from pydantic_ai.tools import RunContext
+
+if TYPE_CHECKING:
+    from stepstream.producer._capability import StepPersistence
+
+logger = logging.getLogger('stepstream.producer')
+
+current_run: ContextVar[StepPersistence[Any] | None] = ContextVar('stepstream.current_run', default=None)
+"""The run-bound capability of the innermost persisted run in this task.
+
+Set around a run by `StepPersistence.wrap_run`. A delegate started from a tool reads it in
+`for_run` to learn its parent; `annotate_tool_effect` reads it to find the run to annotate.
+A ContextVar (not pydantic-ai's own run context) because the nested run overwrites those
+before the delegate's capability can see its parent.
+"""
+
+
+def current_run_id() -> str | None:
+    """The run id of the innermost persisted run in this task, or None.
+
+    Pass it as `parent_run_id` to a delegate in another process, where ContextVars do not reach.
+    """
+    run = current_run.get()
+    return run.run_id if run is not None else None
+
+
+async def annotate_tool_effect(
+    ctx: RunContext[Any], *, idempotency_key: str | None = None, effect_summary: str | None = None
+) -> None:
+    """Record how to recognise a tool's side effect, from inside the tool body.
+
+    ```python
+    @agent.tool
+    async def open_pr(ctx: RunContext[None], title: str) -> str:
+        await annotate_tool_effect(ctx, idempotency_key=f'pr:{title}', effect_summary='opens a PR')
+        ...
+    ```
+
+    Appends an `annotated` transition; the projection keeps both fields after the call's
+    terminal transition, so an orchestrator sweeping `unknown_after_crash` effects can decide
+    whether a replay is safe. A no-op (logged at debug level, nothing written) outside a tool
+    call that a persisted run recorded as started, for example in the tool of an agent without
+    `StepPersistence` that runs inside a persisted agent's tool.
+    """
+    run = current_run.get()
+    recorded = False
+    if run is not None and ctx.tool_call_id is not None and ctx.tool_name is not None:
+        call = ToolCallPart(tool_name=ctx.tool_name, tool_call_id=ctx.tool_call_id)
+        recorded = await run.annotate(
+            ctx, call, idempotency_key=idempotency_key, effect_summary=effect_summary
+        )
+    if not recorded:
+        logger.debug(
+            'stepstream: annotate_tool_effect(%r) outside a recorded tool call (tool_call_id=%r): '
+            'nothing written',
+            idempotency_key,
+            ctx.tool_call_id,
+        )

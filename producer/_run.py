@@ -1,0 +1,495 @@
+"""`RunWriter`: one persisted run's state, and the records it builds and appends.
+
+`StepPersistence.for_run` makes one per `.run()`; the capability's hooks stay thin and call it.
+It holds what a run counts and keeps (its `seq`, the snapshot writer, the records held for a
+durable-execution engine, the open tool calls, its liveness handle) and owns every append: step
+events, tool-effect transitions, snapshots, heartbeats and the run's end, and its durability
+points. The durable operations themselves stay methods of the capability (an engine finds them
+there); the writer calls them through the bound methods it is given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import secrets
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal, Protocol
+
+from opentelemetry import trace
+from pydantic_ai import CapabilityEvent
+from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart
+from pydantic_ai.run import AgentRunResult
+from pydantic_ai.tools import RunContext
+
+from stepstream.media import Offloaded
+from stepstream.producer._engines import in_temporal_workflow
+from stepstream.producer._liveness import OpenRun
+from stepstream.producer._protocol import Ack, StepLog
+from stepstream.producer._snapshots import SnapshotWriter
+from stepstream.schemas import (
+    EventKind,
+    LogRecord,
+    ModelUsage,
+    SnapshotDelta,
+    SnapshotState,
+    StepEvent,
+    ToolEffectTransition,
+    record_maker,
+)
+from stepstream.telemetry import span
+
+ATTEMPT_KEY = 'stepstream.attempt'
+"""Metadata key on the events a recovered attempt writes: which attempt of the run wrote them."""
+
+
+@functools.cache
+def _this_process() -> str:
+    """Tells the processes that executed a run's durable operations apart (see `Attempt`).
+
+    Drawn on first use, not at import: Temporal's workflow sandbox refuses randomness at import.
+    """
+    return secrets.token_hex(8)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """Which execution of a run wrote its records, as journaled by a durable-execution engine.
+
+    Every durable write returns the attempt that performed it. An engine that recovers a run
+    returns the journaled attempt for writes that already happened, so the run can tell, before
+    it writes anything new, that it is a later attempt than the one that began it.
+    """
+
+    process: str
+    number: int
+
+    def next_write(self) -> Attempt:
+        """The attempt that performs a write in this process after this one."""
+        if self.process == _this_process():
+            return self
+        return Attempt(_this_process(), self.number + 1)
+
+    @staticmethod
+    def first() -> Attempt:
+        """The attempt that performs a run's first write, in this process."""
+        return Attempt(_this_process(), 1)
+
+
+_new_step_event = record_maker(StepEvent)
+_new_transition = record_maker(ToolEffectTransition)
+"""`StepEvent(...)` and `ToolEffectTransition(...)`, several times cheaper: a hook builds one or two."""
+
+MAX_ERROR_CHARS = 8192
+"""The longest error text a `run_failed` record carries (the rest is cut, and says how much)."""
+
+
+@dataclass(kw_only=True)
+class SnapshotSaved(CapabilityEvent, namespace='stepstream', name='snapshot_saved'):
+    """A snapshot was acknowledged by the broker (it is durable, not yet projected)."""
+
+    persistence_run_id: str
+    conversation_id: str | None
+    step_index: int
+    snapshot_seq: int
+    state: SnapshotState
+
+
+Records = list[StepEvent | ToolEffectTransition]
+
+
+class DurableOperations(Protocol):
+    """The bound capability's durable operations: methods of the capability, where an engine finds them."""
+
+    async def _seal_durably(self, ctx: RunContext[Any], first_seq: int, count: int) -> Records: ...
+
+    async def _write_durably(
+        self, ctx: RunContext[Any], records: Records, previous: Attempt | None
+    ) -> Attempt: ...
+
+    async def _offload_durably(self, ctx: RunContext[Any], messages: list[ModelMessage]) -> Offloaded: ...
+
+
+@dataclass(slots=True, eq=False)
+class RunWriter:
+    """One bound run's state and its appends; `StepPersistence.for_run` makes one per `.run()`.
+
+    `operations` reaches the bound capability's durable operations, called under a
+    durable-execution engine; weakly, as the capability holds this writer (no reference cycle
+    keeps a finished run's history in memory).
+    """
+
+    log: StepLog
+    run_id: str
+    writer_id: str
+    agent_name: str | None
+    parent_run_id: str | None
+    metadata: dict[str, str]
+    context_run_id: str | None
+    durable_engine: bool
+    snapshots: SnapshotWriter
+    operations: Callable[[], DurableOperations | None]
+    seq: int = 0
+    snapshot_seq: int = 0
+    unacked: list[Ack] = field(default_factory=list)
+    held: list[LogRecord] = field(default_factory=list)
+    attempt: Attempt | None = None
+    sealing: list[LogRecord] = field(default_factory=list)
+    """The batch the `seal` operation journals, handed over outside its arguments."""
+    open_calls: dict[str, int] = field(default_factory=dict)
+    """Tool calls recorded as started, with when their body began (`time.perf_counter_ns`)."""
+    request_started: int = 0
+    """When the current model request began (`time.perf_counter_ns`); one at a time per run."""
+    last_snapshot_step: int | None = None
+    live: tuple[list[ModelMessage], int] | None = None
+    conversation_id: str | None = None
+    step_index: int = 0
+    """The step of the newest event: what a heartbeat or a process-written end says."""
+    open: OpenRun | None = None
+    """This run in its log's liveness keeper, from `run_started` until its end is appended."""
+    ended_by_process: bool = False
+
+    # -- appending ---------------------------------------------------------------------------
+
+    def step_event(
+        self,
+        kind: EventKind,
+        step_index: int,
+        *,
+        metadata: dict[str, str],
+        idempotency_key: str | None,
+        tool_call_id: str | None = None,
+        tool_name: str | None = None,
+        error: str | None = None,
+        snapshot: SnapshotDelta | None = None,
+        usage: ModelUsage | None = None,
+        duration_us: int | None = None,
+        trace_id: str | None = None,
+        span_id: str | None = None,
+    ) -> StepEvent:
+        """The run's next step event; its `seq` is taken only once `append` accepts it."""
+        return _new_step_event(
+            run_id=self.run_id,
+            seq=self.seq,
+            writer_id=self.writer_id,
+            timestamp=datetime.now(UTC),
+            kind=kind,
+            step_index=step_index,
+            agent_name=self.agent_name,
+            conversation_id=self.conversation_id,
+            parent_run_id=self.parent_run_id,
+            tool_call_id=tool_call_id,
+            tool_name=tool_name,
+            error=error,
+            metadata=metadata,
+            idempotency_key=idempotency_key,
+            snapshot=snapshot,
+            usage=usage,
+            duration_us=duration_us,
+            trace_id=trace_id,
+            span_id=span_id,
+        )
+
+    async def append(self, record: LogRecord) -> None:
+        """Take the record's `seq` once the log accepts it, then send it (or hold it for the engine).
+
+        Build the record (`step_event`, `effect`) right before calling this: nothing between them awaits,
+        so concurrent hooks of one run (parallel tool calls) never share a `seq`. A record the log
+        refuses (an id rule, `RecordTooLarge`) raises here and leaves no gap.
+        """
+        value = self.log.encode(record)
+        self.seq += 1
+        if self.open is not None:
+            self.open.last_append = time.monotonic()
+        if self.durable_engine:
+            self.held.append(record)
+        else:
+            self.unacked.append(await self.log.send(record, value))
+
+    def event_metadata(self) -> dict[str, str]:
+        """The metadata of an event written under an engine: marked with its attempt after the first."""
+        attempt = self.attempt.next_write() if self.attempt is not None else Attempt.first()
+        if attempt.number == 1:
+            return self.metadata
+        return {**self.metadata, ATTEMPT_KEY: str(attempt.number)}
+
+    async def event(
+        self,
+        ctx: RunContext[Any],
+        kind: EventKind,
+        *,
+        tool_call_id: str | None = None,
+        tool_name: str | None = None,
+        error: str | None = None,
+        snapshot: SnapshotDelta | None = None,
+        usage: ModelUsage | None = None,
+        duration_us: int | None = None,
+    ) -> None:
+        """Append the step event `kind` at the context's step, with the current span's ids."""
+        step_index = self.step_index = ctx.run_step
+        current = trace.get_current_span().get_span_context()
+        traced = current.is_valid
+        record = self.step_event(
+            kind,
+            step_index,
+            tool_call_id=tool_call_id,
+            tool_name=tool_name,
+            error=error,
+            metadata=self.event_metadata() if self.durable_engine else self.metadata,
+            idempotency_key=f'{self.seq}:{step_index}:{kind}:{tool_call_id or ""}',
+            snapshot=snapshot,
+            usage=usage,
+            duration_us=duration_us,
+            trace_id=f'{current.trace_id:032x}' if traced else None,
+            span_id=f'{current.span_id:016x}' if traced else None,
+        )
+        await self.append(record)
+
+    async def effect(
+        self,
+        call: ToolCallPart,
+        status: Literal['started', 'annotated', 'completed', 'failed'],
+        *,
+        idempotency_key: str | None = None,
+        effect_summary: str | None = None,
+        error: str | None = None,
+    ) -> None:
+        """Append the call's tool-effect transition to `status`."""
+        record = _new_transition(
+            run_id=self.run_id,
+            seq=self.seq,
+            writer_id=self.writer_id,
+            timestamp=datetime.now(UTC),
+            tool_call_id=call.tool_call_id,
+            tool_name=call.tool_name,
+            status=status,
+            agent_name=self.agent_name,
+            conversation_id=self.conversation_id,
+            parent_run_id=self.parent_run_id,
+            idempotency_key=idempotency_key,
+            effect_summary=effect_summary,
+            error=error,
+        )
+        await self.append(record)
+
+    # -- tools -------------------------------------------------------------------------------
+
+    async def tool_failed(self, ctx: RunContext[Any], call: ToolCallPart, error: BaseException) -> None:
+        """Append the call's `failed` transition and its `tool_call_failed` event."""
+        duration_us = self.tool_duration(call)
+        await self.effect(call, 'failed', error=repr(error))
+        await self.event(
+            ctx,
+            'tool_call_failed',
+            tool_call_id=call.tool_call_id,
+            tool_name=call.tool_name,
+            error=repr(error),
+            duration_us=duration_us,
+        )
+
+    def tool_duration(self, call: ToolCallPart) -> int | None:
+        """How long the call's body ran, in microseconds; None for a call not recorded as started."""
+        started = self.open_calls.pop(call.tool_call_id, None)
+        return None if started is None else (time.perf_counter_ns() - started) // 1000
+
+    # -- liveness ----------------------------------------------------------------------------
+
+    def heartbeat(self) -> StepEvent:
+        """The run's `run_heartbeat`: its writer is alive. It takes no `seq` (it names the next one)."""
+        return self.step_event('run_heartbeat', self.step_index, metadata={}, idempotency_key=None)
+
+    async def end_by_process(self, reason: str) -> None:
+        """Append `run_cancelled` for a process that stops (cleanly) while this run is open.
+
+        Not under a durable-execution engine: the engine owns the run and recovers it in another
+        process, whose records continue the trail; an end written here would take their `seq`.
+        """
+        self.open = None
+        if self.durable_engine or self.ended_by_process:
+            return
+        self.ended_by_process = True
+        record = self.step_event(
+            'run_cancelled',
+            self.step_index,
+            error=reason,
+            metadata=self.metadata,
+            idempotency_key=f'{self.seq}:{self.step_index}:run_cancelled:',
+        )
+        await self.append(record)
+
+    def close_liveness(self) -> None:
+        """The run's end is about to be appended: its writer stops speaking for it."""
+        self.log.liveness.close(self.open)
+        self.open = None
+
+    # -- durability points and snapshots ---------------------------------------------------
+
+    def _operations(self) -> DurableOperations:
+        operations = self.operations()
+        assert operations is not None, 'a run writer is used only through its bound capability'
+        return operations
+
+    async def durable(self, ctx: RunContext[Any]) -> None:
+        """A durability point: wait until everything this run appended is acknowledged.
+
+        Under a durable-execution engine, the records held since the last point are written
+        here by one durable operation, so a recovered run does not write them again.
+        """
+        with span('stepstream.durability_point', attributes={'stepstream.run_id': self.run_id or ''}):
+            if self.durable_engine:
+                held, self.held = self.held, []
+                if held and not in_temporal_workflow():
+                    # DBOS and Prefect re-compute an operation's arguments when they recover a run:
+                    # journal the batch as a result first, so that a write run again sends it again
+                    # byte for byte (and, on Prefect, is recognised by its arguments).
+                    self.sealing = held
+                    try:
+                        held = await self._operations()._seal_durably(ctx, held[0].seq, len(held))
+                    finally:
+                        self.sealing = []
+                self.attempt = await self._operations()._write_durably(ctx, held, self.attempt)
+                return
+            unacked, self.unacked = self.unacked, []
+            await self.log.wait_acked(unacked)
+
+    async def snapshot(
+        self,
+        ctx: RunContext[Any],
+        messages: Sequence[ModelMessage],
+        step_index: int,
+        *,
+        settled_only: bool = False,
+        changed_only: bool = False,
+    ) -> None:
+        """Save `messages` as the next snapshot: `complete` if provider-valid, else `interrupted`.
+
+        `settled_only` skips an unsettled history (a tool-cycle boundary); `changed_only` skips
+        one equal to the last snapshot (the end-of-run fallback).
+        """
+        writer = self.snapshots
+        plan = writer.plan(messages)
+        if (settled_only and not plan.valid) or (changed_only and writer.unchanged(plan)):
+            return
+        snapshot_seq = self.snapshot_seq
+        sealer = self.log.sealer
+        if sealer is not None:  # erasure on: content and media sealed with the conversation's key
+            delta = await sealer.delta(
+                writer,
+                plan,
+                snapshot_seq,
+                conversation_id=self.conversation_id or self.run_id,
+                run_id=self.run_id,
+            )
+        else:
+            offload = (
+                functools.partial(self._operations()._offload_durably, ctx) if self.durable_engine else None
+            )
+            delta = await writer.delta(plan, snapshot_seq, offload=offload)
+        state = delta.state
+        await self.event(ctx, 'snapshot_saved', snapshot=delta)
+        self.snapshot_seq += 1  # only once the record is accepted, like its `seq`
+        await self.durable(ctx)
+        writer.commit(plan)
+        self.last_snapshot_step = step_index
+        await ctx.emit(
+            SnapshotSaved(
+                persistence_run_id=self.run_id,
+                conversation_id=self.conversation_id,
+                step_index=step_index,
+                snapshot_seq=snapshot_seq,
+                state=state,
+            )
+        )
+
+    # -- run lifecycle -----------------------------------------------------------------------
+
+    async def start(self, ctx: RunContext[Any]) -> None:
+        """`before_run`: append `run_started` and wait for the broker, then open the run's liveness."""
+        self.conversation_id = ctx.conversation_id
+        await self.event(ctx, 'run_started')
+        try:
+            await self.durable(ctx)
+        except Exception as error:
+            # Pydantic AI does not call `on_run_error` for a failure in `before_run`.
+            await self.record_failure(ctx, error, repr(error))
+            raise
+        # Acknowledged, so heartbeats never reach the log before the run they speak for.
+        self.open = self.log.liveness.open(self.run_id, heartbeat=self.heartbeat, end=self.end_by_process)
+
+    async def complete(self, ctx: RunContext[Any], result: AgentRunResult[Any]) -> None:
+        """`after_run`: the final history unless a boundary saved it, `run_completed`, a durability point."""
+        step = self.last_snapshot_step if self.last_snapshot_step is not None else ctx.run_step
+        await self.snapshot(ctx, result.all_messages(), step, settled_only=True, changed_only=True)
+        self.close_liveness()
+        await self.event(ctx, 'run_completed')
+        await self.durable(ctx)
+
+    async def fail(self, ctx: RunContext[Any], error: BaseException, *, capture_frontier: bool) -> None:
+        """`on_run_error`: the live history at failure (if it holds a response), then `run_failed`."""
+        reason = repr(error)
+        if self.live is not None:
+            live, step_index = self.live
+            messages = list(live)
+            has_response = any(isinstance(m, ModelResponse) for m in messages)
+            if has_response or (capture_frontier and messages):
+                try:
+                    await self.snapshot(ctx, messages, step_index)
+                except Exception as snapshot_error:
+                    error.add_note(
+                        f'stepstream could not save or confirm the failure snapshot: {snapshot_error}'
+                    )
+                    reason = f'{reason} (failure snapshot: {snapshot_error!r})'
+        await self.record_failure(ctx, error, reason)
+
+    async def record_failure(self, ctx: RunContext[Any], error: BaseException, reason: str) -> None:
+        """Append `run_failed` (`run_cancelled` for a cancelled task); say so on `error` if unconfirmed.
+
+        Cancellation is not a failure of the run: whoever cancelled it decided so, and views show
+        `cancelled` rather than an error to investigate.
+        """
+        if len(reason) > MAX_ERROR_CHARS:  # an error text must not make the failure record too large
+            reason = f'{reason[:MAX_ERROR_CHARS]}... ({len(reason) - MAX_ERROR_CHARS} more characters)'
+        kind: EventKind = 'run_cancelled' if isinstance(error, asyncio.CancelledError) else 'run_failed'
+        self.close_liveness()
+        if self.ended_by_process:
+            return  # its process already wrote the end (`EventLog.close`, SIGTERM)
+        try:
+            await self.event(ctx, kind, error=reason)
+            await self.durable(ctx)
+        except Exception as log_error:
+            error.add_note(
+                f'stepstream could not confirm the failure record ({log_error}); it is kept and sent again '
+                'while the EventLog stays open'
+            )
+
+
+def _usage_of(response: ModelResponse) -> ModelUsage:
+    """What the response says it used: `RequestUsage`'s token counts and cost, its model and provider."""
+    usage = response.usage
+    return ModelUsage(
+        model_name=response.model_name,
+        provider=response.provider_name,
+        input_tokens=usage.input_tokens,
+        output_tokens=usage.output_tokens,
+        cache_read_tokens=usage.cache_read_tokens,
+        cache_write_tokens=usage.cache_write_tokens,
+        requests=usage.requests,
+        finish_reason=response.finish_reason,
+        cost_usd=None if usage.cost is None else str(usage.cost),
+    )
+
+
+def _writer_id(run_id: str, context_run_id: str | None) -> str:
+    """The writer of a run: the same for every execution of one run, different across runs.
+
+    Derived from the run id and the context's run id, which a durable-execution engine gives a
+    re-executed run again; two runs that reuse one explicit `run_id` (each `.run()` has its own
+    context run id) still show as two writers, i.e. as a conflict.
+    """
+    if context_run_id is None:
+        return secrets.token_hex(8)
+    return hashlib.sha256(f'{run_id}\x00{context_run_id}'.encode('utf-8', 'surrogatepass')).hexdigest()[:16]
