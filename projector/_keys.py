@@ -78,6 +78,17 @@ def decode_int(encoded: bytes) -> int:
     return int.from_bytes(encoded, 'big') - _INT_BIAS
 
 
+def prefix_end(prefix: bytes) -> bytes | None:
+    """The smallest key above every key that starts with `prefix` (None: no key is, `prefix` is all FF).
+
+    Where a descending walk of the keys under `prefix` seeks to.
+    """
+    stripped = prefix.rstrip(b'\xff')
+    if not stripped:
+        return None
+    return stripped[:-1] + bytes([stripped[-1] + 1])
+
+
 @dataclass(frozen=True, slots=True)
 class Keyspace:
     """A named family of keys: a prefix byte and the kinds of its components."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Iterator, Mapping
 
-from stepstream.projector._keys import IDENTITY
+from stepstream.projector._keys import IDENTITY, prefix_end
 from stepstream.projector._state import Identity, _Json
 from stepstream.projector._transaction import ShardReads, ShardTransaction
 
@@ -31,13 +31,22 @@ class MemoryShard(ShardReads):
         """The value stored at `k`, or None."""
         return self._values.get(k)
 
-    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        """Every (key, value) whose key starts with `prefix`, in key order."""
+    def scan(
+        self, prefix: bytes, *, start: bytes | None = None, reverse: bool = False
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """Every (key, value) under `prefix`, as `Shard.scan` walks them on RocksDB."""
         keys, values = self._keys, self._values
-        at = bisect.bisect_left(keys, prefix)
-        while at < len(keys) and keys[at].startswith(prefix):
+        if not reverse:
+            at = bisect.bisect_left(keys, prefix if start is None else start)
+            while at < len(keys) and keys[at].startswith(prefix):
+                yield keys[at], values[keys[at]]
+                at += 1
+            return
+        top = start if start is not None else prefix_end(prefix)
+        at = (len(keys) if top is None else bisect.bisect_right(keys, top)) - 1
+        while at >= 0 and keys[at].startswith(prefix):
             yield keys[at], values[keys[at]]
-            at += 1
+            at -= 1
 
     def begin(self) -> ShardTransaction:
         """A transaction, as on RocksDB."""

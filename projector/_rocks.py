@@ -20,7 +20,7 @@ from pathlib import Path
 from rocksdict import AccessType, Checkpoint, Options, Rdict, WriteBatch, WriteOptions
 
 from stepstream.errors import ProjectionInUse, ProjectionMismatch, UsageError
-from stepstream.projector._keys import IDENTITY
+from stepstream.projector._keys import IDENTITY, prefix_end
 from stepstream.projector._state import Identity, _Json
 from stepstream.projector._transaction import ShardReads, ShardTransaction
 
@@ -189,10 +189,29 @@ class Shard(ShardReads):
         """The value stored at `k`, or None."""
         return self.lookup(k)
 
-    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        """Every (key, value) whose key starts with `prefix`, in key order."""
-        for k, v in self._db.items(from_key=prefix):
+    def scan(
+        self, prefix: bytes, *, start: bytes | None = None, reverse: bool = False
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """Every (key, value) whose key starts with `prefix`, in key order (`reverse`: descending).
+
+        `start` (a key under `prefix`) seeks there first: the walk begins at `start` or the first
+        key past it in the walk's direction, so a page costs a seek and its own keys, not the keys
+        before it.
+        """
+        if not reverse:
+            for k, v in self._db.items(from_key=prefix if start is None else start):
+                if not isinstance(k, bytes) or not k.startswith(prefix):
+                    break
+                yield k, v
+            return
+        top = start if start is not None else prefix_end(prefix)
+        items = (
+            self._db.items(backwards=True) if top is None else self._db.items(backwards=True, from_key=top)
+        )
+        for k, v in items:
             if not isinstance(k, bytes) or not k.startswith(prefix):
+                if isinstance(k, bytes) and k > prefix:
+                    continue  # the key the seek landed on, above the prefix's keys
                 break
             yield k, v
 

@@ -21,6 +21,7 @@ from stepstream.projector._keys import (
     SNAPSHOT,
     UNRESOLVED,
     UNRESOLVED_RUN,
+    Keyspace,
 )
 from stepstream.projector._retention import (
     RetentionPreview,
@@ -54,6 +55,7 @@ __all__ = [
     'UNRESOLVED',
     'UNRESOLVED_RUN',
     'EffectState',
+    'Keyspace',
     'MemoryShard',
     'RetentionPreview',
     'RetentionState',

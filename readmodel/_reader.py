@@ -188,8 +188,11 @@ class ProjectionReader:
         """Runs matching every given filter, in the order they started (`newest_first` reverses it).
 
         Page with `limit` and `after` (the run_id of the last run of the previous page: only
-        runs past it in this order). A page reads the index keys up to its end but decodes only
-        the runs it looks at. With `after_started` (the `after` run's `started_at`) the page
+        runs past it in this order). A page is a bounded walk: each shard's index is read from
+        the page's start (its end when newest first, or a seek to `after`'s place) and only as
+        far as the page needs, whatever the number of runs; a filter without an index of its own
+        (`status`, `agent_name`) still walks until it has filled the page. With `after_started`
+        (the `after` run's `started_at`) the page
         starts at that place in the order, whether or not `after` is in this listing: how a
         group's service merges pages of runs held by several members.
 

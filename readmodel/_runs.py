@@ -7,7 +7,7 @@ projection (docs/decisions/0014 and 0026).
 
 from __future__ import annotations
 
-import itertools
+import contextlib
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
@@ -19,6 +19,7 @@ from stepstream.projector.storage import (
     CONVERSATION,
     RUN,
     RUNS,
+    Keyspace,
     RunState,
     expired_started_at,
 )
@@ -152,28 +153,37 @@ class Runs:
         after: str | None,
         after_started: datetime | None,
     ) -> Iterator[str]:
-        """The run ids of a listing's index, in its order, from where its page starts."""
+        """The run ids of a listing's index, in its order, from where its page starts.
+
+        A bounded walk: each shard's index is read from the page's start (its end, newest first;
+        the `after` run's place, found by a seek) and only as far as the caller takes ids.
+        """
+        parts: tuple[str, ...] = ()
         if conversation_id is not None:
-            index, prefix = CONVERSATION, CONVERSATION.prefix(conversation_id)
+            index, parts = CONVERSATION, (conversation_id,)
         elif parent_run_id is not None:
-            index, prefix = CHILDREN, CHILDREN.prefix(parent_run_id)
+            index, parts = CHILDREN, (parent_run_id,)
         else:
-            index, prefix = RUNS, RUNS.prefix()
-        run_ids: Iterator[str] = (index.last_str(k) for k, _ in self._shards.scan(prefix))
-        if after is not None and after_started is not None:
-            cut = (micros(after_started), after)
-            places = (index.parse(k)[-2:] for k, _ in self._shards.scan(prefix))
-            if newest_first:
-                run_ids = (str(r) for s, r in reversed(list(places)) if (s, r) < cut)
-            else:
-                run_ids = (str(r) for s, r in places if (s, r) > cut)
-        elif newest_first:
-            run_ids = reversed(list(run_ids))
-        if after is not None and after_started is None:
-            run_ids = itertools.dropwhile(lambda run_id: run_id != after, run_ids)
-            if next(run_ids, None) is None:
-                raise LookupError(f'after={after!r} is not a run of this listing')
-        return run_ids
+            index = RUNS
+        prefix = index.prefix(*parts)
+        start = None
+        if after is not None:
+            started = (
+                micros(after_started) if after_started is not None else self._started(after, index, parts)
+            )
+            start = index.key(*parts, started, after)
+        keys = self._shards.scan(prefix, start=start, reverse=newest_first)
+        return (index.last_str(k) for k, _ in keys if k != start)
+
+    def _started(self, run_id: str, index: Keyspace, parts: tuple[str, ...]) -> int:
+        """When `run_id` started, as its place in `index` says; `LookupError` if it has none there."""
+        state = None
+        if is_run_id(run_id):
+            with contextlib.suppress(ShardUnavailable):
+                state = self._shards.db(run_id).get_state(RUN.key(run_id), RunState)
+        if state is None or self._shards.db(run_id).get(index.key(*parts, state.started_at, run_id)) is None:
+            raise LookupError(f'after={run_id!r} is not a run of this listing')
+        return state.started_at
 
     async def list_conflicts(self) -> list[RunRecord]:
         """`ProjectionReader.list_conflicts`."""

@@ -74,6 +74,10 @@ def _same(value: T) -> T:
     return value
 
 
+def _key(item: tuple[bytes, bytes]) -> bytes:
+    return item[0]
+
+
 class Shards:
     """A projection's shards as its views read them: routing, merging, query threads and scope."""
 
@@ -213,9 +217,16 @@ class Shards:
             'a directory that holds every shard'
         )
 
-    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        """Every shard's keys under `prefix`, merged in key order (a k-way merge, not a sort)."""
+    def scan(
+        self, prefix: bytes, *, start: bytes | None = None, reverse: bool = False
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """Every shard's keys under `prefix`, merged in key order (a k-way merge, not a sort).
+
+        `reverse` walks each shard from its end, `start` seeks each shard there first
+        (`Shard.scan`): a page reads about its own keys per shard, however many there are.
+        """
         shards = self.all()
         if len(shards) == 1:
-            return shards[0].scan(prefix)
-        return heapq.merge(*(shard.scan(prefix) for shard in shards), key=lambda item: item[0])
+            return shards[0].scan(prefix, start=start, reverse=reverse)
+        walks = (shard.scan(prefix, start=start, reverse=reverse) for shard in shards)
+        return heapq.merge(*walks, key=_key, reverse=reverse)

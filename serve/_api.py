@@ -270,6 +270,9 @@ async def console(
     status: ConsoleStatus | None = None,
     agent_name: str | None = None,
     json: bool = False,
+    limit: Annotated[int | None, Query(ge=1, le=1000, description='`runs`: the page size (50).')] = None,
+    after: Annotated[str | None, Query(description='`runs`: the page after this run.')] = None,
+    oldest_first: Annotated[bool, Query(description='`runs`: in the order they started.')] = False,
 ) -> Response:
     """The text (with `json`, the JSON) `stepstream VIEW` prints, read from this service's projection.
 
@@ -282,6 +285,9 @@ async def console(
         status=status,
         agent_name=agent_name,
         json=json,
+        limit=limit,
+        after=after,
+        oldest_first=oldest_first,
     )
     return await _console(request, view, args)
 
@@ -317,6 +323,6 @@ async def _console(request: Request, view: str, args: ViewArgs) -> Response:
     headers = {VIEW_HEADER: view}
     try:
         text = await show(view, args, found.reader, found.settings)
-    except NotFound as exc:
+    except (NotFound, LookupError) as exc:  # a run it does not hold, a cursor outside the list
         return JSONResponse({'detail': str(exc)}, status_code=404, headers=headers)
     return PlainTextResponse(text, headers=headers)

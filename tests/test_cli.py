@@ -63,6 +63,37 @@ async def orchestrate(log: EventLog, conversation: str) -> None:
     await boss.run('go', conversation_id=conversation)
 
 
+async def test_runs_come_a_page_at_a_time_newest_first_or_all_as_json_lines(
+    settings: Settings, event_log: EventLog, projector: Projector, db_path: Path
+) -> None:
+    for i in range(3):
+        await orchestrate(event_log, f'conv-page-{i}')  # a boss and its worker each: 6 runs
+    await projector.wait_for(await event_log.flush())
+    everyone = await projector.reader().list_runs(newest_first=True)
+    newest = [r.run_id for r in everyone]
+    assert len(newest) == 6
+
+    code, out, _ = await cli(settings, db_path, 'runs', '--limit', '4', '--json')
+    assert code == 0 and [r['run_id'] for r in json.loads(out)] == newest[:4]
+    code, out, _ = await cli(settings, db_path, 'runs', '--limit', '4')
+    assert code == 0 and out.rstrip().endswith(f'`stepstream runs --after {newest[3]}` (same filters)')
+    assert [line.split()[0] for line in out.splitlines()[2:6]] == newest[:4]
+    code, out, _ = await cli(settings, db_path, 'runs', '--limit', '4', '--after', newest[3], '--json')
+    assert code == 0 and [r['run_id'] for r in json.loads(out)] == newest[4:]
+    code, out, _ = await cli(settings, db_path, 'runs', '--limit', '4', '--after', newest[3])
+    assert code == 0 and '... more' not in out  # the last page
+    code, out, _ = await cli(settings, db_path, 'runs', '--oldest-first', '--json')
+    assert code == 0 and [r['run_id'] for r in json.loads(out)] == newest[::-1]
+
+    code, out, _ = await cli(settings, db_path, 'runs', '--all')
+    lines = out.splitlines()
+    assert code == 0 and [json.loads(line)['run_id'] for line in lines] == newest
+    code, _, err = await cli(settings, db_path, 'runs', '--after', 'no-such-run')
+    assert code == 1 and "after='no-such-run' is not a run of this listing" in err
+    code, _, err = await cli(settings, db_path, 'runs', '--limit', '0')
+    assert code == 2 and 'at least 1' in err
+
+
 async def test_views_tables_and_json(
     settings: Settings, event_log: EventLog, projector: Projector, db_path: Path
 ) -> None:

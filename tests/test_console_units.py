@@ -27,16 +27,26 @@ NAMES = st.text(st.characters(codec='utf-8', exclude_categories=('Cs',)), min_si
     status=st.none() | st.sampled_from(['running', 'stale', 'completed', 'failed', 'cancelled']),
     include_interrupted=st.booleans(),
     json=st.booleans(),
+    page=st.tuples(st.none() | st.integers(1, 1000), st.none() | NAMES, st.booleans()),
 )
 def test_view_args_survive_the_query_string(
-    run_id: str | None, conversation_id: str | None, status: str | None, include_interrupted: bool, json: bool
+    run_id: str | None,
+    conversation_id: str | None,
+    status: str | None,
+    include_interrupted: bool,
+    json: bool,
+    page: tuple[int | None, str | None, bool],
 ) -> None:
+    limit, after, oldest_first = page
     args = ViewArgs(
         run_id=run_id,
         conversation_id=conversation_id,
         status=status,
         include_interrupted=include_interrupted,
         json=json,
+        limit=limit,
+        after=after,
+        oldest_first=oldest_first,
     )
     assert ViewArgs.from_query(args.query()) == args
     namespace = argparse.Namespace(run_id=run_id, conversation_id=conversation_id, json=json, view='runs')
@@ -48,6 +58,10 @@ def test_a_query_a_view_does_not_take_is_refused() -> None:
         ViewArgs.from_query({'db_path': '/etc'})
     with pytest.raises(ValueError, match='json is a flag'):
         ViewArgs.from_query({'json': 'yes'})
+    with pytest.raises(ValueError, match='limit is a whole number'):
+        ViewArgs.from_query({'limit': 'many'})
+    with pytest.raises(ValueError, match='limit must be at least 1'):
+        ViewArgs.from_query({'limit': '0'})
 
 
 class Canned(http.server.BaseHTTPRequestHandler):

@@ -50,7 +50,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from stepstream.cli.stack import stack_environ
 
         settings = Settings.from_args(args, stack_environ(args.stack_dir))
-        if getattr(args, 'view', None) is not None and (answered := _ask_service(args, settings)) is not None:
+        asks = getattr(args, 'view', None) is not None and not getattr(
+            args, 'all', False
+        )  # --all streams here
+        if asks and (answered := _ask_service(args, settings)) is not None:
             return answered
         import asyncio
         import logging

@@ -8,20 +8,34 @@ projection and runs the same view itself.
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from stepstream.cli._common import EXIT_OK, Declare, add_json, open_reader
 from stepstream.settings import Settings
+
+if TYPE_CHECKING:
+    from stepstream.readmodel import ProjectionReader
 
 RUN_STATUSES = ('running', 'stale', 'completed', 'failed', 'cancelled')
 
 
 def add_commands(command: Declare) -> None:
     """Declare the views; each parser's `view` names the console view it runs."""
-    runs = command('runs', view, 'List runs, in the order they started.')
+    runs = command('runs', view, 'List runs, a page at a time: the newest first.')
     runs.add_argument('--conversation-id', help='only runs of this conversation')
     runs.add_argument('--parent-run-id', help='only direct children of this run')
     runs.add_argument('--status', choices=RUN_STATUSES, help='only runs in this status')
     runs.add_argument('--agent-name', help='only runs of this agent')
+    runs.add_argument('--limit', type=_positive, help='runs per page (default 50)')
+    runs.add_argument(
+        '--after', metavar='RUN_ID', help='the page after this run (the last of the previous page)'
+    )
+    runs.add_argument('--oldest-first', action='store_true', help='in the order they started')
+    runs.add_argument(
+        '--all',
+        action='store_true',
+        help='every run, as JSON lines, read page by page from the projection (never held whole)',
+    )
 
     tree = command('tree', view, 'Show a run and all its descendants.')
     tree.add_argument('run_id', help='the root of the tree')
@@ -57,11 +71,51 @@ def add_commands(command: Declare) -> None:
     add_json(*parsers.values())
 
 
+ALL_PAGE = 1000
+"""The page `stepstream runs --all` reads at a time: what it holds in memory at once."""
+
+
 async def view(args: argparse.Namespace, settings: Settings) -> int:
     """Run the console view `args.view` over the projection at `settings.db_path`, and print it."""
     from stepstream.console import ViewArgs, show
 
     async with open_reader(settings) as reader:
+        if getattr(args, 'all', False):
+            await _every_run(args, reader)
+            return EXIT_OK
         text = await show(args.view, ViewArgs.of(args), reader, settings)
     print(text)
     return EXIT_OK
+
+
+async def _every_run(args: argparse.Namespace, reader: ProjectionReader) -> None:
+    """`stepstream runs --all`: each run as one JSON line, a page at a time, in the list's order."""
+    from stepstream.console import to_json
+
+    after = args.after
+    while True:
+        page = await reader.list_runs(
+            conversation_id=args.conversation_id,
+            parent_run_id=args.parent_run_id,
+            status=args.status,
+            agent_name=args.agent_name,
+            newest_first=not args.oldest_first,
+            after=after,
+            limit=ALL_PAGE,
+        )
+        for run in page:
+            print(to_json(run, indent=None))
+        if len(page) < ALL_PAGE:
+            return
+        after = page[-1].run_id
+
+
+def _positive(raw: str) -> int:
+    """A page size: a whole number of at least 1."""
+    try:
+        value = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'a whole number, got {raw!r}') from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f'at least 1, got {value}')
+    return value

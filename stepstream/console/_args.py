@@ -23,6 +23,12 @@ class ViewArgs:
     agent_name: str | None = None
     include_interrupted: bool = False
     json: bool = False
+    limit: int | None = None
+    """A list's page size (`runs`: 50 when not given)."""
+    after: str | None = None
+    """A list's cursor: the page after this run, in the list's order."""
+    oldest_first: bool = False
+    """A list in the order its runs started (default: newest first)."""
 
     @classmethod
     def of(cls, namespace: Any) -> ViewArgs:
@@ -51,6 +57,19 @@ class ViewArgs:
                 if raw not in ('true', 'false'):
                     raise ValueError(f'{name} is a flag: true or false, got {raw!r}')
                 values[name] = raw == 'true'
+            elif fields[name].type == 'int | None':
+                values[name] = _count(name, raw)
             else:
                 values[name] = raw
         return cls(**values)
+
+
+def _count(name: str, raw: str) -> int:
+    """A positive whole number from a query, or `ValueError` naming the argument."""
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f'{name} is a whole number, got {raw!r}') from None
+    if value < 1:
+        raise ValueError(f'{name} must be at least 1, got {value}')
+    return value

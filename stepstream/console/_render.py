@@ -18,8 +18,8 @@ if TYPE_CHECKING:
     from stepstream.settings import Settings
 
 
-def to_json(value: Any) -> str:
-    """JSON for scripts: dataclasses as objects, datetimes in ISO 8601."""
+def to_json(value: Any, *, indent: int | None = 2) -> str:
+    """JSON for scripts: dataclasses as objects, datetimes in ISO 8601 (`indent=None`: one line)."""
 
     def default(obj: Any) -> Any:
         if isinstance(obj, UnresolvedEffect):
@@ -38,7 +38,7 @@ def to_json(value: Any) -> str:
             return obj.isoformat()
         raise TypeError(f'cannot render {type(obj).__name__} as JSON')
 
-    return json.dumps(value, default=default, indent=2)
+    return json.dumps(value, default=default, indent=indent)
 
 
 def _time(ts: datetime | None) -> str:

@@ -45,15 +45,32 @@ async def _known_run(args: ViewArgs, reader: ProjectionReader) -> str:
     return args.run_id
 
 
+RUNS_PAGE = 50
+"""How many runs `stepstream runs` shows when not given `--limit`: the API's page."""
+
+
 async def runs(args: ViewArgs, reader: ProjectionReader, settings: Settings) -> str:
-    """`stepstream runs`: the runs matching every filter, in the order they started."""
+    """`stepstream runs`: one page of the runs matching every filter, newest first (`oldest_first`).
+
+    The text ends with the command for the next page when there is one; the JSON is the page.
+    """
+    limit = args.limit or RUNS_PAGE
     found = await reader.list_runs(
         conversation_id=args.conversation_id,
         parent_run_id=args.parent_run_id,
         status=args.status,
         agent_name=args.agent_name,
+        newest_first=not args.oldest_first,
+        after=args.after,
+        limit=limit + 1,
     )
-    return _either(args, found, runs_table(found))
+    page = found[:limit]
+    if args.json:
+        return to_json(page)
+    text = runs_table(page)
+    if len(found) > limit:
+        text += f'\n... more: the next page is `stepstream runs --after {page[-1].run_id}` (same filters)'
+    return text
 
 
 async def run_tree(args: ViewArgs, reader: ProjectionReader, settings: Settings) -> str:

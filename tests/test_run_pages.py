@@ -1,0 +1,140 @@
+"""Run lists are bounded walks: pages read from the index's end or a seek, never its whole prefix.
+
+Generated projections of runs (ties in started_at, conversations, parents) over one to three
+shards, in memory and on RocksDB: every listing, paged in either order from any cursor, is the
+reference order cut into pages; a cursor outside the listing is refused; and a page reads only
+about its own keys per shard, whatever the number of runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from stepstream.projector.storage import CHILDREN, CONVERSATION, RUN, RUNS, MemoryShard, RunState, Shard
+from stepstream.readmodel import ProjectionReader
+from stepstream.topics import murmur2_partition
+
+pytestmark = pytest.mark.fast
+
+RunSpec = tuple[str, int, str | None, str | None]
+"""run_id, started_at (micros), conversation_id, parent_run_id."""
+
+
+@st.composite
+def projections(draw: st.DrawFn) -> list[RunSpec]:
+    count = draw(st.integers(0, 40))
+    ids = [f'run-{i:03d}' for i in draw(st.permutations(range(count)))]
+    runs: list[RunSpec] = []
+    for i, run_id in enumerate(ids):
+        started = draw(st.integers(1, 12)) * 1_000_000  # few values: ties are common
+        conversation = draw(st.sampled_from([None, 'c1', 'c2']))
+        parent = draw(st.sampled_from([None, *ids[:i]])) if i else None
+        runs.append((run_id, started, conversation, parent))
+    return runs
+
+
+def _write(shards: dict[int, Any], runs: list[RunSpec], partitions: int) -> None:
+    writes: dict[int, dict[bytes, Any]] = {p: {} for p in shards}
+    for run_id, started, conversation, parent in runs:
+        batch = writes[murmur2_partition(run_id.encode(), partitions)]
+        state = RunState(
+            run_id=run_id,
+            owner='w',
+            started_at=started,
+            conversation_id=conversation,
+            parent_run_id=parent,
+            status='completed',
+        )
+        batch[RUN.key(run_id)] = state
+        batch[RUNS.key(started, run_id)] = b''
+        if conversation is not None:
+            batch[CONVERSATION.key(conversation, started, run_id)] = b''
+        if parent is not None:
+            batch[CHILDREN.key(parent, started, run_id)] = b''
+    for partition, shard in shards.items():
+        shard.write(writes[partition], sync=False)
+
+
+def _pages(reader: ProjectionReader, newest_first: bool, limit: int, **filters: str) -> list[str]:
+    async def walk() -> list[str]:
+        seen: list[str] = []
+        after = None
+        while True:
+            page = await reader.list_runs(**filters, newest_first=newest_first, after=after, limit=limit)
+            seen += [r.run_id for r in page]
+            if len(page) < limit:
+                return seen
+            after = page[-1].run_id
+
+    return asyncio.run(walk())
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    runs=projections(),
+    partitions=st.sampled_from([1, 3]),
+    rocksdb=st.booleans(),
+    limit=st.integers(1, 7),
+    newest_first=st.booleans(),
+)
+def test_every_listing_pages_in_its_order_from_any_cursor(
+    runs: list[RunSpec], partitions: int, rocksdb: bool, limit: int, newest_first: bool
+) -> None:
+    with tempfile.TemporaryDirectory() as root:
+        shards: dict[int, Any] = {
+            p: Shard.open(Path(root) / str(p), create=True) if rocksdb else MemoryShard()
+            for p in range(partitions)
+        }
+        try:
+            _write(shards, runs, partitions)
+            reader = ProjectionReader(shards, partitions=partitions)
+            listings: list[tuple[dict[str, str], list[RunSpec]]] = [({}, runs)]
+            for conversation in ('c1', 'c2'):
+                listings.append(
+                    ({'conversation_id': conversation}, [r for r in runs if r[2] == conversation])
+                )
+            for parent in {r[3] for r in runs if r[3] is not None}:
+                listings.append(({'parent_run_id': parent}, [r for r in runs if r[3] == parent]))
+            for filters, members in listings:
+                expected = [r[0] for r in sorted(members, key=lambda r: (r[1], r[0]), reverse=newest_first)]
+                assert _pages(reader, newest_first, limit, **filters) == expected, filters
+                outside = next((r[0] for r in runs if r not in members), 'no-such-run')
+                with pytest.raises(LookupError, match='is not a run of this listing'):
+                    asyncio.run(reader.list_runs(**filters, newest_first=newest_first, after=outside))
+        finally:
+            for shard in shards.values():
+                if rocksdb:
+                    shard.close()
+
+
+class _Counting(MemoryShard):
+    """A shard that counts the keys its scans hand out."""
+
+    handed = 0
+
+    def scan(self, prefix: bytes, *, start: bytes | None = None, reverse: bool = False) -> Any:
+        for item in super().scan(prefix, start=start, reverse=reverse):
+            _Counting.handed += 1
+            yield item
+
+
+@pytest.mark.parametrize('newest_first', [True, False])
+def test_a_page_reads_about_its_own_keys_whatever_the_number_of_runs(newest_first: bool) -> None:
+    partitions = 3
+    runs: list[RunSpec] = [(f'run-{i:05d}', i * 1000, None, None) for i in range(3000)]
+    shards: dict[int, Any] = {p: _Counting() for p in range(partitions)}
+    _write(shards, runs, partitions)
+    reader = ProjectionReader(shards, partitions=partitions)
+    middle = runs[1500][0]
+    for after in (None, middle):
+        _Counting.handed = 0
+        page = asyncio.run(reader.list_runs(newest_first=newest_first, after=after, limit=50))
+        assert len(page) == 50
+        assert _Counting.handed <= 50 + 2 * partitions, (after, _Counting.handed)
