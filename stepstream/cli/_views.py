@@ -90,19 +90,11 @@ async def view(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _every_run(args: argparse.Namespace, reader: ProjectionReader) -> None:
     """`stepstream runs --all`: each run as one JSON line, a page at a time, in the list's order."""
-    from stepstream.console import to_json
+    from stepstream.console import ViewArgs, runs_after, to_json
 
-    after = args.after
+    asked, after = ViewArgs.of(args), args.after
     while True:
-        page = await reader.list_runs(
-            conversation_id=args.conversation_id,
-            parent_run_id=args.parent_run_id,
-            status=args.status,
-            agent_name=args.agent_name,
-            newest_first=not args.oldest_first,
-            after=after,
-            limit=ALL_PAGE,
-        )
+        page = await runs_after(asked, reader, after, ALL_PAGE)
         for run in page:
             print(to_json(run, indent=None))
         if len(page) < ALL_PAGE:

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
         to_json,
         tree,
     )
-    from stepstream.console._views import VIEWS, show
+    from stepstream.console._views import VIEWS, runs_after, show
 
 _RENDER = 'stepstream.console._render'
 _WHERE = {
@@ -38,6 +38,7 @@ _WHERE = {
     'events_table': _RENDER,
     'preview_text': _RENDER,
     'retention_text': _RENDER,
+    'runs_after': 'stepstream.console._views',
     'runs_table': _RENDER,
     'show': 'stepstream.console._views',
     'status_json': _RENDER,
@@ -55,6 +56,7 @@ __all__ = [
     'events_table',
     'preview_text',
     'retention_text',
+    'runs_after',
     'runs_table',
     'show',
     'status_json',

@@ -55,15 +55,7 @@ async def runs(args: ViewArgs, reader: ProjectionReader, settings: Settings) -> 
     The text ends with the command for the next page when there is one; the JSON is the page.
     """
     limit = args.limit or RUNS_PAGE
-    found = await reader.list_runs(
-        conversation_id=args.conversation_id,
-        parent_run_id=args.parent_run_id,
-        status=args.status,
-        agent_name=args.agent_name,
-        newest_first=not args.oldest_first,
-        after=args.after,
-        limit=limit + 1,
-    )
+    found = await runs_after(args, reader, args.after, limit + 1)
     page = found[:limit]
     if args.json:
         return to_json(page)
@@ -71,6 +63,21 @@ async def runs(args: ViewArgs, reader: ProjectionReader, settings: Settings) -> 
     if len(found) > limit:
         text += f'\n... more: the next page is `stepstream runs --after {page[-1].run_id}` (same filters)'
     return text
+
+
+async def runs_after(
+    args: ViewArgs, reader: ProjectionReader, after: str | None, limit: int
+) -> list[RunRecord]:
+    """Up to `limit` runs of `args`' filters, in its order, after the run `after` (None: from the start)."""
+    return await reader.list_runs(
+        conversation_id=args.conversation_id,
+        parent_run_id=args.parent_run_id,
+        status=args.status,
+        agent_name=args.agent_name,
+        newest_first=not args.oldest_first,
+        after=after,
+        limit=limit,
+    )
 
 
 async def run_tree(args: ViewArgs, reader: ProjectionReader, settings: Settings) -> str:
