@@ -10,8 +10,9 @@ one-tool-call runs (`bench.synthetic.many_runs`, about ten records each), placed
 partitions as the producer's partitioner puts them and applied in batches of 5,000 into one
 RocksDB shard per partition, as a projector writes them. Their run ids differ and their times
 are the template's (one `started_at` for all: the index orders them by run id), which changes
-no walk's length. Each request is timed as a reader opened over the shards answers it
-(`ProjectionReader.list_runs`, what the API's `/api/runs` asks for), median of 5 after one
+no walk's length; every run has completed, under one agent name. Each request is timed as a
+reader opened over the shards answers it (`ProjectionReader.list_runs`, what the API's
+`/api/runs` asks for), median of 5 after one
 warm-up; the first line says which stepstream it imported, so the same command on an older
 checkout (`PYTHONPATH=<checkout laid out as installed>`) gives its figures on the same files.
 """
@@ -91,6 +92,7 @@ def measure(root: Path) -> dict[str, float]:
     reader = ProjectionReader(shards, partitions=PARTITIONS)
     try:
         cursor = asyncio.run(reader.list_runs(newest_first=True, limit=1000))[-1].run_id  # the 1,000th
+        agent = asyncio.run(reader.list_runs(limit=1))[0].agent_name
         requests: dict[str, Callable[[], Awaitable[Any]]] = {
             'first page, newest first (51 runs)': lambda: reader.list_runs(newest_first=True, limit=51),
             'first page, oldest first (51 runs)': lambda: reader.list_runs(limit=51),
@@ -98,8 +100,20 @@ def measure(root: Path) -> dict[str, float]:
                 newest_first=True, after=cursor, limit=51
             ),
             'conversation filter, none match': lambda: reader.list_runs(conversation_id='nope', limit=51),
-            'status filter, none match (no index yet)': lambda: reader.list_runs(
+            'status=failed, none match': lambda: reader.list_runs(
                 status='failed', newest_first=True, limit=51
+            ),
+            'status=completed, first page (every run matches)': lambda: reader.list_runs(
+                status='completed', newest_first=True, limit=51
+            ),
+            'status=stale, none (no run is running)': lambda: reader.list_runs(
+                status='stale', newest_first=True, limit=51
+            ),
+            'agent_name=nope, none match': lambda: reader.list_runs(
+                agent_name='nope', newest_first=True, limit=51
+            ),
+            'agent_name of every run, first page': lambda: reader.list_runs(
+                agent_name=agent, newest_first=True, limit=51
             ),
         }
         return {name: median_ms(call) for name, call in requests.items()}

@@ -25,6 +25,8 @@ No other module spells key bytes: they ask a `Keyspace` for a key, a prefix or t
 | `RUNS`             | `a`  | started_at, run_id                    | empty: every run, in order     |
 | `CONVERSATION`     | `c`  | conversation_id, started_at, run_id   | empty                          |
 | `CHILDREN`         | `p`  | parent_run_id, started_at, run_id     | empty                          |
+| `STATUS`           | `b`  | status, started_at, run_id            | empty: runs by stored status   |
+| `AGENT`            | `d`  | agent_name, started_at, run_id        | empty: runs by agent           |
 | `PARKED`           | `q`  | run_id, topic, partition, offset      | a record before its run exists |
 | `APART`            | `w`  | run_id, writer_id, topic, seq         | another writer's record        |
 | `CONFLICT`         | `k`  | run_id, writer_id                     | JSON: records kept apart       |
@@ -177,6 +179,8 @@ EFFECT = Keyspace('effect', b'x', ('str', 'str'))
 UNRESOLVED = Keyspace('unresolved', b'u', ('int', 'str', 'str'))
 UNRESOLVED_RUN = Keyspace('unresolved_run', b'v', ('str', 'str'))
 RUNS = Keyspace('runs', b'a', ('int', 'str'))
+STATUS = Keyspace('status', b'b', ('str', 'int', 'str'))
+AGENT = Keyspace('agent', b'd', ('str', 'int', 'str'))
 CONVERSATION = Keyspace('conversation', b'c', ('str', 'int', 'str'))
 CHILDREN = Keyspace('children', b'p', ('str', 'int', 'str'))
 PARKED = Keyspace('parked', b'q', ('str', 'int', 'int', 'int'))
@@ -202,6 +206,8 @@ KEYSPACES = (
     UNRESOLVED,
     UNRESOLVED_RUN,
     RUNS,
+    STATUS,
+    AGENT,
     CONVERSATION,
     CHILDREN,
     PARKED,

@@ -40,6 +40,7 @@ from typing import Any
 
 from stepstream.media import MEDIA_URI_SCHEME
 from stepstream.projector._keys import (
+    AGENT,
     APART,
     CHILDREN,
     CLOCK,
@@ -56,6 +57,7 @@ from stepstream.projector._keys import (
     RUN_MEDIA,
     RUNS,
     SNAPSHOT,
+    STATUS,
     TALLY,
     TRANSITION,
     UNRESOLVED,
@@ -180,6 +182,9 @@ def drop_run(txn: Transaction, partition: int, run_id: str) -> None:
         txn.delete(k)
     txn.delete(RUN.key(run_id))
     txn.delete(RUNS.key(run.started_at, run_id))
+    txn.delete(STATUS.key(run.status, run.started_at, run_id))
+    if run.agent_name is not None:
+        txn.delete(AGENT.key(run.agent_name, run.started_at, run_id))
     if run.conversation_id is not None:
         txn.delete(CONVERSATION.key(run.conversation_id, run.started_at, run_id))
     if run.parent_run_id is not None:

@@ -20,7 +20,7 @@ from stepstream.errors import ProjectionInUse, ProjectionMismatch
 from stepstream.projector._checkpoints import Checkpoints
 from stepstream.projector._retention import MEDIA_INDEX_VERSION
 from stepstream.projector._shard import Shard, read_projection_identity, shard_path, shard_paths
-from stepstream.projector._state import Identity
+from stepstream.projector._state import RUN_INDEX_VERSION, Identity
 from stepstream.settings import Settings
 from stepstream.topics import TopicLayout
 
@@ -119,6 +119,7 @@ class ShardSet:
             partitions=layout.partitions,
             partition=partition,
             media_index=MEDIA_INDEX_VERSION,
+            run_index=RUN_INDEX_VERSION,
         )
         shard = self._adopt(await asyncio.to_thread(Shard.create, self.root, partition, identity))
         if self.identity is None:

@@ -233,6 +233,10 @@ class SnapshotEntry(_Json):
     retained: bool = True
 
 
+RUN_INDEX_VERSION = 2
+"""The run indexes a shard made now holds: 2 adds `STATUS` and `AGENT` (decision 0045)."""
+
+
 @dataclass(slots=True)
 class Identity(_Json):
     """What a projection was built from, and how (docs/decisions/0011-projection-identity.md)."""
@@ -257,6 +261,9 @@ class Identity(_Json):
     media_index: int = 1
     """The version of the shard's media index (`_retention.MEDIA_INDEX_VERSION`); 1 (absent) in a
     shard made before version 2, whose index missed binaries: a media sweep refuses it."""
+    run_index: int = 1
+    """The version of the shard's run indexes (`RUN_INDEX_VERSION`); 1 (absent) in a shard made
+    before version 2, which has no `STATUS` and `AGENT` index: its readers filter by walking."""
 
     def options(self) -> dict[str, Any]:
         """What must match for two projections of one log to be equal."""
@@ -266,4 +273,5 @@ class Identity(_Json):
             'max_snapshots_per_run': self.max_snapshots_per_run,
             'retain_ended_us': self.retain_ended_us,
             'partitions': self.partitions,
+            'run_index': self.run_index,  # a shard made before version 2 lacks `STATUS` and `AGENT`
         }

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from stepstream.media import snapshot_media
 from stepstream.projector._batch import Rejected, RunKeys, RunRules, SourceRecord
-from stepstream.projector._keys import CHILDREN, CONVERSATION, RUNS
+from stepstream.projector._keys import AGENT, CHILDREN, CONVERSATION, RUNS, STATUS
 from stepstream.projector._shard import Transaction
 from stepstream.projector._state import RunState, SnapshotEntry, ranges_add, ranges_hold
 from stepstream.projector._tool_effects import withdraw_transition
@@ -38,6 +38,9 @@ def register(txn: Transaction, started: Fields) -> RunState:
         metadata=dict(started['metadata']),
     )
     txn.put(RUNS.key(run.started_at, run.run_id), b'')
+    txn.put(STATUS.key(run.status, run.started_at, run.run_id), b'')
+    if run.agent_name is not None:
+        txn.put(AGENT.key(run.agent_name, run.started_at, run.run_id), b'')
     if run.conversation_id is not None:
         txn.put(CONVERSATION.key(run.conversation_id, run.started_at, run.run_id), b'')
     if run.parent_run_id is not None:
@@ -87,7 +90,11 @@ def apply_event(
             rules.retention.ended(txn, keys.home, run.run_id, event['timestamp'])
         if seq > run.terminal_seq:
             run.terminal_seq = seq
-            run.status = TERMINAL_KINDS[kind]
+            status = TERMINAL_KINDS[kind]
+            if status != run.status:  # its `STATUS` entry moves in the same transaction
+                txn.delete(STATUS.key(run.status, run.started_at, run.run_id))
+                txn.put(STATUS.key(status, run.started_at, run.run_id), b'')
+                run.status = status
             run.ended_at = event['timestamp']
             run.error = event['error']
     elif kind in TIMED_KINDS:

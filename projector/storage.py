@@ -9,6 +9,7 @@ reader of the shards needs (`stepstream.readmodel`) and nothing the projector al
 from __future__ import annotations
 
 from stepstream.projector._keys import (
+    AGENT,
     CHILDREN,
     CONFLICT,
     CONVERSATION,
@@ -19,6 +20,7 @@ from stepstream.projector._keys import (
     RUN_MEDIA,
     RUNS,
     SNAPSHOT,
+    STATUS,
     UNRESOLVED,
     UNRESOLVED_RUN,
     Keyspace,
@@ -39,9 +41,10 @@ from stepstream.projector._shard import (
     shard_paths,
     shard_writer,
 )
-from stepstream.projector._state import EffectState, RunState, SnapshotEntry
+from stepstream.projector._state import RUN_INDEX_VERSION, EffectState, RunState, SnapshotEntry
 
 __all__ = [
+    'AGENT',
     'CHILDREN',
     'CONFLICT',
     'CONVERSATION',
@@ -50,8 +53,10 @@ __all__ = [
     'PARKED',
     'RUN',
     'RUNS',
+    'RUN_INDEX_VERSION',
     'RUN_MEDIA',
     'SNAPSHOT',
+    'STATUS',
     'UNRESOLVED',
     'UNRESOLVED_RUN',
     'EffectState',

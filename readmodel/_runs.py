@@ -14,11 +14,14 @@ from datetime import UTC, datetime, timedelta
 from stepstream.errors import NotFound
 from stepstream.ids import is_run_id
 from stepstream.projector.storage import (
+    AGENT,
     CHILDREN,
     CONFLICT,
     CONVERSATION,
     RUN,
+    RUN_INDEX_VERSION,
     RUNS,
+    STATUS,
     Keyspace,
     RunState,
     expired_started_at,
@@ -26,6 +29,9 @@ from stepstream.projector.storage import (
 from stepstream.readmodel._shards import Shards, ShardUnavailable, carry
 from stepstream.schemas import RunRecord, RunUsage
 from stepstream.timestamps import EPOCH, from_micros, micros
+
+_STORED = {'stale': 'running'}
+"""A status as `STATUS` files it: `stale` is judged at read time, of a run stored as `running`."""
 
 DEFAULT_STALE_AFTER_S = 20.0
 """A `running` run with no record for this long reads as `stale`: four of its writer's default
@@ -128,7 +134,10 @@ class Runs:
 
         def query() -> list[RunRecord]:
             runs: list[RunRecord] = []
-            for run_id in self._ids(conversation_id, parent_run_id, newest_first, after, after_started):
+            ids = self._ids(
+                conversation_id, parent_run_id, status, agent_name, newest_first, after, after_started
+            )
+            for run_id in ids:
                 if limit is not None and len(runs) >= limit:
                     break
                 run = self.run(run_id)
@@ -149,6 +158,8 @@ class Runs:
         self,
         conversation_id: str | None,
         parent_run_id: str | None,
+        status: str | None,
+        agent_name: str | None,
         newest_first: bool,
         after: str | None,
         after_started: datetime | None,
@@ -156,7 +167,11 @@ class Runs:
         """The run ids of a listing's index, in its order, from where its page starts.
 
         A bounded walk: each shard's index is read from the page's start (its end, newest first;
-        the `after` run's place, found by a seek) and only as far as the caller takes ids.
+        the `after` run's place, found by a seek) and only as far as the caller takes ids. The
+        listing is a conversation's, a parent's, or every run; within every run, an agent's or a
+        status's runs are their own index (`AGENT`, `STATUS`) where the shards have them. A
+        `running` or `stale` run is in `STATUS` under `running`: which of the two is judged as it
+        is read, so those two filters walk the runs that have not ended, never the others.
         """
         parts: tuple[str, ...] = ()
         if conversation_id is not None:
@@ -165,15 +180,27 @@ class Runs:
             index, parts = CHILDREN, (parent_run_id,)
         else:
             index = RUNS
-        prefix = index.prefix(*parts)
         start = None
         if after is not None:
-            started = (
-                micros(after_started) if after_started is not None else self._started(after, index, parts)
-            )
-            start = index.key(*parts, started, after)
-        keys = self._shards.scan(prefix, start=start, reverse=newest_first)
-        return (index.last_str(k) for k, _ in keys if k != start)
+            at = micros(after_started) if after_started is not None else self._started(after, index, parts)
+        walk, walk_parts = index, parts
+        if index is RUNS and (agent_name is not None or status is not None) and self._indexed():
+            if agent_name is not None:
+                walk, walk_parts = AGENT, (agent_name,)
+            elif status is not None:
+                walk, walk_parts = STATUS, (_STORED.get(status, status),)
+        if after is not None:
+            start = walk.key(*walk_parts, at, after)
+        keys = self._shards.scan(walk.prefix(*walk_parts), start=start, reverse=newest_first)
+        return (walk.last_str(k) for k, _ in keys if k != start)
+
+    def _indexed(self) -> bool:
+        """Whether every shard holds the `STATUS` and `AGENT` indexes (made at `RUN_INDEX_VERSION`)."""
+        for shard in self._shards.all():
+            identity = shard.identity()
+            if identity is not None and identity.run_index < RUN_INDEX_VERSION:
+                return False
+        return True
 
     def _started(self, run_id: str, index: Keyspace, parts: tuple[str, ...]) -> int:
         """When `run_id` started, as its place in `index` says; `LookupError` if it has none there."""

@@ -47,7 +47,7 @@ from stepstream.projector._apply import (
     Applier,
     SourceRecord,
 )
-from stepstream.projector._keys import KEYSPACES, RUN, Keyspace
+from stepstream.projector._keys import AGENT, KEYSPACES, RUN, STATUS, Keyspace
 from stepstream.projector._shard import MemoryShard, Shard
 from stepstream.projector._state import RunState
 from stepstream.schemas import (
@@ -499,13 +499,31 @@ def test_views_agree_with_each_other(generated: list[Op], store: str) -> None:
                 for op in generated
             )
             assert len(outcome.dead) >= refused  # every record that cannot apply was refused
+            check_run_indexes(db)
             asyncio.run(check_views(ProjectionReader(db)))
         finally:
             db.close()
 
 
+def check_run_indexes(shard: AnyShard) -> None:
+    """`STATUS` and `AGENT` hold exactly each registered run's stored status and agent, and no more."""
+    states = [RunState.decode(v) for _, v in shard.scan(RUN.tag)]
+    assert {k for k, _ in shard.scan(STATUS.tag)} == {
+        STATUS.key(s.status, s.started_at, s.run_id) for s in states
+    }
+    assert {k for k, _ in shard.scan(AGENT.tag)} == {
+        AGENT.key(s.agent_name, s.started_at, s.run_id) for s in states if s.agent_name is not None
+    }
+
+
 async def check_views(reader: ProjectionReader) -> None:
     runs = await reader.list_runs()
+    for status in ('running', 'stale', 'completed', 'failed', 'cancelled'):  # through `STATUS`
+        listed = [r.run_id for r in await reader.list_runs(status=status)]
+        assert listed == [r.run_id for r in runs if r.status == status], status
+    for agent in {r.agent_name for r in runs if r.agent_name is not None}:  # through `AGENT`
+        listed = [r.run_id for r in await reader.list_runs(agent_name=agent, newest_first=True)]
+        assert listed == [r.run_id for r in reversed(runs) if r.agent_name == agent], agent
     every_unresolved = {(e.run_id, e.tool_call_id) for e in await reader.list_unresolved_tool_effects()}
     per_run_unresolved = set()
     for run in runs:

@@ -27,6 +27,7 @@ from test_apply_properties import (
     TOPICS,
     Op,
     apply_with_crashes,
+    check_run_indexes,
     interleave,
     logs,
     make_log,
@@ -158,6 +159,7 @@ def test_exactly_the_runs_that_ended_before_the_cutoff_are_dropped_and_nothing_o
             wanted |= {(uri.removeprefix(MEDIA_URI_SCHEME), EVENT.parse(k)[0]) for uri in uris}
     assert {MEDIA.parse(k) for k, _ in kept.scan(MEDIA.tag)} == wanted
     assert {tuple(reversed(RUN_MEDIA.parse(k))) for k, _ in kept.scan(RUN_MEDIA.tag)} == wanted
+    check_run_indexes(kept)  # a dropped run's STATUS and AGENT entries went with it
     # Every ENDED entry has its twin, and both belong to kept runs.
     for k, _ in kept.scan(ENDED.tag):
         _, ended_at, run_id = ENDED.parse(k)

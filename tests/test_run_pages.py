@@ -17,14 +17,24 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stepstream.projector.storage import CHILDREN, CONVERSATION, RUN, RUNS, MemoryShard, RunState, Shard
+from stepstream.projector.storage import (
+    AGENT,
+    CHILDREN,
+    CONVERSATION,
+    RUN,
+    RUNS,
+    STATUS,
+    MemoryShard,
+    RunState,
+    Shard,
+)
 from stepstream.readmodel import ProjectionReader
 from stepstream.topics import murmur2_partition
 
 pytestmark = pytest.mark.fast
 
-RunSpec = tuple[str, int, str | None, str | None]
-"""run_id, started_at (micros), conversation_id, parent_run_id."""
+RunSpec = tuple[str, int, str | None, str | None, str, str | None]
+"""run_id, started_at (micros), conversation_id, parent_run_id, status, agent_name."""
 
 
 @st.composite
@@ -36,13 +46,15 @@ def projections(draw: st.DrawFn) -> list[RunSpec]:
         started = draw(st.integers(1, 12)) * 1_000_000  # few values: ties are common
         conversation = draw(st.sampled_from([None, 'c1', 'c2']))
         parent = draw(st.sampled_from([None, *ids[:i]])) if i else None
-        runs.append((run_id, started, conversation, parent))
+        status = draw(st.sampled_from(['completed', 'failed', 'cancelled']))
+        agent = draw(st.sampled_from([None, 'a1', 'a2']))
+        runs.append((run_id, started, conversation, parent, status, agent))
     return runs
 
 
 def _write(shards: dict[int, Any], runs: list[RunSpec], partitions: int) -> None:
     writes: dict[int, dict[bytes, Any]] = {p: {} for p in shards}
-    for run_id, started, conversation, parent in runs:
+    for run_id, started, conversation, parent, status, agent in runs:
         batch = writes[murmur2_partition(run_id.encode(), partitions)]
         state = RunState(
             run_id=run_id,
@@ -50,10 +62,14 @@ def _write(shards: dict[int, Any], runs: list[RunSpec], partitions: int) -> None
             started_at=started,
             conversation_id=conversation,
             parent_run_id=parent,
-            status='completed',
+            agent_name=agent,
+            status=status,
         )
         batch[RUN.key(run_id)] = state
         batch[RUNS.key(started, run_id)] = b''
+        batch[STATUS.key(status, started, run_id)] = b''
+        if agent is not None:
+            batch[AGENT.key(agent, started, run_id)] = b''
         if conversation is not None:
             batch[CONVERSATION.key(conversation, started, run_id)] = b''
         if parent is not None:
@@ -102,10 +118,19 @@ def test_every_listing_pages_in_its_order_from_any_cursor(
                 )
             for parent in {r[3] for r in runs if r[3] is not None}:
                 listings.append(({'parent_run_id': parent}, [r for r in runs if r[3] == parent]))
+            for status in ('completed', 'failed'):  # through `STATUS`
+                listings.append(({'status': status}, [r for r in runs if r[4] == status]))
+            for agent in ('a1', 'a2'):  # through `AGENT`
+                listings.append(({'agent_name': agent}, [r for r in runs if r[5] == agent]))
+            both = [r for r in runs if r[5] == 'a1' and r[4] == 'failed']  # an agent's walk, filtered
+            listings.append(({'agent_name': 'a1', 'status': 'failed'}, both))
             for filters, members in listings:
                 expected = [r[0] for r in sorted(members, key=lambda r: (r[1], r[0]), reverse=newest_first)]
                 assert _pages(reader, newest_first, limit, **filters) == expected, filters
-                outside = next((r[0] for r in runs if r not in members), 'no-such-run')
+                if 'conversation_id' in filters or 'parent_run_id' in filters:
+                    outside = next((r[0] for r in runs if r not in members), 'no-such-run')
+                else:  # any run is a place in the order of every run, filtered or not
+                    outside = 'no-such-run'
                 with pytest.raises(LookupError, match='is not a run of this listing'):
                     asyncio.run(reader.list_runs(**filters, newest_first=newest_first, after=outside))
         finally:
@@ -128,7 +153,7 @@ class _Counting(MemoryShard):
 @pytest.mark.parametrize('newest_first', [True, False])
 def test_a_page_reads_about_its_own_keys_whatever_the_number_of_runs(newest_first: bool) -> None:
     partitions = 3
-    runs: list[RunSpec] = [(f'run-{i:05d}', i * 1000, None, None) for i in range(3000)]
+    runs: list[RunSpec] = [(f'run-{i:05d}', i * 1000, None, None, 'completed', None) for i in range(3000)]
     shards: dict[int, Any] = {p: _Counting() for p in range(partitions)}
     _write(shards, runs, partitions)
     reader = ProjectionReader(shards, partitions=partitions)
