@@ -87,6 +87,11 @@ def _check_directory(path: Path, *, create: bool) -> Path:
     return path
 
 
+_DELETES_WINDOW = 1024
+_DELETES_TRIGGER = 512
+"""A shard's file is compacted soon when half of some 1,024 consecutive entries are deletes."""
+
+
 class Shard(ShardReads):
     """One partition's RocksDB: every view of its runs and its offsets, changed by transactions.
 
@@ -125,6 +130,10 @@ class Shard(ShardReads):
         target.mkdir(mode=0o700, exist_ok=True)
         options = Options(raw_mode=True)
         options.create_if_missing(create)
+        # An index of what is not over yet (`STATUS` running, `UNRESOLVED`) is put and deleted for
+        # every run: its range fills with tombstones, which a walk of it skips one by one until a
+        # compaction drops them. A file with a dense run of deletes is compacted soon instead.
+        options.add_compact_on_deletion_collector_factory(_DELETES_WINDOW, _DELETES_TRIGGER, 0.0)
         try:
             db = Rdict(str(target), options)
         except Exception as exc:  # rocksdict raises a bare Exception carrying RocksDB's status text
