@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import ROUND_HALF_EVEN, Decimal
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin, get_type_hints
+from typing import TYPE_CHECKING, Any, Union, get_args, get_origin, get_type_hints
 
 from pydantic import BaseModel, create_model
 
 from stepstream.schemas import ModelUsage, RunRecord, StepEvent, ToolEffectRecord
-from stepstream.shapes import is_internal
+from stepstream.shapes import is_internal, plain_type
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -68,16 +68,6 @@ def _attribute(name: str, within: Callable[[Any], Any] | None) -> Callable[[Any]
     return get
 
 
-def _column_type(annotation: Any, nullable: bool) -> Any:
-    """A record field's type as a column's: a `Literal` is `str`; `nullable` adds None."""
-    origin, args = get_origin(annotation), get_args(annotation)
-    if origin is Literal:
-        annotation = str
-    elif origin in (Union, types.UnionType) and any(get_origin(a) is Literal for a in args):
-        annotation = str | None
-    return annotation | None if nullable else annotation
-
-
 def record_columns(
     record: type,
     *,
@@ -110,7 +100,8 @@ def record_columns(
                 nested, shown_as=flattened[f.name], within=get, nullable=nullable or optional
             )
         elif isinstance(shown, str):
-            columns.append(Column(shown, _column_type(hints[f.name], nullable), get))
+            kind = plain_type(hints[f.name])
+            columns.append(Column(shown, kind | None if nullable else kind, get))
         elif shown is not None:
             columns += shown
     return columns
@@ -160,14 +151,7 @@ _REQUEST_EVENT_COLUMNS: tuple[tuple[str, Any], ...] = (
 _REQUEST_TIMES = ('duration_us', 'trace_id', 'span_id')
 
 
-def _first(pair: tuple[Any, Any]) -> Any:
-    return pair[0]
-
-
-def _usage(source: Any) -> Any:
-    return source.usage
-
-
+_usage = operator.attrgetter('usage')
 RUNS = Table(
     'runs',
     '`runs`: one row per run, with its lineage, status and usage sums (`RunRecord`, flattened).',
@@ -229,7 +213,7 @@ TOOL_EFFECTS = Table(
     "`tool_effects`: one row per tool call, its merged effect state and its run's status.",
     record_columns(
         ToolEffectRecord,
-        within=_first,
+        within=operator.itemgetter(0),
         shown_as={
             'run_id': [
                 Column('run_id', str, lambda pair: pair[0].run_id),

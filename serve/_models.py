@@ -38,7 +38,7 @@ from stepstream.schemas import (
     StepEvent,
     ToolEffectRecord,
 )
-from stepstream.shapes import field_docs, shown_fields
+from stepstream.shapes import field_docs, plain_type, shown_fields
 
 
 class FromRecord(BaseModel):
@@ -90,17 +90,15 @@ def shows(record: type) -> Callable[[type[_Shape]], type[_Shape]]:
 
 
 def _shown_type(annotation: Any) -> Any:
-    """How the API shows a record field's type: `Literal`s as `str`, records as their shapes."""
+    """How the API shows a record field's type: records as their shapes, the rest as `plain_type`."""
     if annotation in _SHAPES:
         return _SHAPES[annotation]
     origin, args = get_origin(annotation), get_args(annotation)
-    if origin is Literal:
-        return str
     if origin in (Union, types.UnionType):
         return Union[tuple(_shown_type(a) for a in args)]  # noqa: UP007 (built from a tuple)
     if origin is list:
         return list[_shown_type(args[0])]  # type: ignore[misc]
-    return annotation
+    return plain_type(annotation)
 
 
 if TYPE_CHECKING:  # to the type checker, a shape has its record's attributes: they are its fields

@@ -18,8 +18,9 @@ import dataclasses
 import inspect
 import itertools
 import textwrap
+import types
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal, Union, get_args, get_origin
 
 _INTERNAL = 'stepstream.internal'
 """The field metadata key that marks a field no view shows; its value says why."""
@@ -43,6 +44,16 @@ def is_internal(field: dataclasses.Field[Any]) -> bool:
 def shown_fields(record: type) -> tuple[dataclasses.Field[Any], ...]:
     """The fields of the dataclass `record` that its views show, in declaration order."""
     return tuple(f for f in dataclasses.fields(record) if not is_internal(f))
+
+
+def plain_type(annotation: Any) -> Any:
+    """A field's type as the views show it: a `Literal` as `str`, in a union too (`T | None`)."""
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Literal:
+        return str
+    if origin in (Union, types.UnionType):
+        return Union[tuple(plain_type(a) for a in args)]  # noqa: UP007 (built from a tuple)
+    return annotation
 
 
 _DOCS: dict[type, dict[str, str]] = {}
