@@ -63,6 +63,7 @@ from stepstream.projector._batch import (
 )
 from stepstream.projector._checks import check_record
 from stepstream.projector._keys import APART, CONFLICT, PARKED
+from stepstream.projector._listing import CONFLICTING_COUNT, PARKED_COUNT, latest, relist_run
 from stepstream.projector._retention import Retention
 from stepstream.projector._shard import Transaction, Transactional
 from stepstream.projector._state import RunState
@@ -241,6 +242,7 @@ class Applier:
         retention = self.retention
         topics, partitions = self.topics, self.partitions
         run: RunState | None = None
+        was: tuple[str, int] | None = None  # the run's listing before the batch (`relist_run`)
         loaded = False
         newest = -1  # the newest step event of the key, for the partition's retention clock
         for index, source in items:
@@ -260,6 +262,8 @@ class Applier:
                 newest = record['timestamp']
             if not loaded:
                 run, loaded = txn.get_state(keys.run, RunState), True
+                if run is not None:
+                    was = (run.status, latest(run))
             if run is None:
                 if retention is not None and retention.is_expired(txn, keys.run_id):
                     self._outcome.expired_records += 1
@@ -273,6 +277,8 @@ class Applier:
                     continue
                 if not (source.topic == EVENTS and record['kind'] == 'run_started'):
                     parked = PARKED.key(keys.run_id, source.topic, source.partition, source.offset)
+                    if txn.get(parked) is None:
+                        txn.add_count(PARKED_COUNT, 1)
                     txn.put(parked, source.value)
                     self._keep_decoded(parked, source.value, record)
                     continue
@@ -284,6 +290,7 @@ class Applier:
         if newest >= 0:
             retention.saw(keys.home, newest)  # type: ignore[union-attr]
         if run is not None:
+            relist_run(txn, run, was)
             txn.put_state(keys.run, run)
         if keys.effects:
             reindex_effects(txn, keys)
@@ -319,6 +326,7 @@ class Applier:
         """Apply what waited for the registration: step events first, each topic in log order."""
         for k, value in txn.scan(PARKED.prefix(run.run_id)):
             txn.delete(k)
+            txn.add_count(PARKED_COUNT, -1)
             _, topic, partition, offset = PARKED.parse(k)
             assert isinstance(topic, int) and isinstance(partition, int) and isinstance(offset, int)
             source = SourceRecord(topic, partition, offset, keys.key, value)
@@ -414,6 +422,8 @@ class Applier:
             return
         txn.put(k, source.value)
         txn.count_conflict(CONFLICT.key(run.run_id, writer_id))
+        if not run.conflicting_writers:
+            txn.add_count(CONFLICTING_COUNT, 1)
         if writer_id not in run.conflicting_writers:
             run.conflicting_writers = sorted([*run.conflicting_writers, writer_id])
         self._outcome.applied += 1

@@ -26,7 +26,11 @@ No other module spells key bytes: they ask a `Keyspace` for a key, a prefix or t
 | `CONVERSATION`     | `c`  | conversation_id, started_at, run_id   | empty                          |
 | `CHILDREN`         | `p`  | parent_run_id, started_at, run_id     | empty                          |
 | `STATUS`           | `b`  | status, started_at, run_id            | empty: runs by stored status   |
-| `AGENT`            | `d`  | agent_name, started_at, run_id        | empty: runs by agent           |
+| `AGENT`            | `d`  | agent_name, status, started_at, run_id| empty: an agent's runs, by     |
+|                    |      |                                       | stored status                  |
+| `LATEST`           | `L`  | newest record's time, run_id          | empty: the runs stored running |
+| `COUNT`            | `i`  | kind, name                            | how many (ASCII): runs per     |
+|                    |      |                                       | status, per agent; unresolved  |
 | `PARKED`           | `q`  | run_id, topic, partition, offset      | a record before its run exists |
 | `APART`            | `w`  | run_id, writer_id, topic, seq         | another writer's record        |
 | `CONFLICT`         | `k`  | run_id, writer_id                     | JSON: records kept apart       |
@@ -180,7 +184,9 @@ UNRESOLVED = Keyspace('unresolved', b'u', ('int', 'str', 'str'))
 UNRESOLVED_RUN = Keyspace('unresolved_run', b'v', ('str', 'str'))
 RUNS = Keyspace('runs', b'a', ('int', 'str'))
 STATUS = Keyspace('status', b'b', ('str', 'int', 'str'))
-AGENT = Keyspace('agent', b'd', ('str', 'int', 'str'))
+AGENT = Keyspace('agent', b'd', ('str', 'str', 'int', 'str'))
+LATEST = Keyspace('latest', b'L', ('int', 'str'))
+COUNT = Keyspace('count', b'i', ('str', 'str'))
 CONVERSATION = Keyspace('conversation', b'c', ('str', 'int', 'str'))
 CHILDREN = Keyspace('children', b'p', ('str', 'int', 'str'))
 PARKED = Keyspace('parked', b'q', ('str', 'int', 'int', 'int'))
@@ -208,6 +214,8 @@ KEYSPACES = (
     RUNS,
     STATUS,
     AGENT,
+    LATEST,
+    COUNT,
     CONVERSATION,
     CHILDREN,
     PARKED,

@@ -40,12 +40,9 @@ from typing import Any
 
 from stepstream.media import MEDIA_URI_SCHEME
 from stepstream.projector._keys import (
-    AGENT,
     APART,
-    CHILDREN,
     CLOCK,
     CONFLICT,
-    CONVERSATION,
     EFFECT,
     ENDED,
     ENDS,
@@ -55,14 +52,13 @@ from stepstream.projector._keys import (
     RESOLUTION,
     RUN,
     RUN_MEDIA,
-    RUNS,
     SNAPSHOT,
-    STATUS,
     TALLY,
     TRANSITION,
     UNRESOLVED,
     UNRESOLVED_RUN,
 )
+from stepstream.projector._listing import CONFLICTING_COUNT, UNRESOLVED_COUNT, unlist_run
 from stepstream.projector._shard import ShardReads, Transaction
 from stepstream.projector._state import EffectState, RunState, dumps
 
@@ -180,15 +176,11 @@ def drop_run(txn: Transaction, partition: int, run_id: str) -> None:
         if effect is not None and effect.started_at is not None:
             txn.delete(UNRESOLVED.key(effect.started_at, run_id, effect.tool_call_id))
         txn.delete(k)
+        txn.add_count(UNRESOLVED_COUNT, -1)
     txn.delete(RUN.key(run_id))
-    txn.delete(RUNS.key(run.started_at, run_id))
-    txn.delete(STATUS.key(run.status, run.started_at, run_id))
-    if run.agent_name is not None:
-        txn.delete(AGENT.key(run.agent_name, run.started_at, run_id))
-    if run.conversation_id is not None:
-        txn.delete(CONVERSATION.key(run.conversation_id, run.started_at, run_id))
-    if run.parent_run_id is not None:
-        txn.delete(CHILDREN.key(run.parent_run_id, run.started_at, run_id))
+    unlist_run(txn, run)
+    if run.conflicting_writers:
+        txn.add_count(CONFLICTING_COUNT, -1)
     for k, _ in list(txn.scan(RUN_MEDIA.prefix(run_id))):
         txn.delete(MEDIA.key(RUN_MEDIA.last_str(k), run_id))
         txn.delete(k)

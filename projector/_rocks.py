@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
-from rocksdict import AccessType, Checkpoint, Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import AccessType, Checkpoint, Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
 from stepstream.errors import ProjectionInUse, ProjectionMismatch, UsageError
 from stepstream.projector._keys import IDENTITY, prefix_end
@@ -179,17 +179,19 @@ class Shard(ShardReads):
     def open_read_only(cls, path: str | Path, scratch: str | Path) -> Shard:
         """Open a shard read-only as a secondary instance (`catch_up` follows its writer)."""
         target = _check_directory(Path(path), create=False)
-        identity = read_identity_file(target)
+        options = Options(raw_mode=True)
+        options.set_max_open_files(-1)
+        db = Rdict(str(target), options, access_type=AccessType.secondary(str(scratch)))
+        shard = cls(db, target, read_only=True)
+        shard.catch_up()
+        identity = shard.identity()
         if identity is None or identity.format != Identity.FORMAT:
+            shard.close()
             raise ProjectionMismatch(
                 f'{target} is a RocksDB directory but not a stepstream projection shard of this version: '
                 f'rebuild it with `stepstream rebuild --into NEW_DIR`'
             )
-        options = Options(raw_mode=True)
-        options.set_max_open_files(-1)
-        db = Rdict(str(target), options, access_type=AccessType.secondary(str(scratch)))
-        shard = cls(db, target, partition=identity.partition, read_only=True)
-        shard.catch_up()
+        shard.partition = identity.partition
         return shard
 
     # -- reads and writes -----------------------------------------------------------------------
@@ -207,13 +209,25 @@ class Shard(ShardReads):
         key past it in the walk's direction, so a page costs a seek and its own keys, not the keys
         before it.
         """
+        top = prefix_end(prefix)
         if not reverse:
-            for k, v in self._db.items(from_key=prefix if start is None else start):
+            # Bounded above, so a walk that ends its range stops there, not after every deleted
+            # key past it. (Only the upper bound: rocksdict 0.3.29's lower-bound setter sets the
+            # upper one, docs/decisions/0046-counts.md.)
+            bounded = ReadOptions()
+            if top is not None:
+                bounded.set_iterate_upper_bound(top)
+            for k, v in self._db.items(from_key=prefix if start is None else start, read_opt=bounded):
                 if not isinstance(k, bytes) or not k.startswith(prefix):
                     break
                 yield k, v
             return
-        top = start if start is not None else prefix_end(prefix)
+        # Backwards, the range's smallest key (found forward) ends the walk: one more step back
+        # would pass every deleted key below the range before it learned that the range ended.
+        first = next(iter(self.scan(prefix)), None)
+        if first is None or (start is not None and start < first[0]):
+            return
+        top = start if start is not None else top
         items = (
             self._db.items(backwards=True) if top is None else self._db.items(backwards=True, from_key=top)
         )
@@ -223,6 +237,8 @@ class Shard(ShardReads):
                     continue  # the key the seek landed on, above the prefix's keys
                 break
             yield k, v
+            if k == first[0]:
+                return
 
     def begin(self) -> ShardTransaction:
         """A transaction: stage a batch, then `commit` it with its offsets in one WriteBatch."""

@@ -233,8 +233,9 @@ class SnapshotEntry(_Json):
     retained: bool = True
 
 
-RUN_INDEX_VERSION = 2
-"""The run indexes a shard made now holds: 2 adds `STATUS` and `AGENT` (decision 0045)."""
+RUN_INDEX_VERSION = 3
+"""The run indexes a shard made now holds: 2 adds `STATUS` and `AGENT` (decision 0045); 3 files
+`AGENT` by status too and adds `LATEST` and the `COUNT`s (decision 0046)."""
 
 
 @dataclass(slots=True)
@@ -263,7 +264,8 @@ class Identity(_Json):
     shard made before version 2, whose index missed binaries: a media sweep refuses it."""
     run_index: int = 1
     """The version of the shard's run indexes (`RUN_INDEX_VERSION`); 1 (absent) in a shard made
-    before version 2, which has no `STATUS` and `AGENT` index: its readers filter by walking."""
+    before version 2, which has no `STATUS` and `AGENT` index: its readers filter by walking, and
+    count by walking below version 3 (`_listing`)."""
 
     def options(self) -> dict[str, Any]:
         """What must match for two projections of one log to be equal."""
@@ -273,5 +275,5 @@ class Identity(_Json):
             'max_snapshots_per_run': self.max_snapshots_per_run,
             'retain_ended_us': self.retain_ended_us,
             'partitions': self.partitions,
-            'run_index': self.run_index,  # a shard made before version 2 lacks `STATUS` and `AGENT`
+            'run_index': self.run_index,  # an older shard lacks indexes (`RUN_INDEX_VERSION`)
         }

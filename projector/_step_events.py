@@ -1,7 +1,7 @@
 """The step-event rules of a registered run's owner: registration, events, status, snapshots.
 
 - `register`: a run is registered by the first `run_started` in its partition; its writer owns
-  it, and the run is listed by its start, its conversation and its parent.
+  it, and the run is listed (`_listing`: by its start, status, agent, conversation, parent).
 - `apply_event`: a step event holds its seq (displacing a tool-effect transition there, which
   `withdraw_transition` dead-letters); the terminal event with the highest seq gives the status;
   model request and tool call ends add to the run's sums (`add_usage`); a snapshot is saved once
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from stepstream.media import snapshot_media
 from stepstream.projector._batch import Rejected, RunKeys, RunRules, SourceRecord
-from stepstream.projector._keys import AGENT, CHILDREN, CONVERSATION, RUNS, STATUS
+from stepstream.projector._listing import list_run
 from stepstream.projector._shard import Transaction
 from stepstream.projector._state import RunState, SnapshotEntry, ranges_add, ranges_hold
 from stepstream.projector._tool_effects import withdraw_transition
@@ -27,7 +27,7 @@ TERMINAL_KINDS = {'run_completed': 'completed', 'run_failed': 'failed', 'run_can
 
 
 def register(txn: Transaction, started: Fields) -> RunState:
-    """Register the run of a `run_started`: its state, owned by its writer, and its index entries."""
+    """Register the run of a `run_started`: its state, owned by its writer, listed (`list_run`)."""
     run = RunState(
         run_id=started['run_id'],
         owner=started['writer_id'],
@@ -37,14 +37,7 @@ def register(txn: Transaction, started: Fields) -> RunState:
         agent_name=started['agent_name'],
         metadata=dict(started['metadata']),
     )
-    txn.put(RUNS.key(run.started_at, run.run_id), b'')
-    txn.put(STATUS.key(run.status, run.started_at, run.run_id), b'')
-    if run.agent_name is not None:
-        txn.put(AGENT.key(run.agent_name, run.started_at, run.run_id), b'')
-    if run.conversation_id is not None:
-        txn.put(CONVERSATION.key(run.conversation_id, run.started_at, run.run_id), b'')
-    if run.parent_run_id is not None:
-        txn.put(CHILDREN.key(run.parent_run_id, run.started_at, run.run_id), b'')
+    list_run(txn, run)
     return run
 
 
@@ -90,11 +83,7 @@ def apply_event(
             rules.retention.ended(txn, keys.home, run.run_id, event['timestamp'])
         if seq > run.terminal_seq:
             run.terminal_seq = seq
-            status = TERMINAL_KINDS[kind]
-            if status != run.status:  # its `STATUS` entry moves in the same transaction
-                txn.delete(STATUS.key(run.status, run.started_at, run.run_id))
-                txn.put(STATUS.key(status, run.started_at, run.run_id), b'')
-                run.status = status
+            run.status = TERMINAL_KINDS[kind]  # its listings move at the batch's end (`relist_run`)
             run.ended_at = event['timestamp']
             run.error = event['error']
     elif kind in TIMED_KINDS:

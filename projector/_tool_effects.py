@@ -17,6 +17,7 @@ from typing import Any
 
 from stepstream.projector._batch import EFFECTS, Rejected, RunDeadLetter, RunKeys, SourceRecord
 from stepstream.projector._keys import RESOLUTION, TRANSITION, UNRESOLVED, UNRESOLVED_RUN
+from stepstream.projector._listing import UNRESOLVED_COUNT
 from stepstream.projector._shard import Transaction
 from stepstream.projector._state import EffectState, RunState
 from stepstream.schemas import Fields, read_record
@@ -208,13 +209,15 @@ def _unresolved_keys(effect: EffectState | None) -> tuple[bytes, ...]:
 
 
 def _reindex_effect(txn: Transaction, before: tuple[bytes, ...], after: tuple[bytes, ...]) -> None:
-    """Both unresolved indexes change together, from the same state: they cannot disagree.
+    """Both unresolved indexes and their count change together, from the same state: they cannot disagree.
 
     Called once per call and batch, with its keys before the batch and after it: a call that
     starts and completes within one batch never touches the indexes.
     """
     if before == after:
         return
+    if bool(before) != bool(after):
+        txn.add_count(UNRESOLVED_COUNT, 1 if after else -1)
     for k in before:
         txn.delete(k)
     for k in after:

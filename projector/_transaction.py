@@ -121,6 +121,11 @@ class ShardReads:
         figures: dict[str, Any] = json.loads(self.get(PROGRESS) or b'{}')
         return figures
 
+    def count(self, k: bytes) -> int:
+        """The count stored at a `COUNT` key (0 when absent)."""
+        raw = self.get(k)
+        return int(raw) if raw is not None else 0
+
     def conflict_records(self, k: bytes) -> int:
         """How many records of one other writer a run keeps apart (`CONFLICT` key)."""
         raw = self.get(k)
@@ -205,6 +210,10 @@ class Transaction(Protocol):
 
     def count_conflict(self, k: bytes) -> None:
         """Count one more record of another writer kept apart (`CONFLICT` key)."""
+        ...
+
+    def add_count(self, k: bytes, delta: int) -> None:
+        """Add `delta` to the count at a `COUNT` key; a count of 0 is no key."""
         ...
 
     def commit(self, *, sync: bool = False) -> int:
@@ -320,6 +329,14 @@ class ShardTransaction(ShardReads):
     def count_conflict(self, k: bytes) -> None:
         """Count one more record of another writer kept apart (`CONFLICT` key)."""
         self.put(k, dumps({'records': self.conflict_records(k) + 1}))
+
+    def add_count(self, k: bytes, delta: int) -> None:
+        """Add `delta` to the count at a `COUNT` key; a count of 0 is no key (as if never counted)."""
+        total = self.count(k) + delta
+        if total:
+            self.put(k, str(total).encode())
+        else:
+            self.delete(k)
 
     def _stage(self, k: bytes, value: bytes | _Json | None) -> None:
         if k not in self._writes:

@@ -13,8 +13,10 @@ from stepstream.projector._keys import (
     CHILDREN,
     CONFLICT,
     CONVERSATION,
+    COUNT,
     EFFECT,
     EVENT,
+    LATEST,
     PARKED,
     RUN,
     RUN_MEDIA,
@@ -25,6 +27,7 @@ from stepstream.projector._keys import (
     UNRESOLVED_RUN,
     Keyspace,
 )
+from stepstream.projector._listing import CONFLICTING_COUNT, PARKED_COUNT
 from stepstream.projector._retention import (
     RetentionPreview,
     RetentionState,
@@ -47,10 +50,14 @@ __all__ = [
     'AGENT',
     'CHILDREN',
     'CONFLICT',
+    'CONFLICTING_COUNT',
     'CONVERSATION',
+    'COUNT',
     'EFFECT',
     'EVENT',
+    'LATEST',
     'PARKED',
+    'PARKED_COUNT',
     'RUN',
     'RUNS',
     'RUN_INDEX_VERSION',

@@ -23,8 +23,10 @@ from stepstream.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from stepstream.readmodel._continue import continue_run, fork_run
+    from stepstream.readmodel._effects import UnresolvedCursor
     from stepstream.readmodel._reader import ProjectionReader
     from stepstream.readmodel._recovery import RecoveryReport, inspect_recovery
+    from stepstream.readmodel._runs import RunCounts
     from stepstream.readmodel._shards import ShardUnavailable
     from stepstream.readmodel._status import ProjectionStatus
 
@@ -32,7 +34,9 @@ _WHERE = {
     'ProjectionReader': 'stepstream.readmodel._reader',
     'ProjectionStatus': 'stepstream.readmodel._status',
     'RecoveryReport': 'stepstream.readmodel._recovery',
+    'RunCounts': 'stepstream.readmodel._runs',
     'ShardUnavailable': 'stepstream.readmodel._shards',
+    'UnresolvedCursor': 'stepstream.readmodel._effects',
     'continue_run': 'stepstream.readmodel._continue',
     'fork_run': 'stepstream.readmodel._continue',
     'inspect_recovery': 'stepstream.readmodel._recovery',
@@ -44,7 +48,9 @@ __all__ = [
     'ProjectionReader',
     'ProjectionStatus',
     'RecoveryReport',
+    'RunCounts',
     'ShardUnavailable',
+    'UnresolvedCursor',
     'continue_run',
     'fork_run',
     'inspect_recovery',

@@ -7,11 +7,17 @@ runs view's judgement of its run.
 
 from __future__ import annotations
 
+import itertools
+from datetime import datetime
+
 from stepstream.projector.storage import EFFECT, UNRESOLVED, UNRESOLVED_RUN, EffectState
 from stepstream.readmodel._runs import Runs
 from stepstream.readmodel._shards import Shards, carry, ts
 from stepstream.schemas import EffectResolution, ToolEffectRecord
-from stepstream.timestamps import EPOCH, from_micros
+from stepstream.timestamps import EPOCH, from_micros, micros
+
+UnresolvedCursor = tuple[datetime, str, str]
+"""A place in the sweep of every unresolved call: the last call seen's started_at, run and call id."""
 
 
 class Effects:
@@ -38,24 +44,28 @@ class Effects:
 
         return await self._shards.query(query)
 
-    async def list_unresolved_tool_effects(self, run_id: str | None) -> list[ToolEffectRecord]:
-        """`ProjectionReader.list_unresolved_tool_effects`: one run's index, or every shard's."""
+    async def list_unresolved_tool_effects(
+        self, run_id: str | None, *, limit: int | None = None, after: UnresolvedCursor | None = None
+    ) -> list[ToolEffectRecord]:
+        """`ProjectionReader.list_unresolved_tool_effects`: one run's index, or a walk of every shard's.
+
+        Across every run, a walk of `UNRESOLVED` (started_at, run, call) from `after` (a seek) for
+        at most `limit` calls: a page reads about its own keys, however many calls are in doubt.
+        """
 
         def query() -> list[ToolEffectRecord]:
-            found: list[ToolEffectRecord] = []
             if run_id is not None:
                 ids = [
                     (run_id, UNRESOLVED_RUN.last_str(k))
                     for k, _ in self._shards.db(run_id).scan(UNRESOLVED_RUN.prefix(run_id))
                 ]
             else:
-                ids = [
-                    (str(run), str(call))
-                    for _, run, call in (
-                        UNRESOLVED.parse(k) for k, _ in self._shards.scan(UNRESOLVED.prefix())
-                    )
-                ]
+                start = None if after is None else UNRESOLVED.key(micros(after[0]), after[1], after[2])
+                keys = (k for k, _ in self._shards.scan(UNRESOLVED.prefix(), start=start) if k != start)
+                parsed = (UNRESOLVED.parse(k) for k in itertools.islice(keys, limit))
+                ids = [(str(run), str(call)) for _, run, call in parsed]
             live: dict[str, bool] = {}
+            found: list[ToolEffectRecord] = []
             for run, call in ids:
                 if run not in live:
                     live[run] = self._runs.live(run)

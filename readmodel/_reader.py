@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Self
 
 from stepstream.erasure import KeyRing
 from stepstream.projector.storage import RetentionPreview, RetentionState, check_projection
-from stepstream.readmodel._effects import Effects
+from stepstream.readmodel._effects import Effects, UnresolvedCursor
 from stepstream.readmodel._events import Events
 from stepstream.readmodel._lineage import Lineage
 from stepstream.readmodel._retention import Retention
-from stepstream.readmodel._runs import DEFAULT_STALE_AFTER_S, Runs
-from stepstream.readmodel._shards import ReadableShard, Shards
+from stepstream.readmodel._runs import DEFAULT_STALE_AFTER_S, RunCounts, Runs
+from stepstream.readmodel._shards import ReadableShard, Shards, ShardUnavailable
 from stepstream.readmodel._snapshots import Snapshots
 from stepstream.readmodel._status import ProjectionStatus, Status
 from stepstream.schemas import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord
@@ -77,7 +77,7 @@ class ProjectionReader:
         self._events = Events(self._shards)
         self._snapshots = Snapshots(self._shards, media_store, keys)
         self._effects = Effects(self._shards, self._runs)
-        self._status = Status(self._shards)
+        self._status = Status(self._shards, self._runs)
         self._retention = Retention(self._shards, self._snapshots)
         self._owned_keys: KeyRing | None = None
 
@@ -311,6 +311,20 @@ class ProjectionReader:
 
     # -- status and tool effects (`_status.py`, `_effects.py`) -------------------------------------
 
+    async def counts(self) -> RunCounts | None:
+        """Runs per status and per agent, and the calls in doubt, from the shards' counts.
+
+        None when a shard in scope is missing or was made before the counts (rebuild it).
+        """
+
+        def query() -> RunCounts | None:
+            try:
+                return self._runs.counts()
+            except ShardUnavailable:
+                return None
+
+        return await self._shards.query(query)
+
     async def status(self) -> ProjectionStatus:
         """Where the projection stands: applied offsets, apply rate, DLQ and conflict counts."""
         return await self._status.status()
@@ -323,12 +337,19 @@ class ProjectionReader:
         """Every tool effect of the run, in the order the calls started."""
         return await self._effects.list_tool_effects(run_id)
 
-    async def list_unresolved_tool_effects(self, run_id: str | None = None) -> list[ToolEffectRecord]:
+    async def list_unresolved_tool_effects(
+        self,
+        run_id: str | None = None,
+        *,
+        limit: int | None = None,
+        after: UnresolvedCursor | None = None,
+    ) -> list[ToolEffectRecord]:
         """Effects whose latest status is `started`, oldest first: every call that has not ended.
 
         Each says what it is: `in_flight` while its run is live (the call may still finish),
         `unknown_after_crash` once the run is stale, failed or cancelled (it may or may not have
         happened). With `run_id`, for that run; without, across every run, so a recovering
-        orchestrator can sweep them all.
+        orchestrator can sweep them all: in pages of `limit`, each `after` the last call of the
+        one before, given as its (started_at, run_id, tool_call_id).
         """
-        return await self._effects.list_unresolved_tool_effects(run_id)
+        return await self._effects.list_unresolved_tool_effects(run_id, limit=limit, after=after)

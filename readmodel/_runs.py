@@ -8,7 +8,9 @@ projection (docs/decisions/0014 and 0026).
 from __future__ import annotations
 
 import contextlib
+import heapq
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from stepstream.errors import NotFound
@@ -18,6 +20,8 @@ from stepstream.projector.storage import (
     CHILDREN,
     CONFLICT,
     CONVERSATION,
+    COUNT,
+    LATEST,
     RUN,
     RUN_INDEX_VERSION,
     RUNS,
@@ -27,15 +31,30 @@ from stepstream.projector.storage import (
     expired_started_at,
 )
 from stepstream.readmodel._shards import Shards, ShardUnavailable, carry
-from stepstream.schemas import RunRecord, RunUsage
+from stepstream.schemas import RUN_STATUSES, RunRecord, RunUsage
 from stepstream.timestamps import EPOCH, from_micros, micros
 
 _STORED = {'stale': 'running'}
 """A status as `STATUS` files it: `stale` is judged at read time, of a run stored as `running`."""
 
+STORED_STATUSES = tuple(s for s in RUN_STATUSES if s not in _STORED)
+"""The statuses a run is stored (and filed) with."""
+
 DEFAULT_STALE_AFTER_S = 20.0
 """A `running` run with no record for this long reads as `stale`: four of its writer's default
 heartbeat intervals (docs/decisions/0014 and 0026)."""
+
+
+@dataclass(frozen=True)
+class RunCounts:
+    """How many runs read each status and belong to each agent, and how many calls are in doubt."""
+
+    by_status: dict[str, int]
+    """Every status (`RUN_STATUSES`), 0 included: `running` and `stale` judged now."""
+    by_agent: dict[str, int]
+    """Agent name -> its runs (runs without a name are not counted here)."""
+    unresolved_effects: int
+    """Calls whose effect is not known (`in_flight` or `unknown_after_crash`), in every run."""
 
 
 class Runs:
@@ -169,9 +188,10 @@ class Runs:
         A bounded walk: each shard's index is read from the page's start (its end, newest first;
         the `after` run's place, found by a seek) and only as far as the caller takes ids. The
         listing is a conversation's, a parent's, or every run; within every run, an agent's or a
-        status's runs are their own index (`AGENT`, `STATUS`) where the shards have them. A
-        `running` or `stale` run is in `STATUS` under `running`: which of the two is judged as it
-        is read, so those two filters walk the runs that have not ended, never the others.
+        status's runs are their own index (`AGENT`, filed by status too, and `STATUS`) where the
+        shards have them. A `running` or `stale` run is filed under `running`: which of the two
+        is judged as it is read. `stale` walks the runs not ended and skips the few live ones;
+        `running` reads the live ones from `LATEST` (the runs whose newest record is recent).
         """
         parts: tuple[str, ...] = ()
         if conversation_id is not None:
@@ -180,27 +200,93 @@ class Runs:
             index, parts = CHILDREN, (parent_run_id,)
         else:
             index = RUNS
-        start = None
+        at = 0
         if after is not None:
             at = micros(after_started) if after_started is not None else self._started(after, index, parts)
-        walk, walk_parts = index, parts
-        if index is RUNS and (agent_name is not None or status is not None) and self._indexed():
-            if agent_name is not None:
-                walk, walk_parts = AGENT, (agent_name,)
-            elif status is not None:
-                walk, walk_parts = STATUS, (_STORED.get(status, status),)
-        if after is not None:
-            start = walk.key(*walk_parts, at, after)
-        keys = self._shards.scan(walk.prefix(*walk_parts), start=start, reverse=newest_first)
-        return (walk.last_str(k) for k, _ in keys if k != start)
+        prefixes = [index.prefix(*parts)]
+        version = self._indexed() if index is RUNS and (agent_name or status) is not None else 0
+        if version >= 2:
+            stored = [_STORED.get(status, status)] if status is not None else list(STORED_STATUSES)
+            if status == 'running' and agent_name is None and version >= 3:
+                return self._live(newest_first, after, at)
+            if agent_name is not None and version >= 3:
+                prefixes = [AGENT.prefix(agent_name, s) for s in stored]
+            elif agent_name is not None:
+                prefixes = [AGENT.prefix(agent_name)]
+            else:
+                prefixes = [STATUS.prefix(*stored)]
+        cursor = b'' if after is None else RUNS.key(at, after)[len(RUNS.prefix()) :]
+        walks = [self._walk(prefix, cursor, newest_first) for prefix in prefixes]
+        merged = walks[0] if len(walks) == 1 else heapq.merge(*walks, reverse=newest_first)
+        return (RUNS.last_str(RUNS.prefix() + place) for place, _ in merged if place != cursor)
 
-    def _indexed(self) -> bool:
-        """Whether every shard holds the `STATUS` and `AGENT` indexes (made at `RUN_INDEX_VERSION`)."""
+    def _walk(self, prefix: bytes, cursor: bytes, reverse: bool) -> Iterator[tuple[bytes, bytes]]:
+        """(place, key) of the index entries under `prefix`, from `cursor` on.
+
+        A place is the entry's (started_at, run_id) as encoded, which orders every run index alike.
+        """
+        start = prefix + cursor if cursor else None
+        return ((k[len(prefix) :], k) for k, _ in self._shards.scan(prefix, start=start, reverse=reverse))
+
+    def _live(self, newest_first: bool, after: str | None, at: int) -> Iterator[str]:
+        """The runs that read `running` now, in the listing's order from the cursor.
+
+        `LATEST`'s recent range: a few entries however many runs have ended or gone stale.
+        """
+        states = (self._shards.db(run_id).get_state(RUN.key(run_id), RunState) for run_id in self.live_ids())
+        runs = [(state.started_at, state.run_id) for state in states if state is not None]
+        runs.sort(reverse=newest_first)
+        if after is not None:
+            runs = [r for r in runs if (r < (at, after)) == newest_first and r != (at, after)]
+        return (run_id for _, run_id in runs)
+
+    def live_ids(self) -> list[str]:
+        """The run ids `LATEST` holds with a newest record within `stale_after` of now (either side)."""
+        now = datetime.now(UTC)
+        low, high = micros(now - self.stale_after), micros(now + self.stale_after)
+        found = []
+        for k, _ in self._shards.scan(LATEST.prefix(), start=LATEST.prefix(low)):
+            when, run_id = LATEST.parse(k)
+            assert isinstance(when, int) and isinstance(run_id, str)
+            if when > high:
+                break
+            found.append(run_id)
+        return found
+
+    def counts(self) -> RunCounts | None:
+        """Runs per status (`stale` apart from `running`) and per agent, and the unresolved calls.
+
+        From the shards' `COUNT`s; None where a shard predates them (rebuild it to count).
+        """
+        if self._indexed() < 3:
+            return None
+        by_status = dict.fromkeys(RUN_STATUSES, 0)
+        by_agent: dict[str, int] = {}
+        unresolved = 0
         for shard in self._shards.all():
-            identity = shard.identity()
-            if identity is not None and identity.run_index < RUN_INDEX_VERSION:
-                return False
-        return True
+            for k, v in shard.scan(COUNT.prefix()):
+                kind, name = COUNT.parse(k)
+                assert isinstance(name, str)
+                if kind == 'status':
+                    by_status[name] = by_status.get(name, 0) + int(v)
+                elif kind == 'agent':
+                    by_agent[name] = by_agent.get(name, 0) + int(v)
+                elif (kind, name) == ('effects', 'unresolved'):
+                    unresolved += int(v)
+        live = len(self.live_ids())
+        by_status['stale'] = by_status['running'] - live
+        by_status['running'] = live
+        return RunCounts(
+            by_status=by_status, by_agent=dict(sorted(by_agent.items())), unresolved_effects=unresolved
+        )
+
+    def _indexed(self) -> int:
+        """The oldest version of the run indexes among the shards (`RUN_INDEX_VERSION`).
+
+        A shard without an identity (not made by a projector) counts as current.
+        """
+        versions = [s.identity() for s in self._shards.all()]
+        return min((i.run_index for i in versions if i is not None), default=RUN_INDEX_VERSION)
 
     def _started(self, run_id: str, index: Keyspace, parts: tuple[str, ...]) -> int:
         """When `run_id` started, as its place in `index` says; `LookupError` if it has none there."""

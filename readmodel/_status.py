@@ -10,7 +10,16 @@ import os
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from stepstream.projector.storage import CONFLICT, PARKED, combined_state, shard_paths, shard_writer
+from stepstream.projector.storage import (
+    CONFLICT,
+    CONFLICTING_COUNT,
+    PARKED,
+    PARKED_COUNT,
+    combined_state,
+    shard_paths,
+    shard_writer,
+)
+from stepstream.readmodel._runs import RunCounts, Runs
 from stepstream.readmodel._shards import Shards, ts
 
 RATE_WINDOW = timedelta(seconds=10)
@@ -42,13 +51,16 @@ class ProjectionStatus:
     """Partition -> the pid of the projector applying its shard now; None: no projector does."""
     last_batch_at: dict[int, datetime | None] = field(default_factory=dict)
     """Partition -> when its projector last committed a batch to the shard."""
+    runs: RunCounts | None = None
+    """Runs per status and agent, and the calls in doubt (None: a shard made before the counts)."""
 
 
 class Status:
     """Every shard readable here (whatever the scope): their offsets, progress, counts and identity."""
 
-    def __init__(self, shards: Shards) -> None:
+    def __init__(self, shards: Shards, runs: Runs) -> None:
         self._shards = shards
+        self._runs = runs
 
     async def status(self) -> ProjectionStatus:
         """`ProjectionReader.status`."""
@@ -73,9 +85,14 @@ class Status:
                         rate += float(progress.get('rate', 0.0))
                 for reason, count in shard.dlq_counts().items():
                     dlq[reason] = dlq.get(reason, 0) + count
-                conflicts += len({CONFLICT.parse(k)[0] for k, _ in shard.scan(CONFLICT.prefix())})
-                parked += sum(1 for _ in shard.scan(PARKED.prefix()))
-                identities.append(shard.identity())
+                identity = shard.identity()
+                if identity is None or identity.run_index >= 3:  # counted as applied (`_listing`)
+                    conflicts += shard.count(CONFLICTING_COUNT)
+                    parked += shard.count(PARKED_COUNT)
+                else:
+                    conflicts += len({CONFLICT.parse(k)[0] for k, _ in shard.scan(CONFLICT.prefix())})
+                    parked += sum(1 for _ in shard.scan(PARKED.prefix()))
+                identities.append(identity)
             identity = next((i for i in identities if i is not None), None)
             missing = self._shards.missing()
             state = combined_state({i.state for i in identities if i is not None}, missing=bool(missing))
@@ -94,6 +111,7 @@ class Status:
                 missing_shards=missing,
                 writers=self._writers(),
                 last_batch_at=dict(sorted(last_batch.items())),
+                runs=None if missing else self._runs.counts(),
             )
 
         return await self._shards.query(query)

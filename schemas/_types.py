@@ -62,6 +62,9 @@ RunStatus = Literal['running', 'stale', 'completed', 'failed', 'cancelled']
 """A run's status. `stale` is never stored: a reader derives it from a `running` run's last record
 time (its writer's heartbeats included, docs/decisions/0026-writer-liveness.md)."""
 
+RUN_STATUSES: tuple[str, ...] = RunStatus.__args__  # type: ignore[attr-defined]
+"""Every `RunStatus`, in the order the views show them."""
+
 
 def _no_metadata() -> dict[str, str]:
     return {}

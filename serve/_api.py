@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from stepstream.console import VIEW_HEADER, ViewArgs, show
 from stepstream.errors import NotFound
 from stepstream.serve._models import (
+    Counts,
     DeadLetters,
     Event,
     Lineage,
@@ -184,12 +185,26 @@ async def resolve(
 
 
 @router.get('/unresolved', response_model=list[ToolEffect], summary='Unresolved tool effects')
-async def unresolved(request: Request) -> list[ToolEffect]:
-    """Every tool call that has not ended, across all runs, oldest first.
+async def unresolved(
+    request: Request,
+    limit: Annotated[int, Query(ge=1, le=1000, description='At most this many calls.')] = 1000,
+    after_started: Annotated[
+        datetime | None, Query(description="The previous page's last call's started_at.")
+    ] = None,
+    after_run_id: Annotated[str | None, Query(description="The previous page's last call's run_id.")] = None,
+    after_tool_call_id: Annotated[
+        str | None, Query(description="The previous page's last call's tool_call_id.")
+    ] = None,
+) -> list[ToolEffect]:
+    """The tool calls that have not ended, across all runs, oldest first: a page of `limit`.
 
-    Each row says whether it is `in_flight` (its run is live) or `unknown_after_crash`.
+    Each row says whether it is `in_flight` (its run is live) or `unknown_after_crash`. A full
+    page may have more after it: ask again with its last call's `started_at`, `run_id` and
+    `tool_call_id` as `after_started`, `after_run_id` and `after_tool_call_id`. `after_started`
+    alone starts at the calls that started then; the ids mean nothing without it.
     """
-    return await source(request).unresolved()
+    after = None if after_started is None else (after_started, after_run_id or '', after_tool_call_id or '')
+    return await source(request).unresolved(limit=limit, after=after)
 
 
 @router.get('/conflicts', response_model=list[Run], summary='Run id conflicts')
@@ -202,6 +217,16 @@ async def conflicts(request: Request) -> list[Run]:
 async def dead_letters(request: Request, limit: Annotated[int, Query(ge=1, le=1000)] = 50) -> DeadLetters:
     """The newest records of the `{prefix}.dlq` topic, with why each was dead-lettered."""
     return await source(request).dead_letters(limit)
+
+
+@router.get('/counts', response_model=Counts | None, summary='Runs per status and agent, calls in doubt')
+async def counts(request: Request) -> Counts | None:
+    """Tallies the projector keeps as it applies: no run is read to count them.
+
+    In a group, every member's summed. Null when a shard predates the counts (rebuild it) or is
+    not readable.
+    """
+    return await source(request).counts()
 
 
 @router.get('/status', response_model=Status, summary='Projection status and lag')

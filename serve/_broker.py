@@ -88,8 +88,8 @@ async def _log_ends(settings: Settings, applied: Mapping[tuple[str, int], int]) 
 
 async def _read_dlq(settings: Settings, limit: int) -> DeadLetters:
     consumer = _consumer(settings)
-    await consumer.start()
-    try:
+    try:  # stopped even when it cannot start (a broker that refuses): no unclosed consumer
+        await consumer.start()
         tps = await _partitions(settings, settings.dlq_topic)
         if not tps:
             return DeadLetters(entries=[], total=0, error=None)

@@ -7,6 +7,7 @@ the resolve form of an unknown effect (same origin only).
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 from datetime import UTC, datetime
 from pathlib import Path
@@ -18,6 +19,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from stepstream.errors import NotFound
+from stepstream.schemas import RUN_STATUSES
 from stepstream.serve._auth import TOKEN_COOKIE, token_matches
 from stepstream.serve._models import Run
 from stepstream.serve._run_view import duration_ms, millis, money, tool_io, totals, waterfall
@@ -49,7 +51,6 @@ templates.env.globals['ago'] = ago
 templates.env.globals['millis'] = millis
 templates.env.globals['money'] = money
 router = APIRouter(include_in_schema=False, default_response_class=HTMLResponse)
-STATUSES = ('running', 'stale', 'completed', 'failed', 'cancelled')
 
 
 def _source(request: Request) -> Source:
@@ -86,17 +87,21 @@ async def runs(
     filters = {
         'conversation_id': conversation_id,
         'agent_name': agent_name,
-        'status': status if status in STATUSES else '',
+        'status': status if status in RUN_STATUSES else '',
         'parent_run_id': parent_run_id,
     }
-    page = await _source(request).runs(
-        conversation_id=conversation_id or None,
-        parent_run_id=parent_run_id or None,
-        status=filters['status'] or None,
-        agent_name=agent_name or None,
-        newest_first=True,
-        after=after or None,
-        limit=limit,
+    source = _source(request)
+    page, counts = await asyncio.gather(
+        source.runs(
+            conversation_id=conversation_id or None,
+            parent_run_id=parent_run_id or None,
+            status=filters['status'] or None,
+            agent_name=agent_name or None,
+            newest_first=True,
+            after=after or None,
+            limit=limit,
+        ),
+        source.counts(),
     )
     query: dict[str, Any] = {k: v for k, v in filters.items() if v} | ({'flat': 1} if flat else {})
     more = f'/?{urlencode({**query, "after": page.next_after})}' if page.next_after else None
@@ -115,7 +120,8 @@ async def runs(
         flat=flat,
         other_view=other_view,
         filters=filters,
-        statuses=STATUSES,
+        statuses=RUN_STATUSES,
+        counts=counts,
         more=more,
         live=live,
     )
@@ -268,10 +274,30 @@ def _same_origin(request: Request) -> bool:
     return urlsplit(origin).netloc == request.headers.get('host', '')
 
 
+UNRESOLVED_PAGE = 200
+"""The unresolved calls one page of the explorer shows; a link leads to the next."""
+
+
 @router.get('/unresolved')
-async def unresolved(request: Request) -> Response:
-    """Every tool call that has not ended, across runs: in doubt (`unknown_after_crash`) or in flight."""
-    return _page(request, 'unresolved.html', effects=await _source(request).unresolved())
+async def unresolved(
+    request: Request,
+    after_started: datetime | None = None,
+    after_run_id: str = '',
+    after_tool_call_id: str = '',
+) -> Response:
+    """The tool calls that have not ended, across runs: in doubt (`unknown_after_crash`) or in flight.
+
+    Oldest first, a page at a time; the link under a full page starts after its last call.
+    """
+    after = None if after_started is None else (after_started, after_run_id, after_tool_call_id)
+    effects = await _source(request).unresolved(limit=UNRESOLVED_PAGE + 1, after=after)
+    more = None
+    if len(effects) > UNRESOLVED_PAGE:
+        effects = effects[:UNRESOLVED_PAGE]
+        last = effects[-1]
+        cursor = {'after_started': last.started_at, 'after_run_id': last.run_id}
+        more = f'/unresolved?{urlencode({**cursor, "after_tool_call_id": last.tool_call_id})}'
+    return _page(request, 'unresolved.html', effects=effects, more=more)
 
 
 @router.get('/status')

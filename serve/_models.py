@@ -11,6 +11,7 @@ schema with nothing else to write.
 from __future__ import annotations
 
 import types
+from collections import Counter
 from collections.abc import Callable
 from datetime import datetime
 from typing import (
@@ -28,9 +29,10 @@ from typing import (
 
 from pydantic import AliasPath, BaseModel, ConfigDict, Field, create_model
 
-from stepstream.readmodel import ProjectionStatus
+from stepstream.readmodel import ProjectionStatus, RunCounts
 from stepstream.schemas import (
     MAX_NOTE_CHARS,
+    RUN_STATUSES,
     EffectResolution,
     ModelUsage,
     RunRecord,
@@ -108,8 +110,11 @@ if TYPE_CHECKING:  # to the type checker, a shape has its record's attributes: t
     _StepEvent = StepEvent
     _EffectResolution = EffectResolution
     _ToolEffectRecord = ToolEffectRecord
+    _RunCounts = RunCounts
 else:
-    _RunUsage = _ModelUsage = _RunRecord = _StepEvent = _EffectResolution = _ToolEffectRecord = object
+    _RunUsage = _ModelUsage = _RunRecord = _StepEvent = _EffectResolution = _ToolEffectRecord = _RunCounts = (
+        object
+    )
 
 
 @shows(RunUsage)
@@ -269,6 +274,25 @@ class DeadLetters(BaseModel):
     error: str | None = Field(description='Why the DLQ could not be read, if it could not.')
 
 
+@shows(RunCounts)
+class Counts(FromRecord, _RunCounts):  # type: ignore[misc]  # (the record is frozen)
+    """How many runs read each status and belong to each agent, and how many calls are in doubt."""
+
+
+def counts_total(parts: list[Counts]) -> Counts:
+    """The sum of several members' counts."""
+    by_status: Counter[str] = Counter()
+    by_agent: Counter[str] = Counter()
+    for part in parts:
+        by_status.update(part.by_status)
+        by_agent.update(part.by_agent)
+    return Counts(
+        by_status={s: by_status[s] for s in RUN_STATUSES},
+        by_agent=dict(sorted(by_agent.items())),
+        unresolved_effects=sum(p.unresolved_effects for p in parts),
+    )
+
+
 class PartitionLag(BaseModel):
     """How far one partition's shard is behind its topic."""
 
@@ -301,6 +325,11 @@ class Status(BaseModel):
     shards: list[int]
     missing_shards: list[int]
     broker_error: str | None = Field(description='Why the end offsets are missing, when they are.')
+    runs: Counts | None = Field(
+        default=None,
+        description="This service's shards' counts (a group member's own); null: a shard here predates "
+        'the counts (rebuild it) or is missing. `GET /api/counts` sums a whole group.',
+    )
 
     @classmethod
     def of(cls, status: ProjectionStatus, partitions: list[PartitionLag], broker_error: str | None) -> Status:
@@ -320,6 +349,7 @@ class Status(BaseModel):
             shards=status.shards,
             missing_shards=status.missing_shards,
             broker_error=broker_error,
+            runs=None if status.runs is None else Counts.of(status.runs),
         )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import itertools
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
@@ -26,19 +27,18 @@ from stepstream.media import (
     media_uri_for,
     parse_media_uri,
 )
-from stepstream.producer import EventLog, StepLog, resolve_tool_effect, resolver_id
-from stepstream.readmodel import ProjectionReader
+from stepstream.producer import StepLog
+from stepstream.readmodel import ProjectionReader, UnresolvedCursor
 from stepstream.schemas import (
     ContinuableSnapshot,
     Resolution,
     RunRecord,
-    ToolEffectRecord,
-    ToolEffectTransition,
 )
 from stepstream.serve._broker import dead_letters as read_dead_letters
 from stepstream.serve._broker import status_with_lag
 from stepstream.serve._group import NotFoundThere, Peers, forwarded
 from stepstream.serve._models import (
+    Counts,
     DeadLetters,
     Event,
     Lineage,
@@ -51,11 +51,14 @@ from stepstream.serve._models import (
     Status,
     ToolEffect,
     TreeNode,
+    counts_total,
 )
-from stepstream.serve._models import Resolution as ResolutionModel
+from stepstream.serve._resolutions import Resolutions
 from stepstream.settings import Settings
 
 MEDIA_PATH = '/api/media/'
+UNRESOLVED_AFTER = ('after_started', 'after_run_id', 'after_tool_call_id')
+"""The query parameters of a place in the unresolved sweep (`UnresolvedCursor`), in its order."""
 """Where the service serves offloaded media by SHA-256, after checking the bytes against it."""
 
 
@@ -88,17 +91,13 @@ class Source:
                 )
             if media_store is not None:
                 self.media_store = SealedMediaStore(media_store, lookup=reader.keys.get)
-        self._log = log
-        self._owned_log: EventLog | None = None
-        self._log_lock = asyncio.Lock()
+        self._resolutions = Resolutions(settings, reader, log)
 
     async def aclose(self) -> None:
         """Close the log this source started, if it did, and the client to the other members."""
         if self.peers is not None:
             await self.peers.aclose()
-        if self._owned_log is not None:
-            owned, self._owned_log = self._owned_log, None
-            await owned.close()
+        await self._resolutions.aclose()
 
     # -- a group's members -------------------------------------------------------------------------
 
@@ -246,14 +245,28 @@ class Source:
             stack.extend((c, depth + 1) for c in reversed(children))
         return Lineage(root=root, tree=nodes)
 
-    async def unresolved(self) -> list[ToolEffect]:
-        """Every unended effect (`in_flight` or `unknown_after_crash`), across all runs, oldest first."""
-        merging = self._merging()
-        parts = [[ToolEffect.of(e) for e in await self.reader.list_unresolved_tool_effects()]]
-        if merging:
-            for answer in await self._everyone('/api/unresolved'):
+    async def unresolved(
+        self, *, limit: int = 1000, after: UnresolvedCursor | None = None
+    ) -> list[ToolEffect]:
+        """Unended effects (`in_flight` or `unknown_after_crash`) across all runs, oldest first.
+
+        At most `limit`, after the call at `after`; a group's members' pages are merged.
+        """
+        parts = [
+            [
+                ToolEffect.of(e)
+                for e in await self.reader.list_unresolved_tool_effects(limit=limit, after=after)
+            ]
+        ]
+        if self._merging():
+            cursor = (
+                {}
+                if after is None
+                else dict(zip(UNRESOLVED_AFTER, (after[0].isoformat(), *after[1:]), strict=True))
+            )
+            for answer in await self._everyone('/api/unresolved', {'limit': limit, **cursor}):
                 parts.append([ToolEffect.model_validate(e) for e in answer])
-        return list(heapq.merge(*parts, key=_effect_order))
+        return list(itertools.islice(heapq.merge(*parts, key=_effect_order), limit))
 
     # -- the one write: an operator's resolution ----------------------------------------------------
 
@@ -280,72 +293,9 @@ class Source:
             path = _run_path(run_id, f'/tool-effects/{quote(tool_call_id, safe="")}/resolution')
             return Resolved.model_validate(await self._there(url, path, method='POST', body=body))
         await self.run_record(run_id)
-        effect = await self.reader.get_tool_effect(run_id, tool_call_id)
-        if effect is None:
-            raise NotFound(f'run {run_id!r} has no tool call {tool_call_id!r} in the projection')
-        record = await resolve_tool_effect(
-            await self._writer(),
-            effect,
-            resolution=resolution,
-            note=note,
-            operator=operator or self.settings.operator_name,
-            writer_id=resolver_id('serve'),
-            force=force,
+        return await self._resolutions.write(
+            run_id, tool_call_id, resolution=resolution, note=note, operator=operator, force=force
         )
-        shown = await self._wait_shown(record)
-        now = shown or await self.reader.get_tool_effect(run_id, tool_call_id) or effect
-        written = next(
-            (
-                r
-                for r in now.resolutions
-                if (r.writer_id, r.resolved_at) == (record.writer_id, record.timestamp)
-            ),
-            None,
-        )
-        return Resolved(
-            written=ResolutionModel.of(written)
-            if written is not None
-            else ResolutionModel(
-                resolution=resolution,
-                resolved_by=record.resolved_by or '',
-                writer_id=record.writer_id,
-                resolved_at=record.timestamp,
-                note=note,
-                resolves_seq=record.seq,
-                applied=False,
-            ),
-            applied=shown is not None,
-            effect=ToolEffect.of(now),
-        )
-
-    async def _writer(self) -> StepLog:
-        if self._log is not None:
-            return self._log
-        async with self._log_lock:
-            if self._owned_log is None:
-                log = EventLog(self.settings, create_topics=False)
-                await log.start()
-                self._owned_log = log
-            return self._owned_log
-
-    async def _wait_shown(self, record: ToolEffectTransition) -> ToolEffectRecord | None:
-        """The effect once the projection shows `record` in its ledger, or None after the timeout.
-
-        The reader is a RocksDB secondary: it offers no change notification, so it is asked again
-        every 50 ms (each ask catches up with the primary).
-        """
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.settings.ack_timeout_s
-        while True:
-            effect = await self.reader.get_tool_effect(record.run_id, record.tool_call_id)
-            if effect is not None and any(
-                (r.writer_id, r.resolved_at) == (record.writer_id, record.timestamp)
-                for r in effect.resolutions
-            ):
-                return effect
-            if loop.time() >= deadline:
-                return None
-            await asyncio.sleep(0.05)
 
     async def conflicts(self) -> list[Run]:
         """Runs whose run_id more than one writer claimed."""
@@ -433,6 +383,16 @@ class Source:
         if media_uri_for(data) != uri:  # the store checks too; a link is only served verified
             raise StepStreamError(f'the media store returned other bytes for {uri}')
         return data
+
+    async def counts(self) -> Counts | None:
+        """Runs per status and agent, and the calls in doubt (a group's summed); None: not counted."""
+        local = await self.reader.counts()
+        parts = [None if local is None else Counts.of(local)]
+        if self._merging():
+            parts += [
+                None if p is None else Counts.model_validate(p) for p in await self._everyone('/api/counts')
+            ]
+        return None if None in parts else counts_total([p for p in parts if p is not None])
 
     # -- the broker (serve/_broker.py) -------------------------------------------------------------
 

@@ -22,6 +22,7 @@ import io
 import json
 import random
 import tempfile
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
@@ -47,10 +48,30 @@ from stepstream.projector._apply import (
     Applier,
     SourceRecord,
 )
-from stepstream.projector._keys import AGENT, KEYSPACES, RUN, STATUS, Keyspace
+from stepstream.projector._keys import (
+    AGENT,
+    CONFLICT,
+    COUNT,
+    KEYSPACES,
+    LATEST,
+    PARKED,
+    RUN,
+    STATUS,
+    UNRESOLVED_RUN,
+    Keyspace,
+)
+from stepstream.projector._listing import (
+    CONFLICTING_COUNT,
+    PARKED_COUNT,
+    UNRESOLVED_COUNT,
+    agent_count,
+    latest,
+    status_count,
+)
 from stepstream.projector._shard import MemoryShard, Shard
 from stepstream.projector._state import RunState
 from stepstream.schemas import (
+    RUN_STATUSES,
     STEP_EVENT_SCHEMA,
     ModelUsage,
     RunUsage,
@@ -506,25 +527,42 @@ def test_views_agree_with_each_other(generated: list[Op], store: str) -> None:
 
 
 def check_run_indexes(shard: AnyShard) -> None:
-    """`STATUS` and `AGENT` hold exactly each registered run's stored status and agent, and no more."""
+    """`STATUS`, `AGENT`, `LATEST` and `COUNT` say exactly what the registered runs' states say."""
     states = [RunState.decode(v) for _, v in shard.scan(RUN.tag)]
     assert {k for k, _ in shard.scan(STATUS.tag)} == {
         STATUS.key(s.status, s.started_at, s.run_id) for s in states
     }
     assert {k for k, _ in shard.scan(AGENT.tag)} == {
-        AGENT.key(s.agent_name, s.started_at, s.run_id) for s in states if s.agent_name is not None
+        AGENT.key(s.agent_name, s.status, s.started_at, s.run_id) for s in states if s.agent_name is not None
     }
+    assert {k for k, _ in shard.scan(LATEST.tag)} == {
+        LATEST.key(latest(s), s.run_id) for s in states if s.status == 'running'
+    }
+    expected = Counter(status_count(s.status) for s in states)
+    expected.update(agent_count(s.agent_name) for s in states if s.agent_name is not None)
+    expected[UNRESOLVED_COUNT] = sum(1 for _ in shard.scan(UNRESOLVED_RUN.tag))
+    expected[PARKED_COUNT] = sum(1 for _ in shard.scan(PARKED.tag))
+    conflicting = {CONFLICT.parse(k)[0] for k, _ in shard.scan(CONFLICT.tag)}
+    assert conflicting == {s.run_id for s in states if s.conflicting_writers}
+    expected[CONFLICTING_COUNT] = len(conflicting)
+    assert {k: int(v) for k, v in shard.scan(COUNT.tag)} == {k: n for k, n in expected.items() if n}
 
 
 async def check_views(reader: ProjectionReader) -> None:
     runs = await reader.list_runs()
-    for status in ('running', 'stale', 'completed', 'failed', 'cancelled'):  # through `STATUS`
+    for status in RUN_STATUSES:  # through `STATUS`
         listed = [r.run_id for r in await reader.list_runs(status=status)]
         assert listed == [r.run_id for r in runs if r.status == status], status
     for agent in {r.agent_name for r in runs if r.agent_name is not None}:  # through `AGENT`
         listed = [r.run_id for r in await reader.list_runs(agent_name=agent, newest_first=True)]
         assert listed == [r.run_id for r in reversed(runs) if r.agent_name == agent], agent
     every_unresolved = {(e.run_id, e.tool_call_id) for e in await reader.list_unresolved_tool_effects()}
+    counts = (await reader.status()).runs  # the tallies agree with the listings
+    assert counts is not None
+    assert counts.by_status == {s: sum(r.status == s for r in runs) for s in RUN_STATUSES}
+    agents = Counter(r.agent_name for r in runs if r.agent_name is not None)
+    assert counts.by_agent == dict(sorted(agents.items()))
+    assert counts.unresolved_effects == len(every_unresolved)
     per_run_unresolved = set()
     for run in runs:
         unresolved = await reader.list_unresolved_tool_effects(run.run_id)

@@ -101,6 +101,14 @@ async def test_runs_are_listed_filtered_and_refreshed_live(
     await expect(row(served.orchestrator_run)).to_contain_text('completed')
     await expect(row(served.crashed_run)).to_contain_text('cancelled')
     await shot(page, tmp_path, 'runs')
+    counts = await (await page.request.get(served.url.rstrip('/') + '/api/counts')).json()
+    total = await rows.count()
+    assert sum(counts['by_status'].values()) == total and counts['by_status']['cancelled'] >= 1
+    await expect(page.locator('p.counts')).to_contain_text(f'{total} runs')
+    await page.locator('p.counts a', has_text='cancelled').click()  # a count links to its filter
+    await expect(rows).to_have_count(counts['by_status']['cancelled'])
+    await expect(row(served.crashed_run)).to_be_visible()
+    await page.goto('/')
 
     late = await served.add_run('conv-live')  # written after the page loaded: live refresh shows it
     await expect(row(late)).to_be_visible(timeout=15_000)

@@ -1,15 +1,17 @@
 """Run lists are bounded walks: pages read from the index's end or a seek, never its whole prefix.
 
-Generated projections of runs (ties in started_at, conversations, parents) over one to three
-shards, in memory and on RocksDB: every listing, paged in either order from any cursor, is the
-reference order cut into pages; a cursor outside the listing is refused; and a page reads only
-about its own keys per shard, whatever the number of runs.
+Generated projections of runs (ties in started_at, conversations, parents, every status, live
+and stale among the running) over one to three shards, in memory and on RocksDB: every listing,
+paged in either order from any cursor, is the reference order cut into pages; the counts match;
+a cursor outside the listing is refused; and a page reads only about its own keys per shard,
+whatever the number of runs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import tempfile
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,18 +19,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from stepstream.projector._listing import list_run, relist_run
 from stepstream.projector.storage import (
-    AGENT,
-    CHILDREN,
-    CONVERSATION,
     RUN,
-    RUNS,
-    STATUS,
     MemoryShard,
     RunState,
     Shard,
 )
 from stepstream.readmodel import ProjectionReader
+from stepstream.schemas import RUN_STATUSES
+from stepstream.timestamps import micros
 from stepstream.topics import murmur2_partition
 
 pytestmark = pytest.mark.fast
@@ -46,16 +46,18 @@ def projections(draw: st.DrawFn) -> list[RunSpec]:
         started = draw(st.integers(1, 12)) * 1_000_000  # few values: ties are common
         conversation = draw(st.sampled_from([None, 'c1', 'c2']))
         parent = draw(st.sampled_from([None, *ids[:i]])) if i else None
-        status = draw(st.sampled_from(['completed', 'failed', 'cancelled']))
+        status = draw(st.sampled_from(['running', 'stale', 'completed', 'failed', 'cancelled']))
         agent = draw(st.sampled_from([None, 'a1', 'a2']))
         runs.append((run_id, started, conversation, parent, status, agent))
     return runs
 
 
 def _write(shards: dict[int, Any], runs: list[RunSpec], partitions: int) -> None:
-    writes: dict[int, dict[bytes, Any]] = {p: {} for p in shards}
+    """Each run's state, listed as the applier lists it: `running` is live, `stale` quiet."""
+    now = micros(datetime.now(UTC))
+    txns = {p: shard.begin() for p, shard in shards.items()}
     for run_id, started, conversation, parent, status, agent in runs:
-        batch = writes[murmur2_partition(run_id.encode(), partitions)]
+        txn = txns[murmur2_partition(run_id.encode(), partitions)]
         state = RunState(
             run_id=run_id,
             owner='w',
@@ -63,19 +65,14 @@ def _write(shards: dict[int, Any], runs: list[RunSpec], partitions: int) -> None
             conversation_id=conversation,
             parent_run_id=parent,
             agent_name=agent,
-            status=status,
+            status='running' if status == 'stale' else status,
+            last_record_at=now if status == 'running' else 0,
         )
-        batch[RUN.key(run_id)] = state
-        batch[RUNS.key(started, run_id)] = b''
-        batch[STATUS.key(status, started, run_id)] = b''
-        if agent is not None:
-            batch[AGENT.key(agent, started, run_id)] = b''
-        if conversation is not None:
-            batch[CONVERSATION.key(conversation, started, run_id)] = b''
-        if parent is not None:
-            batch[CHILDREN.key(parent, started, run_id)] = b''
-    for partition, shard in shards.items():
-        shard.write(writes[partition], sync=False)
+        txn.put_state(RUN.key(run_id), state)
+        list_run(txn, state)
+        relist_run(txn, state, None)  # filed as a batch leaves it
+    for txn in txns.values():
+        txn.commit()
 
 
 def _pages(reader: ProjectionReader, newest_first: bool, limit: int, **filters: str) -> list[str]:
@@ -118,12 +115,18 @@ def test_every_listing_pages_in_its_order_from_any_cursor(
                 )
             for parent in {r[3] for r in runs if r[3] is not None}:
                 listings.append(({'parent_run_id': parent}, [r for r in runs if r[3] == parent]))
-            for status in ('completed', 'failed'):  # through `STATUS`
+            for status in RUN_STATUSES:  # through `STATUS`; `running` through `LATEST`
                 listings.append(({'status': status}, [r for r in runs if r[4] == status]))
-            for agent in ('a1', 'a2'):  # through `AGENT`
+            for agent in ('a1', 'a2'):  # through `AGENT`, a walk per status merged
                 listings.append(({'agent_name': agent}, [r for r in runs if r[5] == agent]))
-            both = [r for r in runs if r[5] == 'a1' and r[4] == 'failed']  # an agent's walk, filtered
-            listings.append(({'agent_name': 'a1', 'status': 'failed'}, both))
+                for status in ('running', 'stale', 'failed'):
+                    both = [r for r in runs if r[5] == agent and r[4] == status]
+                    listings.append(({'agent_name': agent, 'status': status}, both))
+            counts = asyncio.run(reader.status()).runs
+            assert counts is not None
+            assert counts.by_status == {s: sum(r[4] == s for r in runs) for s in RUN_STATUSES}
+            agents = sorted({r[5] for r in runs if r[5] is not None})
+            assert counts.by_agent == {a: sum(r[5] == a for r in runs) for a in agents}
             for filters, members in listings:
                 expected = [r[0] for r in sorted(members, key=lambda r: (r[1], r[0]), reverse=newest_first)]
                 assert _pages(reader, newest_first, limit, **filters) == expected, filters

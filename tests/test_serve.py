@@ -21,6 +21,7 @@ from stepstream import Settings
 from stepstream.cli import main
 from stepstream.embedded import EmbeddedStack
 from stepstream.projector import ProjectionReader, rebuild
+from stepstream.schemas import RUN_STATUSES
 from stepstream.serve import app_for, running
 
 from served import IMAGE, Served, served_projection
@@ -181,6 +182,10 @@ async def test_unresolved_conflicts_dlq_and_status(served: Served, api: httpx.As
     }
     assert all(p['lag'] == 0 and p['end'] == p['applied'] for p in status['partitions'])
     assert status['total_lag'] == 0 and status['shards'] == [0, 1, 2] and status['missing_shards'] == []
+    runs = (await api.get('/api/runs', params={'limit': 1000})).json()['runs']
+    by_status = {s: sum(r['status'] == s for r in runs) for s in RUN_STATUSES}
+    assert status['runs']['by_status'] == by_status and status['runs']['unresolved_effects'] == 1
+    assert (await api.get('/api/counts')).json() == status['runs']  # a single service: its own counts
 
 
 @pytest.mark.broker

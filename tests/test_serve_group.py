@@ -107,7 +107,32 @@ async def test_any_member_answers_for_the_whole_group(
                 (e.run_id, e.tool_call_id) for e in expected
             ]
             assert len(unresolved) == 4
+            paged: list[dict] = []  # a page of one at a time, each after the last: the same sweep
+            while True:
+                cursor = (
+                    {}
+                    if not paged
+                    else {
+                        'after_started': paged[-1]['started_at'],
+                        'after_run_id': paged[-1]['run_id'],
+                        'after_tool_call_id': paged[-1]['tool_call_id'],
+                    }
+                )
+                page = (await http.get(f'{m.url}/api/unresolved', params={'limit': 1, **cursor})).json()
+                if not page:
+                    break
+                paged += page
+            assert paged == unresolved
             assert (await http.get(f'{m.url}/api/conflicts')).json() == []
+            counts = (await http.get(f'{m.url}/api/counts')).json()  # every member's tallies, summed
+            whole = await reference.counts()
+            assert whole is not None and whole.unresolved_effects == 4
+            assert counts == {
+                'by_status': whole.by_status,
+                'by_agent': whole.by_agent,
+                'unresolved_effects': whole.unresolved_effects,
+            }
+            assert sum(counts['by_status'].values()) == 14
 
         # Pages of two, newest first: each cursor is a run some other member may hold.
         seen: list[str] = []

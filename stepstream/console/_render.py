@@ -14,7 +14,7 @@ from stepstream.timestamps import from_micros
 
 if TYPE_CHECKING:
     from stepstream.projector import RetentionPreview, RetentionState, SweepReport
-    from stepstream.readmodel import ProjectionStatus
+    from stepstream.readmodel import ProjectionStatus, RunCounts
     from stepstream.settings import Settings
 
 
@@ -304,6 +304,21 @@ def applier(status: ProjectionStatus, partition: int) -> tuple[str, str]:
     return ('none' if pid is None else f'pid {pid}'), ago
 
 
+def counts_text(counts: RunCounts | None) -> list[str]:
+    """The status's counts: runs per status, the agents with most runs, the calls in doubt."""
+    if counts is None:
+        return ['runs: not counted (a shard predates the counts or is missing; `stepstream rebuild` counts)']
+    by_status = ', '.join(f'{status} {n}' for status, n in counts.by_status.items())
+    lines = [f'runs: {sum(counts.by_status.values())} ({by_status})']
+    if counts.by_agent:
+        top = sorted(counts.by_agent.items(), key=lambda item: (-item[1], item[0]))
+        shown = ', '.join(f'{name} {n}' for name, n in top[:5])
+        more = f', and {len(top) - 5} more' if len(top) > 5 else ''
+        lines.append(f'agents: {len(top)} ({shown}{more})')
+    lines.append(f'tool calls in doubt: {counts.unresolved_effects}')
+    return lines
+
+
 def status_text(status: ProjectionStatus, applied: Offsets, ends: Offsets, settings: Settings) -> str:
     """`stepstream status`: the lag table and one line per figure."""
     rows = [
@@ -331,6 +346,7 @@ def status_text(status: ProjectionStatus, applied: Offsets, ends: Offsets, setti
     reasons = ', '.join(f'{reason} {count}' for reason, count in status.dead_lettered_by_reason.items())
     lines.append(f'dead-lettered: {status.dead_lettered}' + (f' ({reasons})' if reasons else ''))
     lines.append(f'runs with conflicting writers: {status.conflicting_runs}')
+    lines.extend(counts_text(status.runs))
     if status.parked_records:
         lines.append(f'records waiting for a run_started that has not arrived: {status.parked_records}')
     if status.state == 'rebuilding':
