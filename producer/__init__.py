@@ -17,14 +17,19 @@ from stepstream.producer._capability import (
 from stepstream.producer._log import EventLog
 from stepstream.producer._memory import InMemoryLog, StoredRecord
 from stepstream.producer._protocol import StepLog
+from stepstream.producer._redaction import REDACTED, REDACTION_KEY, Redaction, Redactor
 from stepstream.producer._resolution import resolution_for, resolve_tool_effect, resolver_id
 from stepstream.producer._snapshots import SnapshotWriter
 from stepstream.producer._validity import is_provider_valid
 
 __all__ = [
     'ATTEMPT_KEY',
+    'REDACTED',
+    'REDACTION_KEY',
     'EventLog',
     'InMemoryLog',
+    'Redaction',
+    'Redactor',
     'SnapshotSaved',
     'SnapshotWriter',
     'StepLog',

@@ -51,6 +51,7 @@ from stepstream.producer._current import current_run_id as current_run_id
 from stepstream.producer._engines import refuse_temporal_sandbox_import, refuse_undeclared_engine
 from stepstream.producer._log import EventLog
 from stepstream.producer._protocol import StepLog
+from stepstream.producer._redaction import Redaction
 from stepstream.producer._run import ATTEMPT_KEY as ATTEMPT_KEY
 from stepstream.producer._run import MAX_ERROR_CHARS as MAX_ERROR_CHARS
 from stepstream.producer._run import Attempt as Attempt
@@ -112,6 +113,11 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
 
     media_threshold_bytes: int | None = None
     """Values of at least this many bytes move to `media_store`; default: `log.settings`' threshold."""
+
+    redaction: Redaction | None = None
+    """What is redacted before anything is written (`Redaction`); default: the policy of
+    `log.settings` (`STEPSTREAM_REDACTION`, on unless set to `off`). `Redaction.off()` writes
+    every secret an agent handles (docs/security.md)."""
 
     # Per-capability state: a `for_run` copy starts with fresh values.
     _explicit_run_id_used: bool = field(default=False, init=False, repr=False)
@@ -468,15 +474,19 @@ def _run_writer(bound: StepPersistence[Any], ctx: RunContext[Any], store: MediaS
     """The writer of the run `bound` is bound to: its identity, snapshot writer and durable operations."""
     run_id = bound.run_id
     assert run_id is not None
+    redaction = (
+        bound.redaction if bound.redaction is not None else Redaction.from_settings(bound.log.settings)
+    )
     return RunWriter(
         log=bound.log,
         run_id=run_id,
         writer_id=_writer_id(run_id, ctx.run_id),
         agent_name=bound.agent_name,
         parent_run_id=bound.parent_run_id,
-        metadata=bound.metadata,
+        metadata=redaction.metadata(bound.metadata),
         context_run_id=ctx.run_id,
         durable_engine=ctx.in_durable_context,
-        snapshots=SnapshotWriter(store, bound.threshold_bytes),
+        snapshots=SnapshotWriter(store, bound.threshold_bytes, redaction),
         operations=weakref.ref(bound),
+        redaction=redaction,
     )

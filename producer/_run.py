@@ -30,6 +30,7 @@ from stepstream.media import Offloaded
 from stepstream.producer._engines import in_temporal_workflow
 from stepstream.producer._liveness import OpenRun
 from stepstream.producer._protocol import Ack, StepLog
+from stepstream.producer._redaction import REDACTION_KEY, Redaction
 from stepstream.producer._snapshots import SnapshotWriter
 from stepstream.schemas import (
     EventKind,
@@ -133,6 +134,7 @@ class RunWriter:
     durable_engine: bool
     snapshots: SnapshotWriter
     operations: Callable[[], DurableOperations | None]
+    redaction: Redaction
     seq: int = 0
     snapshot_seq: int = 0
     unacked: list[Ack] = field(default_factory=list)
@@ -184,7 +186,7 @@ class RunWriter:
             parent_run_id=self.parent_run_id,
             tool_call_id=tool_call_id,
             tool_name=tool_name,
-            error=error,
+            error=self.redaction.text(error),
             metadata=metadata,
             idempotency_key=idempotency_key,
             snapshot=snapshot,
@@ -228,6 +230,7 @@ class RunWriter:
         snapshot: SnapshotDelta | None = None,
         usage: ModelUsage | None = None,
         duration_us: int | None = None,
+        metadata: dict[str, str] | None = None,
     ) -> None:
         """Append the step event `kind` at the context's step, with the current span's ids."""
         step_index = self.step_index = ctx.run_step
@@ -239,7 +242,7 @@ class RunWriter:
             tool_call_id=tool_call_id,
             tool_name=tool_name,
             error=error,
-            metadata=self.event_metadata() if self.durable_engine else self.metadata,
+            metadata=metadata or (self.event_metadata() if self.durable_engine else self.metadata),
             idempotency_key=f'{self.seq}:{step_index}:{kind}:{tool_call_id or ""}',
             snapshot=snapshot,
             usage=usage,
@@ -270,9 +273,9 @@ class RunWriter:
             agent_name=self.agent_name,
             conversation_id=self.conversation_id,
             parent_run_id=self.parent_run_id,
-            idempotency_key=idempotency_key,
-            effect_summary=effect_summary,
-            error=error,
+            idempotency_key=self.redaction.text(idempotency_key),
+            effect_summary=self.redaction.text(effect_summary),
+            error=self.redaction.text(error),
         )
         await self.append(record)
 
@@ -410,7 +413,7 @@ class RunWriter:
     async def start(self, ctx: RunContext[Any]) -> None:
         """`before_run`: append `run_started` and wait for the broker, then open the run's liveness."""
         self.conversation_id = ctx.conversation_id
-        await self.event(ctx, 'run_started')
+        await self.event(ctx, 'run_started', metadata={**self.metadata, REDACTION_KEY: self.redaction.label})
         try:
             await self.durable(ctx)
         except Exception as error:

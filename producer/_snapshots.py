@@ -13,9 +13,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic_ai.messages import ModelMessage
+from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
 
 from stepstream.media import MediaStore, Offloaded, offload_media
+from stepstream.producer._redaction import Redaction
 from stepstream.producer._validity import ToolCallScan
 from stepstream.schemas import (
     MessageState,
@@ -50,6 +51,8 @@ class SnapshotPlan:
     recent_states: list[MessageState]
     """`message_state` of each message from `recent_from` on, as this plan saw them."""
     scan_at_recent: ToolCallScan
+    redacted: frozenset[int] = frozenset()
+    """The indexes (in `messages`) of tail messages whose JSON the redaction policy changed."""
 
 
 class DeltaTracker:
@@ -67,8 +70,13 @@ class DeltaTracker:
     that point.
     """
 
-    def __init__(self) -> None:
-        """Start with no previous snapshot: the first plan holds the whole history."""
+    def __init__(self, redaction: Redaction | None = None) -> None:
+        """Start with no previous snapshot: the first plan holds the whole history.
+
+        `redaction` is applied to each message's JSON (None: nothing is redacted); a patch is
+        redacted as it is written (`SnapshotWriter.delta`).
+        """
+        self.redaction = redaction if redaction is not None else Redaction.off()
         self._refs: list[ModelMessage] = []
         self._recent_from = 0
         self._recent_states: list[MessageState] = []
@@ -97,7 +105,7 @@ class DeltaTracker:
                     patch.append((i, stamped))
                 i += 1
         prefix_len = i
-        tail = [message_json(m) for m in messages[prefix_len:]]
+        tail, redacted = self.json_of(messages, prefix_len, len(messages))
 
         # Validity, read on from the last point known to be unchanged.
         if prefix_len >= self._recent_from:
@@ -123,7 +131,23 @@ class DeltaTracker:
             recent_from=recent_from,
             recent_states=[message_state(m) for m in messages[recent_from:]],
             scan_at_recent=scan_at_recent,
+            redacted=redacted,
         )
+
+    def json_of(
+        self, messages: Sequence[ModelMessage], start: int, end: int
+    ) -> tuple[list[bytes], frozenset[int]]:
+        """The JSON of `messages[start:end]` as snapshots carry it, redacted, and which the policy changed."""
+        found: list[bytes] = []
+        redacted = set()
+        for index in range(start, end):
+            raw = message_json(messages[index])
+            clean = self.redaction.message_json(raw)
+            if clean is not None:
+                raw = clean
+                redacted.add(index)
+            found.append(raw)
+        return found, frozenset(redacted)
 
     def unchanged(self, plan: SnapshotPlan) -> bool:
         """True when the planned snapshot is exactly the last saved one."""
@@ -136,6 +160,11 @@ class DeltaTracker:
         self._recent_states = plan.recent_states
         self._scan_at_recent = plan.scan_at_recent
         self.saved = True
+
+
+def _message(raw: bytes) -> ModelMessage:
+    """A message back from its JSON as snapshots carry it (a redacted one, to offload its values)."""
+    return ModelMessagesTypeAdapter.validate_json(b'[' + raw + b']')[0]
 
 
 class SnapshotWriter:
@@ -152,11 +181,17 @@ class SnapshotWriter:
     Media is uploaded before `prepare` returns, so a record never refers to a missing object.
     """
 
-    def __init__(self, media_store: MediaStore | None, threshold_bytes: int) -> None:
-        """Offload values of at least `threshold_bytes` to `media_store` (or None: by `delta`'s `offload`)."""
+    def __init__(
+        self, media_store: MediaStore | None, threshold_bytes: int, redaction: Redaction | None = None
+    ) -> None:
+        """Offload values of at least `threshold_bytes` to `media_store` (or None: by `delta`'s `offload`).
+
+        `redaction` is applied to every message and patch before it is serialised or offloaded
+        (None: nothing is redacted).
+        """
         self.media_store = media_store
         self.threshold_bytes = threshold_bytes
-        self._deltas = DeltaTracker()
+        self._deltas = DeltaTracker(redaction)
 
     def plan(self, messages: Sequence[ModelMessage]) -> SnapshotPlan:
         """The delta of `messages` against the last committed snapshot (nothing uploaded yet)."""
@@ -178,16 +213,25 @@ class SnapshotWriter:
         """
         state: SnapshotState = 'complete' if plan.valid else 'interrupted'
         prefix_len, tail_json, patch = plan.prefix_len, plan.tail_json, patch_json(plan.patch)
+        redacted = plan.redacted
+        if patch is not None:  # stamped fields (instructions) are redacted like the messages
+            clean = self._deltas.redaction.message_json(patch.encode())
+            patch = patch if clean is None else clean.decode()
         if patch is not None and len(patch) >= self.threshold_bytes:
             # A large stamp (long instructions): send those messages again, so the walk below
             # moves the large value to the media store like any other.
             prefix_len, patch = plan.patch[0][0], None
-            tail_json = [message_json(m) for m in plan.messages[prefix_len : plan.prefix_len]] + tail_json
+            resent, also = self._deltas.json_of(plan.messages, prefix_len, plan.prefix_len)
+            tail_json, redacted = resent + tail_json, redacted | also
         # A value at or above the threshold makes its message's JSON at least that long, so only
         # such tails pay for the walk (in a worker thread) and the upload.
         media: list[str] = []
         if any(len(m) >= self.threshold_bytes for m in tail_json):
-            tail = list(plan.messages[prefix_len:])
+            # What is offloaded is what the record says: a redacted message as redacted.
+            tail = [
+                _message(tail_json[k]) if prefix_len + k in redacted else m
+                for k, m in enumerate(plan.messages[prefix_len:])
+            ]
             if offload is not None:
                 offloaded = await offload(tail)
             else:

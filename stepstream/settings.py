@@ -137,6 +137,15 @@ class Settings:
     `STEPSTREAM_ERASURE_KEY` or its `_FILE`, never a flag): set, writers seal message content and
     media with per-conversation keys that `stepstream forget` can destroy; unset (the default),
     nothing is sealed. Every writer and reader of one log needs the same key (decision 0033)."""
+    redaction: str = 'default'
+    """What writers redact before anything reaches the log: `default` (values under secret-named keys
+    and secrets of well-known formats, decision 0047) or `off` (nothing: every secret an agent
+    hands a tool is written as it is)."""
+    redaction_keys: str | None = None
+    """More key names whose values are secrets, comma-separated (`pin,ssn`), besides the default ones."""
+    redaction_hash_key: SecretStr | None = field(default=None, repr=False)
+    """A key (from `STEPSTREAM_REDACTION_HASH_KEY` or its `_FILE`, never a flag): set, each marker
+    carries the redacted value's HMAC-SHA256, so two redacted values compare without being read."""
     heartbeat_interval_s: float = 5.0
     """A writer appends a `run_heartbeat` for each open run that has written nothing else for this
     many seconds, so that readers can tell a quiet run from a dead one (0: no heartbeats)."""
@@ -190,6 +199,8 @@ class Settings:
             raise ValueError(
                 f'{_name("trace_url")} must hold {{trace_id}} where the trace id goes, got {self.trace_url!r}'
             )
+        if self.redaction not in ('default', 'off'):
+            raise ValueError(f'{_name("redaction")} must be default or off, got {self.redaction!r}')
         self._check_security()
         self._check_schema_registry()
         if self.erasure_key is not None:  # a clear error now, not at the first sealed write
@@ -375,7 +386,14 @@ class Settings:
 
 
 SECRET_FIELDS = frozenset(
-    {'sasl_password', 'serve_token', 's3_secret_access_key', 'schema_registry_password', 'erasure_key'}
+    {
+        'sasl_password',
+        'serve_token',
+        's3_secret_access_key',
+        'schema_registry_password',
+        'erasure_key',
+        'redaction_hash_key',
+    }
 )
 """Fields read only from the environment or a file, hidden from `repr`, and never a CLI flag."""
 

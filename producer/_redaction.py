@@ -1,0 +1,308 @@
+"""Redaction: secrets an agent hands a tool never reach the log (docs/decisions/0047-redaction.md).
+
+A `Redaction` policy is applied by the capability before anything is encoded or offloaded: to
+every message of a snapshot (tool-call arguments, tool returns, user prompts, instructions,
+responses: all of a message's JSON), to the stamped fields of a snapshot's patch, and to the
+free text of its records (errors, effect summaries, idempotency keys, metadata). Two rules, on by
+default:
+
+- **Secret-named keys, at any depth.** A value whose key names a secret is replaced whole,
+  whatever it is (a string, a number, a nested object). A key names a secret when, lowercased and
+  without its separators, it ends with one of `SECRET_KEYS` (`api_key`, `X-Api-Key`,
+  `github_token`, `DB_PASSWORD`, `client_secret`, `Authorization`, ...; not `max_tokens`). Tool
+  arguments given as a JSON string are read as JSON.
+- **Well-known secret formats, in any text**: `PATTERNS` (bearer and basic credentials, private
+  key blocks, cloud and SaaS access keys, JSON web tokens, a password in a URL, `password=...`
+  assignments). Only the secret itself is replaced; the rest of the text is kept.
+
+A replaced value becomes a marker that says so: `[redacted]`, or `[redacted hmac-sha256:<16 hex>]`
+with a hash key (`STEPSTREAM_REDACTION_HASH_KEY`), so two redacted values can be compared without
+being revealed. Binary content (images, audio, documents) is never read. A message's JSON is
+searched for a secret-named key or a pattern first: one regular expression over its bytes, and
+nothing else when neither is there (the common case, and the hot path's).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import hmac
+import json
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Final
+
+import re2
+
+REDACTED: Final = '[redacted]'
+"""The marker of a redacted value (without a hash key); also what a custom redactor returns to redact."""
+
+REDACTION_KEY: Final = 'stepstream.redaction'
+"""The `run_started` metadata key naming the policy that wrote the run (`Redaction.label`)."""
+
+Redactor = Callable[[str, object], object]
+"""A custom rule, like pydantic-ai-harness's `AuditLog` redactor: `(key, value) -> value`.
+
+Called for every keyed value at any depth of a message's JSON (after the secret-key rule) and for
+each metadata entry: return `value` itself to keep it, `REDACTED` to replace it with the marker,
+or anything else (JSON-compatible) to write that instead.
+"""
+
+SECRET_KEYS: Final = (
+    'password',
+    'passwd',
+    'passphrase',
+    'pwd',
+    'secret',
+    'token',
+    'apikey',
+    'accesskey',
+    'secretkey',
+    'privatekey',
+    'authorization',
+    'auth',
+    'credential',
+    'credentials',
+    'cookie',
+    'sessionid',
+)
+"""A key names a secret when, lowercased and stripped of everything but letters and digits, it
+ends with one of these."""
+
+PATTERNS: Final = (
+    # A private key block, PEM (RSA, EC, OPENSSH, ENCRYPTED, ...): the whole block.
+    r'-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----(?s:.)*?(?:-----END (?:[A-Z0-9]+ )*PRIVATE KEY-----|\z)',
+    # HTTP credentials after their scheme (`Authorization: Bearer ...`): the credentials.
+    r'(?i:\b(?:bearer|basic|token))\s+([A-Za-z0-9\-._~+/]{8,}=*)',
+    r'\b(?:AKIA|ASIA|ABIA|ACCA)[0-9A-Z]{16}\b',  # AWS access key ids
+    r'\bAIza[0-9A-Za-z_\-]{35}',  # Google API keys
+    r'\bgh[pousr]_[A-Za-z0-9]{36,}|\bgithub_pat_[A-Za-z0-9_]{22,}',  # GitHub tokens
+    r'\bxox[abposr]-[A-Za-z0-9\-]{10,}',  # Slack tokens
+    r'\bsk-(?:proj-|ant-)?[A-Za-z0-9_\-]{20,}',  # OpenAI, Anthropic keys
+    r'\b[rs]k_(?:live|test)_[A-Za-z0-9]{16,}',  # Stripe keys
+    r'\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}',  # JSON web tokens
+    r'\b[a-z][a-z0-9+.\-]*://[^\s:/@"]+:([^\s@/"]+)@',  # a password in a URL: the password
+    # `password=...`, `api_key: ...` in text (8 characters or more): the value.
+    r'(?i:\b(?:password|passwd|secret|token|api[_\-]?key|access[_\-]?key)\b)\s*[=:]\s*([^\s\'",;&]{8,})',
+)
+"""The well-known secret formats found in any text (RE2 syntax); where a pattern has a group, only
+the group is replaced."""
+
+_JSON_TEXT = re.compile(r'\s*[\[{]')
+
+
+def _is_marker(value: object) -> bool:
+    """Whether `value` is a marker already.
+
+    Redacting twice changes nothing: a continued run's history holds its parent's markers.
+    """
+    return isinstance(value, str) and value.startswith('[redacted')
+
+
+@functools.lru_cache(maxsize=16)
+def _from_settings(mode: str, keys: str | None, hash_key: str | None) -> Redaction:
+    """`Redaction.from_settings`, made once per distinct settings (its patterns compile once)."""
+    if mode == 'off':
+        return Redaction.off()
+    extra = [k.strip() for k in (keys or '').split(',') if k.strip()]
+    policy = Redaction(hash_key=hash_key.encode() if hash_key is not None else None)
+    return policy.extend(keys=extra) if extra else policy
+
+
+def _compile(pattern: str | bytes) -> Any:
+    """A pattern compiled by RE2, or `ValueError` naming the pattern when RE2 cannot take it.
+
+    RE2 runs in time linear in the text whatever the pattern: no catastrophic backtracking on text
+    an agent controls.
+    """
+    try:
+        return re2.compile(pattern)
+    except re2.error as exc:
+        raise ValueError(f'redaction pattern {pattern!r} is not RE2 syntax: {exc}') from None
+
+
+def _suffixes(keys: Iterable[str]) -> tuple[str, ...]:
+    """Key names as the secret-key rule compares them: normalized, unique, sorted."""
+    return tuple(sorted({_normalized(k) for k in keys if _normalized(k)}))
+
+
+def _normalized(key: str) -> str:
+    return ''.join(c for c in key.lower() if c.isalnum())
+
+
+@dataclass(frozen=True)
+class Redaction:
+    r"""What the capability redacts before it writes (docs/decisions/0047-redaction.md).
+
+    ```python
+    StepPersistence(log=log)                                            # the default policy
+    StepPersistence(log=log, redaction=Redaction().extend(keys=['pin'], patterns=[r'\bACME-\d{8}\b']))
+    StepPersistence(log=log, redaction=Redaction(redactor=my_rule))     # the defaults, then my rule
+    StepPersistence(log=log, redaction=Redaction.off())                # nothing redacted (see the docs)
+    ```
+    """
+
+    keys: tuple[str, ...] = SECRET_KEYS
+    """Key endings that name a secret (compared lowercased, letters and digits only)."""
+    patterns: tuple[str, ...] = PATTERNS
+    """Regular expressions of secrets in text; where one has a group, only the group is replaced."""
+    redactor: Redactor | None = None
+    """A custom rule for keyed values, after the secret-key rule (`Redactor`)."""
+    hash_key: bytes | None = field(default=None, repr=False)
+    """With a key, a marker carries the value's HMAC-SHA256 (16 hex digits): equal values compare equal."""
+    enabled: bool = True
+    """False: nothing is redacted (`Redaction.off()`)."""
+
+    def __post_init__(self) -> None:
+        suffixes = _suffixes(self.keys)
+        object.__setattr__(self, 'keys', suffixes)
+        texts = [_compile(p) for p in self.patterns]
+        object.__setattr__(self, '_texts', texts)
+        any_text = '|'.join(f'(?:{p})' for p in self.patterns)
+        object.__setattr__(self, '_any_text', _compile(any_text) if any_text else None)
+        # The quick test of a message's JSON, in one linear pass (RE2): a key that could name a
+        # secret (any separators between its letters, JSON-escaped or not), or any pattern.
+        gap = '[^A-Za-z0-9"]*'
+        keyed = '|'.join(gap.join(re.escape(c) for c in k) for k in suffixes)
+        parts = [f'(?i:(?:{keyed})\\\\?"\\s*:)'] if suffixes else []
+        parts += [f'(?:{p})' for p in self.patterns]
+        object.__setattr__(self, '_quick', _compile('|'.join(parts).encode()) if parts else None)
+
+    @classmethod
+    def off(cls) -> Redaction:
+        """A policy that redacts nothing: every secret an agent handles is written as it is."""
+        return cls(enabled=False)
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> Redaction:
+        """The policy of `STEPSTREAM_REDACTION` (`default` or `off`), `_KEYS` and `_HASH_KEY`."""
+        hash_key = settings.redaction_hash_key
+        secret = hash_key.get_secret_value() if hash_key is not None else None
+        return _from_settings(settings.redaction, settings.redaction_keys, secret)
+
+    def extend(
+        self, *, keys: Iterable[str] = (), patterns: Iterable[str] = (), redactor: Redactor | None = None
+    ) -> Redaction:
+        """A copy with more secret key names, more patterns, and (replacing any) a custom rule."""
+        return replace(
+            self,
+            keys=(*self.keys, *keys),
+            patterns=(*self.patterns, *patterns),
+            redactor=redactor if redactor is not None else self.redactor,
+        )
+
+    @property
+    def label(self) -> str:
+        """What the run's `run_started` says of the policy (`REDACTION_KEY`)."""
+        if not self.enabled:
+            return 'off'
+        default = self.keys == _suffixes(SECRET_KEYS) and self.patterns == PATTERNS
+        name = 'default' if default else 'extended'
+        return f'{name}{"+redactor" if self.redactor is not None else ""}{"+hmac" if self.hash_key else ""}/1'
+
+    # -- applying it ---------------------------------------------------------------------------
+
+    def message_json(self, raw: bytes) -> bytes | None:
+        """A message's JSON with its secrets replaced, or None when it holds none (left as it is)."""
+        if not self.enabled:
+            return None
+        quick = self._quick  # type: ignore[attr-defined]
+        if self.redactor is None and (quick is None or quick.search(raw) is None):
+            return None
+        value, changed = self._walk(json.loads(raw))
+        return json.dumps(value, ensure_ascii=False, separators=(',', ':')).encode() if changed else None
+
+    def value(self, value: Any) -> Any:
+        """A JSON-like value (dicts, lists, strings, ...) with its secrets replaced."""
+        return self._walk(value)[0] if self.enabled else value
+
+    def text(self, text: str | None) -> str | None:
+        """Free text (an error, a summary) with the secrets of known formats replaced."""
+        if text is None or not self.enabled:
+            return text
+        return self._text(text)[0]
+
+    def metadata(self, entries: Mapping[str, str]) -> dict[str, str]:
+        """Metadata with secret-named entries replaced, and the rest's text redacted."""
+        return {k: str(v) for k, v in self._walk(dict(entries))[0].items()}
+
+    def marker(self, value: object) -> str:
+        """What replaces `value`: `[redacted]`, with its keyed hash when the policy has a key."""
+        if self.hash_key is None:
+            return REDACTED
+        canonical = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+        digest = hmac.new(self.hash_key, canonical.encode('utf-8', 'surrogatepass'), hashlib.sha256)
+        return f'[redacted hmac-sha256:{digest.hexdigest()[:16]}]'
+
+    def _secret_key(self, key: str) -> bool:
+        return _normalized(key).endswith(self.keys) if self.keys else False
+
+    def _walk(self, value: Any) -> tuple[Any, bool]:
+        """`value` with its secrets replaced, and whether anything was."""
+        if isinstance(value, str):
+            return self._string(value)
+        if isinstance(value, list):
+            changed = False
+            items = []
+            for item in value:
+                new, hit = self._walk(item)
+                items.append(new)
+                changed = changed or hit
+            return (items, True) if changed else (value, False)
+        if not isinstance(value, dict):
+            return value, False
+        binary = value.get('kind') == 'binary'  # a BinaryContent: its base64 `data` is never read
+        changed = False
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            if binary and key == 'data':
+                out[key] = item
+                continue
+            if self._secret_key(key) and item not in (None, '') and not _is_marker(item):
+                out[key], changed = self.marker(item), True
+                continue
+            if self.redactor is not None:
+                ruled = self.redactor(key, item)
+                if ruled is not item:
+                    out[key], changed = (self.marker(item) if ruled == REDACTED else ruled), True
+                    continue
+            new, hit = self._walk(item)
+            out[key] = new
+            changed = changed or hit
+        return (out, True) if changed else (value, False)
+
+    def _string(self, text: str) -> tuple[str, bool]:
+        """A string value: read as JSON when it is a JSON object or list (tool arguments often are)."""
+        if _JSON_TEXT.match(text):
+            try:
+                parsed = json.loads(text)
+            except ValueError:
+                pass
+            else:
+                if isinstance(parsed, dict | list):
+                    new, changed = self._walk(parsed)
+                    return (json.dumps(new, ensure_ascii=False), True) if changed else (text, False)
+        return self._text(text)
+
+    def _text(self, text: str) -> tuple[str, bool]:
+        any_text = self._any_text  # type: ignore[attr-defined]
+        if any_text is None or any_text.search(text) is None:  # one pass for every pattern
+            return text, False
+        original = text
+        for pattern in self._texts:  # type: ignore[attr-defined]
+            if pattern.search(text) is not None:
+                text = pattern.sub(self._replace, text)
+        return text, text != original
+
+    def _replace(self, found: Any) -> str:
+        """The match with its secret (its first group, or all of it) replaced by a marker.
+
+        A marker already there stays as it is: redacting twice changes nothing.
+        """
+        whole = found.group(0)
+        if found.re.groups and found.group(1) is not None:
+            start, end = found.start(1) - found.start(0), found.end(1) - found.start(0)
+            secret = whole[start:end]
+            return whole if _is_marker(secret) else whole[:start] + self.marker(secret) + whole[end:]
+        return whole if _is_marker(whole) else self.marker(whole)
