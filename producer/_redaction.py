@@ -157,6 +157,10 @@ class Redaction:
     def __post_init__(self) -> None:
         suffixes = _suffixes(self.keys)
         object.__setattr__(self, 'keys', suffixes)
+        if not self.enabled:  # nothing to match: nothing compiled
+            for name in ('_texts', '_any_text', '_quick'):
+                object.__setattr__(self, name, None)
+            return
         texts = [_compile(p) for p in self.patterns]
         object.__setattr__(self, '_texts', texts)
         any_text = '|'.join(f'(?:{p})' for p in self.patterns)
