@@ -229,6 +229,8 @@ class Redaction:
 
     def metadata(self, entries: Mapping[str, str]) -> dict[str, str]:
         """Metadata with secret-named entries replaced, and the rest's text redacted."""
+        if not self.enabled:
+            return dict(entries)
         return {k: str(v) for k, v in self._walk(dict(entries))[0].items()}
 
     def marker(self, value: object) -> str:

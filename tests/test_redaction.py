@@ -200,10 +200,9 @@ def test_each_rule_says_what_it_replaced_and_keeps_the_rest() -> None:
         'name': 'a',
     }
     off = Redaction.off()
-    assert (
-        off.value({'token': 'x1'}) == {'token': 'x1'}
-        and off.text('Bearer abcdefghijk') == 'Bearer abcdefghijk'
-    )
+    assert off.value({'token': 'x1'}) == {'token': 'x1'}
+    assert off.text('Bearer abcdefghijk') == 'Bearer abcdefghijk'
+    assert off.metadata({'deploy_token': 'abc'}) == {'deploy_token': 'abc'}
     assert (policy.label, keyed.label, extended.label, custom.label, off.label) == (
         'default/1',
         'default+hmac/1',
