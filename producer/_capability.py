@@ -48,13 +48,13 @@ from stepstream.media import MediaStore, Offloaded, S3MediaStore, offload_media
 from stepstream.producer._current import annotate_tool_effect as annotate_tool_effect
 from stepstream.producer._current import current_run as current_run
 from stepstream.producer._current import current_run_id as current_run_id
+from stepstream.producer._engines import ATTEMPT_KEY as ATTEMPT_KEY
+from stepstream.producer._engines import Attempt as Attempt
 from stepstream.producer._engines import refuse_temporal_sandbox_import, refuse_undeclared_engine
 from stepstream.producer._log import EventLog
 from stepstream.producer._protocol import StepLog
 from stepstream.producer._redaction import Redaction
-from stepstream.producer._run import ATTEMPT_KEY as ATTEMPT_KEY
 from stepstream.producer._run import MAX_ERROR_CHARS as MAX_ERROR_CHARS
-from stepstream.producer._run import Attempt as Attempt
 from stepstream.producer._run import RunWriter, _usage_of, _writer_id
 from stepstream.producer._run import SnapshotSaved as SnapshotSaved
 from stepstream.producer._snapshots import SnapshotWriter

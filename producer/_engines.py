@@ -11,6 +11,7 @@ engines' own context (only when the engine is already imported; none of them is 
   as an operation's *result* (see `StepPersistence._seal_durably`).
 - Was stepstream imported inside Temporal's workflow sandbox instead of passed through?
   `refuse_temporal_sandbox_import` says what to add.
+- Which execution of a run wrote a record (`Attempt`, marked with `ATTEMPT_KEY` after the first).
 - Is an agent run inside an engine's workflow without the durability capability (for example
   under the deprecated `DBOSAgent`/`TemporalAgent`/`PrefectAgent` wrappers)? Its run id is then
   random per attempt and its records are written outside the journal, so a recovered workflow
@@ -19,7 +20,10 @@ engines' own context (only when the engine is already imported; none of them is 
 
 from __future__ import annotations
 
+import functools
+import secrets
 import sys
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from pydantic_ai.exceptions import UserError
@@ -93,3 +97,40 @@ def refuse_temporal_sandbox_import() -> None:
             'stepstream was imported inside the Temporal workflow sandbox; pass it through: '
             + _TEMPORAL_PASSTHROUGH_HINT
         ) from restricted
+
+
+ATTEMPT_KEY = 'stepstream.attempt'
+"""Metadata key on the events a recovered attempt writes: which attempt of the run wrote them."""
+
+
+@functools.cache
+def _this_process() -> str:
+    """Tells the processes that executed a run's durable operations apart (see `Attempt`).
+
+    Drawn on first use, not at import: Temporal's workflow sandbox refuses randomness at import.
+    """
+    return secrets.token_hex(8)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """Which execution of a run wrote its records, as journaled by a durable-execution engine.
+
+    Every durable write returns the attempt that performed it. An engine that recovers a run
+    returns the journaled attempt for writes that already happened, so the run can tell, before
+    it writes anything new, that it is a later attempt than the one that began it.
+    """
+
+    process: str
+    number: int
+
+    def next_write(self) -> Attempt:
+        """The attempt that performs a write in this process after this one."""
+        if self.process == _this_process():
+            return self
+        return Attempt(_this_process(), self.number + 1)
+
+    @staticmethod
+    def first() -> Attempt:
+        """The attempt that performs a run's first write, in this process."""
+        return Attempt(_this_process(), 1)

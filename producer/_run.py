@@ -27,7 +27,7 @@ from pydantic_ai.run import AgentRunResult
 from pydantic_ai.tools import RunContext
 
 from stepstream.media import Offloaded
-from stepstream.producer._engines import in_temporal_workflow
+from stepstream.producer._engines import ATTEMPT_KEY, Attempt, in_temporal_workflow
 from stepstream.producer._liveness import OpenRun
 from stepstream.producer._protocol import Ack, StepLog
 from stepstream.producer._redaction import REDACTION_KEY, Redaction
@@ -40,46 +40,10 @@ from stepstream.schemas import (
     SnapshotState,
     StepEvent,
     ToolEffectTransition,
+    chain_hash,
     record_maker,
 )
 from stepstream.telemetry import span
-
-ATTEMPT_KEY = 'stepstream.attempt'
-"""Metadata key on the events a recovered attempt writes: which attempt of the run wrote them."""
-
-
-@functools.cache
-def _this_process() -> str:
-    """Tells the processes that executed a run's durable operations apart (see `Attempt`).
-
-    Drawn on first use, not at import: Temporal's workflow sandbox refuses randomness at import.
-    """
-    return secrets.token_hex(8)
-
-
-@dataclass(frozen=True)
-class Attempt:
-    """Which execution of a run wrote its records, as journaled by a durable-execution engine.
-
-    Every durable write returns the attempt that performed it. An engine that recovers a run
-    returns the journaled attempt for writes that already happened, so the run can tell, before
-    it writes anything new, that it is a later attempt than the one that began it.
-    """
-
-    process: str
-    number: int
-
-    def next_write(self) -> Attempt:
-        """The attempt that performs a write in this process after this one."""
-        if self.process == _this_process():
-            return self
-        return Attempt(_this_process(), self.number + 1)
-
-    @staticmethod
-    def first() -> Attempt:
-        """The attempt that performs a run's first write, in this process."""
-        return Attempt(_this_process(), 1)
-
 
 _new_step_event = record_maker(StepEvent)
 _new_transition = record_maker(ToolEffectTransition)
@@ -136,6 +100,8 @@ class RunWriter:
     operations: Callable[[], DurableOperations | None]
     redaction: Redaction
     seq: int = 0
+    head: str | None = None
+    """The run's chain head: `chain_hash` of its last appended record, which the next one carries."""
     snapshot_seq: int = 0
     unacked: list[Ack] = field(default_factory=list)
     held: list[LogRecord] = field(default_factory=list)
@@ -172,8 +138,12 @@ class RunWriter:
         duration_us: int | None = None,
         trace_id: str | None = None,
         span_id: str | None = None,
+        linked: bool = True,
     ) -> StepEvent:
-        """The run's next step event; its `seq` is taken only once `append` accepts it."""
+        """The run's next step event, linked to the chain's head; its `seq` is taken once `append` accepts it.
+
+        A heartbeat is not `linked`: it takes no `seq` and is not part of the run's trail.
+        """
         return _new_step_event(
             run_id=self.run_id,
             seq=self.seq,
@@ -194,6 +164,7 @@ class RunWriter:
             duration_us=duration_us,
             trace_id=trace_id,
             span_id=span_id,
+            prev_hash=self.head if linked else None,
         )
 
     async def append(self, record: LogRecord) -> None:
@@ -205,6 +176,7 @@ class RunWriter:
         """
         value = self.log.encode(record)
         self.seq += 1
+        self.head = chain_hash(value)
         if self.open is not None:
             self.open.last_append = time.monotonic()
         if self.durable_engine:
@@ -276,6 +248,7 @@ class RunWriter:
             idempotency_key=self.redaction.text(idempotency_key),
             effect_summary=self.redaction.text(effect_summary),
             error=self.redaction.text(error),
+            prev_hash=self.head,
         )
         await self.append(record)
 
@@ -303,7 +276,9 @@ class RunWriter:
 
     def heartbeat(self) -> StepEvent:
         """The run's `run_heartbeat`: its writer is alive. It takes no `seq` (it names the next one)."""
-        return self.step_event('run_heartbeat', self.step_index, metadata={}, idempotency_key=None)
+        return self.step_event(
+            'run_heartbeat', self.step_index, metadata={}, idempotency_key=None, linked=False
+        )
 
     async def end_by_process(self, reason: str) -> None:
         """Append `run_cancelled` for a process that stops (cleanly) while this run is open.

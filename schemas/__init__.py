@@ -9,10 +9,12 @@ from stepstream.schemas._codec import (
     STEP_EVENT_SCHEMA,
     TOOL_EFFECT_SCHEMA,
     SchemaVersion,
+    chain_hash,
     decode,
     encode,
     encode_with_fastavro,
     load_schema_versions,
+    record_body,
     schema_of,
 )
 from stepstream.schemas._confluent import (
@@ -92,6 +94,7 @@ __all__ = [
     'ToolEffectStatus',
     'ToolEffectTransition',
     'apply_patch',
+    'chain_hash',
     'confluent_schema_id',
     'decode',
     'encode',
@@ -102,6 +105,7 @@ __all__ = [
     'message_state',
     'patch_json',
     'read_record',
+    'record_body',
     'record_maker',
     'schema_of',
     'stamp_changes',

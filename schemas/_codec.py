@@ -8,6 +8,7 @@ with an older version decode into the current record types.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import re
@@ -109,6 +110,27 @@ def encode_with_fastavro(record: LogRecord) -> bytes:
     out.write(schema.fingerprint)
     schemaless_writer(out, schema.parsed, _to_avro(record))
     return out.getvalue()
+
+
+def record_body(value: bytes) -> bytes:
+    """A record's Avro body: its value without the single-object or Confluent header.
+
+    What a run's hash chain hashes (`chain_hash`), so a record hashes alike in either wire format.
+    """
+    if value[:2] == MAGIC:
+        return value[_HEADER_LEN:]
+    if value[:1] == b'\x00':  # Confluent: magic byte 0, a 4-byte schema id
+        return value[5:]
+    raise SchemaError(f'not a record of ours: it starts with {value[:2].hex()}')
+
+
+def chain_hash(value: bytes) -> str:
+    """The link a run's next record carries (`prev_hash`): SHA-256 (hex) of this record's Avro body.
+
+    Sealed content is hashed as its ciphertext, so erasing a conversation never breaks a chain
+    (docs/decisions/0048-hash-chained-runs.md).
+    """
+    return hashlib.sha256(record_body(value)).hexdigest()
 
 
 def schema_of(record: LogRecord) -> SchemaVersion:

@@ -151,6 +151,11 @@ class StepEvent:
     """Since schema v3: the OpenTelemetry trace the event was written under, as 32 hex digits."""
     span_id: str | None = None
     """Since schema v3: the OpenTelemetry span the event was written under, as 16 hex digits."""
+    prev_hash: str | None = field(
+        default=None, metadata=internal("a link of the run's hash chain, checked by an audit, not read")
+    )
+    """Since schema v5: SHA-256 (hex) of the Avro body of the run's previous record (`chain_hash`); None on
+    a run's first record, heartbeats and resolutions, and from earlier writers (unchained)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -176,6 +181,11 @@ class ToolEffectTransition:
     """Since schema v2, `resolved` only: the operator (the `writer_id` is the process that wrote it)."""
     note: str | None = None
     """Since schema v2, `resolved` only: why, in the operator's words."""
+    prev_hash: str | None = field(
+        default=None, metadata=internal("a link of the run's hash chain, checked by an audit, not read")
+    )
+    """Since schema v3: SHA-256 (hex) of the Avro body of the run's previous record (`chain_hash`); None on
+    a run's first record, heartbeats and resolutions, and from earlier writers (unchained)."""
 
 
 LogRecord = StepEvent | ToolEffectTransition

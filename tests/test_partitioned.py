@@ -121,8 +121,9 @@ async def test_a_late_member_restores_shards_from_checkpoints(
         {int(c.key.split('/')[-2]): c.records for c in uploaded if int(c.key.split('/')[-2]) not in held}
     )
 
-    # The newest checkpoint of partition 0 is corrupt: the member falls back to the older one.
-    good = (await checkpoints.list(0))[-1]
+    # The newest checkpoint of a partition is corrupt: the member falls back to the older one. (A
+    # partition the runs' random ids left empty has no checkpoint, so the first one that has.)
+    good = (await checkpoints.list(min(held)))[-1]
     corrupt_key = good.key.rsplit('/', 1)[0] + f'/{good.records + 1:020d}-{good.sha256}.json'
     await obstore.put_async(checkpoints.store.object_store, corrupt_key, b'{"not": "a manifest"}')
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
 import json
 import warnings
@@ -47,6 +48,7 @@ from stepstream.schemas import (
     StepEvent,
     ToolEffectTransition,
     apply_patch,
+    chain_hash,
     decode,
     encode,
     encode_with_fastavro,
@@ -57,7 +59,9 @@ from stepstream.schemas import (
     record_maker,
     stamp_changes,
     stamps_since,
+    to_confluent,
 )
+from stepstream.schemas._codec import _to_avro
 from stepstream.schemas._patch import _BY_KIND, _MESSAGE
 from stepstream.schemas._writer import compile_writer
 
@@ -272,6 +276,30 @@ def test_snapshot_media_lists_cross_versions() -> None:
     assert isinstance(decoded, StepEvent) and decoded.snapshot is not None
     assert decoded.snapshot.media is None
     assert decoded == replace(snapshot, snapshot=replace(snapshot.snapshot, media=None))
+
+
+@pytest.mark.fast
+def test_chain_links_cross_versions() -> None:
+    """A v5 event's and a v3 transition's link read away as v4 and v2; their records decode unlinked
+    (None: `unchained`, never broken), and a link hashes a record's body alike in either wire format."""
+    for name, old_index, record in (
+        ('step_event', 3, next(r for r in every_record() if isinstance(r, StepEvent))),
+        ('tool_effect_transition', 1, next(r for r in every_record() if isinstance(r, ToolEffectTransition))),
+    ):
+        old, new = load_schema_versions()[name][old_index : old_index + 2]
+        linked = replace(record, prev_hash=hashlib.sha256(b'previous').hexdigest())
+        assert decode(encode(linked)) == linked
+        out = io.BytesIO()
+        schemaless_writer(out, new.parsed, _to_avro(linked))
+        as_old = schemaless_reader(io.BytesIO(out.getvalue()), new.parsed, old.parsed)
+        assert isinstance(as_old, dict) and 'prev_hash' not in as_old
+        framed = io.BytesIO()
+        framed.write(b'\xc3\x01' + old.fingerprint)
+        schemaless_writer(framed, old.parsed, as_old)
+        assert decode(framed.getvalue()) == record  # unlinked
+        single = encode(linked)
+        body = hashlib.sha256(single[10:]).hexdigest()  # the body: after magic and fingerprint
+        assert chain_hash(single) == chain_hash(to_confluent(single, 7)) == body
 
 
 @pytest.mark.fast
@@ -521,6 +549,7 @@ _records = st.builds(
     metadata=st.dictionaries(_text, _text, max_size=4),
     idempotency_key=_optional_text,
     snapshot=_snapshots,
+    prev_hash=st.none() | st.text('0123456789abcdef', min_size=64, max_size=64),
 ) | st.builds(
     ToolEffectTransition,
     **_envelope,
@@ -533,6 +562,7 @@ _records = st.builds(
     resolution=_optional_text,
     resolved_by=_optional_text,
     note=_optional_text,
+    prev_hash=st.none() | st.text('0123456789abcdef', min_size=64, max_size=64),
 )
 
 
