@@ -50,16 +50,17 @@ from stepstream.producer._current import current_run as current_run
 from stepstream.producer._current import current_run_id as current_run_id
 from stepstream.producer._engines import ATTEMPT_KEY as ATTEMPT_KEY
 from stepstream.producer._engines import Attempt as Attempt
-from stepstream.producer._engines import refuse_temporal_sandbox_import, refuse_undeclared_engine
+from stepstream.producer._engines import refuse_temporal_sandbox_import, refuse_undeclared_engine, writer_id
 from stepstream.producer._log import EventLog
 from stepstream.producer._protocol import StepLog
 from stepstream.producer._redaction import Redaction
 from stepstream.producer._run import MAX_ERROR_CHARS as MAX_ERROR_CHARS
-from stepstream.producer._run import RunWriter, _usage_of, _writer_id
+from stepstream.producer._run import RunWriter, _usage_of
 from stepstream.producer._run import SnapshotSaved as SnapshotSaved
 from stepstream.producer._snapshots import SnapshotWriter
 from stepstream.schemas import StepEvent, ToolEffectTransition
 from stepstream.settings import Settings
+from stepstream.signing import Signer
 
 logger = logging.getLogger('stepstream.producer')
 
@@ -280,9 +281,9 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         a later attempt (`Attempt.next_write`). A partial write that is run again only repeats
         records with the same `seq`, which the projector ignores.
         """
-        acks = [await self.log.append(record) for record in records]
-        await self.log.wait_acked(acks)
-        return previous.next_write() if previous is not None else Attempt.first()
+        await self.log.wait_acked([await self.log.append(record) for record in records])
+        attempt = previous.next_write() if previous is not None else Attempt.first()
+        return attempt.wrote(records, self.log.encode)
 
     # -- run lifecycle -----------------------------------------------------------------------
 
@@ -480,7 +481,7 @@ def _run_writer(bound: StepPersistence[Any], ctx: RunContext[Any], store: MediaS
     return RunWriter(
         log=bound.log,
         run_id=run_id,
-        writer_id=_writer_id(run_id, ctx.run_id),
+        writer_id=writer_id(run_id, ctx.run_id),
         agent_name=bound.agent_name,
         parent_run_id=bound.parent_run_id,
         metadata=redaction.metadata(bound.metadata),
@@ -489,4 +490,5 @@ def _run_writer(bound: StepPersistence[Any], ctx: RunContext[Any], store: MediaS
         snapshots=SnapshotWriter(store, bound.threshold_bytes, redaction),
         operations=weakref.ref(bound),
         redaction=redaction,
+        signer=Signer.from_secret(key) if (key := bound.log.settings.signing_key) is not None else None,
     )

@@ -20,13 +20,18 @@ engines' own context (only when the engine is already imported; none of them is 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import hashlib
 import secrets
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from pydantic_ai.exceptions import UserError
+
+from stepstream.schemas import UNCHAINED_KINDS, LogRecord, StepEvent, chain_hash
 
 _TEMPORAL_PASSTHROUGH_HINT = (
     "import stepstream inside `with workflow.unsafe.imports_passed_through():` in the workflow's module, "
@@ -123,6 +128,11 @@ class Attempt:
 
     process: str
     number: int
+    head: str | None = None
+    """The chain head of the records the write sent: what the log holds, so what a recovered run
+    links its next record to (its rebuilt records may differ from the journaled ones it wrote)."""
+    signed: str | None = None
+    """The head the write's last signed head (`chain_signed`) signs, if it sent one."""
 
     def next_write(self) -> Attempt:
         """The attempt that performs a write in this process after this one."""
@@ -130,7 +140,30 @@ class Attempt:
             return self
         return Attempt(_this_process(), self.number + 1)
 
+    def wrote(self, records: Sequence[LogRecord], encode: Callable[[LogRecord], bytes]) -> Attempt:
+        """The attempt, with the chain head of `records` (the batch it wrote) and the head it signed last."""
+        head = signed = None
+        for record in reversed(records):
+            if isinstance(record, StepEvent) and record.kind in UNCHAINED_KINDS:
+                signed = signed or (record.prev_hash if record.kind == 'chain_signed' else None)
+                continue
+            head = chain_hash(encode(record))
+            break
+        return dataclasses.replace(self, head=head, signed=signed)
+
     @staticmethod
     def first() -> Attempt:
         """The attempt that performs a run's first write, in this process."""
         return Attempt(_this_process(), 1)
+
+
+def writer_id(run_id: str, context_run_id: str | None) -> str:
+    """The writer of a run: the same for every execution of one run, different across runs.
+
+    Derived from the run id and the context's run id, which a durable-execution engine gives a
+    re-executed run again; two runs that reuse one explicit `run_id` (each `.run()` has its own
+    context run id) still show as two writers, i.e. as a conflict.
+    """
+    if context_run_id is None:
+        return secrets.token_hex(8)
+    return hashlib.sha256(f'{run_id}\x00{context_run_id}'.encode('utf-8', 'surrogatepass')).hexdigest()[:16]

@@ -49,7 +49,7 @@ from stepstream.producer._protocol import (
     topic_of,
 )
 from stepstream.producer._sender import Outgoing, Sender
-from stepstream.schemas import LogRecord, StepEvent
+from stepstream.schemas import UNCHAINED_KINDS, LogRecord, StepEvent
 from stepstream.settings import Settings
 from stepstream.topics import Position, ensure_topics, murmur2_partition, supports_idempotence, unavailable
 
@@ -282,7 +282,7 @@ class EventLog:
         lost: dict[str, list[int]] = {}
         unsent = [out.record for out, _ack in self._accumulator.queued]
         for record in [*unsent, *self._sender.unsent()]:
-            if not (isinstance(record, StepEvent) and record.kind == 'run_heartbeat'):  # takes no seq
+            if not (isinstance(record, StepEvent) and record.kind in UNCHAINED_KINDS):  # takes no seq
                 lost.setdefault(record.run_id, []).append(record.seq)
         lost = {run_id: sorted(set(seqs)) for run_id, seqs in lost.items()}
         if lost:

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hashlib
-import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -43,6 +41,7 @@ from stepstream.schemas import (
     chain_hash,
     record_maker,
 )
+from stepstream.signing import SIGNATURE, SIGNING_KEY, Signer
 from stepstream.telemetry import span
 
 _new_step_event = record_maker(StepEvent)
@@ -99,9 +98,13 @@ class RunWriter:
     snapshots: SnapshotWriter
     operations: Callable[[], DurableOperations | None]
     redaction: Redaction
+    signer: Signer | None = None
+    """The writer's signing key (`STEPSTREAM_SIGNING_KEY`): set, each durability point signs the head."""
     seq: int = 0
     head: str | None = None
     """The run's chain head: `chain_hash` of its last appended record, which the next one carries."""
+    signed: str | None = None
+    """The head this writer signed last: a durability point where the chain did not move signs nothing."""
     snapshot_seq: int = 0
     unacked: list[Ack] = field(default_factory=list)
     held: list[LogRecord] = field(default_factory=list)
@@ -142,7 +145,8 @@ class RunWriter:
     ) -> StepEvent:
         """The run's next step event, linked to the chain's head; its `seq` is taken once `append` accepts it.
 
-        A heartbeat is not `linked`: it takes no `seq` and is not part of the run's trail.
+        A heartbeat is not `linked`: it takes no `seq` and is not part of the run's trail. Nor does
+        a signed head (`chain_signed`), which carries the head it signs as its link.
         """
         return _new_step_event(
             run_id=self.run_id,
@@ -179,10 +183,24 @@ class RunWriter:
         self.head = chain_hash(value)
         if self.open is not None:
             self.open.last_append = time.monotonic()
+        await self._send(record, value)
+
+    async def _send(self, record: LogRecord, value: bytes) -> None:
         if self.durable_engine:
             self.held.append(record)
         else:
             self.unacked.append(await self.log.send(record, value))
+
+    async def sign_head(self) -> None:
+        """Append a `chain_signed` event for the head (`stepstream.signing`), if a key is set and it moved."""
+        head = self.head
+        if self.signer is None or head is None or head == self.signed:
+            return
+        self.signed = head
+        signature = self.signer.sign(self.run_id, self.seq, head)
+        metadata = {SIGNATURE: signature, SIGNING_KEY: self.signer.key_id}
+        record = self.step_event('chain_signed', self.step_index, metadata=metadata, idempotency_key=None)
+        await self._send(record, self.log.encode(record))  # beside the trail: no seq, no new head
 
     def event_metadata(self) -> dict[str, str]:
         """The metadata of an event written under an engine: marked with its attempt after the first."""
@@ -298,6 +316,7 @@ class RunWriter:
             idempotency_key=f'{self.seq}:{self.step_index}:run_cancelled:',
         )
         await self.append(record)
+        await self.sign_head()
 
     def close_liveness(self) -> None:
         """The run's end is about to be appended: its writer stops speaking for it."""
@@ -318,6 +337,7 @@ class RunWriter:
         here by one durable operation, so a recovered run does not write them again.
         """
         with span('stepstream.durability_point', attributes={'stepstream.run_id': self.run_id or ''}):
+            await self.sign_head()
             if self.durable_engine:
                 held, self.held = self.held, []
                 if held and not in_temporal_workflow():
@@ -329,7 +349,9 @@ class RunWriter:
                         held = await self._operations()._seal_durably(ctx, held[0].seq, len(held))
                     finally:
                         self.sealing = []
-                self.attempt = await self._operations()._write_durably(ctx, held, self.attempt)
+                self.attempt = attempt = await self._operations()._write_durably(ctx, held, self.attempt)
+                if attempt.head is not None:  # the journaled write's head, which the log holds
+                    self.head, self.signed = attempt.head, attempt.signed or self.signed
                 return
             unacked, self.unacked = self.unacked, []
             await self.log.wait_acked(unacked)
@@ -459,15 +481,3 @@ def _usage_of(response: ModelResponse) -> ModelUsage:
         finish_reason=response.finish_reason,
         cost_usd=None if usage.cost is None else str(usage.cost),
     )
-
-
-def _writer_id(run_id: str, context_run_id: str | None) -> str:
-    """The writer of a run: the same for every execution of one run, different across runs.
-
-    Derived from the run id and the context's run id, which a durable-execution engine gives a
-    re-executed run again; two runs that reuse one explicit `run_id` (each `.run()` has its own
-    context run id) still show as two writers, i.e. as a conflict.
-    """
-    if context_run_id is None:
-        return secrets.token_hex(8)
-    return hashlib.sha256(f'{run_id}\x00{context_run_id}'.encode('utf-8', 'surrogatepass')).hexdigest()[:16]

@@ -70,7 +70,7 @@ from stepstream.projector._state import RunState
 from stepstream.projector._step_events import TERMINAL_KINDS, apply_event, register
 from stepstream.projector._tool_effects import apply_resolution, apply_transition, reindex_effects
 from stepstream.projector._usage import MAX_COST_USD, MAX_COUNT, TIMED_KINDS
-from stepstream.schemas import Fields, read_record
+from stepstream.schemas import UNCHAINED_KINDS, Fields, read_record
 
 __all__ = [
     'DLQ_REASONS',
@@ -114,12 +114,20 @@ DLQ_REASONS = (
     'snapshot_conflict',
     'unknown_effect',
     'stray_heartbeat',
+    'stray_signature',
     'apply_error',
 )
 """Every reason a record can be dead-lettered for (docs/decisions/0010-conflict-rules.md)."""
 
 
 _by_index = itemgetter(0)
+
+
+def _beside(event: Fields) -> tuple[str, str]:
+    """What an event beside the trail is called, and the reason it is dead-lettered for when stray."""
+    if event['kind'] == 'run_heartbeat':
+        return 'a heartbeat', 'stray_heartbeat'
+    return 'a signed chain head', 'stray_signature'
 
 
 class Applier:
@@ -268,11 +276,10 @@ class Applier:
                 if retention is not None and retention.is_expired(txn, keys.run_id):
                     self._outcome.expired_records += 1
                     continue
-                if source.topic == EVENTS and record['kind'] == 'run_heartbeat':
+                if source.topic == EVENTS and record['kind'] in UNCHAINED_KINDS:
+                    what, reason = _beside(record)
                     self._dead_letter(
-                        source,
-                        'stray_heartbeat',
-                        f'a heartbeat for run {keys.run_id!r}, which has no run_started before it',
+                        source, reason, f'{what} for run {keys.run_id!r}, which has no run_started before it'
                     )
                     continue
                 if not (source.topic == EVENTS and record['kind'] == 'run_started'):
@@ -355,7 +362,7 @@ class Applier:
             else:
                 self._outcome.duplicates += 1
             return
-        if source.topic == EVENTS and record['kind'] == 'run_heartbeat':
+        if source.topic == EVENTS and record['kind'] in UNCHAINED_KINDS:
             self._apply_heartbeat(txn, run, source, record)
             return
         if record['writer_id'] != run.owner:
@@ -397,15 +404,17 @@ class Applier:
 
         A heartbeat holds no seq and is not kept: its time joins the max fold `stale` is read
         from, so any number of them, in any order, costs one run-state write per batch. One from
-        another writer says nothing about the owner and goes to the DLQ.
+        another writer says nothing about the owner and goes to the DLQ. A signed chain head
+        (`chain_signed`) is read the same way: it is checked by `stepstream audit verify`.
         """
         if heartbeat['writer_id'] != run.owner:
+            what, reason = _beside(heartbeat)
             self.run_dead_letter(
                 txn,
                 run,
                 source,
-                'stray_heartbeat',
-                f'a heartbeat of writer {heartbeat["writer_id"]!r} for run {run.run_id!r}, '
+                reason,
+                f'{what} of writer {heartbeat["writer_id"]!r} for run {run.run_id!r}, '
                 f'which writer {run.owner!r} owns',
             )
             return

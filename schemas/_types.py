@@ -32,11 +32,17 @@ EventKind = Literal[
     'tool_call_failed',
     'snapshot_saved',
     'run_heartbeat',
+    'chain_signed',
 ]
 """Boundary that produced a `StepEvent`; `run_heartbeat` is no boundary but the writer saying it is alive.
 
 A heartbeat takes no `seq` (its `seq` is the one the writer's next record will take) and is not an
-event of the run's trail: the projector only reads its timestamp (docs/decisions/0026-writer-liveness.md)."""
+event of the run's trail: the projector only reads its timestamp (docs/decisions/0026-writer-liveness.md).
+Nor is `chain_signed`, the writer's signature of its run's chain head at a durability point
+(`stepstream.signing`): its `seq` is the number of records the head covers, its `prev_hash` the head."""
+
+UNCHAINED_KINDS = frozenset({'run_heartbeat', 'chain_signed'})
+"""Step event kinds a writer appends beside the run's trail: they take no `seq` and are not chained."""
 
 EVENT_KINDS: frozenset[str] = frozenset(EventKind.__args__)  # type: ignore[attr-defined]
 

@@ -146,6 +146,11 @@ class Settings:
     redaction_hash_key: SecretStr | None = field(default=None, repr=False)
     """A key (from `STEPSTREAM_REDACTION_HASH_KEY` or its `_FILE`, never a flag): set, each marker
     carries the redacted value's HMAC-SHA256, so two redacted values compare without being read."""
+    signing_key: SecretStr | None = field(default=None, repr=False)
+    """A writer's Ed25519 private key, PEM (from `STEPSTREAM_SIGNING_KEY` or its `_FILE`, never a
+    flag): set, each writer signs its runs' chain heads at their durability points, and `stepstream
+    audit checkpoint` signs its checkpoints, so an auditor holding the public key can tell the
+    writer's records from anyone else's (docs/audit.md). Unset (the default), nothing is signed."""
     heartbeat_interval_s: float = 5.0
     """A writer appends a `run_heartbeat` for each open run that has written nothing else for this
     many seconds, so that readers can tell a quiet run from a dead one (0: no heartbeats)."""
@@ -205,6 +210,8 @@ class Settings:
         self._check_schema_registry()
         if self.erasure_key is not None:  # a clear error now, not at the first sealed write
             parse_kek(self.erasure_key.get_secret_value())
+        if self.signing_key is not None:  # a clear error now, not at the first durability point
+            _check_signing_key(self.signing_key)
         if self.s3_cafile and (self.s3_endpoint or '').startswith('http://'):
             raise ValueError(
                 f'{_name("s3_cafile")} is set but {_name("s3_endpoint")} is {self.s3_endpoint}, '
@@ -393,6 +400,7 @@ SECRET_FIELDS = frozenset(
         'schema_registry_password',
         'erasure_key',
         'redaction_hash_key',
+        'signing_key',
     }
 )
 """Fields read only from the environment or a file, hidden from `repr`, and never a CLI flag."""
@@ -434,6 +442,20 @@ def _parse(f: dataclasses.Field[Any], raw: str) -> Any:
     except ValueError:
         raise ValueError(f'{ENV_PREFIX}{f.name.upper()}={raw!r} is not a valid {kind.split()[0]}') from None
     return raw
+
+
+def _check_signing_key(key: SecretStr) -> None:
+    """Refuse a signing key that is not a PEM Ed25519 private key, naming the variable."""
+    try:
+        from stepstream.signing import Signer
+
+        Signer.from_secret(key)
+    except ImportError:
+        raise ValueError(
+            f'{ENV_PREFIX}SIGNING_KEY is set, which needs cryptography: pip install "stepstream[audit]"'
+        ) from None
+    except ValueError as exc:
+        raise ValueError(f'{ENV_PREFIX}SIGNING_KEY (or its {FILE_SUFFIX}) is {exc}') from None
 
 
 def parse_kek(text: str) -> bytes:

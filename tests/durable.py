@@ -14,6 +14,7 @@ import signal
 from pydantic_ai import Agent, RunContext
 from pydantic_ai.messages import BinaryContent, ModelRequest, ToolReturnPart, UserPromptPart
 
+from stepstream import Settings
 from stepstream.producer import ATTEMPT_KEY, EventLog, StepPersistence
 from stepstream.projector import ProjectionReader, Projector
 from stepstream.schemas import RunRecord, StepEvent
@@ -146,3 +147,41 @@ async def assert_clean_big_run(
     returns = [p for m in requests for p in m.parts if isinstance(p, ToolReturnPart)]
     assert [len(str(r.content)) for r in returns] == [TOOL_OUTPUT_CHARS, TOOL_OUTPUT_CHARS]
     return run
+
+
+def _signing_key() -> str:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
+
+    key = Ed25519PrivateKey.generate()
+    return key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()).decode()
+
+
+SIGNING_KEY = _signing_key()
+"""The writers' key of the engine tests that kill a durable write: the write sent again is signed alike."""
+
+
+def signed(settings: Settings) -> Settings:
+    """`settings` whose writers sign their chain heads with `SIGNING_KEY`."""
+    return settings.replace(signing_key=SIGNING_KEY)
+
+
+async def assert_audited(settings: Settings, conversation_id: str) -> None:
+    """`audit verify --conversation` from the topics: every run intact, signed to its end, complete.
+
+    Under an engine a recovered run writes its records again byte for byte, signed heads included
+    (Ed25519 is deterministic): the copies sent twice are one record each, and the chain holds.
+    """
+    from stepstream.audit import audit_log
+    from stepstream.signing import Signer, TrustedKeys
+
+    signer = Signer.from_pem(SIGNING_KEY.encode())
+    keys = TrustedKeys({signer.key_id: signer.private_key.public_key()})
+    report = await audit_log(settings, keys=keys, conversation_id=conversation_id)
+    assert report.runs, f'no run of conversation {conversation_id!r} in the log'
+    for verdict in report.runs:
+        integrity = verdict.integrity
+        assert integrity is not None and integrity.ok, verdict
+        assert integrity.chain == 'intact' and integrity.signed_through == integrity.records, verdict
+        assert verdict.completeness == 'complete', verdict
+    assert report.integrity_ok and report.completeness_ok

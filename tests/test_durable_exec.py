@@ -21,10 +21,12 @@ from stepstream.projector import Projector
 from stepstream.topics import ensure_topics
 
 from durable import (
+    assert_audited,
     assert_clean_big_run,
     assert_tool_kill_recovered,
     assert_write_kill_recovered,
     kill_at,
+    signed,
 )
 
 pytestmark = pytest.mark.engines
@@ -86,6 +88,7 @@ async def test_dbos_recovers_a_run_killed_inside_a_tool_as_one_run(
 async def test_dbos_recovers_a_run_killed_inside_its_durable_write(
     settings: Settings, tmp_path: Path, event_log: EventLog, projector: Projector
 ) -> None:
+    settings = signed(settings)
     await ensure_topics(settings)
     await kill_at(await child(settings, tmp_path, 'start', '--hang-write'), b'in-write\n')
     await projector.catch_up()
@@ -96,6 +99,7 @@ async def test_dbos_recovers_a_run_killed_inside_its_durable_write(
     assert 'output answered after 2 tool calls' in output
     await projector.catch_up()
     await assert_write_kill_recovered(projector.reader(), projector, event_log, 'wf-1', effects(tmp_path))
+    await assert_audited(settings, 'wf-1')
 
 
 async def test_dbos_run_without_a_crash_has_the_plain_trail_and_large_media_intact(

@@ -25,10 +25,12 @@ from stepstream.projector import Projector
 from stepstream.topics import ensure_topics
 
 from durable import (
+    assert_audited,
     assert_clean_big_run,
     assert_tool_kill_recovered,
     assert_write_kill_recovered,
     kill_at,
+    signed,
 )
 from engines import prefect_server
 
@@ -112,6 +114,7 @@ async def test_prefect_recovers_a_flow_run_killed_inside_a_tool_as_one_run(
 async def test_prefect_recovers_a_flow_run_killed_inside_a_durable_write(
     settings: Settings, prefect: dict[str, str], tmp_path: Path, event_log: EventLog, projector: Projector
 ) -> None:
+    settings = signed(settings)
     await ensure_topics(settings)
     await kill_at(await child(settings, prefect, tmp_path, 'start', '--hang-write'), b'in-write\n')
     output = await finish(await child(settings, prefect, tmp_path, 'recover'))
@@ -120,6 +123,7 @@ async def test_prefect_recovers_a_flow_run_killed_inside_a_durable_write(
     await assert_write_kill_recovered(
         projector.reader(), projector, event_log, conversation(tmp_path), effects(tmp_path)
     )
+    await assert_audited(settings, conversation(tmp_path))
 
 
 async def test_prefect_run_without_a_crash_has_the_plain_trail_and_large_media_intact(

@@ -23,10 +23,12 @@ from stepstream.projector import Projector
 from stepstream.topics import ensure_topics
 
 from durable import (
+    assert_audited,
     assert_clean_big_run,
     assert_tool_kill_recovered,
     assert_write_kill_recovered,
     kill_at,
+    signed,
 )
 from engines import temporal_binary, temporal_dev_server
 
@@ -111,6 +113,7 @@ async def test_temporal_recovers_a_worker_killed_inside_a_tool_as_one_run(
 async def test_temporal_recovers_a_worker_killed_inside_a_durable_write(
     settings: Settings, temporal: str, tmp_path: Path, event_log: EventLog, projector: Projector
 ) -> None:
+    settings = signed(settings)
     await ensure_topics(settings)
     await kill_at(await child(settings, temporal, tmp_path, 'start', '--hang-write'), b'in-write\n')
     output = await finish(await child(settings, temporal, tmp_path, 'recover'))
@@ -119,6 +122,7 @@ async def test_temporal_recovers_a_worker_killed_inside_a_durable_write(
     await assert_write_kill_recovered(
         projector.reader(), projector, event_log, workflow_id(tmp_path), effects(tmp_path)
     )
+    await assert_audited(settings, workflow_id(tmp_path))
 
 
 async def test_temporal_run_without_a_crash_has_the_plain_trail_and_large_media_intact(

@@ -1,0 +1,290 @@
+"""One run's integrity, from the records the log holds for it: the chain, its order, its signatures.
+
+Pure: `verify_run` is given what was read (`Seen`) and the trusted keys, and says whether the
+run's trail is exactly what its writer wrote (docs/audit.md). The trail is every record the run's
+writer appends with a `seq` (step events and tool-effect transitions); heartbeats and operators'
+resolutions are beside it, and signed heads (`chain_signed`) are statements about it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from stepstream.schemas import STEP_EVENTS
+from stepstream.signing import SIGNED_KIND, TrustedKeys, statement
+
+Problem = Literal['altered', 'missing', 'reordered', 'inserted', 'unsigned', 'unknown_key', 'bad_signature']
+"""What is wrong with a record (docs/audit.md names each):
+
+- `altered`: its bytes are not those the run's next record (or a signed head) links to;
+- `missing`: records of the run's trail before it are not in the log;
+- `reordered`: it stands after a record of its run that its writer appended later;
+- `inserted`: no writer of the run wrote it where it stands (a second record for one `seq`, a
+  record keyed or placed as another run's, a link to nothing of this run);
+- `unsigned`: no signed head of a trusted key covers it;
+- `unknown_key`: the heads that cover it are signed by a key the verifier was not given;
+- `bad_signature`: a signed head whose signature is not valid for what it states.
+"""
+
+Chain = Literal['intact', 'broken', 'unchained']
+"""A run's integrity verdict: `unchained` for records written before the chain (no links at all)."""
+
+TERMINAL_KINDS = frozenset({'run_completed', 'run_failed', 'run_cancelled'})
+TOPIC_NAMES = ('step_events', 'tool_effects')
+"""A topic's role as audits and checkpoints name it (not its name: a copy has another prefix)."""
+
+
+@dataclass(slots=True, frozen=True)
+class Seen:
+    """One record of a run as the log holds it: where it stands and what the chain needs of it."""
+
+    topic: int
+    """`STEP_EVENTS` or `TOOL_EFFECTS`."""
+    partition: int
+    offset: int
+    seq: int
+    digest: str
+    """`chain_hash` of the record as read."""
+    prev_hash: str | None
+    kind: str
+    """The event kind, or the transition's status."""
+    placed: bool = True
+    """Keyed by its run id, in its run's partition."""
+    signature: tuple[str, str] | None = None
+    """A signed head's (key id, signature)."""
+
+
+@dataclass(slots=True, frozen=True)
+class Break:
+    """One thing wrong with a run, at the record it is found at."""
+
+    problem: Problem
+    seq: int
+    topic: str
+    partition: int
+    offset: int
+    detail: str
+
+    def as_json(self) -> dict[str, object]:
+        """The break as `audit verify --json` prints it."""
+        return {
+            'problem': self.problem,
+            'seq': self.seq,
+            'topic': self.topic,
+            'partition': self.partition,
+            'offset': self.offset,
+            'detail': self.detail,
+        }
+
+
+@dataclass(slots=True)
+class RunIntegrity:
+    """A run's integrity verdict: its chain, how far trusted signatures cover it, the first break."""
+
+    run_id: str
+    chain: Chain
+    records: int
+    """Records of the run's trail in the log (duplicates once)."""
+    ended: bool
+    signed_through: int | None
+    """How many of its first records a valid signature by a trusted key covers; None when not checked."""
+    head: tuple[int, str] | None
+    """The highest `seq` of its trail and that record's hash, as the log holds them."""
+    digests: dict[int, str] = field(default_factory=dict)
+    """The hash of the record the trail holds at each `seq`."""
+    breaks: list[Break] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """Nothing is wrong with the run's records."""
+        return not self.breaks
+
+    @property
+    def first_break(self) -> Break | None:
+        """The break at the lowest `seq` (the first place the log differs from what was written)."""
+        return min(self.breaks, key=lambda b: (b.seq, b.offset)) if self.breaks else None
+
+
+def _position(record: Seen) -> tuple[int, int, int]:
+    return (record.offset, record.topic, record.seq)
+
+
+def _at(record: Seen, problem: Problem, detail: str) -> Break:
+    return Break(problem, record.seq, TOPIC_NAMES[record.topic], record.partition, record.offset, detail)
+
+
+def verify_run(run_id: str, seen: Iterable[Seen], keys: TrustedKeys | None) -> RunIntegrity:
+    """The integrity of run `run_id` from its records in the log (any order), checked against `keys`.
+
+    Without `keys`, signatures are not checked (`signed_through` is None). With them, every
+    record of the trail must be covered by a valid head signed by one of them.
+    """
+    trail: list[Seen] = []
+    heads: list[Seen] = []
+    breaks: list[Break] = []
+    ordered = sorted(seen, key=_position)  # the verdict never depends on the order records are given in
+    for record in ordered:
+        if not record.placed:
+            breaks.append(
+                _at(record, 'inserted', f"a record of run {run_id!r} keyed or placed as another run's")
+            )
+        elif record.topic == STEP_EVENTS and record.kind == SIGNED_KIND:
+            heads.append(record)
+        elif record.kind not in ('run_heartbeat', 'resolved'):
+            trail.append(record)
+    by_seq: dict[int, list[Seen]] = {}
+    for record in trail:
+        same = by_seq.setdefault(record.seq, [])
+        if all(other.digest != record.digest for other in same):  # a resent duplicate is one record
+            same.append(record)
+    chained = any(r.prev_hash is not None for r in ordered)
+    digests: dict[int, str] = {}
+    if chained:
+        _check_links(run_id, by_seq, digests, breaks)
+    else:
+        digests = {seq: same[0].digest for seq, same in by_seq.items()}
+    _check_order(trail, breaks)
+    signed_through = None if keys is None else _check_signatures(run_id, heads, trail, digests, keys, breaks)
+    top = max(by_seq, default=None)
+    return RunIntegrity(
+        run_id=run_id,
+        chain='unchained' if not chained else ('broken' if breaks else 'intact'),
+        records=sum(len(same) for same in by_seq.values()),
+        ended=any(r.kind in TERMINAL_KINDS for r in trail if r.topic == STEP_EVENTS),
+        signed_through=signed_through,
+        head=None if top is None else (top, digests.get(top, by_seq[top][0].digest)),
+        digests=digests,
+        breaks=breaks,
+    )
+
+
+def _check_links(
+    run_id: str, by_seq: dict[int, list[Seen]], digests: dict[int, str], breaks: list[Break]
+) -> None:
+    """Walk the trail by `seq`: each record links to the one before; `digests` gets the chain's records."""
+    previous: Seen | None = None
+    for seq in sorted(by_seq):
+        candidates = by_seq[seq]
+        following = by_seq.get(seq + 1, [])
+        expected = previous.digest if previous is not None else None
+        if previous is not None and seq != previous.seq + 1:
+            expected = None  # nothing to link to: the gap is the break
+        chosen = _choose(candidates, expected, following)
+        if previous is None and seq != 0:
+            breaks.append(_at(chosen, 'missing', f'records 0 to {seq - 1} of the run are not in the log'))
+        elif previous is not None and seq != previous.seq + 1:
+            gap = f'records {previous.seq + 1} to {seq - 1}'
+            breaks.append(_at(chosen, 'missing', f'{gap} of the run are not in the log'))
+        for other in candidates:
+            if other is not chosen:
+                breaks.append(_at(other, 'inserted', f'a second record for seq {seq} of run {run_id!r}'))
+        if seq == 0 and chosen.prev_hash is not None:
+            breaks.append(_at(chosen, 'inserted', 'the first record of the run links to a record before it'))
+        elif expected is not None and chosen.prev_hash != expected:
+            assert previous is not None
+            if chosen.prev_hash is None:
+                breaks.append(_at(chosen, 'inserted', 'a record without a link in a chained run'))
+            elif any(f.prev_hash == chosen.digest for f in following) or not following:
+                breaks.append(
+                    _at(
+                        previous,
+                        'altered',
+                        f'its hash {previous.digest[:16]}... is not the link {chosen.prev_hash[:16]}... '
+                        f'that seq {seq} carries',
+                    )
+                )
+            else:
+                breaks.append(
+                    _at(chosen, 'inserted', 'it links to neither the record before nor the one after')
+                )
+        digests[seq] = chosen.digest
+        previous = chosen
+
+
+def _choose(candidates: list[Seen], expected: str | None, following: list[Seen]) -> Seen:
+    """The record the chain holds at a `seq` several records claim: the one linked on both sides."""
+    if len(candidates) == 1:
+        return candidates[0]
+
+    def fit(record: Seen) -> tuple[bool, bool, int, int]:
+        after = any(f.prev_hash == record.digest for f in following)
+        return (after, record.prev_hash == expected, -record.offset, -record.topic)
+
+    return max(candidates, key=fit)
+
+
+def _check_order(trail: list[Seen], breaks: list[Break]) -> None:
+    """On each topic, a run's records stand in the order its writer appended them (`seq`)."""
+    for topic in (0, 1):
+        highest: Seen | None = None
+        seen_digests: set[str] = set()
+        for record in sorted((r for r in trail if r.topic == topic), key=lambda r: r.offset):
+            if record.digest in seen_digests:
+                continue  # a resent duplicate stands where its resend put it
+            seen_digests.add(record.digest)
+            if highest is not None and record.seq < highest.seq:
+                breaks.append(
+                    _at(
+                        record,
+                        'reordered',
+                        f'it stands after seq {highest.seq} (offset {highest.offset}), '
+                        'which its writer appended later',
+                    )
+                )
+                continue
+            highest = record
+
+
+def _check_signatures(
+    run_id: str,
+    heads: list[Seen],
+    trail: list[Seen],
+    digests: dict[int, str],
+    keys: TrustedKeys,
+    breaks: list[Break],
+) -> int:
+    """How many first records of the trail a valid trusted head covers; a break for each record beyond."""
+    covered = 0
+    unknown = 0
+    for head in heads:
+        if head.signature is None or head.prev_hash is None:
+            breaks.append(_at(head, 'bad_signature', 'a signed head without a signature or a head'))
+            continue
+        key, signature = head.signature
+        valid = keys.verify(key, signature, statement(run_id, head.seq, head.prev_hash))
+        if valid is None:
+            unknown = max(unknown, head.seq)
+        elif not valid:
+            breaks.append(
+                _at(head, 'bad_signature', f'the signature by {key} is not valid for the head it states')
+            )
+        elif head.seq - 1 not in digests:
+            continue  # the record it covers is missing from the chain: that break is named there
+        elif digests[head.seq - 1] != head.prev_hash:
+            breaks.append(
+                _at(
+                    head,
+                    'altered',
+                    f'the head signed by {key} for the first {head.seq} records '
+                    'is not the chain the log holds',
+                )
+            )
+        else:
+            covered = max(covered, head.seq)
+    beyond = [r for r in trail if r.seq >= covered]
+    if beyond:
+        first = min(beyond, key=lambda r: (r.seq, r.offset))
+        if unknown > first.seq:
+            breaks.append(_at(first, 'unknown_key', 'the heads that cover it are signed by keys not trusted'))
+        else:
+            covered_text = f'the first {covered}' if covered else 'none of its'
+            breaks.append(
+                _at(
+                    first,
+                    'unsigned',
+                    f'no trusted signature covers it (signed heads cover {covered_text} records)',
+                )
+            )
+    return covered

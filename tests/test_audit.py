@@ -1,0 +1,282 @@
+"""`stepstream audit`: the tamper suite, on the real broker (both brokers in `make test`).
+
+Real agents write signed, sealed runs (erasure on, tool calls, a delegate); `audit checkpoint`
+signs what the log holds. Then the topics are copied under another prefix, untouched or with one
+change each, the way an administrator could: a byte of a sealed message altered, a record
+dropped, two records swapped, a forged record with valid hashes but no signature, a record of
+another run spliced in, the tail of a partition cut, a whole run removed. `audit verify`, given
+only the copy, the trusted public key and the checkpoint, names each (exit 1, the problem, the
+run and where), and verifies the untouched copy (exit 0): the checkpoint names partitions, not
+topics. The pure rules are tests/test_audit_chains.py's.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.structs import TopicPartition
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
+from test_cli import cli
+from test_erasure import sealed_settings
+
+from stepstream import Settings
+from stepstream.kafka_client import client_options
+from stepstream.media import S3MediaStore
+from stepstream.producer import EventLog, StepPersistence
+from stepstream.schemas import StepEvent, chain_hash, decode, encode
+from stepstream.topics import ensure_topics, log_end_offsets, partition_counts
+
+from agents import calls_then_answers
+
+pytestmark = pytest.mark.broker
+
+ROLES = ('step_events', 'tool_effects')
+
+
+@dataclass
+class Message:
+    key: bytes
+    value: bytes
+
+
+Log = dict[tuple[str, int], list[Message]]
+"""A log as read: each topic partition's records, by topic role and partition, in offset order."""
+
+
+def topic_of(settings: Settings, role: str) -> str:
+    return settings.step_events_topic if role == 'step_events' else settings.tool_effects_topic
+
+
+async def read_log(settings: Settings) -> Log:
+    topics = [settings.step_events_topic, settings.tool_effects_topic]
+    counts = await partition_counts(settings, topics)
+    consumer = AIOKafkaConsumer(**client_options(settings), enable_auto_commit=False)
+    await consumer.start()
+    try:
+        log: Log = {}
+        parts = [TopicPartition(t, p) for t in topics for p in range(counts[t])]
+        ends = await log_end_offsets(settings, {(tp.topic, tp.partition): 0 for tp in parts})
+        consumer.assign(parts)
+        await consumer.seek_to_beginning(*parts)
+        for tp in parts:
+            log[(ROLES[topics.index(tp.topic)], tp.partition)] = []
+        remaining = {tp for tp in parts if ends[(tp.topic, tp.partition)] > 0}
+        while remaining:
+            for tp, batch in (await consumer.getmany(*remaining, timeout_ms=2000)).items():
+                role = ROLES[topics.index(tp.topic)]
+                for m in batch:
+                    if m.offset < ends[(tp.topic, tp.partition)]:
+                        log[(role, tp.partition)].append(Message(m.key or b'', m.value or b''))
+                if batch and batch[-1].offset + 1 >= ends[(tp.topic, tp.partition)]:
+                    remaining.discard(tp)
+        return log
+    finally:
+        await consumer.stop()
+
+
+async def copy_log(settings: Settings, log: Log) -> Settings:
+    """The log written under a new topic prefix, each partition's records in the same order."""
+    copy = settings.replace(topic_prefix=f'copy-{uuid.uuid4().hex[:10]}')
+    await ensure_topics(copy)
+    producer = AIOKafkaProducer(**client_options(copy), acks='all', max_batch_size=1 << 20, linger_ms=5)
+    await producer.start()
+    try:
+        for (role, partition), messages in log.items():
+            for m in messages:  # one at a time: a retry must not reorder the copy
+                await producer.send_and_wait(topic_of(copy, role), m.value, key=m.key, partition=partition)
+    finally:
+        await producer.stop()
+    return copy
+
+
+def records_of(log: Log, run_id: str) -> list[tuple[tuple[str, int], int, Any]]:
+    """Where each record of `run_id` stands, and the record."""
+    return [
+        (where, i, decode(m.value))
+        for where, messages in log.items()
+        for i, m in enumerate(messages)
+        if m.key == run_id.encode()
+    ]
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> tuple[str, Path]:
+    private = Ed25519PrivateKey.generate()
+    pem = private.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()).decode()
+    public = tmp_path / 'trusted.pem'
+    public.write_bytes(private.public_key().public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo))
+    return pem, public
+
+
+async def write_runs(settings: Settings) -> list[str]:
+    """Signed, sealed runs: a delegating orchestrator, a worker with tool calls, plain answers."""
+    store = S3MediaStore.from_settings(settings)
+    run_ids: list[str] = []
+    async with EventLog(settings) as log:
+        from pydantic_ai import Agent
+
+        worker = Agent(
+            calls_then_answers('dig', calls=2),
+            capabilities=[StepPersistence(log=log, media_store=store, agent_name='worker')],
+        )
+
+        @worker.tool_plain
+        def dig() -> str:
+            return 'found: ' + 'sealed content ' * 20
+
+        orchestrator = Agent(
+            calls_then_answers('delegate'),
+            capabilities=[StepPersistence(log=log, media_store=store, agent_name='orchestrator')],
+        )
+
+        @orchestrator.tool_plain
+        async def delegate() -> str:
+            result = await worker.run('dig twice')
+            return result.output
+
+        for i in range(3):
+            await orchestrator.run(f'task {i}', conversation_id=f'conv-{i}')
+        await log.flush()
+    for value in [m.value for ms in (await read_log(settings)).values() for m in ms]:
+        record = decode(value)
+        if isinstance(record, StepEvent) and record.kind == 'run_started':
+            run_ids.append(record.run_id)
+    return run_ids
+
+
+async def verify(copy: Settings, tmp_path: Path, public: Path, *extra: str) -> tuple[int, dict[str, Any]]:
+    code, out, err = await cli(
+        copy, tmp_path / 'unused', 'audit', 'verify', '--all', '--trusted-keys', str(public), '--json', *extra
+    )
+    assert code in (0, 1) and out, err
+    return code, json.loads(out)
+
+
+def first_break(report: dict[str, Any], run_id: str) -> dict[str, Any]:
+    run = next(r for r in report['runs'] if r['run_id'] == run_id)
+    assert run['integrity']['first_break'] is not None, run
+    return run['integrity']['first_break']
+
+
+def flip_sealed_byte(value: bytes) -> bytes:
+    """One character of the longest base64 run in the record (its sealed message) changed."""
+    text = value.decode('latin-1')
+    longest = max(re.finditer(rb'[A-Za-z0-9+/]{40,}'.decode(), text), key=lambda m: len(m.group()))
+    at = longest.start() + len(longest.group()) // 2
+    swapped = 'B' if text[at] != 'B' else 'C'
+    return (text[:at] + swapped + text[at + 1 :]).encode('latin-1')
+
+
+async def test_audit_names_every_tamper_and_verifies_an_untouched_copy(
+    settings: Settings, tmp_path: Path, keys: tuple[str, Path]
+) -> None:
+    pem, public = keys
+    settings = sealed_settings(settings).replace(signing_key=pem)
+    run_ids = await write_runs(settings)
+    assert len(run_ids) == 6  # 3 orchestrators, each delegating to a worker
+    original = await read_log(settings)
+
+    code, report = await verify(settings, tmp_path, public)
+    assert code == 0, report
+    assert report['integrity']['ok'] and report['completeness']['ok']
+    assert all(r['integrity']['chain'] == 'intact' for r in report['runs'])
+    assert {r['run_id'] for r in report['runs']} == set(run_ids)
+    checkpoint = tmp_path / 'checkpoint.json'
+    code, _, err = await cli(settings, tmp_path / 'unused', 'audit', 'checkpoint', '--out', str(checkpoint))
+    assert code == 0, err
+
+    untouched = await copy_log(settings, original)
+    code, report = await verify(untouched, tmp_path, public, '--checkpoint', str(checkpoint))
+    assert code == 0, report
+    assert all(p['ok'] for p in report['completeness']['partitions'])
+
+    worker = next(r for r in run_ids if r.startswith('worker-'))
+    records = [  # the run's trail: no signed heads
+        x
+        for x in records_of(original, worker)
+        if not (isinstance(x[2], StepEvent) and x[2].kind == 'chain_signed')
+    ]
+    events = sorted(((w, i, r) for w, i, r in records if w[0] == 'step_events'), key=lambda x: x[2].seq)
+    snapshot = next((w, i, r) for w, i, r in events if r.kind == 'snapshot_saved' and r is not events[-1][2])
+
+    def altered(log: Log) -> None:
+        where, i, _ = snapshot
+        log[where][i] = Message(log[where][i].key, flip_sealed_byte(log[where][i].value))
+
+    def dropped(log: Log) -> None:
+        where, i, _ = events[3]
+        del log[where][i]
+
+    def swapped(log: Log) -> None:
+        (where, i, _), (_, j, _) = events[2], events[3]
+        log[where][i], log[where][j] = log[where][j], log[where][i]
+
+    def forged(log: Log) -> None:
+        where, i, last = max(records, key=lambda x: x[2].seq)
+        fields = {name: getattr(events[-1][2], name) for name in StepEvent.__slots__}
+        fields.update(seq=last.seq + 1, kind='run_completed', prev_hash=chain_hash(log[where][i].value))
+        log[events[0][0]].append(Message(worker.encode(), encode(StepEvent(**fields))))
+
+    other = next(r for r in run_ids if r != worker)
+
+    def spliced(log: Log) -> None:
+        where, i, _ = records_of(log, other)[0]
+        home = events[0][0]
+        log[home].insert(len(log[home]) // 2, Message(worker.encode(), log[where][i].value))
+
+    cut_where = events[0][0]
+
+    def cut(log: Log) -> None:
+        log[cut_where][:] = log[cut_where][: len(log[cut_where]) // 2]
+
+    def removed(log: Log) -> None:
+        for where in log:
+            log[where][:] = [m for m in log[where] if m.key != worker.encode()]
+
+    cases: list[tuple[str, Callable[[Log], None], Callable[[dict[str, Any]], None]]] = [
+        ('altered', altered, lambda r: expect_break(r, worker, 'altered', snapshot[2].seq)),
+        ('dropped', dropped, lambda r: expect_break(r, worker, 'missing', events[3][2].seq + 1)),
+        ('swapped', swapped, lambda r: expect_break(r, worker, 'reordered', events[2][2].seq)),
+        ('forged', forged, lambda r: expect_break(r, worker, 'unsigned', max(x[2].seq for x in records) + 1)),
+        ('spliced', spliced, lambda r: expect_break(r, other, 'inserted', None)),
+        ('cut', cut, lambda r: expect_cut(r, cut_where)),
+        ('removed', removed, lambda r: expect_removed(r, worker)),
+    ]
+    for name, change, check in cases:
+        log = {where: list(messages) for where, messages in original.items()}
+        change(log)
+        copy = await copy_log(settings, log)
+        code, report = await verify(copy, tmp_path, public, '--checkpoint', str(checkpoint))
+        assert code == 1, (name, report)
+        check(report)
+
+
+def expect_break(report: dict[str, Any], run_id: str, problem: str, seq: int | None) -> None:
+    assert not report['integrity']['ok']
+    assert run_id in report['integrity']['broken']
+    found = first_break(report, run_id)
+    assert found['problem'] == problem, found
+    if seq is not None:
+        assert found['seq'] == seq, found
+
+
+def expect_cut(report: dict[str, Any], where: tuple[str, int]) -> None:
+    assert not report['completeness']['ok']
+    partition = next(p for p in report['completeness']['partitions'] if (p['topic'], p['partition']) == where)
+    assert partition['verdict'] == 'truncated', partition
+    assert report['completeness']['missing'], report['completeness']
+
+
+def expect_removed(report: dict[str, Any], run_id: str) -> None:
+    assert not report['completeness']['ok']
+    run = next(r for r in report['runs'] if r['run_id'] == run_id)
+    assert run['completeness']['verdict'] == 'removed', run
