@@ -8,18 +8,15 @@ at a time, so memory holds one partition's records, not the log's.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaConsumer
-from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
 from stepstream.audit._chains import TOPIC_NAMES, Seen
 from stepstream.errors import SchemaError
-from stepstream.kafka_client import client_options, connection_error
 from stepstream.schema_registry import SchemaRegistry
 from stepstream.schemas import (
     CONFLUENT_MAGIC,
@@ -32,7 +29,7 @@ from stepstream.schemas import (
 )
 from stepstream.settings import Settings
 from stepstream.signing import SIGNATURE, SIGNED_KIND, SIGNING_KEY
-from stepstream.topics import log_end_offsets, murmur2_partition, partition_counts
+from stepstream.topics import log_end_offsets, murmur2_partition, partition_counts, started_consumer
 
 MARK_EVERY = 10_000
 """A partition's rolling digest is kept every this many records: where a verification of a
@@ -158,20 +155,13 @@ async def read_partitions(
     if not counts:
         return
     partitions = max(counts.values())
-    consumer = AIOKafkaConsumer(
-        **client_options(settings),
-        enable_auto_commit=False,
+    consumer = await started_consumer(
+        settings,
         auto_offset_reset='earliest',
         fetch_max_wait_ms=50,  # a partition's last fetch must not wait out the default 500 ms
         fetch_max_bytes=32 * 1024 * 1024,
         max_partition_fetch_bytes=8 * 1024 * 1024,
-        request_timeout_ms=max(1000, int(settings.ack_timeout_s * 1000)),
     )
-    try:
-        await asyncio.wait_for(consumer.start(), settings.ack_timeout_s)
-    except (KafkaError, OSError, TimeoutError) as exc:
-        await consumer.stop()
-        raise await connection_error(settings, 'did not accept a consumer connection', exc) from exc
     registry = Registry(settings)
     try:
         numbers = range(partitions) if only is None else [murmur2_partition(only.encode(), partitions)]

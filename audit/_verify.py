@@ -168,8 +168,24 @@ async def audit_log(
                 )
     if run_id is not None and not report.runs:
         report.runs.append(RunVerdict(run_id, None, 'removed', 'the log holds no record of the run'))
-    report.runs.sort(key=lambda r: r.run_id)
+    report.runs = _one_per_run(report.runs)
     return report
+
+
+def _one_per_run(verdicts: list[RunVerdict]) -> list[RunVerdict]:
+    """One verdict per run: its records found in another partition join its verdict as breaks."""
+    merged: dict[str, RunVerdict] = {}
+    for verdict in verdicts:
+        kept = merged.setdefault(verdict.run_id, verdict)
+        if kept is verdict:
+            continue
+        main, extra = sorted((kept, verdict), key=lambda v: -(v.integrity.records if v.integrity else -1))
+        if main.integrity is not None and extra.integrity is not None:
+            main.integrity.breaks.extend(extra.integrity.breaks)
+            if extra.integrity.breaks:
+                main.integrity.chain = 'broken'
+        merged[verdict.run_id] = main
+    return sorted(merged.values(), key=lambda r: r.run_id)
 
 
 def _selected(read: PartitionRead, run_id: str | None, conversation_id: str | None) -> list[str]:

@@ -49,7 +49,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption,
 
 from bench.common import fresh, say
 from bench.loop_ab import ceiling, line
-from bench.projector_throughput import STEPS_PER_RUN, _advance
+from bench.projector_throughput import STEPS_PER_RUN, produce
 from bench.synthetic import Wire, plan_run, run_id, to_wire
 from stepstream import Settings
 from stepstream.audit import AuditReport, audit_log
@@ -154,17 +154,9 @@ async def fill(settings: Settings, total: int, signer: Signer | None, sign_every
     )
     await producer.start()
     position: Position = {}
-    count = 0
     t0 = time.perf_counter()
     try:
-        acks = []
-        for wire in chained_runs(template, PREFIX, runs, signer):
-            acks.append(await producer.send(wire.topic, wire.value, key=wire.key, headers=wire.headers))
-            count += 1
-            if len(acks) >= 50_000:
-                _advance(position, await asyncio.gather(*acks))
-                acks = []
-        _advance(position, await asyncio.gather(*acks))
+        count = await produce(producer, chained_runs(template, PREFIX, runs, signer), position)
     finally:
         await producer.stop()
     elapsed = time.perf_counter() - t0

@@ -19,6 +19,7 @@ import io
 import shutil
 import tempfile
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,23 +48,36 @@ async def fill(settings: Settings, total: int) -> tuple[list[Wire], Position, di
     await producer.start()
     sample: list[Wire] = []
     position: Position = {}
-    count = 0
-    t0 = time.perf_counter()
-    try:
-        acks = []
-        for wire in many_runs(settings, 'bench-r', total, STEPS_PER_RUN):
-            acks.append(await producer.send(wire.topic, wire.value, key=wire.key, headers=wire.headers))
+
+    def sampled(wires: Iterable[Wire]) -> Iterator[Wire]:
+        for wire in wires:
             if len(sample) < 200_000:
                 sample.append(wire)
-            count += 1
-            if len(acks) >= 50_000:
-                _advance(position, await asyncio.gather(*acks))
-                acks = []
-        _advance(position, await asyncio.gather(*acks))
+            yield wire
+
+    t0 = time.perf_counter()
+    try:
+        count = await produce(
+            producer, sampled(many_runs(settings, 'bench-r', total, STEPS_PER_RUN)), position
+        )
     finally:
         await producer.stop()
     elapsed = time.perf_counter() - t0
     return sample, position, {'records': count, 'seconds': elapsed, 'records_per_s': count / elapsed}
+
+
+async def produce(producer: AIOKafkaProducer, wires: Iterable[Wire], position: Position) -> int:
+    """Send every wire, awaiting acknowledgements 50,000 at a time; how many it sent (`position` advances)."""
+    acks = []
+    count = 0
+    for wire in wires:
+        acks.append(await producer.send(wire.topic, wire.value, key=wire.key, headers=wire.headers))
+        count += 1
+        if len(acks) >= 50_000:
+            _advance(position, await asyncio.gather(*acks))
+            acks = []
+    _advance(position, await asyncio.gather(*acks))
+    return count
 
 
 def _advance(position: Position, acked: list[RecordMetadata]) -> None:

@@ -6,6 +6,7 @@ import asyncio
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -30,6 +31,7 @@ __all__ = [
     'ensure_topics',
     'log_end_offsets',
     'murmur2_partition',
+    'started_consumer',
     'supports_idempotence',
     'unavailable',
 ]
@@ -184,6 +186,26 @@ def murmur2_partition(key: bytes, partitions: int) -> int:
     return (murmur2(key) & 0x7FFFFFFF) % partitions
 
 
+async def started_consumer(settings: Settings, **options: Any) -> AIOKafkaConsumer:
+    """A started consumer without a group (stop it), or the connection error that says why not.
+
+    `options` are aiokafka's, over `client_options(settings)`, no auto-commit and a request
+    timeout of `ack_timeout_s`.
+    """
+    consumer = AIOKafkaConsumer(
+        **client_options(settings),
+        enable_auto_commit=False,
+        request_timeout_ms=max(1000, int(settings.ack_timeout_s * 1000)),
+        **options,
+    )
+    try:
+        await asyncio.wait_for(consumer.start(), settings.ack_timeout_s)
+    except (KafkaError, OSError, TimeoutError) as exc:
+        await consumer.stop()
+        raise await connection_error(settings, 'did not accept a consumer connection', exc) from exc
+    return consumer
+
+
 async def log_end_offsets(
     settings: Settings, applied: Mapping[tuple[str, int], int]
 ) -> dict[tuple[str, int], int]:
@@ -192,19 +214,9 @@ async def log_end_offsets(
     Some brokers (Tansu) answer ListOffsets with a stale or short end, while a fetch carries the
     true high watermark; the applied offset is a floor too (the projector read that far).
     """
-    consumer = AIOKafkaConsumer(
-        **client_options(settings),
-        enable_auto_commit=False,
-        auto_offset_reset='latest',
-        fetch_max_wait_ms=50,
-        max_partition_fetch_bytes=64 * 1024,
-        request_timeout_ms=max(1000, int(settings.ack_timeout_s * 1000)),
+    consumer = await started_consumer(
+        settings, auto_offset_reset='latest', fetch_max_wait_ms=50, max_partition_fetch_bytes=64 * 1024
     )
-    try:
-        await asyncio.wait_for(consumer.start(), settings.ack_timeout_s)
-    except (KafkaError, OSError, TimeoutError) as exc:
-        await consumer.stop()
-        raise await connection_error(settings, 'did not accept a consumer connection', exc) from exc
     try:
         partitions = {TopicPartition(topic, p): offset for (topic, p), offset in applied.items()}
         listed = await consumer.end_offsets(list(partitions))
