@@ -165,8 +165,13 @@ async def read_partitions(
     registry = Registry(settings)
     try:
         numbers = range(partitions) if only is None else [murmur2_partition(only.encode(), partitions)]
-        for partition in numbers:
-            tps = [TopicPartition(t, partition) for t in topics if counts.get(t, 0) > partition]
+        by_number = {n: [TopicPartition(t, n) for t in topics if counts.get(t, 0) > n] for n in numbers}
+        # Assigned once and paused, then resumed one partition number at a time: aiokafka 0.14's
+        # fetcher swallows its own cancellation when `stop()` lands while it settles a changed
+        # assignment, and `stop()` then never returns (seen in CI: a verify hung for an hour).
+        consumer.assign([tp for tps in by_number.values() for tp in tps])
+        consumer.pause(*consumer.assignment())
+        for tps in by_number.values():
             yield await _read_partition(consumer, settings, registry, tps, partitions, expected or {})
     finally:
         await registry.close()
@@ -199,9 +204,9 @@ async def _read_partition(
                 resumed[tp] = mark
         if end > starts[tp]:
             remaining[tp] = end
-    consumer.assign(list(remaining))
     for tp in remaining:
         consumer.seek(tp, starts[tp])
+    consumer.resume(*remaining)
     while remaining:
         batches = await consumer.getmany(*remaining, timeout_ms=int(settings.ack_timeout_s * 1000))
         if not batches:
@@ -234,6 +239,7 @@ async def _read_partition(
                 )
             if messages and messages[-1].offset + 1 >= end:
                 remaining.pop(tp)
+                consumer.pause(tp)
     return read
 
 

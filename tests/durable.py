@@ -177,12 +177,7 @@ async def assert_audited(settings: Settings, conversation_id: str) -> None:
 
     signer = Signer.from_pem(SIGNING_KEY.encode())
     keys = TrustedKeys({signer.key_id: signer.private_key.public_key()})
-    # On a loop of its own, as `stepstream audit verify` runs: on the test's loop, after the
-    # engines' agent runs, the test's task was left cancelling and never ended (Prefect, seen in
-    # about half of the runs of that test alone; not understood yet: see the session's notes).
-    report = await asyncio.to_thread(
-        asyncio.run, audit_log(settings, keys=keys, conversation_id=conversation_id)
-    )
+    report = await audit_log(settings, keys=keys, conversation_id=conversation_id)
     assert report.runs, f'no run of conversation {conversation_id!r} in the log'
     for verdict in report.runs:
         integrity = verdict.integrity
