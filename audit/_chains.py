@@ -54,6 +54,8 @@ class Seen:
     """Keyed by its run id, in its run's partition."""
     signature: tuple[str, str] | None = None
     """A signed head's (key id, signature)."""
+    linked: bool | None = None
+    """Whether its schema version carries links (`schemas.is_linked`); None: unknown, read from the links."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -139,7 +141,13 @@ def verify_run(run_id: str, seen: Iterable[Seen], keys: TrustedKeys | None) -> R
         same = by_seq.setdefault(record.seq, [])
         if all(other.digest != record.digest for other in same):  # a resent duplicate is one record
             same.append(record)
-    chained = any(r.prev_hash is not None for r in ordered)
+    # A run is chained if its writer links: its first record's schema says so, as the projection
+    # reads it (`projector/_chain.py`); without that, any link says so.
+    first = min(trail, key=lambda r: (r.seq, r.offset), default=None)
+    if first is not None and first.linked is not None:
+        chained = first.linked
+    else:
+        chained = any(r.prev_hash is not None for r in ordered)
     digests: dict[int, str] = {}
     if chained:
         _check_links(run_id, by_seq, digests, breaks)
@@ -245,13 +253,20 @@ def _check_signatures(
     keys: TrustedKeys,
     breaks: list[Break],
 ) -> int:
-    """How many first records of the trail a valid trusted head covers; a break for each record beyond."""
+    """How many first records of the trail a valid trusted head covers; a break for each record beyond.
+
+    Heads are taken highest first. A head that states a prefix of the chain the log holds, below
+    one already found valid, is not verified: the valid one covers every record it would, and an
+    Ed25519 verification (tens of microseconds) per durability point would dominate the audit.
+    """
     covered = 0
     unknown = 0
-    for head in heads:
+    for head in sorted(heads, key=lambda h: (-h.seq, h.offset)):
         if head.signature is None or head.prev_hash is None:
             breaks.append(_at(head, 'bad_signature', 'a signed head without a signature or a head'))
             continue
+        if head.seq <= covered and digests.get(head.seq - 1) == head.prev_hash:
+            continue  # implied by the valid head above it
         key, signature = head.signature
         valid = keys.verify(key, signature, statement(run_id, head.seq, head.prev_hash))
         if valid is None:

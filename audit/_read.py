@@ -25,6 +25,7 @@ from stepstream.schemas import (
     chain_hash,
     confluent_schema_id,
     from_confluent,
+    is_linked,
     read_record,
 )
 from stepstream.settings import Settings
@@ -296,5 +297,6 @@ async def _take(
             kind=kind,
             placed=placed,
             signature=signature,
+            linked=is_linked(value),
         )
     )

@@ -61,9 +61,10 @@ from stepstream.projector._batch import (
     RunKeys,
     SourceRecord,
 )
+from stepstream.projector._chain import Link, advance_chain, link_of
 from stepstream.projector._checks import check_record
 from stepstream.projector._keys import APART, CONFLICT, PARKED
-from stepstream.projector._listing import CONFLICTING_COUNT, PARKED_COUNT, latest, relist_run
+from stepstream.projector._listing import CONFLICTING_COUNT, PARKED_COUNT, Listed, listed, relist_run
 from stepstream.projector._retention import Retention
 from stepstream.projector._shard import Transaction, Transactional
 from stepstream.projector._state import RunState
@@ -173,6 +174,8 @@ class Applier:
         one is decoded when drained.
         """
         self._parked_bytes = 0
+        self._links: dict[int, Link] = {}
+        """The current run's records applied in the batch, by seq, for its chain (`_chain.py`)."""
 
     @property
     def retain_ended_us(self) -> int | None:
@@ -250,9 +253,10 @@ class Applier:
         retention = self.retention
         topics, partitions = self.topics, self.partitions
         run: RunState | None = None
-        was: tuple[str, int] | None = None  # the run's listing before the batch (`relist_run`)
+        was: Listed | None = None  # the run's listing before the batch (`relist_run`)
         loaded = False
         newest = -1  # the newest step event of the key, for the partition's retention clock
+        self._links = {}
         for index, source in items:
             self._current, self._index = source, index
             if poisoned and source.coordinates in poisoned:
@@ -271,7 +275,7 @@ class Applier:
             if not loaded:
                 run, loaded = txn.get_state(keys.run, RunState), True
                 if run is not None:
-                    was = (run.status, latest(run))
+                    was = listed(run)
             if run is None:
                 if retention is not None and retention.is_expired(txn, keys.run_id):
                     self._outcome.expired_records += 1
@@ -297,6 +301,7 @@ class Applier:
         if newest >= 0:
             retention.saw(keys.home, newest)  # type: ignore[union-attr]
         if run is not None:
+            advance_chain(txn, keys, run, self._links)
             relist_run(txn, run, was)
             txn.put_state(keys.run, run)
         if keys.effects:
@@ -388,7 +393,9 @@ class Applier:
             self.run_dead_letter(txn, run, source, rejected.reason, rejected.detail)
             return
         if applied:
+            assert source.value is not None  # checked: a record that applies has a value
             self._outcome.applied += 1
+            self._links[seq] = link_of(source.value, record['prev_hash'], topic, source.partition)
             # What `stale` is judged by, when read. Step events only: one is never withdrawn,
             # while a transition can lose its seq to a later step event, so counting it would
             # make the figure depend on arrival order (every tool call has step events too).

@@ -186,6 +186,7 @@ RUNS = Keyspace('runs', b'a', ('int', 'str'))
 STATUS = Keyspace('status', b'b', ('str', 'int', 'str'))
 AGENT = Keyspace('agent', b'd', ('str', 'str', 'int', 'str'))
 LATEST = Keyspace('latest', b'L', ('int', 'str'))
+BROKEN = Keyspace('broken', b'B', ('int', 'str'))
 COUNT = Keyspace('count', b'i', ('str', 'str'))
 CONVERSATION = Keyspace('conversation', b'c', ('str', 'int', 'str'))
 CHILDREN = Keyspace('children', b'p', ('str', 'int', 'str'))
@@ -215,6 +216,7 @@ KEYSPACES = (
     STATUS,
     AGENT,
     LATEST,
+    BROKEN,
     COUNT,
     CONVERSATION,
     CHILDREN,

@@ -18,7 +18,7 @@ change (`_tool_effects`, `_apply`, `_retention`).
 
 from __future__ import annotations
 
-from stepstream.projector._keys import AGENT, CHILDREN, CONVERSATION, COUNT, LATEST, RUNS, STATUS
+from stepstream.projector._keys import AGENT, BROKEN, CHILDREN, CONVERSATION, COUNT, LATEST, RUNS, STATUS
 from stepstream.projector._shard import Transaction
 from stepstream.projector._state import RunState
 
@@ -30,6 +30,17 @@ PARKED_COUNT = COUNT.key('records', 'parked')
 
 CONFLICTING_COUNT = COUNT.key('runs', 'conflicting')
 """The count of runs that keep another writer's records apart (runs with `CONFLICT` entries)."""
+
+BROKEN_COUNT = COUNT.key('chain', 'broken')
+"""The count of runs whose hash chain is broken (`BROKEN` entries)."""
+
+Listed = tuple[str, int, bool]
+"""Where a run is filed: its stored status, its newest record's time, whether its chain is broken."""
+
+
+def listed(run: RunState) -> Listed:
+    """Where the run's state files it now (what `relist_run` compares with at the batch's end)."""
+    return (run.status, latest(run), run.chain_break is not None)
 
 
 def latest(run: RunState) -> int:
@@ -64,15 +75,18 @@ def list_run(txn: Transaction, run: RunState) -> None:
         txn.add_count(agent_count(run.agent_name), 1)
 
 
-def relist_run(txn: Transaction, run: RunState, was: tuple[str, int] | None) -> None:
+def relist_run(txn: Transaction, run: RunState, was: Listed | None) -> None:
     """File the run's entries as the batch leaves it.
 
-    `was` is its stored status and newest record before the batch (None: registered in this
-    batch, not filed yet).
+    `was` is where it was filed before the batch (`listed`; None: registered in this batch, not
+    filed yet).
     """
     now = latest(run)
-    if was == (run.status, now):
+    broken = run.chain_break is not None
+    if was == (run.status, now, broken):
         return
+    if broken != (was is not None and was[2]):
+        _file_broken(txn, run, 1 if broken else -1)
     if was is None or was[0] != run.status:
         if was is not None:
             _file(txn, run, was[0], -1)
@@ -96,6 +110,17 @@ def unlist_run(txn: Transaction, run: RunState) -> None:
     _file(txn, run, run.status, -1)
     if run.status == 'running':
         txn.delete(LATEST.key(latest(run), run_id))
+    if run.chain_break is not None:
+        _file_broken(txn, run, -1)
+
+
+def _file_broken(txn: Transaction, run: RunState, delta: int) -> None:
+    """Add (1) or take out (-1) the run's `BROKEN` entry and count."""
+    if delta > 0:
+        txn.put(BROKEN.key(run.started_at, run.run_id), b'')
+    else:
+        txn.delete(BROKEN.key(run.started_at, run.run_id))
+    txn.add_count(BROKEN_COUNT, delta)
 
 
 def _file(txn: Transaction, run: RunState, status: str, delta: int) -> None:

@@ -130,6 +130,34 @@ class RunState(_Json):
     """Sums over the owner's step events, by `RunUsage` field (only the ones not zero)."""
     cost_usd: str | None = None
     """The sum of the priced model requests' costs, as decimal text; None while none was."""
+    chained: bool | None = None
+    """Whether the run's writer links its records (its seq 0 is of a schema with `prev_hash`); None before."""
+    chain_through: int = -1
+    """The highest seq up to which each applied record links to the one before it (`_chain.py`)."""
+    chain_head: str | None = None
+    """`chain_hash` of the record at `chain_through`: what the next one must link to."""
+    chain_break: list[int] | None = None
+    """[seq, topic, partition] of the first record whose link is not the record before it."""
+
+    @property
+    def chain(self) -> str:
+        """`intact`, `broken` or `unchained` (written before the chain, or not checked yet)."""
+        if self.chain_break is not None:
+            return 'broken'
+        return 'intact' if self.chained else 'unchained'
+
+    @property
+    def chain_break_seq(self) -> int | None:
+        """The seq of the first record whose link does not match, or None."""
+        return self.chain_break[0] if self.chain_break is not None else None
+
+    @property
+    def chain_break_at(self) -> str | None:
+        """Where that record stands: `<topic>/<partition>`, or None."""
+        if self.chain_break is None:
+            return None
+        _, topic, partition = self.chain_break
+        return f'{("step_events", "tool_effects")[topic]}/{partition}'
 
     @property
     def last_seq(self) -> int:
@@ -233,9 +261,10 @@ class SnapshotEntry(_Json):
     retained: bool = True
 
 
-RUN_INDEX_VERSION = 3
+RUN_INDEX_VERSION = 4
 """The run indexes a shard made now holds: 2 adds `STATUS` and `AGENT` (decision 0045); 3 files
-`AGENT` by status too and adds `LATEST` and the `COUNT`s (decision 0046)."""
+`AGENT` by status too and adds `LATEST` and the `COUNT`s (decision 0046); 4 checks each run's
+hash chain and lists the broken ones in `BROKEN` (decision 0049)."""
 
 
 @dataclass(slots=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from stepstream.media import snapshot_media
 from stepstream.projector._batch import Rejected, RunKeys, RunRules, SourceRecord
+from stepstream.projector._chain import rewind_chain
 from stepstream.projector._listing import list_run
 from stepstream.projector._shard import Transaction
 from stepstream.projector._state import RunState, SnapshotEntry, ranges_add, ranges_hold
@@ -72,6 +73,7 @@ def apply_event(
         )
     if held:  # by a tool-effect transition: the step event wins
         withdraw_transition(txn, keys, run, source.partition, seq, rules.run_dead_letter)
+        rewind_chain(txn, keys, run, seq)
     else:
         run.claim(seq)
     txn.put(event_key, source.value)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from stepstream.projector._keys import (
     AGENT,
+    BROKEN,
     CHILDREN,
     CONFLICT,
     CONVERSATION,
@@ -48,6 +49,7 @@ from stepstream.projector._state import RUN_INDEX_VERSION, EffectState, RunState
 
 __all__ = [
     'AGENT',
+    'BROKEN',
     'CHILDREN',
     'CONFLICT',
     'CONFLICTING_COUNT',

@@ -184,6 +184,7 @@ class ProjectionReader:
         after: str | None = None,
         after_started: datetime | None = None,
         limit: int | None = None,
+        chain: str | None = None,
     ) -> list[RunRecord]:
         """Runs matching every given filter, in the order they started (`newest_first` reverses it).
 
@@ -194,7 +195,8 @@ class ProjectionReader:
         (`status`, `agent_name`) still walks until it has filled the page. With `after_started`
         (the `after` run's `started_at`) the page
         starts at that place in the order, whether or not `after` is in this listing: how a
-        group's service merges pages of runs held by several members.
+        group's service merges pages of runs held by several members. `chain='broken'` walks
+        the runs whose hash chain is broken (an index of its own).
 
         ```python
         page = await reader.list_runs(newest_first=True, limit=50)
@@ -210,6 +212,7 @@ class ProjectionReader:
             after=after,
             after_started=after_started,
             limit=limit,
+            chain=chain,
         )
 
     async def list_conflicts(self) -> list[RunRecord]:

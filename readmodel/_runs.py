@@ -17,6 +17,7 @@ from stepstream.errors import NotFound
 from stepstream.ids import is_run_id
 from stepstream.projector.storage import (
     AGENT,
+    BROKEN,
     CHILDREN,
     CONFLICT,
     CONVERSATION,
@@ -55,6 +56,8 @@ class RunCounts:
     """Agent name -> its runs (runs without a name are not counted here)."""
     unresolved_effects: int
     """Calls whose effect is not known (`in_flight` or `unknown_after_crash`), in every run."""
+    broken_chains: int = 0
+    """Runs whose hash chain is broken (`chain` `broken`): a record does not link to the one before it."""
 
 
 class Runs:
@@ -148,13 +151,14 @@ class Runs:
         after: str | None,
         after_started: datetime | None,
         limit: int | None,
+        chain: str | None = None,
     ) -> list[RunRecord]:
         """`ProjectionReader.list_runs`: walks an index, decodes only the runs it looks at."""
 
         def query() -> list[RunRecord]:
             runs: list[RunRecord] = []
             ids = self._ids(
-                conversation_id, parent_run_id, status, agent_name, newest_first, after, after_started
+                conversation_id, parent_run_id, status, agent_name, newest_first, after, after_started, chain
             )
             for run_id in ids:
                 if limit is not None and len(runs) >= limit:
@@ -167,6 +171,8 @@ class Runs:
                 if status is not None and run.status != status:
                     continue
                 if agent_name is not None and run.agent_name != agent_name:
+                    continue
+                if chain is not None and run.chain != chain:
                     continue
                 runs.append(run)
             return runs
@@ -182,6 +188,7 @@ class Runs:
         newest_first: bool,
         after: str | None,
         after_started: datetime | None,
+        chain: str | None = None,
     ) -> Iterator[str]:
         """The run ids of a listing's index, in its order, from where its page starts.
 
@@ -192,6 +199,8 @@ class Runs:
         shards have them. A `running` or `stale` run is filed under `running`: which of the two
         is judged as it is read. `stale` walks the runs not ended and skips the few live ones;
         `running` reads the live ones from `LATEST` (the runs whose newest record is recent).
+        The runs whose chain is broken are their own index (`BROKEN`), the other filters applied
+        as they are read.
         """
         parts: tuple[str, ...] = ()
         if conversation_id is not None:
@@ -204,8 +213,10 @@ class Runs:
         if after is not None:
             at = micros(after_started) if after_started is not None else self._started(after, index, parts)
         prefixes = [index.prefix(*parts)]
-        version = self._indexed() if index is RUNS and (agent_name or status) is not None else 0
-        if version >= 2:
+        version = self._indexed() if index is RUNS and (agent_name or status or chain) is not None else 0
+        if chain == 'broken' and version >= 4:
+            prefixes = [BROKEN.prefix()]
+        elif version >= 2 and (agent_name or status) is not None:
             stored = [_STORED.get(status, status)] if status is not None else list(STORED_STATUSES)
             if status == 'running' and agent_name is None and version >= 3:
                 return self._live(newest_first, after, at)
@@ -262,7 +273,7 @@ class Runs:
             return None
         by_status = dict.fromkeys(RUN_STATUSES, 0)
         by_agent: dict[str, int] = {}
-        unresolved = 0
+        unresolved = broken = 0
         for shard in self._shards.all():
             for k, v in shard.scan(COUNT.prefix()):
                 kind, name = COUNT.parse(k)
@@ -273,11 +284,16 @@ class Runs:
                     by_agent[name] = by_agent.get(name, 0) + int(v)
                 elif (kind, name) == ('effects', 'unresolved'):
                     unresolved += int(v)
+                elif (kind, name) == ('chain', 'broken'):
+                    broken += int(v)
         live = len(self.live_ids())
         by_status['stale'] = by_status['running'] - live
         by_status['running'] = live
         return RunCounts(
-            by_status=by_status, by_agent=dict(sorted(by_agent.items())), unresolved_effects=unresolved
+            by_status=by_status,
+            by_agent=dict(sorted(by_agent.items())),
+            unresolved_effects=unresolved,
+            broken_chains=broken,
         )
 
     def _indexed(self) -> int:

@@ -13,6 +13,7 @@ from stepstream.schemas._codec import (
     decode,
     encode,
     encode_with_fastavro,
+    is_linked,
     load_schema_versions,
     record_body,
     schema_of,
@@ -38,12 +39,14 @@ if TYPE_CHECKING:
     )
     from stepstream.schemas._plain import RECORD_TYPES, STEP_EVENTS, TOOL_EFFECTS, Fields, read_record
 from stepstream.schemas._types import (
+    CHAIN_STATUSES,
     EVENT_KINDS,
     MAX_NOTE_CHARS,
     RESOLUTIONS,
     RUN_STATUSES,
     TOOL_EFFECT_STATUSES,
     UNCHAINED_KINDS,
+    ChainStatus,
     ContinuableSnapshot,
     EffectResolution,
     EventKind,
@@ -63,6 +66,7 @@ from stepstream.schemas._types import (
 )
 
 __all__ = [
+    'CHAIN_STATUSES',
     'CONFLUENT_MAGIC',
     'EVENT_KINDS',
     'MAGIC',
@@ -77,6 +81,7 @@ __all__ = [
     'TOOL_EFFECT_SCHEMA',
     'TOOL_EFFECT_STATUSES',
     'UNCHAINED_KINDS',
+    'ChainStatus',
     'ContinuableSnapshot',
     'EffectResolution',
     'EventKind',
@@ -102,6 +107,7 @@ __all__ = [
     'encode',
     'encode_with_fastavro',
     'from_confluent',
+    'is_linked',
     'load_schema_versions',
     'message_json',
     'message_state',

@@ -124,6 +124,20 @@ def record_body(value: bytes) -> bytes:
     raise SchemaError(f'not a record of ours: it starts with {value[:2].hex()}')
 
 
+_LINKED = frozenset(
+    v.fingerprint
+    for vs in _VERSIONS.values()
+    for v in vs
+    if any(f['name'] == 'prev_hash' for f in v.parsed['fields'])
+)
+"""The fingerprints of the versions that carry a link (`prev_hash`): step_event v5, tool_effect v3 on."""
+
+
+def is_linked(value: bytes) -> bool:
+    """Whether a single-object record was written by a writer that links its records (a chained run's)."""
+    return value[2:_HEADER_LEN] in _LINKED
+
+
 def chain_hash(value: bytes) -> str:
     """The link a run's next record carries (`prev_hash`): SHA-256 (hex) of this record's Avro body.
 

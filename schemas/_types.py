@@ -71,6 +71,12 @@ time (its writer's heartbeats included, docs/decisions/0026-writer-liveness.md).
 RUN_STATUSES: tuple[str, ...] = RunStatus.__args__  # type: ignore[attr-defined]
 """Every `RunStatus`, in the order the views show them."""
 
+ChainStatus = Literal['intact', 'broken', 'unchained']
+"""Whether a run's records form its hash chain (decision 0048): `unchained` for a run written before it."""
+
+CHAIN_STATUSES: tuple[str, ...] = ChainStatus.__args__  # type: ignore[attr-defined]
+"""Every `ChainStatus`."""
+
 
 def _no_metadata() -> dict[str, str]:
     return {}
@@ -301,6 +307,14 @@ class RunRecord:
         default=None, metadata=internal('`status` is judged by it (stale); the views show the status')
     )
     """When the newest of the run's step events or heartbeats was written (by its writer's clock)."""
+    chain: ChainStatus = 'unchained'
+    """intact | broken | unchained: whether each record the projection holds of the run links
+    (`prev_hash`) to the record before it; unchained for a run written before the hash chain.
+    Signatures are checked by `stepstream audit verify`, which reads the topics (docs/audit.md)."""
+    chain_break_seq: int | None = None
+    """The seq of the first record whose link is not the hash of the record before it (broken)."""
+    chain_break_at: str | None = None
+    """Where that record stands in the log: `step_events/<partition>` or `tool_effects/<partition>`."""
 
 
 @dataclass(kw_only=True, slots=True)

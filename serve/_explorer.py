@@ -19,7 +19,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from stepstream.errors import NotFound
-from stepstream.schemas import RUN_STATUSES
+from stepstream.schemas import CHAIN_STATUSES, RUN_STATUSES
 from stepstream.serve._auth import TOKEN_COOKIE, token_matches
 from stepstream.serve._models import Run
 from stepstream.serve._run_view import duration_ms, millis, money, tool_io, totals, waterfall
@@ -74,6 +74,7 @@ async def runs(
     agent_name: str = '',
     status: str = '',
     parent_run_id: str = '',
+    chain: str = '',
     after: str = '',
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     rows: bool = False,
@@ -89,6 +90,7 @@ async def runs(
         'agent_name': agent_name,
         'status': status if status in RUN_STATUSES else '',
         'parent_run_id': parent_run_id,
+        'chain': chain if chain in CHAIN_STATUSES else '',
     }
     source = _source(request)
     page, counts = await asyncio.gather(
@@ -97,6 +99,7 @@ async def runs(
             parent_run_id=parent_run_id or None,
             status=filters['status'] or None,
             agent_name=agent_name or None,
+            chain=filters['chain'] or None,
             newest_first=True,
             after=after or None,
             limit=limit,
@@ -121,6 +124,7 @@ async def runs(
         other_view=other_view,
         filters=filters,
         statuses=RUN_STATUSES,
+        chains=CHAIN_STATUSES,
         counts=counts,
         more=more,
         live=live,

@@ -290,6 +290,7 @@ def counts_total(parts: list[Counts]) -> Counts:
         by_status={s: by_status[s] for s in RUN_STATUSES},
         by_agent=dict(sorted(by_agent.items())),
         unresolved_effects=sum(p.unresolved_effects for p in parts),
+        broken_chains=sum(p.broken_chains for p in parts),
     )
 
 

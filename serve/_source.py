@@ -134,6 +134,7 @@ class Source:
         parent_run_id: str | None = None,
         status: str | None = None,
         agent_name: str | None = None,
+        chain: str | None = None,
         newest_first: bool = False,
         after: str | None = None,
         after_started: datetime | None = None,
@@ -152,6 +153,7 @@ class Source:
             'parent_run_id': parent_run_id,
             'status': status,
             'agent_name': agent_name,
+            'chain': chain,
         }
         try:
             local = await self.reader.list_runs(

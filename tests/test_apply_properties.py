@@ -50,6 +50,7 @@ from stepstream.projector._apply import (
 )
 from stepstream.projector._keys import (
     AGENT,
+    BROKEN,
     CONFLICT,
     COUNT,
     KEYSPACES,
@@ -61,6 +62,7 @@ from stepstream.projector._keys import (
     Keyspace,
 )
 from stepstream.projector._listing import (
+    BROKEN_COUNT,
     CONFLICTING_COUNT,
     PARKED_COUNT,
     UNRESOLVED_COUNT,
@@ -71,6 +73,7 @@ from stepstream.projector._listing import (
 from stepstream.projector._shard import MemoryShard, Shard
 from stepstream.projector._state import RunState
 from stepstream.schemas import (
+    CHAIN_STATUSES,
     RUN_STATUSES,
     STEP_EVENT_SCHEMA,
     ModelUsage,
@@ -78,6 +81,7 @@ from stepstream.schemas import (
     SnapshotDelta,
     StepEvent,
     ToolEffectTransition,
+    chain_hash,
     decode,
     encode,
 )
@@ -175,6 +179,10 @@ GARBLED_USAGE = [
 """A `bad_usage` record carries one of these: every one is refused (`invalid`)."""
 
 
+LINKS = ['good'] * 8 + ['none', 'wrong']
+"""Mostly chained, some records without a link or with a forged one (decision 0048)."""
+
+
 @dataclass(frozen=True)
 class Op:
     """One record to write: what it is and how it is (mis)placed."""
@@ -197,6 +205,8 @@ class Op:
     trace_id: str | None = None
     media: int = 0
     """Which `SNAPSHOT_MEDIA` a snapshot record holds."""
+    link: str = 'good'
+    """Its `prev_hash`: `good` (the hash of its run's genuine record before it), `none` or `wrong`."""
 
 
 ops = st.builds(
@@ -218,6 +228,7 @@ ops = st.builds(
     duration_us=st.sampled_from(DURATIONS),
     trace_id=st.sampled_from(TRACE_IDS),
     media=st.integers(0, len(SNAPSHOT_MEDIA) - 1),
+    link=st.sampled_from(LINKS),
 )
 
 
@@ -247,8 +258,18 @@ def logs(draw: st.DrawFn) -> list[Op]:
     return draw(st.permutations(out))
 
 
-def to_source(op: Op, offsets: dict[tuple[int, int], int]) -> SourceRecord:
-    """The record an op writes, at the next offset of the partition it lands in."""
+def to_source(
+    op: Op, offsets: dict[tuple[int, int], int], heads: dict[tuple[str, int], str] | None = None
+) -> SourceRecord:
+    """The record an op writes, at the next offset of the partition it lands in.
+
+    Its `prev_hash` links to `heads[(run, seq - 1)]`, the genuine record before it (`make_log`).
+    """
+    prev_hash = {
+        'good': (heads or {}).get((op.run_id, op.seq - 1)),
+        'none': None,
+        'wrong': 'f' * 64,
+    }[op.link]
     ts = T0 + timedelta(minutes=op.minute)
     run_id = '../escape' if op.hostile == 'bad_run_id' else op.run_id
     call = 'x' * (MAX_ID_BYTES + 1) if op.hostile == 'long_id' else op.call
@@ -299,6 +320,7 @@ def to_source(op: Op, offsets: dict[tuple[int, int], int]) -> SourceRecord:
             duration_us=op.duration_us if op.kind in TIMED_KINDS or op.hostile == 'misplaced_usage' else None,
             trace_id=op.trace_id,
             span_id=op.trace_id[:16] if op.trace_id is not None else None,
+            prev_hash=prev_hash,
         )
     else:
         resolved = op.status == 'resolved' or op.hostile == 'bad_resolution'
@@ -316,6 +338,7 @@ def to_source(op: Op, offsets: dict[tuple[int, int], int]) -> SourceRecord:
             note=('' if op.hostile == 'bad_resolution' else f'checked at minute {op.minute}')
             if resolved
             else None,
+            prev_hash=None if resolved else prev_hash,
         )
     value: bytes | None = encode(record)
     key: bytes | None = run_id.encode()
@@ -338,12 +361,27 @@ def to_source(op: Op, offsets: dict[tuple[int, int], int]) -> SourceRecord:
     return SourceRecord(topic, partition, offset, key, value)
 
 
+def chain_heads(generated: list[Op]) -> dict[tuple[str, int], str]:
+    """The hash of each run's genuine record at each seq (its owner's first, in log order), chained."""
+    genuine: dict[tuple[str, int], Op] = {}
+    for op in generated:
+        if op.writer == 'owner' and op.hostile is None and op.status != 'resolved':
+            genuine.setdefault((op.run_id, op.seq), op)
+    heads: dict[tuple[str, int], str] = {}
+    for (run_id, seq), op in sorted(genuine.items(), key=lambda item: item[0][1]):
+        value = to_source(op, {}, heads).value
+        assert value is not None
+        heads[(run_id, seq)] = chain_hash(value)
+    return heads
+
+
 def make_log(generated: list[Op]) -> dict[tuple[int, int], list[SourceRecord]]:
-    """Each (topic, partition) sequence of the log, in offset order."""
+    """Each (topic, partition) sequence of the log, in offset order; the runs' records chained."""
     offsets: dict[tuple[int, int], int] = {}
     log: dict[tuple[int, int], list[SourceRecord]] = {}
+    heads = chain_heads(generated)
     for op in generated:
-        source = to_source(op, offsets)
+        source = to_source(op, offsets, heads)
         log.setdefault((source.topic, source.partition), []).append(source)
     return log
 
@@ -542,6 +580,10 @@ def check_run_indexes(shard: AnyShard) -> None:
     expected.update(agent_count(s.agent_name) for s in states if s.agent_name is not None)
     expected[UNRESOLVED_COUNT] = sum(1 for _ in shard.scan(UNRESOLVED_RUN.tag))
     expected[PARKED_COUNT] = sum(1 for _ in shard.scan(PARKED.tag))
+    assert {k for k, _ in shard.scan(BROKEN.tag)} == {
+        BROKEN.key(s.started_at, s.run_id) for s in states if s.chain_break is not None
+    }
+    expected[BROKEN_COUNT] = sum(1 for s in states if s.chain_break is not None)
     conflicting = {CONFLICT.parse(k)[0] for k, _ in shard.scan(CONFLICT.tag)}
     assert conflicting == {s.run_id for s in states if s.conflicting_writers}
     expected[CONFLICTING_COUNT] = len(conflicting)
@@ -550,6 +592,13 @@ def check_run_indexes(shard: AnyShard) -> None:
 
 async def check_views(reader: ProjectionReader) -> None:
     runs = await reader.list_runs()
+    for chain in CHAIN_STATUSES:  # `broken` through `BROKEN`
+        listed = [r.run_id for r in await reader.list_runs(chain=chain)]
+        assert listed == [r.run_id for r in runs if r.chain == chain], chain
+    for run in runs:  # where it broke is said exactly when it is broken
+        assert (
+            (run.chain == 'broken') == (run.chain_break_seq is not None) == (run.chain_break_at is not None)
+        )
     for status in RUN_STATUSES:  # through `STATUS`
         listed = [r.run_id for r in await reader.list_runs(status=status)]
         assert listed == [r.run_id for r in runs if r.status == status], status

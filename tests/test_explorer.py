@@ -414,3 +414,32 @@ def _kind(path: str) -> str:
     if path.startswith('/runs/'):
         return 'run'
     return path.strip('/').split('/')[0].split('?')[0]
+
+
+async def test_a_broken_chain_is_badged_filtered_and_counted(served: Served, page: Page) -> None:
+    """A run whose second record links to nothing it holds: its page, the list's filter and count say so."""
+    from datetime import UTC, datetime
+
+    from stepstream.schemas import StepEvent
+
+    run_id = f'forged-{uuid.uuid4().hex[:8]}'
+    now = datetime.now(UTC)
+    started = StepEvent(run_id=run_id, seq=0, writer_id='forger', timestamp=now, kind='run_started')
+    ended = StepEvent(
+        run_id=run_id, seq=1, writer_id='forger', timestamp=now, kind='run_completed', prev_hash='0' * 64
+    )
+    for record in (started, ended):
+        await served.log.append(record)
+    await served.settle()
+
+    await page.goto(f'/runs/{run_id}')
+    await expect(page.locator('h1 .chain-broken')).to_have_text('chain broken at seq 1')
+    await page.goto(f'/runs/{served.orchestrator_run}')
+    await expect(page.locator('h1 .chain-intact')).to_have_text('chain intact')
+    await page.goto('/')
+    await page.locator('p.counts a.broken-chains').click()  # the count links to the filter
+    await expect(page.locator('tr.run-row')).to_have_count(1)
+    await expect(page.locator(f'tr.run-row[data-run-id="{run_id}"] .chain-broken')).to_be_visible()
+    answer = await (await page.request.get(served.url.rstrip('/') + '/api/runs?chain=broken')).json()
+    assert [r['run_id'] for r in answer['runs']] == [run_id]
+    assert (answer['runs'][0]['chain'], answer['runs'][0]['chain_break_seq']) == ('broken', 1)

@@ -4,8 +4,8 @@ Topics have replication factor 3 and `min.insync.replicas=2`; the producer write
 With one broker down (the partition leader, then the controller) no run may fail
 and no acknowledged record may be lost; with two down (fewer than two replicas in sync) runs fail
 with `StepStreamUnavailable` and nothing else. The projector keeps up throughout and equals a
-clean rebuild at the end. The figures are printed (run with -s) and recorded in
-docs/kafka-cluster.md.
+clean rebuild at the end, and every completed run's hash chain is intact (`audit verify`). The
+figures are printed (run with -s) and recorded in docs/kafka-cluster.md.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from kafka_cluster import KafkaCluster
 from pydantic_ai import Agent
 
 from stepstream import Settings, StepStreamUnavailable
+from stepstream.audit import audit_log
 from stepstream.embedded import EmbeddedStack
 from stepstream.producer import EventLog, StepPersistence
 from stepstream.projector import Projector, rebuild, verify_paths
@@ -193,6 +194,12 @@ async def test_three_brokers_killed_one_at_a_time_lose_no_acknowledged_record(
         await rebuild(settings, tmp_path / 'clean', timeout=300)
         _, difference = verify_paths(tmp_path / 'live', tmp_path / 'clean')
         assert difference is None, str(difference)
+        # Every completed run's trail is its hash chain, as the projection and the audit read it.
+        assert all(runs[run_id].chain == 'intact' for run_id in completed)
+        audited = {verdict.run_id: verdict for verdict in (await audit_log(settings)).runs}
+        for run_id in completed:
+            integrity = audited[run_id].integrity
+            assert integrity is not None and integrity.ok, integrity
 
         figures = {
             'runs completed': len(completed),

@@ -33,6 +33,7 @@ from aiokafka.structs import TopicPartition
 from pydantic_ai import Agent
 
 from stepstream import Settings
+from stepstream.audit import audit_log
 from stepstream.errors import SchemaRegistryError
 from stepstream.producer import EventLog, StepPersistence
 from stepstream.projector import Projector
@@ -283,6 +284,13 @@ async def test_a_topic_moves_to_the_registry_format_without_a_rebuild(
         events = sum([len(await reader.list_events(r.run_id)) for r in runs])
     raw = await read_raw(settings, end)
     assert {value[:1] for value in raw.values()} == {b'\xc3', b'\x00'}  # both formats in the topics
+    # A record hashes alike in either format: the agents' runs verify from the topics; the
+    # hand-written run carries no links, so a chained reader reads it broken (the projection too).
+    chains = {r.run_id: r.chain for r in runs}
+    assert chains.pop('mixed') == 'broken' and set(chains.values()) == {'intact'}
+    audited = {verdict.run_id: verdict.integrity for verdict in (await audit_log(registry_settings)).runs}
+    assert not audited.pop('mixed').ok  # type: ignore[union-attr]
+    assert all(i is not None and i.ok and i.chain == 'intact' for i in audited.values()), audited
 
     await rebuild(registry_settings, rebuilt, timeout=60)
     compared, difference = verify_paths(live, rebuilt)

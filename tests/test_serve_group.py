@@ -131,8 +131,9 @@ async def test_any_member_answers_for_the_whole_group(
                 'by_status': whole.by_status,
                 'by_agent': whole.by_agent,
                 'unresolved_effects': whole.unresolved_effects,
+                'broken_chains': whole.broken_chains,
             }
-            assert sum(counts['by_status'].values()) == 14
+            assert sum(counts['by_status'].values()) == 14 and counts['broken_chains'] == 0
 
         # Pages of two, newest first: each cursor is a run some other member may hold.
         seen: list[str] = []

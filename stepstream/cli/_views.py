@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from stepstream.readmodel import ProjectionReader
 
 RUN_STATUSES = ('running', 'stale', 'completed', 'failed', 'cancelled')
+CHAIN_STATUSES = ('intact', 'broken', 'unchained')
+"""`schemas.RUN_STATUSES` and `CHAIN_STATUSES`, without importing the schemas (a command starts fast)."""
 
 
 def add_commands(command: Declare) -> None:
@@ -26,6 +28,11 @@ def add_commands(command: Declare) -> None:
     runs.add_argument('--parent-run-id', help='only direct children of this run')
     runs.add_argument('--status', choices=RUN_STATUSES, help='only runs in this status')
     runs.add_argument('--agent-name', help='only runs of this agent')
+    runs.add_argument(
+        '--chain',
+        choices=CHAIN_STATUSES,
+        help='only runs whose hash chain reads so (broken: a record does not link to the one before it)',
+    )
     runs.add_argument('--limit', type=_positive, help='runs per page (default 50)')
     runs.add_argument(
         '--after', metavar='RUN_ID', help='the page after this run (the last of the previous page)'

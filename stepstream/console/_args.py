@@ -21,6 +21,7 @@ class ViewArgs:
     parent_run_id: str | None = None
     status: str | None = None
     agent_name: str | None = None
+    chain: str | None = None
     include_interrupted: bool = False
     json: bool = False
     limit: int | None = None

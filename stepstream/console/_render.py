@@ -55,12 +55,13 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 
 
 def runs_table(runs: Sequence[RunRecord]) -> str:
-    """One line per run: id, agent, status, lineage, times, counts, tokens (in/out) and cost."""
+    """One line per run: id, agent, status, chain, lineage, times, counts, tokens (in/out) and cost."""
     rows = [
         (
             r.run_id,
             r.agent_name,
             r.status,
+            f'broken@{r.chain_break_seq}' if r.chain == 'broken' else r.chain,
             f'{r.parent_run_id} (expired)' if r.parent_expired else r.parent_run_id,
             r.conversation_id,
             _time(r.started_at),
@@ -75,6 +76,7 @@ def runs_table(runs: Sequence[RunRecord]) -> str:
         'run_id',
         'agent',
         'status',
+        'chain',
         'parent',
         'conversation',
         'started',
@@ -316,6 +318,8 @@ def counts_text(counts: RunCounts | None) -> list[str]:
         more = f', and {len(top) - 5} more' if len(top) > 5 else ''
         lines.append(f'agents: {len(top)} ({shown}{more})')
     lines.append(f'tool calls in doubt: {counts.unresolved_effects}')
+    if counts.broken_chains:
+        lines.append(f'runs with a broken hash chain: {counts.broken_chains} (`stepstream audit verify`)')
     return lines
 
 

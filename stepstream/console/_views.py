@@ -74,6 +74,7 @@ async def runs_after(
         parent_run_id=args.parent_run_id,
         status=args.status,
         agent_name=args.agent_name,
+        chain=args.chain,
         newest_first=not args.oldest_first,
         after=after,
         limit=limit,
