@@ -143,7 +143,8 @@ def test_every_run_is_a_chain_of_its_records(
     assert projected == dict.fromkeys(runs, 'intact')
 
 
-def test_a_changed_byte_a_dropped_or_swapped_record_breaks_the_chain_after_it() -> None:
+def one_tool_call_run() -> InMemoryLog:
+    """The log of one run that calls a tool once, then answers."""
     log = InMemoryLog()
     agent = Agent(
         FunctionModel(
@@ -161,6 +162,11 @@ def test_a_changed_byte_a_dropped_or_swapped_record_breaks_the_chain_after_it() 
         return 'worked'
 
     asyncio.run(agent.run('go'))
+    return log
+
+
+def test_a_changed_byte_a_dropped_or_swapped_record_breaks_the_chain_after_it() -> None:
+    log = one_tool_call_run()
     (values,) = [[s.value for s in stored if s.value is not None] for stored in chains(log).values()]
     assert len(values) > 5 and broken_at(values) is None
     altered = bytearray(values[3])
@@ -219,23 +225,7 @@ def project(records: list[StoredRecord]) -> dict[str, RunState]:
 
 
 def test_the_projection_reads_a_chain_intact_broken_or_unchained() -> None:
-    log = InMemoryLog()
-    agent = Agent(
-        FunctionModel(
-            lambda m, i: (
-                ModelResponse(parts=[ToolCallPart('work', {}, 'c1')])
-                if len(m) == 1
-                else ModelResponse(parts=[TextPart('done')])
-            )
-        ),
-        capabilities=[StepPersistence(log=log)],
-    )
-
-    @agent.tool_plain
-    def work() -> str:
-        return 'worked'
-
-    asyncio.run(agent.run('go'))
+    log = one_tool_call_run()
     records = [
         s for s in log.records if not (isinstance(s.record, StepEvent) and s.record.kind == 'run_heartbeat')
     ]
