@@ -7,7 +7,8 @@ dropped, two records swapped, a forged record with valid hashes but no signature
 another run spliced in, the tail of a partition cut, a whole run removed. `audit verify`, given
 only the copy, the trusted public key and the checkpoint, names each (exit 1, the problem, the
 run and where), and verifies the untouched copy (exit 0): the checkpoint names partitions, not
-topics. The pure rules are tests/test_audit_chains.py's.
+topics. Forgetting a conversation rewrites no record: the log still verifies after it. The pure
+rules are tests/test_audit_chains.py's.
 """
 
 from __future__ import annotations
@@ -29,9 +30,11 @@ from test_cli import cli
 from test_erasure import sealed_settings
 
 from stepstream import Settings
+from stepstream.forget import forget_conversation
 from stepstream.kafka_client import client_options
 from stepstream.media import S3MediaStore
 from stepstream.producer import EventLog, StepPersistence
+from stepstream.projector import Projector
 from stepstream.schemas import StepEvent, chain_hash, decode, encode
 from stepstream.topics import ensure_topics, log_end_offsets, partition_counts
 
@@ -258,6 +261,14 @@ async def test_audit_names_every_tamper_and_verifies_an_untouched_copy(
         code, report = await verify(copy, tmp_path, public, '--checkpoint', str(checkpoint))
         assert code == 1, (name, report)
         check(report)
+
+    # Erasure destroys a conversation's key and rewrites no record: its runs still verify.
+    async with Projector(settings, db_path=tmp_path / 'projection') as projector:
+        await projector.catch_up()
+        store = S3MediaStore.from_settings(settings)
+        await forget_conversation(settings, 'conv-0', reader=projector.reader(), media_store=store)
+    code, report = await verify(settings, tmp_path, public, '--checkpoint', str(checkpoint))
+    assert code == 0, report
 
 
 def expect_break(report: dict[str, Any], run_id: str, problem: str, seq: int | None) -> None:
