@@ -13,6 +13,7 @@ covered by a trusted signature; and the projection, applying the records, reads 
 from __future__ import annotations
 
 import asyncio
+import base64
 import io
 import tempfile
 from collections import defaultdict
@@ -35,6 +36,7 @@ from stepstream.audit import Seen, verify_run
 from stepstream.media import DiskMediaStore
 from stepstream.producer import InMemoryLog, StepPersistence
 from stepstream.producer._memory import StoredRecord
+from stepstream.producer._run import RunWriter
 from stepstream.projector._apply import Applier, SourceRecord
 from stepstream.projector._shard import MemoryShard
 from stepstream.projector.storage import RUN, RunState
@@ -48,7 +50,7 @@ from stepstream.schemas import (
     encode,
     load_schema_versions,
 )
-from stepstream.signing import SIGNATURE, SIGNING_KEY, Signer, TrustedKeys
+from stepstream.signing import SIGNATURE, SIGNED_KIND, SIGNING_KEY, Signer, TrustedKeys, statement
 
 pytestmark = pytest.mark.fast
 
@@ -266,3 +268,58 @@ def older(record: StepEvent | ToolEffectTransition) -> bytes:
     body = io.BytesIO()
     schemaless_writer(body, version.parsed, fields)
     return MAGIC + version.fingerprint + body.getvalue()
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=st.integers(1, 4), parallel=st.integers(1, 3), fails=st.booleans())
+def test_a_signing_writer_signs_each_new_head_once_at_its_durability_points(
+    steps: int, parallel: int, fails: bool
+) -> None:
+    """Issue 37, item 6: at most one signature per durability point, none for a head already
+    signed, each over the head the log holds at that point, and always the run's final head."""
+    signer = SIGNER
+    log = InMemoryLog(Settings(signing_key=SIGNING_PEM))  # type: ignore[arg-type]
+    points: dict[str, int] = defaultdict(int)
+    durable = RunWriter.durable
+
+    async def counted(self: RunWriter, ctx: Any) -> None:
+        points[self.run_id] += 1
+        await durable(self, ctx)
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        done = sum(isinstance(m, ModelResponse) for m in messages)
+        if done < steps:
+            return ModelResponse(
+                parts=[ToolCallPart('work', {'n': i}, f'c{done}-{i}') for i in range(parallel)]
+            )
+        if fails:
+            raise RuntimeError('the model gave up')
+        return ModelResponse(parts=[TextPart('done')])
+
+    agent = Agent(FunctionModel(model), capabilities=[StepPersistence(log=log, agent_name='signed')])
+
+    @agent.tool_plain
+    def work(n: int) -> int:
+        return n
+
+    async def run() -> None:
+        try:
+            await agent.run('go')
+        except RuntimeError:
+            assert fails
+
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(RunWriter, 'durable', counted)
+        asyncio.run(run())
+
+    ((run_id, stored),) = chains(log).items()  # the trail, signed heads left out
+    trail = [s.value for s in stored]
+    every = [decode(s.value) for s in log.records if s.value is not None]
+    heads = [r for r in every if isinstance(r, StepEvent) and r.kind == SIGNED_KIND]
+    assert heads and len(heads) <= points[run_id]
+    assert len({h.prev_hash for h in heads}) == len(heads)  # a head is signed once
+    for head in heads:
+        assert head.prev_hash == chain_hash(trail[head.seq - 1])  # the head the log held then
+        signature = base64.b64decode(head.metadata[SIGNATURE])
+        signer.private_key.public_key().verify(signature, statement(run_id, head.seq, head.prev_hash))
+    assert heads[-1].seq == len(trail)  # the final head is signed
