@@ -75,7 +75,7 @@ lint: $(STAMP)
 	$(BIN)/python tools/limits.py
 	rm -rf build/typecheck && mkdir -p build/typecheck/stepstream
 	ln -s $(CURDIR)/stepstream/* build/typecheck/stepstream/
-	for p in schemas producer projector media serve analytics readmodel audit; do ln -s $(CURDIR)/$$p build/typecheck/stepstream/$$p; done
+	for p in schemas producer projector media serve analytics readmodel audit replay; do ln -s $(CURDIR)/$$p build/typecheck/stepstream/$$p; done
 	$(BIN)/mypy
 
 format: $(STAMP)

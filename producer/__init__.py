@@ -14,6 +14,7 @@ from stepstream.producer._capability import (
     annotate_tool_effect,
     current_run_id,
 )
+from stepstream.producer._current import replaying
 from stepstream.producer._log import EventLog
 from stepstream.producer._memory import InMemoryLog, StoredRecord
 from stepstream.producer._protocol import StepLog
@@ -39,6 +40,7 @@ __all__ = [
     'check_run_id',
     'current_run_id',
     'is_provider_valid',
+    'replaying',
     'resolution_for',
     'resolve_tool_effect',
     'resolver_id',

@@ -48,6 +48,7 @@ from stepstream.media import MediaStore, Offloaded, S3MediaStore, offload_media
 from stepstream.producer._current import annotate_tool_effect as annotate_tool_effect
 from stepstream.producer._current import current_run as current_run
 from stepstream.producer._current import current_run_id as current_run_id
+from stepstream.producer._current import replaying
 from stepstream.producer._engines import ATTEMPT_KEY as ATTEMPT_KEY
 from stepstream.producer._engines import Attempt as Attempt
 from stepstream.producer._engines import refuse_temporal_sandbox_import, refuse_undeclared_engine, writer_id
@@ -194,10 +195,11 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
     async def for_run(self, ctx: RunContext[AgentDepsT]) -> AbstractCapability[AgentDepsT]:
         """Bind a copy to this `.run()`: resolve the run id, the writer, the parent and the agent name.
 
-        The run id and the writer id are functions of the run context (and the explicit
-        `run_id`), never random, so that a run re-executed by a durable-execution engine is the
-        same run with the same writer.
+        The run id and the writer id are functions of the run context (and the explicit `run_id`),
+        never random: a run re-executed by a durable-execution engine is the same run, same writer.
         """
+        if replaying.get() is not None:  # `stepstream.replay` re-executes a recorded run: write nothing
+            return AbstractCapability()
         refuse_temporal_sandbox_import()
         refuse_undeclared_engine(ctx.in_durable_context)
         if self.run_id is not None:

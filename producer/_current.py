@@ -69,3 +69,11 @@ async def annotate_tool_effect(
             idempotency_key,
             ctx.tool_call_id,
         )
+
+
+replaying: ContextVar[str | None] = ContextVar('stepstream.replaying', default=None)
+"""The run id being replayed (`stepstream.replay`), in the task that replays it; None otherwise.
+
+While it is set, `StepPersistence` writes nothing: a replay re-executes recorded runs, and its
+steps are not a production run's.
+"""

@@ -40,6 +40,7 @@ from stepstream.projector import (
     continue_run,
     rebuild,
 )
+from stepstream.replay import replay_run
 from stepstream.serve import app_for, running
 from stepstream.topics import partition_counts
 
@@ -149,6 +150,12 @@ async def test_forget_erases_content_and_media_everywhere_but_keeps_the_trail(
         await assert_trail(reader, erased_run.run_id)
         kept = await continue_run(reader, run_id=kept_run.run_id)
         assert secret in ModelMessagesTypeAdapter.dump_json(kept).decode()
+        # Replay (issue 38): the erased run is reported, the kept one (sealed, offloaded) matches.
+        replayed = await replay_run(agent, erased_run.run_id, reader=reader)
+        assert replayed.outcome == 'erased' and not replayed.ok
+        assert replayed.detail.startswith('erased: cannot replay')
+        kept_replay = await replay_run(agent, kept_run.run_id, reader=reader)
+        assert kept_replay.outcome == 'matched', kept_replay.text()
 
     # A rebuild from offset zero after the erasure.
     await rebuild(settings, tmp_path / 'rebuilt')

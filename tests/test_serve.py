@@ -100,6 +100,8 @@ async def test_one_run_its_events_effects_and_lineage(served: Served, api: httpx
     assert effect['unknown_after_crash'] and effect['status'] == 'started'
     assert (effect['idempotency_key'], effect['effect_summary']) == ('announce:#releases', 'posts to Slack')
 
+    page = (await api.get(f'/runs/{served.crashed_run}')).text
+    assert f'stepstream replay {served.crashed_run} --agent MODULE:ATTR' in page  # how to replay it
     lineage = (await api.get(f'/api/runs/{served.delegate_runs[1]}/lineage')).json()
     assert lineage['root']['run_id'] == served.orchestrator_run
     assert [(n['depth'], n['run']['run_id']) for n in lineage['tree']] == [

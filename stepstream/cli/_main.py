@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from stepstream.cli import _audit, _log_commands, _operator, _services, _stack_commands, _views
+from stepstream.cli import _audit, _log_commands, _operator, _replay, _services, _stack_commands, _views
 from stepstream.cli._common import (
     EXIT_BROKEN_PIPE,
     EXIT_FAILED,
@@ -162,6 +162,7 @@ def _parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     _views.add_commands(command)
     _operator.add_commands(command)
     _audit.add_commands(command, sub)
+    _replay.add_commands(command)
     return parser
 
 
