@@ -15,6 +15,7 @@ from stepstream.producer._capability import (
     current_run_id,
 )
 from stepstream.producer._current import replaying
+from stepstream.producer._definitions import definitions_of, fingerprint
 from stepstream.producer._log import EventLog
 from stepstream.producer._memory import InMemoryLog, StoredRecord
 from stepstream.producer._protocol import StepLog
@@ -39,6 +40,8 @@ __all__ = [
     'annotate_tool_effect',
     'check_run_id',
     'current_run_id',
+    'definitions_of',
+    'fingerprint',
     'is_provider_valid',
     'replaying',
     'resolution_for',

@@ -49,6 +49,7 @@ from stepstream.producer._current import annotate_tool_effect as annotate_tool_e
 from stepstream.producer._current import current_run as current_run
 from stepstream.producer._current import current_run_id as current_run_id
 from stepstream.producer._current import replaying
+from stepstream.producer._definitions import definitions_of
 from stepstream.producer._engines import ATTEMPT_KEY as ATTEMPT_KEY
 from stepstream.producer._engines import Attempt as Attempt
 from stepstream.producer._engines import refuse_temporal_sandbox_import, refuse_undeclared_engine, writer_id
@@ -335,7 +336,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         if self.capture_frontier:
             run.live = (ctx.messages, ctx.run_step)
             await run.snapshot(ctx, ctx.messages, ctx.run_step)
-        await run.event(ctx, 'model_request_started')
+        await run.event(ctx, 'model_request_started', definitions=definitions_of(request_context))
         run.request_started = time.perf_counter_ns()
         return request_context
 

@@ -25,6 +25,7 @@ from pydantic_ai.run import AgentRunResult
 from pydantic_ai.tools import RunContext
 
 from stepstream.media import Offloaded
+from stepstream.producer._definitions import Definitions
 from stepstream.producer._engines import ATTEMPT_KEY, Attempt, in_temporal_workflow
 from stepstream.producer._liveness import OpenRun
 from stepstream.producer._protocol import Ack, StepLog
@@ -115,6 +116,7 @@ class RunWriter:
     """Tool calls recorded as started, with when their body began (`time.perf_counter_ns`)."""
     request_started: int = 0
     """When the current model request began (`time.perf_counter_ns`); one at a time per run."""
+    definitions: Definitions = field(default_factory=Definitions)
     last_snapshot_step: int | None = None
     live: tuple[list[ModelMessage], int] | None = None
     conversation_id: str | None = None
@@ -142,6 +144,8 @@ class RunWriter:
         trace_id: str | None = None,
         span_id: str | None = None,
         linked: bool = True,
+        request_fingerprint: str | None = None,
+        request_definitions: str | None = None,
     ) -> StepEvent:
         """The run's next step event, linked to the chain's head; its `seq` is taken once `append` accepts it.
 
@@ -169,6 +173,8 @@ class RunWriter:
             trace_id=trace_id,
             span_id=span_id,
             prev_hash=self.head if linked else None,
+            request_fingerprint=request_fingerprint,
+            request_definitions=request_definitions,
         )
 
     async def append(self, record: LogRecord) -> None:
@@ -221,9 +227,14 @@ class RunWriter:
         usage: ModelUsage | None = None,
         duration_us: int | None = None,
         metadata: dict[str, str] | None = None,
+        definitions: str | None = None,
     ) -> None:
-        """Append the step event `kind` at the context's step, with the current span's ids."""
+        """Append the step event `kind` at the context's step, with the current span's ids.
+
+        A model request's `definitions` go in as a fingerprint, and in full when they changed.
+        """
         step_index = self.step_index = ctx.run_step
+        request_fingerprint, definitions = self.definitions.stamp(definitions)
         current = trace.get_current_span().get_span_context()
         traced = current.is_valid
         record = self.step_event(
@@ -239,6 +250,8 @@ class RunWriter:
             duration_us=duration_us,
             trace_id=f'{current.trace_id:032x}' if traced else None,
             span_id=f'{current.span_id:016x}' if traced else None,
+            request_fingerprint=request_fingerprint,
+            request_definitions=definitions,
         )
         await self.append(record)
 

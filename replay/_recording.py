@@ -49,6 +49,9 @@ class Recording:
     """The model's responses, in order: what replay serves."""
     interrupted: bool
     """The latest snapshot is interrupted: the run did not end there cleanly."""
+    definitions: dict[int, tuple[str, str]] = field(default_factory=dict)
+    """By step: the fingerprint and canonical JSON of what the step's model request was made with (since
+    schema v6; empty for runs written before)."""
     in_doubt: dict[str, ToolEffectRecord] = field(default_factory=dict)
     """By tool call id: effects `started` without an end (`unknown_after_crash` once the run is stale)."""
 
@@ -106,12 +109,19 @@ async def load_recording(reader: ProjectionReader, run_id: str) -> Recording:
         raise NotReplayable(f'run {run_id!r} has no snapshot to replay', reason='empty')
     history, own = _split(snapshot.messages)
     effects = await reader.list_unresolved_tool_effects(run_id=run_id)
+    definitions: dict[int, tuple[str, str]] = {}
+    latest = ''
+    for event in await reader.list_events(run_id):
+        if event.kind == 'model_request_started' and event.request_fingerprint is not None:
+            latest = event.request_definitions or latest
+            definitions[event.step_index] = (event.request_fingerprint, latest)
     return Recording(
         run=run,
         history=history,
         requests=[m for m in own if isinstance(m, ModelRequest)],
         responses=[m for m in own if isinstance(m, ModelResponse)],
         interrupted=snapshot.state != 'complete',
+        definitions=definitions,
         in_doubt={effect.tool_call_id: effect for effect in effects},
     )
 

@@ -10,6 +10,7 @@ difference stops the run and is the report's divergence.
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -28,7 +29,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.tools import RunContext, ToolDefinition
 from pydantic_core import to_jsonable_python
 
-from stepstream.producer import replaying
+from stepstream.producer import definitions_of, fingerprint, replaying
 from stepstream.replay._compare import as_json, diff, normalised, request_difference
 from stepstream.replay._recording import NotReplayable, Recording, load_recording
 
@@ -36,7 +37,8 @@ ToolMode = Literal['recorded', 'live']
 Outcome = Literal['matched', 'diverged', 'in_doubt', 'erased', 'unreplayable']
 
 NOT_RECORDED = (
-    "tool definitions, model settings and the output type are not in this run's records: not checked"
+    'written before schema v6: tool definitions, model settings and the output type are not in this '
+    "run's records, so they were not checked"
 )
 
 
@@ -173,6 +175,8 @@ class _Replayer(AbstractCapability[Any]):
             if isinstance(replayed, ModelRequest)
             else ('request_content', normalised(recording.requests[k]), normalised(replayed))
         )
+        if found is None:
+            found = _definitions_difference(recording.definitions.get(step), request_context)
         if found is not None:
             kind, was, now = found
             raise self.stop(Divergence(step, kind, _SAY[kind], was, now))
@@ -270,7 +274,36 @@ def _ended(outcome: ToolReturnPart | RetryPromptPart | None) -> str | None:
     return 'retried' if isinstance(outcome, RetryPromptPart) else outcome.outcome
 
 
+def _definitions_difference(
+    recorded: tuple[str, str] | None, request_context: Any
+) -> tuple[str, Any, Any] | None:
+    """(kind, recorded, replayed) when the request's tools, output or settings are not the recorded ones."""
+    if recorded is None:
+        return None  # written before schema v6: not checked (the report says so)
+    text = definitions_of(request_context)
+    if fingerprint(text) == recorded[0]:
+        return None
+    was, now = json.loads(recorded[1]), json.loads(text)
+    if was.get('tools') != now['tools']:
+        old_tools = {t['name']: t for t in was.get('tools', [])}
+        new_tools = {t['name']: t for t in now['tools']}
+        changed = sorted(
+            n for n in old_tools.keys() | new_tools.keys() if old_tools.get(n) != new_tools.get(n)
+        )
+        return (
+            'tool_definitions',
+            {n: old_tools.get(n) for n in changed},
+            {n: new_tools.get(n) for n in changed},
+        )
+    if was.get('output') != now['output']:
+        return 'output_type', was.get('output'), now['output']
+    return 'settings', was.get('settings'), now['settings']
+
+
 _SAY = {
+    'tool_definitions': 'the tools offered to the model are defined otherwise than recorded',
+    'output_type': 'the output type (mode, output tools or schema) differs from the recorded one',
+    'settings': 'the model settings differ from the recorded ones',
     'instructions': "the instructions or system prompt differ from the recorded request's",
     'request_content': 'the request differs from the recorded one',
     'tool_name': 'the recording called a tool the agent no longer has',
@@ -305,7 +338,9 @@ async def replay_run(
     effects = await reader.list_tool_effects(run_id)
     failed = {e.tool_call_id: e.error or 'an error' for e in effects if e.status == 'failed'}
     replayer = _Replayer(recording, tools, failed)
-    report = ReplayReport(run_id, 'matched', tools=tools, notes=[NOT_RECORDED])
+    report = ReplayReport(
+        run_id, 'matched', tools=tools, notes=[] if recording.definitions else [NOT_RECORDED]
+    )
     token = replaying.set(run_id)
     try:
         result = await agent.run(

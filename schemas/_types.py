@@ -168,6 +168,15 @@ class StepEvent:
     )
     """Since schema v5: SHA-256 (hex) of the Avro body of the run's previous record (`chain_hash`); None on
     a run's first record, heartbeats and resolutions, and from earlier writers (unchained)."""
+    request_fingerprint: str | None = field(
+        default=None, metadata=internal('what a model request was made with, read by replay')
+    )
+    """Since schema v6, on `model_request_started`: SHA-256 (hex) of `request_definitions`' JSON."""
+    request_definitions: str | None = field(
+        default=None, metadata=internal('what a model request was made with, read by replay')
+    )
+    """Since schema v6, on `model_request_started` when the fingerprint changed (always the run's first):
+    the tools' definitions, the output mode and tools and the model settings, as canonical JSON."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

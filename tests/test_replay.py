@@ -7,18 +7,21 @@ changed the way a team changes code (diverges, at the step and of the kind the c
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Annotated, Any
 
 import pytest
+from pydantic import AfterValidator
 from pydantic_ai import Agent, BinaryContent, ModelRetry
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from stepstream.media import DiskMediaStore
 from stepstream.producer import InMemoryLog, StepPersistence
+from stepstream.producer._run import RunWriter
 from stepstream.readmodel import ProjectionReader
 from stepstream.replay import load_recording, replay_run
 
@@ -91,6 +94,10 @@ def recorded(tmp_path: Path) -> Recorded:
 async def test_an_unchanged_agent_matches_and_writes_nothing(recorded: Recorded) -> None:
     run_id = await recorded.record(build(recorded.persistence()))
     reader = await recorded.reader()
+    started = [e for e in await reader.list_events(run_id) if e.kind == 'model_request_started']
+    assert len(started) == 4 and len({e.request_fingerprint for e in started}) == 1
+    assert [e.request_definitions is not None for e in started] == [True, False, False, False]  # once
+    assert json.loads(started[0].request_definitions or '')['tools'][0]['name'] == 'lookup'
     stored = len(recorded.log.records)
     report = await replay_run(build(recorded.persistence()), run_id, reader=reader)
     assert report.outcome == 'matched' and report.ok, report.text()
@@ -115,22 +122,77 @@ async def test_changed_instructions_diverge_at_the_first_request(recorded: Recor
 async def test_a_tool_that_no_longer_takes_its_arguments_diverges_at_its_step(recorded: Recorded) -> None:
     run_id = await recorded.record(build(recorded.persistence()))
 
-    def work(count: int) -> int:  # `n` renamed: the recorded call at step 3 no longer validates
-        return count * 2
-
-    report = await replay_run(build(None, work=work), run_id, reader=await recorded.reader())
+    report = await replay_run(build(None, work=stricter_work), run_id, reader=await recorded.reader())
     divergence = report.divergence
     assert divergence is not None, report.text()
-    assert (divergence.step, divergence.kind) == (3, 'tool_arguments')
+    assert (divergence.step, divergence.kind) == (3, 'tool_arguments')  # the call at step 3 has n=3
     assert (divergence.tool_name, divergence.tool_call_id) == ('work', 'call-2')
     assert divergence.recorded == {'n': 3}
-    assert 'count' in str(divergence.replayed['parameters'])
+    assert 'n must be below 3' in divergence.replayed['error']
+
+
+async def test_a_changed_tool_definition_or_setting_diverges_at_the_first_request(recorded: Recorded) -> None:
+    run_id = await recorded.record(build(recorded.persistence()))
+    reader = await recorded.reader()
+
+    def work(count: int) -> int:  # `n` renamed: the definition the model is shown changed
+        return count * 2
+
+    renamed = await replay_run(build(None, work=work), run_id, reader=reader)
+    divergence = renamed.divergence
+    assert divergence is not None and (divergence.step, divergence.kind) == (1, 'tool_definitions')
+    assert list(divergence.recorded) == ['work'] and 'count' in divergence.diff
+
+    def lookup(topic: str) -> str:
+        """Look a topic up in the almanac."""  # a description the model now reads
+        return f'notes on {topic}'
+
+    described = await replay_run(build(None, lookup=lookup), run_id, reader=reader)
+    assert described.divergence is not None and described.divergence.kind == 'tool_definitions'
+    assert described.divergence.replayed['lookup']['description'] == 'Look a topic up in the almanac.'
+
+    tuned = build(None)
+    tuned.model_settings = {'temperature': 0.2}
+    report = await replay_run(tuned, run_id, reader=reader)
+    assert report.divergence is not None and (report.divergence.step, report.divergence.kind) == (
+        1,
+        'settings',
+    )
+    assert (report.divergence.recorded, report.divergence.replayed) == ({}, {'temperature': 0.2})
+
+    typed = Agent(FunctionModel(planned), instructions='Answer from the tools.', output_type=int)
+    typed.tool_plain(name='lookup')(lookup_notes)
+    typed.tool_plain(name='work')(double)
+    report = await replay_run(typed, run_id, reader=reader)
+    assert report.divergence is not None and report.divergence.kind == 'output_type', report.text()
+
+
+def below_three(n: int) -> int:
+    if n >= 3:
+        raise ValueError('n must be below 3')
+    return n
+
+
+def stricter_work(n: Annotated[int, AfterValidator(below_three)]) -> int:  # `work`'s schema, stricter
+    return n * 2
+
+
+def lookup_notes(topic: str) -> str:
+    return f'notes on {topic}'
+
+
+def double(n: int) -> int:
+    return n * 2
 
 
 async def test_a_live_tool_whose_result_changed_is_tool_drift(recorded: Recorded) -> None:
     run_id = await recorded.record(build(recorded.persistence()))
     reader = await recorded.reader()
-    agent = build(None, lookup=lambda topic: f'new notes on {topic}')
+
+    def lookup(topic: str) -> str:
+        return f'new notes on {topic}'
+
+    agent = build(None, lookup=lookup)
     recorded_mode = await replay_run(agent, run_id, reader=reader)
     assert recorded_mode.outcome == 'matched', recorded_mode.text()  # the tool did not run
     report = await replay_run(agent, run_id, reader=reader, tools='live')
@@ -139,14 +201,28 @@ async def test_a_live_tool_whose_result_changed_is_tool_drift(recorded: Recorded
     assert (divergence.recorded, divergence.replayed) == ('notes on tides', 'new notes on tides')
 
 
-async def test_a_tool_the_agent_no_longer_has_is_named(recorded: Recorded) -> None:
-    run_id = await recorded.record(build(recorded.persistence()))
+async def test_a_run_written_before_definitions_were_recorded(recorded: Recorded) -> None:
+    """Schema v5 writers recorded no definitions: that check is skipped and said so, and a tool the
+    agent no longer has is named when the recording calls it."""
+    original = RunWriter.event
+
+    async def older_writer(self: RunWriter, ctx: Any, kind: Any, **fields: Any) -> None:
+        fields.pop('definitions', None)
+        await original(self, ctx, kind, **fields)
+
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(RunWriter, 'event', older_writer)
+        run_id = await recorded.record(build(recorded.persistence()))
+    reader = await recorded.reader()
     agent = Agent(FunctionModel(planned), instructions='Answer from the tools.')
-    agent.tool_plain(name='lookup')(lambda topic: f'notes on {topic}')  # `work` removed
-    report = await replay_run(agent, run_id, reader=await recorded.reader())
+    agent.tool_plain(name='lookup')(lookup_notes)  # `work` removed
+    report = await replay_run(agent, run_id, reader=reader)
     divergence = report.divergence
-    assert divergence is not None and (divergence.step, divergence.kind) == (4, 'tool_name')
+    assert divergence is not None and (divergence.step, divergence.kind) == (4, 'tool_name'), report.text()
     assert divergence.recorded['tool_name'] == 'work'
+    assert report.notes and report.notes[0].startswith('written before schema v6')
+    unchanged = await replay_run(build(None), run_id, reader=reader)
+    assert unchanged.outcome == 'matched' and unchanged.notes == report.notes
 
 
 async def test_more_and_fewer_steps_than_recorded(recorded: Recorded) -> None:
@@ -232,9 +308,12 @@ async def test_a_run_that_crashed_mid_tool_replays_up_to_the_call_in_doubt(recor
     (effect,) = await reader.list_unresolved_tool_effects(run.run_id)
     assert effect.tool_name == 'work'
     ran: list[int] = []
-    report = await replay_run(
-        build(None, work=lambda n: ran.append(n) or n), run.run_id, reader=reader, tools='live'
-    )
+
+    def work_live(n: int) -> int:
+        ran.append(n)
+        return n
+
+    report = await replay_run(build(None, work=work_live), run.run_id, reader=reader, tools='live')
     assert report.outcome == 'in_doubt' and report.ok and ran == [], report.text()
     assert report.steps == 2 and report.detail.startswith('the recording ends at step 3')
     state = 'unknown_after_crash' if effect.unknown_after_crash else 'in flight'  # its run is not stale yet

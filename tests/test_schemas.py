@@ -91,6 +91,10 @@ def envelope(seq: int = 0) -> dict[str, object]:
     }
 
 
+DEFINITIONS = '{"output":{"mode":"text"},"settings":{},"tools":[{"name":"search"}]}'
+DEFINITIONS_HASH = hashlib.sha256(DEFINITIONS.encode()).hexdigest()
+
+
 def every_record() -> list[StepEvent | ToolEffectTransition]:
     records: list[StepEvent | ToolEffectTransition] = []
     for i, kind in enumerate(sorted(EVENT_KINDS)):
@@ -122,6 +126,8 @@ def every_record() -> list[StepEvent | ToolEffectTransition]:
                 else None,
                 trace_id='0af7651916cd43dd8448eb211c80319c',
                 span_id='b7ad6b7169203331',
+                request_fingerprint=DEFINITIONS_HASH if kind == 'model_request_started' else None,
+                request_definitions=DEFINITIONS if kind == 'model_request_started' else None,
             )
         )
     for i, status in enumerate(sorted(TOOL_EFFECT_STATUSES)):
@@ -300,6 +306,27 @@ def test_chain_links_cross_versions() -> None:
         single = encode(linked)
         body = hashlib.sha256(single[10:]).hexdigest()  # the body: after magic and fingerprint
         assert chain_hash(single) == chain_hash(to_confluent(single, 7)) == body
+
+
+@pytest.mark.fast
+def test_request_definitions_cross_versions() -> None:
+    """A v6 model request's fingerprint and definitions read away as v5; a v5 event decodes without
+    them (replay then says the check was skipped)."""
+    v5, v6 = load_schema_versions()['step_event'][4:6]
+    started = next(
+        r for r in every_record() if isinstance(r, StepEvent) and r.kind == 'model_request_started'
+    )
+    assert started.request_definitions is not None and decode(encode(started)) == started
+    out = io.BytesIO()
+    schemaless_writer(out, v6.parsed, _to_avro(started))
+    as_v5 = schemaless_reader(io.BytesIO(out.getvalue()), v6.parsed, v5.parsed)
+    assert (
+        isinstance(as_v5, dict) and 'request_fingerprint' not in as_v5 and 'request_definitions' not in as_v5
+    )
+    framed = io.BytesIO()
+    framed.write(b'\xc3\x01' + v5.fingerprint)
+    schemaless_writer(framed, v5.parsed, as_v5)
+    assert decode(framed.getvalue()) == replace(started, request_fingerprint=None, request_definitions=None)
 
 
 @pytest.mark.fast
