@@ -62,18 +62,27 @@ def shape(events: list[StepEvent]) -> Trail:
     ]
 
 
-async def trail_without_engine(event_log: EventLog, projector: Projector) -> Trail:
-    """The same agent, tool and prompt, run plainly: the trail an engine's run must match."""
+def plain_agent(event_log: EventLog | None, step_doc: str | None = None) -> Agent[None, str]:
+    """The engines' agent and tool, with no engine (persisted to `event_log`, if given).
+
+    `step_doc` is the tool's docstring in the engine's child, which the model is shown.
+    """
     agent = Agent(
         calls_then_answers('step', calls=2),
-        capabilities=[StepPersistence(log=event_log, agent_name='worker')],
+        capabilities=[StepPersistence(log=event_log, agent_name='worker')] if event_log is not None else [],
     )
 
-    @agent.tool
     async def step(ctx: RunContext[None]) -> str:
         return f'{ctx.tool_call_id} done'
 
-    await agent.run('go', conversation_id='plain')
+    step.__doc__ = step_doc
+    agent.tool(step)
+    return agent
+
+
+async def trail_without_engine(event_log: EventLog, projector: Projector) -> Trail:
+    """The same agent, tool and prompt, run plainly: the trail an engine's run must match."""
+    await plain_agent(event_log).run('go', conversation_id='plain')
     await projector.wait_for(await event_log.flush())
     [run] = await projector.reader().list_runs(conversation_id='plain')
     return shape(await projector.reader().list_events(run.run_id))
@@ -92,8 +101,12 @@ async def assert_tool_kill_recovered(
     event_log: EventLog,
     conversation_id: str,
     effects: list[str],
+    step_doc: str | None = None,
 ) -> None:
-    """A run killed inside tool call-1, recovered: one run, the plain trail, call-1 completed by attempt 2."""
+    """A run killed inside tool call-1, recovered: one run, the plain trail, call-1 completed by attempt 2.
+
+    And it replays against the plain agent (whose tool has the child's `step_doc`).
+    """
     run, events = await the_run(reader, conversation_id)
     assert shape(events) == await trail_without_engine(event_log, projector)
     assert_recovered_after(events, 'tool_call_started', 'call-1')
@@ -104,6 +117,11 @@ async def assert_tool_kill_recovered(
     assert await reader.list_unresolved_tool_effects(run.run_id) == []
     assert effects == ['call-0', 'call-1']  # each side effect happened once
     assert projector.dead_lettered == 0
+    # Replay (issue 38): the run the engine wrote and recovered replays against the plain agent.
+    from stepstream.replay import replay_run
+
+    report = await replay_run(plain_agent(None, step_doc), run.run_id, reader=reader)
+    assert report.outcome == 'matched' and report.steps == 3, report.text()
 
 
 async def assert_write_kill_recovered(

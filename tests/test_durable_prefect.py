@@ -105,7 +105,14 @@ async def test_prefect_recovers_a_flow_run_killed_inside_a_tool_as_one_run(
     assert 'output answered after 2 tool calls' in output
     await projector.catch_up()
     reader = projector.reader()
-    await assert_tool_kill_recovered(reader, projector, event_log, conversation(tmp_path), effects(tmp_path))
+    await assert_tool_kill_recovered(
+        reader,
+        projector,
+        event_log,
+        conversation(tmp_path),
+        effects(tmp_path),
+        step_doc='Runs as a Prefect task, whose result a recovered flow run reuses.',  # the child's tool docstring
+    )
     [run] = await reader.list_runs(conversation_id=conversation(tmp_path))
     assert run.run_id == interrupted.run_id
     assert projector.duplicates_ignored == 0  # every completed write was a cache hit, not sent again
