@@ -111,7 +111,7 @@ async def test_prefect_recovers_a_flow_run_killed_inside_a_tool_as_one_run(
         event_log,
         conversation(tmp_path),
         effects(tmp_path),
-        step_doc='Runs as a Prefect task, whose result a recovered flow run reuses.',  # the child's tool docstring
+        step_doc='Runs as a Prefect task, whose result a recovered flow run reuses.',  # the child's
     )
     [run] = await reader.list_runs(conversation_id=conversation(tmp_path))
     assert run.run_id == interrupted.run_id

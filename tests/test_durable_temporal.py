@@ -110,7 +110,7 @@ async def test_temporal_recovers_a_worker_killed_inside_a_tool_as_one_run(
         event_log,
         workflow_id(tmp_path),
         effects(tmp_path),
-        step_doc="Runs as a Temporal activity, so its side effect is the activity's.",  # the child's tool docstring
+        step_doc="Runs as a Temporal activity, so its side effect is the activity's.",  # the child's
     )
     [run] = await reader.list_runs(conversation_id=workflow_id(tmp_path))
     assert run.run_id == interrupted.run_id
