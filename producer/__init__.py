@@ -14,7 +14,7 @@ from stepstream.producer._capability import (
     annotate_tool_effect,
     current_run_id,
 )
-from stepstream.producer._current import replaying
+from stepstream.producer._current import FORKED_AT_STEP, FORKED_FROM, replaying
 from stepstream.producer._definitions import definitions_of, fingerprint
 from stepstream.producer._log import EventLog
 from stepstream.producer._memory import InMemoryLog, StoredRecord
@@ -26,6 +26,8 @@ from stepstream.producer._validity import is_provider_valid
 
 __all__ = [
     'ATTEMPT_KEY',
+    'FORKED_AT_STEP',
+    'FORKED_FROM',
     'REDACTED',
     'REDACTION_KEY',
     'EventLog',

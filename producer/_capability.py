@@ -45,10 +45,10 @@ from pydantic_ai.tools import AgentDepsT, RunContext, ToolDefinition
 from stepstream.errors import StepStreamError
 from stepstream.ids import check_run_id, to_run_id
 from stepstream.media import MediaStore, Offloaded, S3MediaStore, offload_media
+from stepstream.producer._current import FORKED_FROM, replaying
 from stepstream.producer._current import annotate_tool_effect as annotate_tool_effect
 from stepstream.producer._current import current_run as current_run
 from stepstream.producer._current import current_run_id as current_run_id
-from stepstream.producer._current import replaying
 from stepstream.producer._definitions import definitions_of
 from stepstream.producer._engines import ATTEMPT_KEY as ATTEMPT_KEY
 from stepstream.producer._engines import Attempt as Attempt
@@ -199,7 +199,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         The run id and the writer id are functions of the run context (and the explicit `run_id`),
         never random: a run re-executed by a durable-execution engine is the same run, same writer.
         """
-        if replaying.get() is not None:  # `stepstream.replay` re-executes a recorded run: write nothing
+        if replaying.get() is not None and FORKED_FROM not in self.metadata:  # a replay writes nothing
             return AbstractCapability()
         refuse_temporal_sandbox_import()
         refuse_undeclared_engine(ctx.in_durable_context)

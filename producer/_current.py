@@ -75,5 +75,11 @@ replaying: ContextVar[str | None] = ContextVar('stepstream.replaying', default=N
 """The run id being replayed (`stepstream.replay`), in the task that replays it; None otherwise.
 
 While it is set, `StepPersistence` writes nothing: a replay re-executes recorded runs, and its
-steps are not a production run's.
+steps are not a production run's. The one exception is a fork's own `StepPersistence`, whose
+metadata names the run it forks (`FORKED_FROM`): a fork is a new run, written like any other.
 """
+
+FORKED_FROM = 'stepstream.forked_from'
+"""Run metadata of a fork (`stepstream replay --from-step`): the recorded run it was forked from."""
+FORKED_AT_STEP = 'stepstream.forked_at_step'
+"""Run metadata of a fork: the step from which a live model answered instead of the recording."""

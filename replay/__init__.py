@@ -12,6 +12,7 @@ assert report.ok, report.text()
 See docs/replay.md for the workflow and the normalisation rules.
 """
 
+from stepstream.replay._fork import fork_run_from_step
 from stepstream.replay._pytest import assert_replays, recorded_runs
 from stepstream.replay._recording import NotReplayable, Recording, load_recording
 from stepstream.replay._replayer import Divergence, ReplayReport, replay_run
@@ -22,6 +23,7 @@ __all__ = [
     'Recording',
     'ReplayReport',
     'assert_replays',
+    'fork_run_from_step',
     'load_recording',
     'recorded_runs',
     'replay_run',

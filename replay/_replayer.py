@@ -9,6 +9,7 @@ difference stops the run and is the report's divergence.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 from dataclasses import dataclass, field
@@ -34,7 +35,7 @@ from stepstream.replay._compare import as_json, diff, normalised, request_differ
 from stepstream.replay._recording import NotReplayable, Recording, load_recording
 
 ToolMode = Literal['recorded', 'live']
-Outcome = Literal['matched', 'diverged', 'in_doubt', 'erased', 'unreplayable']
+Outcome = Literal['matched', 'diverged', 'in_doubt', 'erased', 'unreplayable', 'forked']
 
 NOT_RECORDED = (
     'written before schema v6: tool definitions, model settings and the output type are not in this '
@@ -78,11 +79,13 @@ class ReplayReport:
     divergence: Divergence | None = None
     detail: str = ''
     notes: list[str] = field(default_factory=list)
+    forked_run_id: str | None = None
+    """A fork's new run (`stepstream.replay.fork_run_from_step`), written from the live step on."""
 
     @property
     def ok(self) -> bool:
-        """True when nothing the recording holds was done differently (`matched` or `in_doubt`)."""
-        return self.outcome in ('matched', 'in_doubt')
+        """True when nothing the recording holds was done differently (`matched`, `in_doubt`, `forked`)."""
+        return self.outcome in ('matched', 'in_doubt', 'forked')
 
     def to_json(self) -> dict[str, Any]:
         """The report as JSON-ready data (`stepstream replay --json`)."""
@@ -95,6 +98,7 @@ class ReplayReport:
             'tools': self.tools,
             'detail': self.detail,
             'notes': self.notes,
+            'forked_run_id': self.forked_run_id,
             'divergence': None
             if divergence is None
             else {
@@ -135,9 +139,13 @@ def _never(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
 class _Replayer(AbstractCapability[Any]):
     """Serves the recording to one replayed run and notes the first divergence."""
 
-    def __init__(self, recording: Recording, tools: ToolMode, failed: dict[str, str]) -> None:
+    def __init__(
+        self, recording: Recording, tools: ToolMode, failed: dict[str, str], live_from: int | None = None
+    ) -> None:
         self.recording = recording
         self.tools = tools
+        self.live_from = live_from
+        """A fork's step from which the live model answers and the tools run (`stepstream.replay.fork`)."""
         self.failed = failed
         """Recorded tool calls that ended by raising, with their error."""
         self.served = 0
@@ -156,6 +164,9 @@ class _Replayer(AbstractCapability[Any]):
     ) -> ModelResponse:
         """Compare the request the code built with the recorded one; answer with the recorded response."""
         recording, k, step = self.recording, self.served, ctx.run_step
+        live = self.live_from is not None and step >= self.live_from
+        if live and (step > self.live_from or k >= len(recording.requests)):  # type: ignore[operator]
+            return await handler(request_context)  # past the recording: the fork's own model
         replayed = request_context.messages[-1]
         if k >= len(recording.requests):
             raise self.stop(
@@ -180,6 +191,8 @@ class _Replayer(AbstractCapability[Any]):
         if found is not None:
             kind, was, now = found
             raise self.stop(Divergence(step, kind, _SAY[kind], was, now))
+        if live:  # the fork's first live step: its request matched the recorded one
+            return await handler(request_context)
         if k >= len(recording.responses):  # the recording ends at this request (its model failed, or a crash)
             if recording.in_doubt:  # it crashed after this request, in a tool whose end was never written
                 self.in_doubt = (
@@ -215,6 +228,8 @@ class _Replayer(AbstractCapability[Any]):
     ) -> Any:
         """`recorded`: the recorded result (or retry) without running the tool; `live`: run it and compare."""
         step, call_id, name = ctx.run_step, call.tool_call_id, call.tool_name
+        if self.live_from is not None and step >= self.live_from:
+            return await handler(args)  # a fork's live step: its calls are new
         outcome = self.recording.outcome(call_id)
         if outcome is None and call_id in self.failed:
             if self.tools == 'live':
@@ -335,37 +350,61 @@ async def replay_run(
         return ReplayReport(
             run_id, 'erased' if exc.reason == 'erased' else 'unreplayable', tools=tools, detail=str(exc)
         )
-    effects = await reader.list_tool_effects(run_id)
-    failed = {e.tool_call_id: e.error or 'an error' for e in effects if e.status == 'failed'}
-    replayer = _Replayer(recording, tools, failed)
+    replayer = _Replayer(recording, tools, await failed_calls(reader, run_id))
     report = ReplayReport(
         run_id, 'matched', tools=tools, notes=[] if recording.definitions else [NOT_RECORDED]
     )
-    token = replaying.set(run_id)
+    result = await execute(agent, recording, replayer, FunctionModel(_never), [], deps)
+    if result is not None:
+        _check_end(replayer, result.new_messages(), recording)
+    return decide(report, replayer)
+
+
+async def failed_calls(reader: Any, run_id: str) -> dict[str, str]:
+    """The run's tool calls that ended by raising, with their error, from the ledger."""
+    effects = await reader.list_tool_effects(run_id)
+    return {e.tool_call_id: e.error or 'an error' for e in effects if e.status == 'failed'}
+
+
+async def execute(
+    agent: Agent[Any, Any],
+    recording: Recording,
+    replayer: _Replayer,
+    model: Any,
+    capabilities: list[Any],
+    deps: Any,
+) -> Any:
+    """Run the agent from the recording's start with the replayer: its result, or None when it stopped."""
+    token = replaying.set(recording.run.run_id)
     try:
-        result = await agent.run(
+        return await agent.run(
             recording.user_prompt,
             message_history=recording.history or None,
-            model=FunctionModel(_never),
+            model=model,
             deps=deps,
-            capabilities=[replayer],
+            capabilities=[replayer, *capabilities],
+            conversation_id=recording.run.conversation_id,
         )
-    except BaseException as exc:
+    except BaseException as exc:  # the replayed code's own failure is a finding, not a crash
+        if isinstance(exc, KeyboardInterrupt | SystemExit | asyncio.CancelledError) and not _stopped(exc):
+            raise
         if not _stopped(exc):
-            step = replayer.served
             replayer.stop(
                 Divergence(
-                    step,
+                    replayer.served,
                     'error',
                     f'the replayed code raised {type(exc).__name__}: {exc}',
                     recording.run.status,
                     f'{type(exc).__name__}: {exc}',
                 )
             )
-    else:
-        _check_end(replayer, result.new_messages(), recording)
+        return None
     finally:
         replaying.reset(token)
+
+
+def decide(report: ReplayReport, replayer: _Replayer) -> ReplayReport:
+    """The report's outcome from what the replayer noted."""
     report.steps = replayer.served
     if replayer.divergence is not None:
         report.outcome, report.divergence = 'diverged', replayer.divergence

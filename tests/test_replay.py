@@ -13,6 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Annotated, Any
 
+import httpx
 import pytest
 from pydantic import AfterValidator
 from pydantic_ai import Agent, BinaryContent, ModelRetry
@@ -20,10 +21,12 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCall
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from stepstream.media import DiskMediaStore
-from stepstream.producer import InMemoryLog, StepPersistence
+from stepstream.producer import FORKED_AT_STEP, FORKED_FROM, InMemoryLog, StepPersistence
 from stepstream.producer._run import RunWriter
 from stepstream.readmodel import ProjectionReader
-from stepstream.replay import load_recording, replay_run
+from stepstream.replay import fork_run_from_step, load_recording, replay_run
+from stepstream.serve import app_for
+from stepstream.settings import Settings
 
 from memory_projection import MemoryProjection
 
@@ -344,3 +347,41 @@ async def test_an_unknown_run_is_reported_not_replayed(recorded: Recorded) -> No
     await recorded.record(build(recorded.persistence()))
     report = await replay_run(build(None), 'tides-nope', reader=await recorded.reader())
     assert report.outcome == 'unreplayable' and not report.ok and 'no run' in report.detail
+
+
+async def test_a_fork_serves_the_recording_to_its_step_then_a_live_model_writes_a_new_run(
+    recorded: Recorded,
+) -> None:
+    run_id = await recorded.record(build(recorded.persistence()))
+    reader = await recorded.reader()
+    asked: list[int] = []
+
+    def newer_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        asked.append(sum(isinstance(m, ModelResponse) for m in messages))
+        return ModelResponse(parts=[TextPart('the moon pulls the sea')])  # answers at once
+
+    report = await fork_run_from_step(
+        build(recorded.persistence()),  # its own StepPersistence stays muted: the fork writes once
+        run_id,
+        reader=reader,
+        from_step=3,
+        model=FunctionModel(newer_model),
+        log=recorded.log,
+    )
+    assert report.outcome == 'forked' and report.ok and report.steps == 2, report.text()
+    assert asked == [2]  # the live model was asked once, at step 3, after two recorded responses
+    fork = report.forked_run_id
+    assert fork is not None and fork != run_id
+    reader = await recorded.reader()
+    run = await reader.require_run(fork)
+    assert run.status == 'completed' and run.agent_name == 'tides'
+    assert (run.metadata[FORKED_FROM], run.metadata[FORKED_AT_STEP]) == (run_id, '3')
+    original = await load_recording(reader, run_id)
+    forked = await load_recording(reader, fork)
+    assert len(forked.responses) == 3 and forked.responses[:2] == original.responses[:2]  # identical state
+    assert forked.responses[2].parts[0].content == 'the moon pulls the sea'  # type: ignore[union-attr]
+    assert len(await reader.list_runs()) == 2  # the recorded run and the fork: nothing else written
+    transport = httpx.ASGITransport(app=app_for(Settings(), reader=reader))
+    async with httpx.AsyncClient(transport=transport, base_url='http://explorer') as client:
+        page = (await client.get(f'/runs/{fork}')).text
+    assert f'forked from <a href="/runs/{run_id}">{run_id}</a> at step 3' in page  # the fork links its origin

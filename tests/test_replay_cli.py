@@ -19,7 +19,18 @@ from stepstream.producer import EventLog, StepPersistence
 from stepstream.projector import Projector
 from stepstream.replay import assert_replays, recorded_runs
 
+from waits import until
+
 pytestmark = [pytest.mark.broker, pytest.mark.once]  # reads the projection: the same on either broker
+
+
+async def until_run(projector: Projector, run_id: str) -> None:
+    async def ended() -> bool:
+        run = await projector.reader().get_run(run_id)
+        return run is not None and run.status == 'completed'
+
+    await until(ended, f'the fork {run_id} to be projected')
+
 
 AGENTS = """
 from pydantic_ai import Agent
@@ -45,6 +56,7 @@ def make(instructions):
 
 
 agent = make('Answer from the tools.')
+newer = FunctionModel(lambda messages, info: ModelResponse(parts=[TextPart('newer answer')]))
 changed = make('Answer in one word.')
 not_an_agent = 42
 """
@@ -119,6 +131,30 @@ async def test_replay_prints_matches_and_divergences_and_exits_by_them(
     assert matched.outcome == 'matched'
     with pytest.raises(AssertionError, match='step 1: instructions'):
         await asyncio.to_thread(assert_replays, namespace['changed'], runs[0], settings=here)
+
+    # A fork at step 2 with another model: a new run, linked to the recorded one by its metadata.
+    code, out, err = await cli(
+        settings,
+        db_path,
+        'replay',
+        runs[0],
+        '--agent',
+        'replay_agents:agent',
+        '--from-step',
+        '2',
+        '--model',
+        'replay_agents:newer',
+        '--json',
+    )
+    report = json.loads(out)
+    assert code == 0 and report['outcome'] == 'forked', (out, err)
+    await until_run(projector, report['forked_run_id'])
+    fork = await projector.reader().require_run(report['forked_run_id'])
+    assert fork.metadata['stepstream.forked_from'] == runs[0] and fork.status == 'completed'
+    code, _, err = await cli(
+        settings, db_path, 'replay', runs[0], '--agent', 'replay_agents:agent', '--from-step', '2'
+    )
+    assert code == 2 and '--from-step and --model go together' in err
 
     for args, says in [
         (['replay', runs[0], '--agent', 'replay_agents:not_an_agent'], 'is a int, not a pydantic_ai Agent'),

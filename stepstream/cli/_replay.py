@@ -36,6 +36,19 @@ def add_commands(command: Declare) -> None:
         help='recorded: each call gets its recorded result, no tool runs (default); live: tools run and '
         'a result that differs from the recorded one is reported as tool drift',
     )
+    fork = replay.add_argument_group('fork RUN at a step, to compare models from identical state')
+    fork.add_argument(
+        '--from-step',
+        metavar='K',
+        type=int,
+        help='serve the recording up to step K, then let --model answer; the new run is written to the '
+        'log, its metadata naming RUN and K (stepstream.forked_from, stepstream.forked_at_step)',
+    )
+    fork.add_argument(
+        '--model',
+        metavar='MODEL',
+        help='the model from step K on: a Pydantic AI model name (openai:gpt-4o) or MODULE:ATTR',
+    )
     batch = replay.add_argument_group('several runs (instead of RUN), newest first')
     batch.add_argument('--agent-name', metavar='NAME', help='runs written under this agent name')
     batch.add_argument('--conversation', metavar='ID', help="a conversation's runs")
@@ -70,11 +83,17 @@ async def _replay(args: argparse.Namespace, settings: Settings) -> int:
         raise UsageError('give RUN, or select runs with --agent-name, --conversation or --status (not both)')
     if args.last < 1:
         raise UsageError(f'--last must be at least 1, not {args.last}')
+    if (args.from_step is None) != (args.model is None):
+        raise UsageError('--from-step and --model go together')
+    if args.from_step is not None and batch:
+        raise UsageError('--from-step forks one RUN, not a batch')
     sys.path.insert(0, '')  # MODULE:ATTR from the working directory, as `python -m` finds it
     agent = load_object(args.agent, '--agent')
     if not isinstance(agent, Agent):
         raise UsageError(f'--agent {args.agent!r} is a {type(agent).__name__}, not a pydantic_ai Agent')
     deps = load_object(args.deps, '--deps') if args.deps else None
+    if args.from_step is not None:
+        return await _fork(args, settings, agent, deps)
     async with open_reader(settings) as reader:
         if batch:
             runs = await reader.list_runs(
@@ -111,3 +130,30 @@ async def _replay(args: argparse.Namespace, settings: Settings) -> int:
     else:
         print(reports[0].text())
     return EXIT_OK if all(r.ok for r in reports) else EXIT_FAILED
+
+
+def _model(spec: str) -> Any:
+    """MODULE:ATTR when it names an object, else the spec itself: a Pydantic AI model name."""
+    try:
+        return load_object(spec, '--model')
+    except UsageError:
+        return spec
+
+
+async def _fork(args: argparse.Namespace, settings: Settings, agent: Any, deps: Any) -> int:
+    from stepstream.producer import EventLog
+    from stepstream.replay import fork_run_from_step
+
+    async with open_reader(settings) as reader, EventLog(settings) as log:
+        report = await fork_run_from_step(
+            agent,
+            args.run,
+            reader=reader,
+            from_step=args.from_step,
+            model=_model(args.model),
+            log=log,
+            tools=args.tools,
+            deps=deps,
+        )
+    print(json.dumps(report.to_json(), indent=2, default=str) if args.json else report.text())
+    return EXIT_OK if report.ok else EXIT_FAILED
