@@ -45,10 +45,10 @@ from pydantic_ai.tools import AgentDepsT, RunContext, ToolDefinition
 from stepstream.errors import StepStreamError
 from stepstream.ids import check_run_id, to_run_id
 from stepstream.media import MediaStore, Offloaded, S3MediaStore, offload_media
-from stepstream.producer._current import FORKED_FROM, replaying
 from stepstream.producer._current import annotate_tool_effect as annotate_tool_effect
 from stepstream.producer._current import current_run as current_run
 from stepstream.producer._current import current_run_id as current_run_id
+from stepstream.producer._current import instead_of_persistence
 from stepstream.producer._definitions import definitions_of
 from stepstream.producer._engines import ATTEMPT_KEY as ATTEMPT_KEY
 from stepstream.producer._engines import Attempt as Attempt
@@ -199,8 +199,9 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         The run id and the writer id are functions of the run context (and the explicit `run_id`),
         never random: a run re-executed by a durable-execution engine is the same run, same writer.
         """
-        if replaying.get() is not None and FORKED_FROM not in self.metadata:  # a replay writes nothing
-            return AbstractCapability()
+        agent_name = self.agent_name or (ctx.agent.name if ctx.agent is not None else None)
+        if (instead := await instead_of_persistence(self.metadata, agent_name)) is not None:
+            return instead  # replayed (`stepstream.replay`): this run writes nothing
         refuse_temporal_sandbox_import()
         refuse_undeclared_engine(ctx.in_durable_context)
         if self.run_id is not None:
@@ -221,9 +222,6 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         if parent is None:
             enclosing = current_run.get()
             parent = enclosing.run_id if enclosing is not None else None
-        agent_name = self.agent_name
-        if agent_name is None and ctx.agent is not None:
-            agent_name = ctx.agent.name
         bound = replace(self, run_id=run_id, parent_run_id=parent, agent_name=agent_name)
         # Under an engine the media store is only used by the offload operation (an activity or
         # step), so workflow code never builds the S3 client.

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic_ai.messages import ToolCallPart
 from pydantic_ai.tools import RunContext
@@ -71,15 +71,35 @@ async def annotate_tool_effect(
         )
 
 
-replaying: ContextVar[str | None] = ContextVar('stepstream.replaying', default=None)
-"""The run id being replayed (`stepstream.replay`), in the task that replays it; None otherwise.
+class Replaying(Protocol):
+    """What `stepstream.replay` puts in place of the `StepPersistence` of a run started while it replays."""
 
-While it is set, `StepPersistence` writes nothing: a replay re-executes recorded runs, and its
-steps are not a production run's. The one exception is a fork's own `StepPersistence`, whose
-metadata names the run it forks (`FORKED_FROM`): a fork is a new run, written like any other.
+    async def capability_for(self, agent_name: str | None) -> Any | None:
+        """The capability to use instead of the run's `StepPersistence`, or None to persist as usual.
+
+        A blank capability writes nothing; a delegate's is its own replay; a fork's live part persists.
+        """
+        ...
+
+
+replaying: ContextVar[Replaying | None] = ContextVar('stepstream.replaying', default=None)
+"""Set by `stepstream.replay` in the task that replays; None otherwise.
+
+While it is set, a `StepPersistence` writes nothing, and asks it what to do instead: a replay
+re-executes recorded runs, and its steps are not a production run's. The one exception is a
+fork's own `StepPersistence`, whose metadata names the run it forks (`FORKED_FROM`): a fork is a
+new run, written like any other.
 """
 
 FORKED_FROM = 'stepstream.forked_from'
 """Run metadata of a fork (`stepstream replay --from-step`): the recorded run it was forked from."""
 FORKED_AT_STEP = 'stepstream.forked_at_step'
 """Run metadata of a fork: the step from which a live model answered instead of the recording."""
+
+
+async def instead_of_persistence(metadata: dict[str, str], agent_name: str | None) -> Any | None:
+    """While replaying, what a `StepPersistence` with this run metadata uses instead (None: persist)."""
+    replay = replaying.get()
+    if replay is None or FORKED_FROM in metadata:
+        return None
+    return await replay.capability_for(agent_name)

@@ -15,7 +15,8 @@ See docs/replay.md for the workflow and the normalisation rules.
 from stepstream.replay._fork import fork_run_from_step
 from stepstream.replay._pytest import assert_replays, recorded_runs
 from stepstream.replay._recording import NotReplayable, Recording, load_recording
-from stepstream.replay._replayer import Divergence, ReplayReport, replay_run
+from stepstream.replay._replayer import replay_run
+from stepstream.replay._report import Divergence, ReplayReport
 
 __all__ = [
     'Divergence',

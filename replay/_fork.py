@@ -16,14 +16,8 @@ from pydantic_ai import Agent
 from stepstream.ids import to_run_id
 from stepstream.producer import FORKED_AT_STEP, FORKED_FROM, StepLog, StepPersistence
 from stepstream.replay._recording import NotReplayable, load_recording
-from stepstream.replay._replayer import (
-    ReplayReport,
-    ToolMode,
-    _Replayer,
-    decide,
-    execute,
-    failed_calls,
-)
+from stepstream.replay._replayer import Replayer, decide, execute, failed_calls
+from stepstream.replay._report import ReplayReport, ToolMode
 
 
 async def fork_run_from_step(
@@ -60,7 +54,9 @@ async def fork_run_from_step(
     persistence = StepPersistence(
         log=log, agent_name=agent_name, metadata={FORKED_FROM: run_id, FORKED_AT_STEP: str(from_step)}
     )
-    replayer = _Replayer(recording, tools, await failed_calls(reader, run_id), live_from=from_step)
+    replayer = Replayer(
+        recording, tools, await failed_calls(reader, run_id), live_from=from_step, reader=reader
+    )
     report = ReplayReport(run_id, 'matched', tools=tools)
     result = await execute(agent, recording, replayer, model, [persistence], deps)
     decide(report, replayer)

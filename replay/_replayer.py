@@ -12,8 +12,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from pydantic_ai import Agent, ModelRetry
 from pydantic_ai.capabilities import AbstractCapability
@@ -31,101 +30,20 @@ from pydantic_ai.tools import RunContext, ToolDefinition
 from pydantic_core import to_jsonable_python
 
 from stepstream.producer import definitions_of, fingerprint, replaying
-from stepstream.replay._compare import as_json, diff, normalised, request_difference
+from stepstream.replay._compare import as_json, normalised, request_difference
 from stepstream.replay._recording import NotReplayable, Recording, load_recording
-
-ToolMode = Literal['recorded', 'live']
-Outcome = Literal['matched', 'diverged', 'in_doubt', 'erased', 'unreplayable', 'forked']
-
-NOT_RECORDED = (
-    'written before schema v6: tool definitions, model settings and the output type are not in this '
-    "run's records, so they were not checked"
-)
+from stepstream.replay._report import NOT_RECORDED, Divergence, ReplayReport, ToolMode
+from stepstream.schemas import RunRecord
 
 
-@dataclass(slots=True)
-class Divergence:
-    """The first place the replayed code did something the recording did not."""
+class _Muted:
+    """While a replay starts: the replayed run's own `StepPersistence` writes nothing."""
 
-    step: int
-    """The step as the log numbers it (`step_index`: the model request it happened in or after)."""
-    kind: str
-    """`instructions`, `request_content`, `tool_name`, `tool_arguments`, `tool_result`,
-    `final_output`, `extra_request` (the code made a request the recording does not have),
-    `missing_request` (a recorded request the code did not make) or `error` (the code raised)."""
-    detail: str
-    recorded: Any = None
-    replayed: Any = None
-    tool_name: str | None = None
-    tool_call_id: str | None = None
-
-    @property
-    def diff(self) -> str:
-        """A unified diff of the recorded and replayed values."""
-        return diff(self.recorded, self.replayed)
+    async def capability_for(self, agent_name: str | None) -> Any | None:
+        return AbstractCapability()
 
 
-@dataclass(slots=True)
-class ReplayReport:
-    """What replaying one run found."""
-
-    run_id: str
-    outcome: Outcome
-    """`matched`; `diverged` (see `divergence`); `in_doubt` (matched up to a tool call the recording
-    holds in doubt, where replay stops); `erased` or `unreplayable` (see `detail`)."""
-    steps: int = 0
-    """Model requests served from the recording."""
-    tools: ToolMode = 'recorded'
-    divergence: Divergence | None = None
-    detail: str = ''
-    notes: list[str] = field(default_factory=list)
-    forked_run_id: str | None = None
-    """A fork's new run (`stepstream.replay.fork_run_from_step`), written from the live step on."""
-
-    @property
-    def ok(self) -> bool:
-        """True when nothing the recording holds was done differently (`matched`, `in_doubt`, `forked`)."""
-        return self.outcome in ('matched', 'in_doubt', 'forked')
-
-    def to_json(self) -> dict[str, Any]:
-        """The report as JSON-ready data (`stepstream replay --json`)."""
-        divergence = self.divergence
-        return {
-            'run_id': self.run_id,
-            'outcome': self.outcome,
-            'ok': self.ok,
-            'steps': self.steps,
-            'tools': self.tools,
-            'detail': self.detail,
-            'notes': self.notes,
-            'forked_run_id': self.forked_run_id,
-            'divergence': None
-            if divergence is None
-            else {
-                'step': divergence.step,
-                'kind': divergence.kind,
-                'detail': divergence.detail,
-                'tool_name': divergence.tool_name,
-                'tool_call_id': divergence.tool_call_id,
-                'recorded': to_jsonable_python(divergence.recorded, fallback=str),
-                'replayed': to_jsonable_python(divergence.replayed, fallback=str),
-                'diff': divergence.diff,
-            },
-        }
-
-    def text(self) -> str:
-        """The report for a person: one line, and for a divergence where and what, with its diff."""
-        head = f'{self.run_id}: {self.outcome} after {self.steps} step(s), tools {self.tools}'
-        lines = [head + (f': {self.detail}' if self.detail else '')]
-        if self.divergence is not None:
-            d = self.divergence
-            call = f' ({d.tool_name} {d.tool_call_id})' if d.tool_name else ''
-            lines += [
-                f'  step {d.step}: {d.kind}{call}: {d.detail}',
-                *('  ' + x for x in d.diff.splitlines()),
-            ]
-        lines += [f'  note: {note}' for note in self.notes]
-        return '\n'.join(lines)
+MUTED = _Muted()
 
 
 class _Stop(Exception):
@@ -136,14 +54,27 @@ def _never(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     raise AssertionError('a replay serves every model request from the recording; no model is called')
 
 
-class _Replayer(AbstractCapability[Any]):
+class Replayer(AbstractCapability[Any]):
     """Serves the recording to one replayed run and notes the first divergence."""
 
     def __init__(
-        self, recording: Recording, tools: ToolMode, failed: dict[str, str], live_from: int | None = None
+        self,
+        recording: Recording,
+        tools: ToolMode,
+        failed: dict[str, str],
+        live_from: int | None = None,
+        *,
+        reader: Any = None,
+        root: Replayer | None = None,
     ) -> None:
         self.recording = recording
         self.tools = tools
+        self.reader = reader
+        self.root = root or self
+        """The replayer of the run replayed; a delegate's notes its divergence there."""
+        self.children: list[RunRecord] | None = None
+        """The recorded delegates not yet replayed, in the order they started (read when first asked)."""
+        self.step = 0
         self.live_from = live_from
         """A fork's step from which the live model answers and the tools run (`stepstream.replay.fork`)."""
         self.failed = failed
@@ -155,15 +86,56 @@ class _Replayer(AbstractCapability[Any]):
         self.in_doubt: str | None = None
 
     def stop(self, divergence: Divergence) -> _Stop:
-        if self.divergence is None:
-            self.divergence = divergence
+        if self.root is not self:
+            divergence.detail = f'in delegate {self.recording.run.run_id}: {divergence.detail}'
+        if self.root.divergence is None:
+            self.root.divergence = divergence
         return _Stop(divergence.detail)
+
+    async def wrap_run(self, ctx: RunContext[Any], *, handler: Any) -> Any:
+        """While this run runs, a run it starts (a delegate) asks this replayer what to do."""
+        token = replaying.set(self)
+        try:
+            return await handler()
+        finally:
+            replaying.reset(token)
+
+    async def capability_for(self, agent_name: str | None) -> Any | None:
+        """What a delegate started while replaying uses instead of its `StepPersistence`.
+
+        Its own replay, against the next recorded delegate of its agent name this run started; or
+        None (persisted as usual) in a fork's live part.
+        """
+        if self.live_from is not None and self.step >= self.live_from:
+            return None
+        if self.children is None:
+            tree = await self.reader.run_tree(self.recording.run.run_id) if self.reader is not None else []
+            self.children = [r for r in tree if r.parent_run_id == self.recording.run.run_id]
+        child = next((r for r in self.children if r.agent_name == agent_name), None)
+        if child is None:
+            raise self.stop(
+                Divergence(
+                    self.step,
+                    'extra_request',
+                    f'the code started a delegate ({agent_name}) the recording does not have',
+                )
+            )
+        self.children.remove(child)
+        try:
+            recording = await load_recording(self.reader, child.run_id)
+        except NotReplayable as exc:
+            raise self.stop(
+                Divergence(self.step, 'request_content', f'its delegate cannot be replayed: {exc}')
+            ) from None
+        failed = await failed_calls(self.reader, child.run_id)
+        return Replayer(recording, self.tools, failed, reader=self.reader, root=self.root)
 
     async def wrap_model_request(
         self, ctx: RunContext[Any], *, request_context: Any, handler: Any
     ) -> ModelResponse:
         """Compare the request the code built with the recorded one; answer with the recorded response."""
         recording, k, step = self.recording, self.served, ctx.run_step
+        self.step = step
         live = self.live_from is not None and step >= self.live_from
         if live and (step > self.live_from or k >= len(recording.requests)):  # type: ignore[operator]
             return await handler(request_context)  # past the recording: the fork's own model
@@ -350,7 +322,7 @@ async def replay_run(
         return ReplayReport(
             run_id, 'erased' if exc.reason == 'erased' else 'unreplayable', tools=tools, detail=str(exc)
         )
-    replayer = _Replayer(recording, tools, await failed_calls(reader, run_id))
+    replayer = Replayer(recording, tools, await failed_calls(reader, run_id), reader=reader)
     report = ReplayReport(
         run_id, 'matched', tools=tools, notes=[] if recording.definitions else [NOT_RECORDED]
     )
@@ -369,13 +341,13 @@ async def failed_calls(reader: Any, run_id: str) -> dict[str, str]:
 async def execute(
     agent: Agent[Any, Any],
     recording: Recording,
-    replayer: _Replayer,
+    replayer: Replayer,
     model: Any,
     capabilities: list[Any],
     deps: Any,
 ) -> Any:
     """Run the agent from the recording's start with the replayer: its result, or None when it stopped."""
-    token = replaying.set(recording.run.run_id)
+    token = replaying.set(MUTED)  # the run itself writes nothing; the replayer answers inside it
     try:
         return await agent.run(
             recording.user_prompt,
@@ -403,7 +375,7 @@ async def execute(
         replaying.reset(token)
 
 
-def decide(report: ReplayReport, replayer: _Replayer) -> ReplayReport:
+def decide(report: ReplayReport, replayer: Replayer) -> ReplayReport:
     """The report's outcome from what the replayer noted."""
     report.steps = replayer.served
     if replayer.divergence is not None:
@@ -424,7 +396,7 @@ def _stopped(exc: BaseException) -> bool:
     return exc.__cause__ is not None and _stopped(exc.__cause__)
 
 
-def _check_end(replayer: _Replayer, new: list[ModelMessage], recording: Recording) -> None:
+def _check_end(replayer: Replayer, new: list[ModelMessage], recording: Recording) -> None:
     """After the agent ended: every recorded response served, and the messages it ended with recorded."""
     if replayer.served < len(recording.responses):
         step = replayer.served + 1

@@ -282,6 +282,43 @@ async def test_a_delegate_tree_replays_with_the_delegates_recorded_result(record
     assert report.outcome == 'matched' and calls == [], report.text()
 
 
+async def test_with_live_tools_a_delegate_is_replayed_against_its_own_recording(recorded: Recorded) -> None:
+    persistence = recorded.persistence()
+    helper = Agent(
+        FunctionModel(lambda m, i: ModelResponse(parts=[TextPart('helped')])),
+        instructions='Help.',
+        capabilities=[persistence],
+    )
+
+    async def lookup(topic: str) -> str:
+        return (await helper.run(f'help with {topic}')).output
+
+    run_id = await recorded.record(build(persistence, lookup=lookup))
+    reader = await recorded.reader()
+    stored = len(recorded.log.records)
+
+    def refuse(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        raise AssertionError('the delegate is replayed: its model is never called')
+
+    def replayed_with(instructions: str) -> Agent[None, str]:
+        later = Agent(FunctionModel(refuse), instructions=instructions, capabilities=[recorded.persistence()])
+
+        async def lookup(topic: str) -> str:
+            return (await later.run(f'help with {topic}')).output
+
+        return build(None, lookup=lookup)
+
+    report = await replay_run(replayed_with('Help.'), run_id, reader=reader, tools='live')
+    assert report.outcome == 'matched', report.text()
+    changed = await replay_run(replayed_with('Help briefly.'), run_id, reader=reader, tools='live')
+    divergence = changed.divergence
+    assert divergence is not None, changed.text()
+    assert (divergence.step, divergence.kind) == (1, 'instructions')
+    (first_delegate, _) = [r.run_id for r in await reader.run_tree(run_id) if r.parent_run_id == run_id]
+    assert divergence.detail.startswith(f'in delegate {first_delegate}: ')
+    assert len(recorded.log.records) == stored  # neither the run nor its delegates wrote
+
+
 async def test_an_offloaded_image_is_served_exactly(recorded: Recorded, tmp_path: Path) -> None:
     image = BinaryContent(b'\x89PNG\r\n\x1a\n' + bytes(range(256)) * 40, media_type='image/png')
     run_id = await recorded.record(build(recorded.persistence()), ['what is this?', image])
