@@ -19,6 +19,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from stepstream.errors import NotFound
+from stepstream.producer import FORKED_FROM
 from stepstream.schemas import CHAIN_STATUSES, RUN_STATUSES
 from stepstream.serve._auth import TOKEN_COOKIE, token_matches
 from stepstream.serve._models import Run
@@ -195,6 +196,7 @@ async def run(request: Request, run_id: str) -> Response:
         parent=parent,
         children=children,
         siblings=siblings,
+        forks=[r for r in siblings if r.metadata.get(FORKED_FROM) == run_id],
         events=events,
         trace_url=source.settings.trace_url,
         effects=by_call,

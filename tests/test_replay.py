@@ -421,4 +421,6 @@ async def test_a_fork_serves_the_recording_to_its_step_then_a_live_model_writes_
     transport = httpx.ASGITransport(app=app_for(Settings(), reader=reader))
     async with httpx.AsyncClient(transport=transport, base_url='http://explorer') as client:
         page = (await client.get(f'/runs/{fork}')).text
+        origin = (await client.get(f'/runs/{run_id}')).text
     assert f'forked from <a href="/runs/{run_id}">{run_id}</a> at step 3' in page  # the fork links its origin
+    assert 'class="forks"' in origin and f'/runs/{fork}' in origin.split('class="forks"')[1].split('</dd>')[0]
