@@ -12,12 +12,14 @@ on `InMemoryLog`, as `bench.agent_cpu`), and in `memory` every `chain_hash` the 
 timed, and so is every `definitions_of` (a model request's tools, output and settings as
 canonical JSON, issue 38) with its fingerprint. Printed: the capability's CPU per step (memory -
 none), each part's time per step and share, and the records and bytes hashed per step. Medians
-over interleaved repeats.
+over interleaved repeats, with the garbage collector off (a collection would be charged to
+whichever call allocated when it ran).
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import statistics
 import sys
@@ -60,6 +62,7 @@ async def measure(n: int, repeats: int) -> dict[str, float]:
     records: list[float] = []
     hashed: list[float] = []
     await timed_run(5)  # imports and first-use paths, untimed
+    gc.disable()  # a collection lands in whichever call allocates: it would be charged to a part
     with tempfile.TemporaryDirectory() as media:
         for _ in range(repeats):
             none = (await timed_run(n)).cpu_s
@@ -83,6 +86,7 @@ async def measure(n: int, repeats: int) -> dict[str, float]:
             defining.append((definitions.ns + stamp.ns) / 1e6 / n)
             records.append(chain.calls / n)
             hashed.append(chain.bytes / n)
+    gc.enable()
     capability = statistics.median(added)
     chained, defined = statistics.median(hashing), statistics.median(defining)
     return {

@@ -8,12 +8,10 @@ type or model setting from a changed prompt (docs/replay.md).
 from __future__ import annotations
 
 import hashlib
-import json
 from typing import Any
 
-from pydantic_ai.models import ModelRequestContext, ModelRequestParameters
-from pydantic_ai.tools import ToolDefinition
-from pydantic_core import to_jsonable_python
+from pydantic_ai.models import ModelRequestContext
+from pydantic_core import to_json
 
 TOOL_FIELDS = (
     'name',
@@ -32,35 +30,33 @@ def _opaque(value: object) -> str:
     return f'<{type(value).__name__}>'  # never an address: the same settings fingerprint alike
 
 
-def _tool(tool: ToolDefinition) -> dict[str, Any]:
-    return {name: to_jsonable_python(getattr(tool, name, None), fallback=_opaque) for name in TOOL_FIELDS}
+def _tool(tool: Any) -> dict[str, Any]:
+    return {name: getattr(tool, name, None) for name in TOOL_FIELDS}
 
 
-def request_definitions(model_settings: Any, parameters: ModelRequestParameters) -> dict[str, Any]:
-    """The request's definitions as JSON-ready data: `tools`, `output` and `settings`."""
-    return {
+def definitions_of(request_context: ModelRequestContext) -> str:
+    """A model request's definitions as JSON: `tools`, `output` and `settings`.
+
+    Written by pydantic-core in the order the code builds them (no key sorting: a reader compares
+    them parsed, and a fingerprint that differs only by order costs one more copy in the log).
+    """
+    parameters = request_context.model_request_parameters
+    definitions = {
         'tools': [_tool(t) for t in parameters.function_tools],
         'output': {
             'mode': parameters.output_mode,
             'tools': [_tool(t) for t in parameters.output_tools],
-            'object': to_jsonable_python(parameters.output_object, fallback=_opaque),
+            'object': parameters.output_object,
             'allow_text_output': parameters.allow_text_output,
             'allow_image_output': parameters.allow_image_output,
         },
-        'settings': to_jsonable_python(dict(model_settings or {}), fallback=_opaque),
+        'settings': request_context.model_settings or {},
     }
-
-
-def definitions_of(request_context: ModelRequestContext) -> str:
-    """A model request's definitions (`request_definitions`) as canonical JSON: sorted keys, no spaces."""
-    definitions = request_definitions(
-        request_context.model_settings, request_context.model_request_parameters
-    )
-    return json.dumps(definitions, sort_keys=True, separators=(',', ':'), ensure_ascii=False)
+    return to_json(definitions, fallback=_opaque).decode()
 
 
 def fingerprint(text: str) -> str:
-    """SHA-256 (hex) of the canonical JSON."""
+    """SHA-256 (hex) of the definitions' JSON."""
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -271,6 +271,8 @@ def _definitions_difference(
     if fingerprint(text) == recorded[0]:
         return None
     was, now = json.loads(recorded[1]), json.loads(text)
+    if was == now:
+        return None  # the same definitions written in another order
     if was.get('tools') != now['tools']:
         old_tools = {t['name']: t for t in was.get('tools', [])}
         new_tools = {t['name']: t for t in now['tools']}
