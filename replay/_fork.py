@@ -15,8 +15,7 @@ from pydantic_ai import Agent
 
 from stepstream.ids import to_run_id
 from stepstream.producer import FORKED_AT_STEP, FORKED_FROM, StepLog, StepPersistence
-from stepstream.replay._recording import NotReplayable, load_recording
-from stepstream.replay._replayer import Replayer, decide, execute, failed_calls
+from stepstream.replay._replayer import Replayer, decide, execute, failed_calls, recording_or_report
 from stepstream.replay._report import ReplayReport, ToolMode
 
 
@@ -40,12 +39,9 @@ async def fork_run_from_step(
     """
     if from_step < 1:
         raise ValueError(f'from_step is a step of the run (1 or more), not {from_step}')
-    try:
-        recording = await load_recording(reader, run_id)
-    except NotReplayable as exc:
-        return ReplayReport(
-            run_id, 'erased' if exc.reason == 'erased' else 'unreplayable', tools=tools, detail=str(exc)
-        )
+    recording = await recording_or_report(reader, run_id, tools)
+    if isinstance(recording, ReplayReport):
+        return recording
     if from_step > len(recording.requests):
         raise ValueError(
             f'run {run_id!r} has {len(recording.requests)} step(s): it cannot be forked at {from_step}'

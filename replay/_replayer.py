@@ -32,7 +32,7 @@ from pydantic_core import to_jsonable_python
 from stepstream.producer import definitions_of, fingerprint, replaying
 from stepstream.replay._compare import as_json, normalised, request_difference
 from stepstream.replay._recording import NotReplayable, Recording, load_recording
-from stepstream.replay._report import NOT_RECORDED, Divergence, ReplayReport, ToolMode
+from stepstream.replay._report import NOT_RECORDED, Divergence, Outcome, ReplayReport, ToolMode
 from stepstream.schemas import RunRecord
 
 
@@ -316,14 +316,9 @@ async def replay_run(
     differs from the recorded one is a `tool_result` divergence. `StepPersistence` on the agent
     writes nothing while it replays. Volatile values are normalised (`stepstream.replay._compare`).
     """
-    if tools not in ('recorded', 'live'):
-        raise ValueError(f"tools must be 'recorded' or 'live', not {tools!r}")
-    try:
-        recording = await load_recording(reader, run_id)
-    except NotReplayable as exc:
-        return ReplayReport(
-            run_id, 'erased' if exc.reason == 'erased' else 'unreplayable', tools=tools, detail=str(exc)
-        )
+    recording = await recording_or_report(reader, run_id, tools)
+    if isinstance(recording, ReplayReport):
+        return recording
     replayer = Replayer(recording, tools, await failed_calls(reader, run_id), reader=reader)
     report = ReplayReport(
         run_id, 'matched', tools=tools, notes=[] if recording.definitions else [NOT_RECORDED]
@@ -332,6 +327,17 @@ async def replay_run(
     if result is not None:
         _check_end(replayer, result.new_messages(), recording)
     return decide(report, replayer)
+
+
+async def recording_or_report(reader: Any, run_id: str, tools: ToolMode) -> Recording | ReplayReport:
+    """The run's recording, or the report of why it cannot be replayed (`erased`, `unreplayable`)."""
+    if tools not in ('recorded', 'live'):
+        raise ValueError(f"tools must be 'recorded' or 'live', not {tools!r}")
+    try:
+        return await load_recording(reader, run_id)
+    except NotReplayable as exc:
+        outcome: Outcome = 'erased' if exc.reason == 'erased' else 'unreplayable'
+        return ReplayReport(run_id, outcome, tools=tools, detail=str(exc))
 
 
 async def failed_calls(reader: Any, run_id: str) -> dict[str, str]:

@@ -17,6 +17,7 @@ import base64
 import io
 import tempfile
 from collections import defaultdict
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,24 @@ def chains(log: InMemoryLog) -> dict[str, list[StoredRecord]]:
     return {run: [s for _, s in sorted(items, key=lambda item: item[0])] for run, items in runs.items()}
 
 
+def parallel_calls(
+    steps: int, parallel: int, fails: bool
+) -> Callable[[list[ModelMessage], AgentInfo], ModelResponse]:
+    """A model that calls `work` `parallel` times at once for `steps` steps, then answers (or fails)."""
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        done = sum(isinstance(m, ModelResponse) for m in messages)
+        if done < steps:
+            return ModelResponse(
+                parts=[ToolCallPart('work', {'n': i}, f'call-{done}-{i}') for i in range(parallel)]
+            )
+        if fails:
+            raise RuntimeError('the model gave up')
+        return ModelResponse(parts=[TextPart('done')])
+
+    return model
+
+
 def broken_at(records: list[bytes]) -> int | None:
     """The index of the first record whose link is not the hash of the one before it, or None."""
     previous: bytes | None = None
@@ -93,15 +112,7 @@ def test_every_run_is_a_chain_of_its_records(
     log = InMemoryLog(Settings(signing_key=SIGNING_PEM) if signed else None)
     attempts: dict[str, int] = defaultdict(int)
 
-    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-        done = sum(isinstance(m, ModelResponse) for m in messages)
-        if done < steps:
-            return ModelResponse(
-                parts=[ToolCallPart('work', {'n': i}, f'call-{done}-{i}') for i in range(parallel)]
-            )
-        if fails:
-            raise RuntimeError('the model gave up')
-        return ModelResponse(parts=[TextPart('done')])
+    model = parallel_calls(steps, parallel, fails)
 
     with tempfile.TemporaryDirectory() as root:
         capability = StepPersistence(
@@ -289,15 +300,7 @@ def test_a_signing_writer_signs_each_new_head_once_at_its_durability_points(
         points[self.run_id] += 1
         await durable(self, ctx)
 
-    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-        done = sum(isinstance(m, ModelResponse) for m in messages)
-        if done < steps:
-            return ModelResponse(
-                parts=[ToolCallPart('work', {'n': i}, f'c{done}-{i}') for i in range(parallel)]
-            )
-        if fails:
-            raise RuntimeError('the model gave up')
-        return ModelResponse(parts=[TextPart('done')])
+    model = parallel_calls(steps, parallel, fails)
 
     agent = Agent(FunctionModel(model), capabilities=[StepPersistence(log=log, agent_name='signed')])
 
