@@ -15,7 +15,7 @@ from pydantic_ai import Agent
 
 from stepstream.ids import to_run_id
 from stepstream.producer import FORKED_AT_STEP, FORKED_FROM, StepLog, StepPersistence
-from stepstream.replay._replayer import Replayer, decide, execute, failed_calls, recording_or_report
+from stepstream.replay._replayer import Replayer, decide, execute, recording_or_report
 from stepstream.replay._report import ReplayReport, ToolMode
 
 
@@ -50,9 +50,7 @@ async def fork_run_from_step(
     persistence = StepPersistence(
         log=log, agent_name=agent_name, metadata={FORKED_FROM: run_id, FORKED_AT_STEP: str(from_step)}
     )
-    replayer = Replayer(
-        recording, tools, await failed_calls(reader, run_id), live_from=from_step, reader=reader
-    )
+    replayer = Replayer(recording, tools, reader=reader, live_from=from_step)
     report = ReplayReport(run_id, 'matched', tools=tools)
     result = await execute(agent, recording, replayer, model, [persistence], deps)
     decide(report, replayer)

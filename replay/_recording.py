@@ -7,6 +7,7 @@ tool effects the ledger still holds in doubt.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -49,11 +50,14 @@ class Recording:
     """The model's responses, in order: what replay serves."""
     interrupted: bool
     """The latest snapshot is interrupted: the run did not end there cleanly."""
-    definitions: dict[int, tuple[str, str]] = field(default_factory=dict)
-    """By step: the fingerprint and canonical JSON of what the step's model request was made with (since
-    schema v6; empty for runs written before)."""
+    definitions: dict[int, tuple[str, dict[str, Any]]] = field(default_factory=dict)
+    """By step: the fingerprint and the definitions (parsed) of what the step's model request was made
+    with (since schema v6; empty for runs written before, and a step whose JSON does not parse is
+    left out: its check is skipped)."""
     in_doubt: dict[str, ToolEffectRecord] = field(default_factory=dict)
     """By tool call id: effects `started` without an end (`unknown_after_crash` once the run is stale)."""
+    failed: dict[str, str] = field(default_factory=dict)
+    """By tool call id: the calls that ended by raising, with their error."""
 
     def in_doubt_text(self) -> str:
         """The calls in doubt, for a report: each tool's name and call id, and whether its run is gone."""
@@ -108,13 +112,14 @@ async def load_recording(reader: ProjectionReader, run_id: str) -> Recording:
     if snapshot is None or not snapshot.messages:
         raise NotReplayable(f'run {run_id!r} has no snapshot to replay', reason='empty')
     history, own = _split(snapshot.messages)
-    effects = await reader.list_unresolved_tool_effects(run_id=run_id)
-    definitions: dict[int, tuple[str, str]] = {}
-    latest = ''
+    effects = await reader.list_tool_effects(run_id)  # once: the calls in doubt and the failed ones
+    definitions: dict[int, tuple[str, dict[str, Any]]] = {}
+    latest: dict[str, Any] | None = None
     for event in await reader.list_events(run_id):
         if event.kind == 'model_request_started' and event.request_fingerprint is not None:
-            latest = event.request_definitions or latest
-            definitions[event.step_index] = (event.request_fingerprint, latest)
+            latest = _parsed(event.request_definitions) or latest
+            if latest is not None:
+                definitions[event.step_index] = (event.request_fingerprint, latest)
     return Recording(
         run=run,
         history=history,
@@ -122,7 +127,8 @@ async def load_recording(reader: ProjectionReader, run_id: str) -> Recording:
         responses=[m for m in own if isinstance(m, ModelResponse)],
         interrupted=snapshot.state != 'complete',
         definitions=definitions,
-        in_doubt={effect.tool_call_id: effect for effect in effects},
+        in_doubt={e.tool_call_id: e for e in effects if e.status == 'started'},
+        failed={e.tool_call_id: e.error or 'an error' for e in effects if e.status == 'failed'},
     )
 
 
@@ -131,3 +137,14 @@ def _split(messages: list[ModelMessage]) -> tuple[list[ModelMessage], list[Model
     own_id = messages[-1].run_id
     first = next((i for i, m in enumerate(messages) if m.run_id == own_id), 0) if own_id else 0
     return list(messages[:first]), list(messages[first:])
+
+
+def _parsed(text: str | None) -> dict[str, Any] | None:
+    """Recorded definitions as data; None when absent or not a JSON object (anything may be on a topic)."""
+    if text is None:
+        return None
+    try:
+        found = json.loads(text)
+    except ValueError:
+        return None
+    return found if isinstance(found, dict) else None

@@ -61,10 +61,9 @@ class Replayer(AbstractCapability[Any]):
         self,
         recording: Recording,
         tools: ToolMode,
-        failed: dict[str, str],
-        live_from: int | None = None,
         *,
-        reader: Any = None,
+        reader: Any,
+        live_from: int | None = None,
         root: Replayer | None = None,
     ) -> None:
         self.recording = recording
@@ -77,8 +76,6 @@ class Replayer(AbstractCapability[Any]):
         self.step = 0
         self.live_from = live_from
         """A fork's step from which the live model answers and the tools run (`stepstream.replay.fork`)."""
-        self.failed = failed
-        """Recorded tool calls that ended by raising, with their error."""
         self.served = 0
         self.divergence: Divergence | None = None
         self.ended: str | None = None
@@ -109,7 +106,7 @@ class Replayer(AbstractCapability[Any]):
         if self.live_from is not None and self.step >= self.live_from:
             return None
         if self.children is None:
-            tree = await self.reader.run_tree(self.recording.run.run_id) if self.reader is not None else []
+            tree = await self.reader.run_tree(self.recording.run.run_id)
             self.children = [r for r in tree if r.parent_run_id == self.recording.run.run_id]
         child = next((r for r in self.children if r.agent_name == agent_name), None)
         if child is None:
@@ -127,8 +124,7 @@ class Replayer(AbstractCapability[Any]):
             raise self.stop(
                 Divergence(self.step, 'request_content', f'its delegate cannot be replayed: {exc}')
             ) from None
-        failed = await failed_calls(self.reader, child.run_id)
-        return Replayer(recording, self.tools, failed, reader=self.reader, root=self.root)
+        return Replayer(recording, self.tools, reader=self.reader, root=self.root)
 
     async def wrap_model_request(
         self, ctx: RunContext[Any], *, request_context: Any, handler: Any
@@ -202,26 +198,26 @@ class Replayer(AbstractCapability[Any]):
         step, call_id, name = ctx.run_step, call.tool_call_id, call.tool_name
         if self.live_from is not None and step >= self.live_from:
             return await handler(args)  # a fork's live step: its calls are new
-        outcome = self.recording.outcome(call_id)
-        if outcome is None and call_id in self.failed:
+        outcome, error = self.recording.outcome(call_id), self.recording.failed.get(call_id)
+        if outcome is None and error is not None:
             if self.tools == 'live':
                 try:
                     again = await handler(args)
                 except Exception:  # it raises again, as recorded
-                    self.ended = f'tool {name!r} raised at step {step}, as recorded ({self.failed[call_id]})'
+                    self.ended = f'tool {name!r} raised at step {step}, as recorded ({error})'
                     raise _Stop(self.ended) from None
                 raise self.stop(
                     Divergence(
                         step,
                         'tool_result',
                         _SAY['tool_result'],
-                        {'error': self.failed[call_id]},
+                        {'error': error},
                         again,
                         name,
                         call_id,
                     )
                 )
-            self.ended = f'the recorded call {name!r} ({call_id}) raised: {self.failed[call_id]}'
+            self.ended = f'the recorded call {name!r} ({call_id}) raised: {error}'
             raise _Stop(self.ended)
         if outcome is None or _ended(outcome) == 'interrupted':
             self.in_doubt = (
@@ -262,7 +258,7 @@ def _ended(outcome: ToolReturnPart | RetryPromptPart | None) -> str | None:
 
 
 def _definitions_difference(
-    recorded: tuple[str, str] | None, request_context: Any
+    recorded: tuple[str, dict[str, Any]] | None, request_context: Any
 ) -> tuple[str, Any, Any] | None:
     """(kind, recorded, replayed) when the request's tools, output or settings are not the recorded ones."""
     if recorded is None:
@@ -270,7 +266,7 @@ def _definitions_difference(
     text = definitions_of(request_context)
     if fingerprint(text) == recorded[0]:
         return None
-    was, now = json.loads(recorded[1]), json.loads(text)
+    was, now = recorded[1], json.loads(text)
     if was == now:
         return None  # the same definitions written in another order
     if was.get('tools') != now['tools']:
@@ -319,7 +315,7 @@ async def replay_run(
     recording = await recording_or_report(reader, run_id, tools)
     if isinstance(recording, ReplayReport):
         return recording
-    replayer = Replayer(recording, tools, await failed_calls(reader, run_id), reader=reader)
+    replayer = Replayer(recording, tools, reader=reader)
     report = ReplayReport(
         run_id, 'matched', tools=tools, notes=[] if recording.definitions else [NOT_RECORDED]
     )
@@ -338,12 +334,6 @@ async def recording_or_report(reader: Any, run_id: str, tools: ToolMode) -> Reco
     except NotReplayable as exc:
         outcome: Outcome = 'erased' if exc.reason == 'erased' else 'unreplayable'
         return ReplayReport(run_id, outcome, tools=tools, detail=str(exc))
-
-
-async def failed_calls(reader: Any, run_id: str) -> dict[str, str]:
-    """The run's tool calls that ended by raising, with their error, from the ledger."""
-    effects = await reader.list_tool_effects(run_id)
-    return {e.tool_call_id: e.error or 'an error' for e in effects if e.status == 'failed'}
 
 
 async def execute(

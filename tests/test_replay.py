@@ -260,6 +260,22 @@ async def test_more_and_fewer_steps_than_recorded(recorded: Recorded) -> None:
     assert (more.divergence.step, more.divergence.kind) == (5, 'request_content')
 
 
+async def test_recorded_definitions_that_are_not_json_skip_that_check(recorded: Recorded) -> None:
+    """Anything may be on a topic: garbage where the definitions should be is no crash and no divergence."""
+    original = RunWriter.event
+
+    async def garbling_writer(self: RunWriter, ctx: Any, kind: Any, **fields: Any) -> None:
+        if fields.get('definitions') is not None:
+            fields['definitions'] = '{not json'
+        await original(self, ctx, kind, **fields)
+
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(RunWriter, 'event', garbling_writer)
+        run_id = await recorded.record(build(recorded.persistence()))
+    report = await replay_run(build(None), run_id, reader=await recorded.reader())
+    assert report.outcome == 'matched' and report.notes, report.text()
+
+
 async def test_a_delegate_tree_replays_with_the_delegates_recorded_result(recorded: Recorded) -> None:
     persistence = recorded.persistence()
     helper = Agent(

@@ -162,6 +162,19 @@ async def test_replay_prints_matches_and_divergences_and_exits_by_them(
         (['replay', runs[0], '--agent', 'replay_agents'], 'must be MODULE:ATTR'),
         (['replay', '--agent', 'replay_agents:agent'], 'give RUN, or select runs'),
         (
+            [
+                'replay',
+                runs[0],
+                '--agent',
+                'replay_agents:agent',
+                '--from-step',
+                '2',
+                '--model',
+                'nosuch:model',
+            ],
+            "--model 'nosuch:model' is neither MODULE:ATTR nor a model Pydantic AI knows",
+        ),
+        (
             ['replay', runs[0], '--agent-name', 'tides', '--agent', 'replay_agents:agent'],
             'give RUN, or select runs',
         ),

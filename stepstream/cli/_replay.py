@@ -133,11 +133,19 @@ async def _replay(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _model(spec: str) -> Any:
-    """MODULE:ATTR when it names an object, else the spec itself: a Pydantic AI model name."""
+    """MODULE:ATTR when it names an object, else a Pydantic AI model by name; `UsageError` if neither."""
+    from pydantic_ai.models import infer_model
+
     try:
         return load_object(spec, '--model')
     except UsageError:
-        return spec
+        pass
+    try:
+        return infer_model(spec)
+    except Exception as exc:  # the model library's own refusal (unknown provider, missing key), said plainly
+        raise UsageError(
+            f'--model {spec!r} is neither MODULE:ATTR nor a model Pydantic AI knows: {exc}'
+        ) from exc
 
 
 async def _fork(args: argparse.Namespace, settings: Settings, agent: Any, deps: Any) -> int:
