@@ -12,7 +12,7 @@ $(BIN)/python:
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 $(STAMP): $(BIN)/python pyproject.toml requirements.lock
-	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[embedded,serve,export,registry,erasure,audit,dev]'
+	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[embedded,serve,export,registry,erasure,audit,metrics,dev]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -73,9 +73,6 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python tools/limits.py
-	rm -rf build/typecheck && mkdir -p build/typecheck/stepstream
-	ln -s $(CURDIR)/stepstream/* build/typecheck/stepstream/
-	for p in schemas producer projector media serve analytics readmodel audit replay; do ln -s $(CURDIR)/$$p build/typecheck/stepstream/$$p; done
 	$(BIN)/mypy
 
 format: $(STAMP)
@@ -95,7 +92,7 @@ bench: $(STAMP)
 
 # Re-resolve the pins after changing dependencies in pyproject.toml.
 lock: $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[embedded,serve,export,registry,erasure,audit,dev]'
+	$(BIN)/python -m pip install --quiet -e '.[embedded,serve,export,registry,erasure,audit,metrics,dev]'
 	$(BIN)/python -m pip freeze --exclude-editable | grep -v '^-e ' > requirements.lock
 
 clean:

@@ -19,9 +19,10 @@ pytestmark = [pytest.mark.fast, pytest.mark.once]
 
 PYPROJECT = """\
 [tool.setuptools]
-package-dir = { "pkg" = "pkg", "pkg.sub" = "sub", "pkg.other" = "other" }
+package-dir = { "" = "." }
+packages = ["pkg", "pkg.sub", "pkg.other"]
 """
-"""Three packages, two of them in top-level folders of their own, as stepstream's are."""
+"""Three packages, two of them in top-level folders of their own linked from pkg/, as stepstream's are."""
 
 
 def _load() -> ModuleType:
@@ -43,6 +44,9 @@ def tree(root: Path, files: dict[str, str]) -> Path:
     for folder in ('pkg', 'sub', 'other'):
         (root / folder).mkdir(exist_ok=True)
         (root / folder / '__init__.py').write_text('')
+    for folder in ('sub', 'other'):
+        if not (root / 'pkg' / folder).is_symlink():
+            (root / 'pkg' / folder).symlink_to(Path('..') / folder)
     for name, text in files.items():
         path = root / name
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -158,37 +158,26 @@ class Report:
 # --- reading the packages ------------------------------------------------------------------------
 
 
-def _package_dirs(root: Path) -> dict[str, Path]:
+def _package_files(root: Path) -> dict[Path, str]:
+    """Each module file of the packages pyproject.toml lists -> its package's installed name."""
     with (root / 'pyproject.toml').open('rb') as file:
         config = tomllib.load(file)
-    dirs = config.get('tool', {}).get('setuptools', {}).get('package-dir', {})
-    return {name: (root / folder).resolve() for name, folder in dirs.items()}
-
-
-def _is_package_dir(folder: Path, top: Path) -> bool:
-    while True:
-        if not (folder / '__init__.py').is_file() or folder.name.startswith('.'):
-            return False
-        if folder == top:
-            return True
-        folder = folder.parent
+    setuptools = config.get('tool', {}).get('setuptools', {})
+    base = root / setuptools.get('package-dir', {}).get('', '.')
+    files = {}
+    for package in setuptools.get('packages', []):
+        folder = (base / package.replace('.', '/')).resolve()  # stepstream/producer -> producer/
+        for path in folder.glob('*.py'):
+            files[path] = package
+    return files
 
 
 def load_modules(root: Path) -> tuple[dict[str, Module], list[str]]:
     """Every module of the source packages by installed name, and the files that do not parse."""
-    dirs = _package_dirs(root)
-    owner: dict[Path, tuple[str, Path]] = {}
-    for name, top in sorted(dirs.items(), key=lambda item: len(item[1].parts)):
-        for path in top.rglob('*.py'):
-            if _is_package_dir(path.parent, top):
-                owner[path] = (name, top)  # a deeper folder's mapping wins (sorted shallow first)
     modules: dict[str, Module] = {}
     errors = []
-    for path, (name, top) in sorted(owner.items()):
-        parts = [*path.relative_to(top).with_suffix('').parts]
-        if parts[-1] == '__init__':
-            parts.pop()
-        dotted = '.'.join([name, *parts])
+    for path, package in sorted(_package_files(root).items()):
+        dotted = package if path.name == '__init__.py' else f'{package}.{path.stem}'
         rel = path.relative_to(root.resolve()).as_posix()
         source = path.read_text(encoding='utf-8')
         try:
