@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from stepstream.projector._checkpoints import Checkpoints
     from stepstream.projector._dead_letters import DeadLetterHeaders
     from stepstream.projector._membership import Membership
+    from stepstream.projector._observe import ProjectorObserver
     from stepstream.projector._options import GroupMember, ProjectorParts, Rebuilding
     from stepstream.projector._projector import Projector
     from stepstream.projector._rebuild import progress_bar, rebuild
@@ -40,6 +41,7 @@ _WHERE = {
     'ProjectionReader': 'stepstream.readmodel',
     'ProjectionStatus': 'stepstream.readmodel',
     'Projector': 'stepstream.projector._projector',
+    'ProjectorObserver': 'stepstream.projector._observe',
     'ProjectorParts': 'stepstream.projector._options',
     'Rebuilding': 'stepstream.projector._options',
     'RecoveryReport': 'stepstream.readmodel',
@@ -70,6 +72,7 @@ __all__ = [
     'ProjectionReader',
     'ProjectionStatus',
     'Projector',
+    'ProjectorObserver',
     'ProjectorParts',
     'Rebuilding',
     'RecoveryReport',

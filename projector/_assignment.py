@@ -62,6 +62,8 @@ class Assignment:
         self.layout: TopicLayout | None = None
         self.changes = 0
         """Counts assignment changes, so a batch fetched across one is recognised and dropped."""
+        self.joined = False
+        """A member: the group gave it an assignment (maybe empty) and it took it (`/readyz`)."""
 
     @property
     def partitions(self) -> list[int]:
@@ -168,6 +170,7 @@ class Assignment:
                 await self.open_shard(partition)
             await self.seek(assigned)
             self._pause_held()
+        self.joined = True
         log.info('member of %s: owns partitions %s', self.group, self.partitions)
         if self.on_assignment is not None:
             self.on_assignment(self.partitions)

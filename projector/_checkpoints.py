@@ -98,6 +98,10 @@ class Checkpoints:
         self._last_upload = time.monotonic()
         self._uploaded: dict[int, int] = {}
         """Partition -> records of its last checkpoint uploaded by this process."""
+        self.outcomes = {'uploaded': 0, 'failed': 0}
+        """Checkpoints uploaded and uploads failed, by this process (`/metrics`)."""
+        self.current_at: dict[int, float] = {}
+        """Partition -> monotonic time a round last found its checkpoint current (uploaded or unchanged)."""
         self._present: dict[int, set[str]] = {}
         """Partition -> hashes of the files in the bucket (listed once, then kept up to date)."""
         self._hashes: dict[tuple[int, str, int, int, int], str] = {}
@@ -132,6 +136,7 @@ class Checkpoints:
             try:
                 uploaded = await self.upload(shards, partition)
             except (ObstoreError, OSError) as exc:  # a missed checkpoint only costs a longer catch-up
+                self.outcomes['failed'] += 1
                 log.warning(
                     'checkpoint of shard %d not uploaded to %s: %r', partition, self.store.location, exc
                 )
@@ -150,6 +155,7 @@ class Checkpoints:
                     return None  # revoked meanwhile
                 records = sum(shard.offsets().values())
                 if records == 0 or self._uploaded.get(partition) == records:
+                    self.current_at[partition] = time.monotonic()
                     return None
                 await asyncio.to_thread(shard.checkpoint, where)
             hashes = await asyncio.to_thread(self._hash_files, partition, where)
@@ -168,6 +174,8 @@ class Checkpoints:
         key = f'{self._dir(partition)}{records:020d}-{digest}.json'
         await obstore.put_async(self.store.object_store, key, manifest)
         self._uploaded[partition] = records
+        self.outcomes['uploaded'] += 1
+        self.current_at[partition] = time.monotonic()
         await self._prune(partition)
         log.info('checkpoint of shard %d at %d records: %d new bytes', partition, records, sent)
         return CheckpointObject(key, records, digest, sent)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -36,6 +37,7 @@ from stepstream.projector._connection import (
     take_partitions,
 )
 from stepstream.projector._membership import Membership
+from stepstream.projector._observe import DEFAULT_MAX_LAG, ProjectorObserver
 from stepstream.projector._options import (
     SESSION_TIMEOUT_MS,
     GroupMember,
@@ -311,6 +313,10 @@ class Projector:
         if self._task is not None:
             await asyncio.shield(self._task)
 
+    def observer(self, *, max_lag: int = DEFAULT_MAX_LAG) -> ProjectorObserver:
+        """Its Prometheus registry and its probes (`/metrics`, `/healthz`, `/readyz`: docs/operations.md)."""
+        return ProjectorObserver(self, max_lag=max_lag)
+
     # -- reading your writes ---------------------------------------------------------------------
 
     def reader(self) -> readmodel.ProjectionReader:
@@ -411,10 +417,14 @@ class Projector:
             if read is None:
                 return  # stopping while the schema registry does not answer: applied on restart
             by_shard[partition] = read
+        oldest = [m[0].timestamp for tp, m in batches.items() if m and tp.partition in by_shard]
         with span('stepstream.projector.batch') as current:
-            await self._stage_batch(by_shard, current)
+            await self._stage_batch(by_shard, current, oldest)
 
-    async def _stage_batch(self, by_shard: dict[int, list[SourceRecord]], current: Span | None) -> None:
+    async def _stage_batch(
+        self, by_shard: dict[int, list[SourceRecord]], current: Span | None, oldest: list[int]
+    ) -> None:
+        started = time.perf_counter()
         applier = self._applier
         assert applier is not None and self._consumer is not None
         send = self.send_dead_letters
@@ -451,6 +461,7 @@ class Projector:
         for outcome in outcomes:
             for (topic, partition), offset in outcome.next_offsets.items():
                 next_offsets[TopicPartition(self._topics[topic], partition)] = offset
-        self.metrics.observe(outcomes, next_offsets, self._consumer.highwater, current)
+        timing = (time.perf_counter() - started, oldest)
+        self.metrics.observe(outcomes, next_offsets, self._consumer.highwater, current, timing)
         await self._position.advance(next_offsets)
         await self.group_offsets.applied(self._consumer, next_offsets)

@@ -12,8 +12,9 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from stepstream.errors import NotFound, NotUnknown, StepStreamError
+from stepstream.projector import ProjectorObserver
 from stepstream.readmodel import ShardUnavailable
-from stepstream.serve import _api, _explorer
+from stepstream.serve import _api, _explorer, _ops
 from stepstream.serve._auth import authorized
 from stepstream.serve._group import FORWARDED_HEADER, forwarded
 from stepstream.serve._source import Source
@@ -26,12 +27,18 @@ PAGE_POLICY = (
 
 
 def create_app(
-    source: Source, *, token: str | None = None, on_close: Callable[[], Awaitable[None]] | None = None
+    source: Source,
+    *,
+    token: str | None = None,
+    on_close: Callable[[], Awaitable[None]] | None = None,
+    observer: ProjectorObserver | None = None,
 ) -> FastAPI:
     """The service over `source`: JSON under `/api`, the explorer at `/`, the schema at `/openapi.json`.
 
     With `token`, every request must carry `Authorization: Bearer <token>` (or the cookie
-    `/login` sets); `on_close` runs when the application shuts down.
+    `/login` sets), except `/metrics`, `/healthz` and `/readyz`; `on_close` runs when the
+    application shuts down. `observer` (a group member's projector's) answers those three with
+    the projector's metrics and probes besides the service's own.
     """
 
     @asynccontextmanager
@@ -53,6 +60,10 @@ def create_app(
     )
     app.state.source = source
     app.state.token = token
+    instruments = _ops.Instruments(observer.registry if observer is not None else None)
+    app.state.instruments = instruments
+    app.state.probes = observer if observer is not None else _ops.ReaderProbes(source.reader)
+    app.include_router(_ops.router)
     app.include_router(_api.router)
     app.include_router(_explorer.router)
     swagger = _explorer.swagger_ui_assets()
@@ -78,28 +89,36 @@ def create_app(
 
     @app.middleware('http')
     async def gate(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        if (
-            token is not None
-            and not request.url.path.startswith(PUBLIC_PATHS)
-            and not authorized(request, token)
-        ):
-            if request.url.path.startswith('/api') or request.url.path == '/openapi.json':
-                return JSONResponse(
-                    {'detail': 'a bearer token is required: Authorization: Bearer <STEPSTREAM_SERVE_TOKEN>'},
-                    status_code=401,
-                    headers={'WWW-Authenticate': 'Bearer'},
-                )
-            target = request.url.path + (f'?{request.url.query}' if request.url.query else '')
-            return RedirectResponse(f'/login?next={quote(target)}', status_code=303)
-        # A member's request on a client's behalf: answered from this member's shards only.
-        forwarded.set(request.headers.get(FORWARDED_HEADER) == '1')
-        response = await call_next(request)
-        response.headers.setdefault('Content-Security-Policy', PAGE_POLICY)
-        response.headers.setdefault('X-Content-Type-Options', 'nosniff')
-        response.headers.setdefault('Referrer-Policy', 'no-referrer')
-        return response
+        return await instruments.observe(request, lambda: _gated(request, call_next, token))
 
     return app
+
+
+async def _gated(
+    request: Request, call_next: Callable[[Request], Awaitable[Response]], token: str | None
+) -> Response:
+    """The bearer-token gate, then the route, then the headers every page carries."""
+    if (
+        token is not None
+        and not request.url.path.startswith(PUBLIC_PATHS)
+        and request.url.path not in _ops.OPS_PATHS
+        and not authorized(request, token)
+    ):
+        if request.url.path.startswith('/api') or request.url.path == '/openapi.json':
+            return JSONResponse(
+                {'detail': 'a bearer token is required: Authorization: Bearer <STEPSTREAM_SERVE_TOKEN>'},
+                status_code=401,
+                headers={'WWW-Authenticate': 'Bearer'},
+            )
+        target = request.url.path + (f'?{request.url.query}' if request.url.query else '')
+        return RedirectResponse(f'/login?next={quote(target)}', status_code=303)
+    # A member's request on a client's behalf: answered from this member's shards only.
+    forwarded.set(request.headers.get(FORWARDED_HEADER) == '1')
+    response = await call_next(request)
+    response.headers.setdefault('Content-Security-Policy', PAGE_POLICY)
+    response.headers.setdefault('X-Content-Type-Options', 'nosniff')
+    response.headers.setdefault('Referrer-Policy', 'no-referrer')
+    return response
 
 
 def _problem(request: Request, status: int, detail: str) -> Response:

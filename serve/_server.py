@@ -13,7 +13,7 @@ from fastapi import FastAPI
 
 from stepstream.errors import UsageError
 from stepstream.media import MediaStore, S3MediaStore
-from stepstream.projector import Membership
+from stepstream.projector import Membership, ProjectorObserver
 from stepstream.readmodel import ProjectionReader
 from stepstream.serve._app import create_app
 from stepstream.serve._group import Peers
@@ -49,13 +49,15 @@ def app_for(
     reader: ProjectionReader | None = None,
     media_store: MediaStore | None = None,
     membership: Membership | None = None,
+    observer: ProjectorObserver | None = None,
 ) -> FastAPI:
     """The service over `settings.db_path` (or over `reader`), with the settings' media store and token.
 
     A reader passed in stays the caller's to close; one opened here closes with the application.
     With `membership` (a group member's, see `GroupMember.membership`), the service answers for
     the whole group: it forwards a run's reads to the member owning its partition and merges
-    lists from every member.
+    lists from every member; `observer` (its projector's) joins the service's `/metrics` and
+    answers `/healthz` and `/readyz`.
     """
     store = media_store if media_store is not None else S3MediaStore.from_settings(settings)
     owned = reader is None
@@ -65,7 +67,7 @@ def app_for(
     if membership is not None:
         peers = Peers(membership, token=token, timeout_s=settings.ack_timeout_s * 3)
     source = Source(settings, reader, store, peers=peers)
-    return create_app(source, token=token, on_close=reader.aclose if owned else None)
+    return create_app(source, token=token, on_close=reader.aclose if owned else None, observer=observer)
 
 
 class _Server(uvicorn.Server):

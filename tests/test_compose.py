@@ -3,11 +3,14 @@
 The services must agree with each other and with `Settings`: the projector's STEPSTREAM_* variables
 are ones `Settings.from_env()` reads, and its addresses name the compose services. Every connection
 is TLS from the CA certs.sh makes, clients authenticate with SCRAM, and the ACLs kafka-setup.sh
-grants are the ones docs/security.md lists.
+grants are the ones docs/security.md lists. The projector's command is one the CLI parses; Prometheus
+scrapes its metrics port and Grafana finds the files compose mounts (tests/test_alerts.py checks
+what is in them).
 """
 
 from __future__ import annotations
 
+import argparse
 import base64
 import dataclasses
 import re
@@ -18,6 +21,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from stepstream.cli._main import _parser
+from stepstream.cli._services import projector_service
 from stepstream.embedded.apache_kafka import BROKER_SETTINGS, KAFKA_VERSION, POM
 from stepstream.settings import ENV_PREFIX, Settings
 
@@ -66,9 +71,17 @@ def command_text(service: dict[str, Any]) -> str:
 
 
 def test_services(compose: dict[str, Any]) -> None:
-    assert {'certs', 'kafka', 'kafka-setup', 'topics', 'minio', 'minio-init', 'projector'} <= set(
-        compose['services']
-    )
+    assert {
+        'certs',
+        'kafka',
+        'kafka-setup',
+        'topics',
+        'minio',
+        'minio-init',
+        'projector',
+        'prometheus',
+        'grafana',
+    } <= set(compose['services'])
 
 
 def test_kafka_is_kraft_and_reachable_from_host_and_network(compose: dict[str, Any]) -> None:
@@ -148,9 +161,18 @@ def test_projector_env_is_settings(compose: dict[str, Any]) -> None:
     assert any(Path(settings.db_path).is_relative_to(m) for m in mounts)
 
 
+def projector_args(compose: dict[str, Any]) -> argparse.Namespace:
+    """The compose projector's command as the CLI parses it."""
+    argv = compose['services']['projector']['command']
+    assert argv[0] == 'stepstream'
+    return _parser(argv[1:]).parse_args(argv[1:])
+
+
 def test_projector_runs_the_cli_after_its_dependencies(compose: dict[str, Any]) -> None:
     projector = compose['services']['projector']
-    assert command_text(projector) == 'stepstream projector'
+    assert command_text(projector).startswith('stepstream projector ')
+    args = projector_args(compose)
+    assert args.command is projector_service and args.group is None
     depends = projector['depends_on']
     assert depends['kafka']['condition'] == 'service_healthy'
     assert depends['minio-init']['condition'] == 'service_completed_successfully'
@@ -261,3 +283,52 @@ def test_the_certificates_name_the_addresses_clients_use(compose: dict[str, Any]
     for name in ('kafka', 'kafka-setup', 'minio', 'minio-init', 'topics', 'projector'):
         assert 'certs:/certs:ro' in services[name]['volumes'], name
     assert '--certs-dir' in command_text(services['minio'])
+
+
+def test_prometheus_scrapes_the_projector_and_grafana_shows_it(compose: dict[str, Any]) -> None:
+    """The projector's metrics port is the one Prometheus scrapes and its healthcheck asks;
+    Prometheus and Grafana mount files that exist, where their configuration looks for them."""
+    services = compose['services']
+    args = projector_args(compose)
+    assert args.metrics_port == 9464 and args.metrics_host == '0.0.0.0'  # reachable on the network
+    assert f'127.0.0.1:{args.metrics_port}:{args.metrics_port}' in services['projector']['ports']
+    health = ' '.join(services['projector']['healthcheck']['test'])
+    assert f'http://127.0.0.1:{args.metrics_port}/readyz' in health
+
+    def mounts(service: str) -> dict[str, Path]:
+        """Container path -> the compose/ file or folder bind-mounted there."""
+        found = {}
+        for volume in services[service]['volumes']:
+            source, target = volume.split(':')[:2]
+            if source.startswith('./'):
+                found[target] = COMPOSE_DIR / source
+                assert found[target].exists(), volume
+        return found
+
+    prometheus = services['prometheus']
+    assert re.fullmatch(r'prom/prometheus:v3\.\d+\.\d+', prometheus['image'])
+    assert '9090:9090' in prometheus['ports']
+    files = mounts('prometheus')
+    config_path = next(c.split('=', 1)[1] for c in prometheus['command'] if c.startswith('--config.file='))
+    config = yaml.safe_load(files[config_path].read_text())
+    for rules in config['rule_files']:  # relative to the config file, in the container and here
+        in_container = str(Path(config_path).parent / rules)
+        assert files[in_container] == files[config_path].parent / rules
+    jobs = {job['job_name']: job for job in config['scrape_configs']}
+    targets = [t for static in jobs['stepstream-projector']['static_configs'] for t in static['targets']]
+    assert targets == [f'projector:{args.metrics_port}']
+
+    grafana = services['grafana']
+    assert re.fullmatch(r'grafana/grafana:\d+\.\d+\.\d+', grafana['image'])
+    assert '3000:3000' in grafana['ports']
+    files = mounts('grafana')
+    provisioning = files['/etc/grafana/provisioning']
+    datasources = yaml.safe_load((provisioning / 'datasources' / 'prometheus.yml').read_text())
+    (source,) = datasources['datasources']
+    assert source['url'] == 'http://prometheus:9090' and source['type'] == 'prometheus'
+    providers = yaml.safe_load((provisioning / 'dashboards' / 'stepstream.yml').read_text())
+    (provider,) = providers['providers']
+    dashboards = files[provider['options']['path']]
+    assert (dashboards / 'stepstream.json').exists()
+    home = env_of(grafana)['GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH']
+    assert (dashboards / Path(home).relative_to(provider['options']['path'])).exists()

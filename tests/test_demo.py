@@ -17,6 +17,7 @@ from urllib.parse import urljoin
 import httpx
 import pyarrow.dataset as ds
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from waits import until_sync
 
@@ -150,6 +151,22 @@ def test_demo_then_status_rebuild_verify_and_stack_down(tmp_path: Path) -> None:
             assert 'send_announcement' in unresolved and 'unknown_after_crash' in unresolved
             assert 'announce:#releases' in unresolved
             assert f'Run explorer (served by the stack): {url}' in first
+
+            # The stack's projector serves its metrics and probes where `stack up` said: ready, and
+            # the demo's interrupted announcement counts as a tool call in doubt.
+            metrics_url = up.split('projector metrics: ')[1].split()[0]
+            assert metrics_url.startswith('http://127.0.0.1:') and metrics_url.endswith('/metrics')
+            with httpx.Client(timeout=30) as ops:
+                until_sync(
+                    lambda: ops.get(metrics_url.replace('/metrics', '/readyz')).status_code == 200, 'ready'
+                )
+                scraped = {
+                    (s.name, tuple(sorted(s.labels.items()))): s.value
+                    for family in text_string_to_metric_families(ops.get(metrics_url).text)
+                    for s in family.samples
+                }
+            assert scraped[('stepstream_effects_unresolved', (('state', 'unknown_after_crash'),))] >= 1
+            assert scraped[('stepstream_projector_shards_owned', ())] == 3
 
             # The stack's projector applies every partition; kill it and the stack starts another.
             writers = status_json(tmp_path)['writers']

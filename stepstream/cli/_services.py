@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from stepstream.cli._common import EXIT_FAILED, EXIT_OK, Declare
 from stepstream.errors import UsageError
 from stepstream.settings import Settings
+
+if TYPE_CHECKING:
+    from stepstream.metrics import ProbeServer
+    from stepstream.projector import Projector
 
 
 def add_commands(command: Declare) -> None:
@@ -25,6 +30,15 @@ def add_commands(command: Declare) -> None:
         '--group',
         metavar='NAME',
         help='join this consumer group as a member: own the shards of the partitions it assigns',
+    )
+    projector.add_argument(
+        '--metrics-port',
+        type=int,
+        metavar='PORT',
+        help='serve /metrics, /healthz and /readyz on this port (0: any free one; default: off)',
+    )
+    projector.add_argument(
+        '--metrics-host', default='127.0.0.1', help='address for --metrics-port (0.0.0.0: every interface)'
     )
     _member_arguments(projector)
 
@@ -62,6 +76,13 @@ def _member_arguments(parser: argparse.ArgumentParser) -> None:
         default=10.0,
         metavar='SECONDS',
         help='with --group: how long the group waits for a silent member before moving its partitions',
+    )
+    parser.add_argument(
+        '--max-lag',
+        type=int,
+        default=10_000,
+        metavar='RECORDS',
+        help='/readyz answers 503 while the projector is more than this many records behind the log',
     )
 
 
@@ -116,6 +137,7 @@ async def projector_service(args: argparse.Namespace, settings: Settings) -> int
     ) as projector:
         of_group = f' (member of {args.group})' if args.group else ''
         print(f'projector: {settings.bootstrap_servers} -> {projector.db_path}{of_group}', flush=True)
+        probes = _probe_server(args, projector)
         stopping = asyncio.create_task(stop.wait())
         running = asyncio.create_task(projector.join())
         while not (stopping.done() or running.done()):
@@ -130,10 +152,35 @@ async def projector_service(args: argparse.Namespace, settings: Settings) -> int
             f'projector: stopping after {projector.records_applied} records' + (f' ({away})' if away else ''),
             flush=True,
         )
+        if probes is not None:
+            probes.stop()
     running.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await running
     return EXIT_OK
+
+
+def _probe_server(args: argparse.Namespace, projector: Projector) -> ProbeServer | None:
+    """`--metrics-port`: the projector's `/metrics`, `/healthz` and `/readyz`, started (None: not asked)."""
+    import asyncio
+
+    from stepstream.metrics import ProbeServer
+
+    if args.metrics_port is None:
+        return None
+    observer = projector.observer(max_lag=args.max_lag)
+    try:
+        server = ProbeServer(
+            observer.registry,
+            observer,
+            asyncio.get_running_loop(),
+            host=args.metrics_host,
+            port=args.metrics_port,
+        )
+    except OSError as exc:
+        raise UsageError(f'--metrics-port {args.metrics_port} could not be bound: {exc}') from None
+    print(f'projector: metrics at {server.url}/metrics (probes /healthz, /readyz)', flush=True)
+    return server.start()
 
 
 async def _serve(args: argparse.Namespace, settings: Settings) -> int:
@@ -190,7 +237,15 @@ async def _serve_member(args: argparse.Namespace, settings: Settings) -> int:
     )
     async with (
         member,
-        running(app_for(settings, reader=member.reader(), membership=membership), sock=sock) as served,
+        running(
+            app_for(
+                settings,
+                reader=member.reader(),
+                membership=membership,
+                observer=member.observer(max_lag=args.max_lag),
+            ),
+            sock=sock,
+        ) as served,
     ):
         for sig in (signal.SIGTERM, signal.SIGINT):
             asyncio.get_running_loop().add_signal_handler(sig, served.stop)

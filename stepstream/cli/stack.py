@@ -14,7 +14,8 @@ stops its children; the log and the projection stay under `DIR` for the next `st
 Layout of `DIR` (created readable by its owner only, since `stack.env` holds the S3 secret):
 `stack.env` (the settings, present while the stack is up), `stack.pid` (the background
 process), `stack.log` (its output and its supervisor's), `projector.log` and `serve.log` (the
-children's output), `explorer.url` (where `serve` listens), `stack/` (the `EmbeddedStack` data
+children's output), `explorer.url` (where `serve` listens), `metrics.url` (where the projector
+serves `/metrics`, `/healthz` and `/readyz`), `stack/` (the `EmbeddedStack` data
 dir), `projection/` (the projection `db_path` points at).
 """
 
@@ -46,6 +47,9 @@ LOG_FILE = 'stack.log'
 URL_FILE = 'explorer.url'
 EXPLORER_PORT = 8321
 """The explorer's port when it is free; otherwise the stack's `serve` takes any free one."""
+METRICS_FILE = 'metrics.url'
+METRICS_PORT = 9464
+"""The projector's `--metrics-port` when it is free (the port Prometheus exporters conventionally take)."""
 _SERVICE_MODULE = 'stepstream.cli.stack'
 _STARTUP_TIMEOUT_S = 180.0  # Apache Kafka may resolve its jars from Maven on the first start
 _STOP_TIMEOUT_S = 30.0
@@ -61,6 +65,8 @@ class RunningStack:
     """The `STEPSTREAM_*` variables that point at it."""
     explorer_url: str | None = None
     """Where the stack's `serve` answers (the run explorer at `/`, the API under `/api`)."""
+    metrics_url: str | None = None
+    """Where the stack's projector serves `/metrics`, `/healthz` and `/readyz`."""
 
     @property
     def settings(self) -> Settings:
@@ -80,7 +86,12 @@ class RunningStack:
             f'  Kafka: {s.bootstrap_servers}   S3: {s.s3_endpoint} (bucket {s.s3_bucket})\n'
             f"  projection: {s.db_path} (kept current by the stack's projector)\n"
             f'  run explorer: {explorer}\n'
-            f'stepstream commands run here use it; elsewhere: eval "$(stepstream stack env '
+            + (
+                f'  projector metrics: {self.metrics_url}metrics (probes /healthz, /readyz)\n'
+                if self.metrics_url
+                else ''
+            )
+            + f'stepstream commands run here use it; elsewhere: eval "$(stepstream stack env '
             f'--stack-dir {self.directory})"\n'
             'stop it with: stepstream stack down'
         )
@@ -113,11 +124,14 @@ def running_stack(directory: str | Path) -> RunningStack:
             f'the stack under {root} is not running any more (pid {pid} is gone): '
             'start it again with `stepstream stack up`'
         )
+    return RunningStack(root, pid, environ, _read_url(root / URL_FILE), _read_url(root / METRICS_FILE))
+
+
+def _read_url(path: Path) -> str | None:
     try:
-        url: str | None = (root / URL_FILE).read_text().strip() or None
+        return path.read_text().strip() or None
     except OSError:
-        url = None
-    return RunningStack(root, pid, environ, url)
+        return None
 
 
 def stack_up(directory: str | Path, *, broker: str | None = None, quiet: bool = False) -> RunningStack:
@@ -280,9 +294,9 @@ _RESTART_PAUSE_S = 2.0
 _WHERE = ('BOOTSTRAP_SERVERS', 'S3_', 'DB_PATH', 'TOPIC_PREFIX', 'PARTITIONS', 'SECURITY_', 'SASL_', 'SSL_')
 
 
-def _explorer_port() -> int:
-    """`EXPLORER_PORT` if nothing listens there on loopback, else a free port."""
-    for port in (EXPLORER_PORT, 0):
+def _port(preferred: int) -> int:
+    """`preferred` if nothing listens there on loopback, else a free port."""
+    for port in (preferred, 0):
         with socket.socket() as sock:
             try:
                 sock.bind(('127.0.0.1', port))
@@ -290,7 +304,7 @@ def _explorer_port() -> int:
                 continue
             found: int = sock.getsockname()[1]
             return found
-    raise StepStreamError('no free loopback port for the run explorer')
+    raise StepStreamError('no free loopback port for the stack')
 
 
 def _wait_for_projection(path: Path, projector: _Supervised, asked: threading.Event) -> None:
@@ -333,8 +347,14 @@ def serve(directory: str | Path) -> None:
         where = {k: v for k, v in stack_env.items() if k.removeprefix(ENV_PREFIX).startswith(_WHERE)}
         env = {**stack_env, **os.environ, **where}
         command = [sys.executable, '-m', 'stepstream.cli']
-        projector = _Supervised('projector', [*command, 'projector', '--stack-dir', str(root)], env, root)
-        port = _explorer_port()
+        metrics_port = _port(METRICS_PORT)
+        projector = _Supervised(
+            'projector',
+            [*command, 'projector', '--metrics-port', str(metrics_port), '--stack-dir', str(root)],
+            env,
+            root,
+        )
+        port = _port(EXPLORER_PORT)
         server = _Supervised(
             'serve', [*command, 'serve', '--port', str(port), '--stack-dir', str(root)], env, root
         )
@@ -343,6 +363,7 @@ def serve(directory: str | Path) -> None:
         _wait_for_projection(root / 'projection', projector, asked)
         server.start()
         (root / URL_FILE).write_text(f'http://127.0.0.1:{port}/\n')
+        (root / METRICS_FILE).write_text(f'http://127.0.0.1:{metrics_port}/\n')
         env_path = root / ENV_FILE
         partial = env_path.with_suffix('.tmp')
         fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -359,6 +380,7 @@ def serve(directory: str | Path) -> None:
     finally:
         (root / ENV_FILE).unlink(missing_ok=True)
         (root / URL_FILE).unlink(missing_ok=True)
+        (root / METRICS_FILE).unlink(missing_ok=True)
         terminate([c.child for c in children])
         stack.stop()
         (root / PID_FILE).unlink(missing_ok=True)

@@ -1,0 +1,200 @@
+"""`ProjectorObserver`: a projector's `/metrics` (what an operator is paged for), `/healthz` and `/readyz`.
+
+The counters and histograms a batch updates live in `ApplyMetrics.registry`; what a scrape reads
+(lag, shards, runs by status, tool calls in doubt, checkpoint age) is gathered here, on the
+projector's event loop, when Prometheus asks: `collect` runs in the scrape's thread and waits
+for that loop, so a scrape never reads a projector mid-batch and never blocks it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
+from prometheus_client.registry import Collector
+
+from stepstream.metrics import PROBE_TIMEOUT_S, Verdict, counter_family, gauge
+from stepstream.readmodel import ProjectionReader
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric as Family
+
+    from stepstream.projector._projector import Projector
+
+log = logging.getLogger('stepstream.projector')
+
+DEFAULT_MAX_LAG = 10_000
+"""Records a projector may be behind the log's end and still be ready (`--max-lag`)."""
+UNRESOLVED_PAGE = 1000
+UNRESOLVED_MOST = 100_000
+"""A scrape reads at most this many unresolved calls to tell in-flight ones from those in doubt."""
+
+
+class ProjectorObserver(Collector):
+    """A projector's registry for `/metrics` and its answers to `/healthz` and `/readyz`.
+
+    Made by `Projector.observer()` on the projector's event loop. `registry` holds the
+    projector's instruments, the scrape's gauges and the process collectors.
+    """
+
+    def __init__(self, projector: Projector, *, max_lag: int = DEFAULT_MAX_LAG) -> None:
+        """Observe `projector`; ready while it is within `max_lag` records of the log's end."""
+        self.projector = projector
+        self.max_lag = max_lag
+        self.loop = asyncio.get_running_loop()
+        self.registry = CollectorRegistry()
+        self.registry.register(self)
+        for extra in (ProcessCollector, PlatformCollector, GCCollector):
+            extra(registry=self.registry)
+        self._reader: ProjectionReader | None = None
+        self._owned_since: dict[int, float] = {}
+
+    def describe(self) -> Iterable[Family]:
+        """Nothing up front: the families depend on what the projector holds at the scrape."""
+        return []
+
+    def collect(self) -> Iterable[Family]:
+        """The projector's instruments and a scrape's gauges (called from a thread, not the loop)."""
+        yield from self.projector.metrics.registry.collect()
+        future = asyncio.run_coroutine_threadsafe(self.gauges(), self.loop)
+        try:
+            yield from future.result(PROBE_TIMEOUT_S * 2)
+        except Exception as exc:  # the instruments still go out; the gauges say nothing this time
+            future.cancel()
+            log.warning('metrics: the projector gauges could not be read: %r', exc)
+
+    # -- probes -----------------------------------------------------------------------------------
+
+    def healthy(self) -> Verdict:
+        """Alive unless the projector stopped on an error (it never recovers from one in-process)."""
+        failure = self.projector._position.failure
+        if failure is not None:
+            return Verdict(False, {'error': f'the projector stopped on an error: {failure!r}'})
+        return Verdict(True, {})
+
+    async def ready(self) -> Verdict:
+        """Consuming, holding a shard for every assigned partition, and within `max_lag` records."""
+        view = self._view()
+        if view['error'] is not None:
+            return Verdict(False, {'error': view['error']})
+        detail: dict[str, Any] = {
+            'assigned': sorted(view['assigned']),
+            'owned': sorted(view['owned']),
+            'lag': view['lag_total'],
+            'max_lag': self.max_lag,
+        }
+        if view['assigned'] - view['owned']:
+            return Verdict(False, {**detail, 'error': 'assigned partitions whose shards are not open yet'})
+        if view['unknown']:
+            return Verdict(False, {**detail, 'error': f'end offsets not known yet for {view["unknown"]}'})
+        if view['lag_total'] > self.max_lag:
+            behind = f'{view["lag_total"]} records behind (> {self.max_lag})'
+            return Verdict(False, {**detail, 'error': behind})
+        return Verdict(True, detail)
+
+    # -- what a scrape reads ----------------------------------------------------------------------
+
+    def _view(self) -> dict[str, Any]:
+        """Assignment, shards and lag as the consumer sees them now (on the loop, between batches)."""
+        p = self.projector
+        consumer, now = p._consumer, time.monotonic()
+        view: dict[str, Any] = {'error': None, 'assigned': set(), 'owned': set(p.shards.partitions)}
+        view.update(lag_records={}, lag_seconds={}, lag_total=0, unknown=[])
+        if consumer is None or p._task is None or p._task.done():
+            view['error'] = 'not consuming'
+            return view
+        if p.group is not None and not p._assignment.joined:
+            view['error'] = f'not in the group {p.group!r} yet'
+            return view
+        assignment = consumer.assignment()
+        view['assigned'] = {tp.partition for tp in assignment}
+        for tp in sorted(assignment):
+            shard = p.shards.get(tp.partition)
+            high = consumer.highwater(tp)
+            if shard is None or high is None:
+                view['unknown'].append(f'{tp.topic}[{tp.partition}]')
+                continue
+            applied = shard.offsets().get(tp, 0)
+            clock = p.metrics.clock(tp)
+            clock.seen(high, now)
+            key = (tp.topic, str(tp.partition))
+            view['lag_records'][key] = behind = max(high - applied, 0)
+            view['lag_seconds'][key] = clock.seconds_behind(applied, now) if behind else 0.0
+            view['lag_total'] += behind
+        return view
+
+    async def gauges(self) -> list[Family]:
+        """The scrape's gauges, read on the projector's loop (the reads themselves in a thread)."""
+        p, now = self.projector, time.monotonic()
+        view = self._view()
+        ready = await self.ready()
+        owned = view['owned']
+        families: list[Family] = [
+            gauge('stepstream_projector_lag_records', view['lag_records']),
+            gauge('stepstream_projector_lag_seconds', view['lag_seconds']),
+            gauge('stepstream_projector_partitions', p._layout.partitions if p._layout is not None else 0),
+            gauge('stepstream_projector_partitions_assigned', len(view['assigned'])),
+            gauge('stepstream_projector_shards_owned', len(owned)),
+            gauge('stepstream_projector_shards_missing', len(view['assigned'] - owned)),
+            gauge('stepstream_projector_ready', 1 if ready.ok else 0),
+        ]
+        for partition in owned:
+            self._owned_since.setdefault(partition, now)
+        for partition in set(self._owned_since) - owned:
+            del self._owned_since[partition]
+        checkpoints = p.checkpoints
+        if checkpoints is not None:
+            families.append(
+                counter_family(
+                    'stepstream_projector_checkpoints',
+                    {(outcome,): float(n) for outcome, n in checkpoints.outcomes.items()},
+                )
+            )
+            ages = [now - checkpoints.current_at.get(q, since) for q, since in self._owned_since.items()]
+            families.append(gauge('stepstream_projector_checkpoint_age_seconds', max(ages, default=0.0)))
+        if owned:
+            families.extend(await self._projection_gauges())
+        return families
+
+    async def _projection_gauges(self) -> list[Family]:
+        """Parked records, runs by status, and the tool calls not ended, from the shards."""
+        reader = self._reader
+        if reader is None:
+            reader = self._reader = self.projector.reader()
+        status = await reader.status()
+        families: list[Family] = [gauge('stepstream_projector_parked_records', status.parked_records)]
+        if status.runs is None:  # a shard is missing, or predates the counts
+            return families
+        families.append(gauge('stepstream_runs', {(s,): n for s, n in status.runs.by_status.items()}))
+        in_doubt, oldest, seen = 0, None, 0
+        after = None
+        while seen < UNRESOLVED_MOST:
+            page = await reader.list_unresolved_tool_effects(limit=UNRESOLVED_PAGE, after=after)
+            for effect in page:
+                if effect.unknown_after_crash:
+                    in_doubt += 1
+                    if oldest is None and effect.started_at is not None:
+                        oldest = effect.started_at
+            seen += len(page)
+            if len(page) < UNRESOLVED_PAGE:
+                break
+            last = page[-1]
+            assert last.started_at is not None
+            after = (last.started_at, last.run_id, last.tool_call_id)
+        total = max(status.runs.unresolved_effects, seen)
+        states: dict[tuple[str, ...], float] = {
+            ('in_flight',): total - in_doubt,
+            ('unknown_after_crash',): in_doubt,
+        }
+        families.append(gauge('stepstream_effects_unresolved', states))
+        age = (datetime.now(UTC) - oldest).total_seconds() if oldest is not None else 0.0
+        families.append(gauge('stepstream_effects_in_doubt_oldest_age_seconds', max(age, 0.0)))
+        return families
+
+
+__all__ = ['DEFAULT_MAX_LAG', 'ProjectorObserver']
