@@ -46,6 +46,7 @@ from stepstream.media._types import (
     MediaStore,
     media_uri_for,
 )
+from stepstream.telemetry import media_offloaded_bytes, media_offloads
 
 LinkFor = Callable[[str, str], Awaitable[str]]
 """`(uri, media_type) -> URL` at which a reader of a linked history fetches that payload."""
@@ -118,7 +119,9 @@ async def offload_media(
 
     The input is not modified. A message, part or sequence with nothing to change is returned as
     the same object: a walk visits every value but copies only what changes. `seal` (erasure on,
-    decision 0033) turns each payload into the bytes stored and addressed in its place.
+    decision 0033) turns each payload into the bytes stored and addressed in its place. Each
+    payload stored counts in `stepstream.media.offloads`, its bytes (as stored) in
+    `stepstream.media.offloaded_bytes` (`stepstream.telemetry`).
 
     The result also lists the URI of every object stored (`Offloaded.media`): a record built
     from the lean messages carries that list, so the projection, `forget` and the media sweep know
@@ -143,6 +146,8 @@ async def offload_media(
             stored = await store.put(data, MediaContext(media_type=media_type))
             if stored != uri:
                 raise ValueError(f'{store!r}.put returned {stored!r} for a payload whose URI is {uri}')
+            media_offloads.add(1)  # what the store was given, whether or not it held it already
+            media_offloaded_bytes.add(len(data))
 
         await _gather([upload(key, data) for key, data in externalizer.uploads.items()])
     return Offloaded(lean, media)

@@ -51,6 +51,7 @@ from stepstream.producer._protocol import (
 from stepstream.producer._sender import Outgoing, Sender
 from stepstream.schemas import UNCHAINED_KINDS, LogRecord, StepEvent
 from stepstream.settings import Settings
+from stepstream.telemetry import failed
 from stepstream.topics import Position, ensure_topics, murmur2_partition, supports_idempotence, unavailable
 
 if TYPE_CHECKING:
@@ -232,7 +233,9 @@ class EventLog:
             async with asyncio.timeout(self.settings.ack_timeout_s):
                 await producer.send_and_wait(key_topic(self.settings), value, key=key)
         except (KafkaError, TimeoutError) as exc:
-            raise unavailable(self.settings, 'did not acknowledge a conversation key', exc) from exc
+            error = unavailable(self.settings, 'did not acknowledge a conversation key', exc)
+            failed(error)
+            raise error from exc
 
     async def _check_media_store(self) -> None:
         """Find a wrong bucket or key now, not at the first large payload minutes into a run.
@@ -355,18 +358,22 @@ class EventLog:
         acks = list(acks)
         if self._accumulator.queued:
             self._accumulator.hand_over_soon()
-        try:
-            await await_acks(self.settings, acks, timeout)
-        except StepStreamUnavailable as missing:
-            if self._framing.failure is not None:  # the records wait for their schema id, not the broker
-                raise SchemaRegistryError(str(self._framing.failure)) from missing
+        try:  # free unless it raises (Python 3.11): a durability point pays nothing for the count
+            try:
+                await await_acks(self.settings, acks, timeout)
+            except StepStreamUnavailable as missing:
+                if self._framing.failure is not None:  # the records wait for their schema id, not the broker
+                    raise SchemaRegistryError(str(self._framing.failure)) from missing
+                raise
+            for ack in acks:
+                exc = ack.exception()
+                if isinstance(exc, AUTHORIZATION_ERRORS):
+                    raise self._sender.no_write(exc) from exc
+                if exc is not None:
+                    raise unavailable(self.settings, 'rejected a record', exc) from exc
+        except StepStreamError as error:  # counted once, by what the caller gets (not a cancellation)
+            failed(error)
             raise
-        for ack in acks:
-            exc = ack.exception()
-            if isinstance(exc, AUTHORIZATION_ERRORS):
-                raise self._sender.no_write(exc) from exc
-            if exc is not None:
-                raise unavailable(self.settings, 'rejected a record', exc) from exc
 
     async def flush(self, *, timeout: float | None = None) -> Position:
         """Wait until the broker took every record appended so far, then return the position written.
@@ -384,10 +391,15 @@ class EventLog:
         except TimeoutError:
             waiting = self._sender.waiting()
             waited = '' if timeout is None else f' (waited {timeout:g}s)'
-            if self._framing.failure is not None:
-                raise SchemaRegistryError(str(self._framing.failure)) from None
-            raise unavailable(self.settings, f'did not take {waiting} record(s){waited}') from None
+            error: StepStreamError = (
+                SchemaRegistryError(str(self._framing.failure))
+                if self._framing.failure is not None
+                else unavailable(self.settings, f'did not take {waiting} record(s){waited}')
+            )
+            failed(error)
+            raise error from None
         if self._sender.denied is not None:
+            failed(self._sender.denied)
             raise self._sender.denied
         return dict(self._sender.written)
 

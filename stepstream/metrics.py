@@ -59,11 +59,16 @@ class Metric:
 
     @property
     def samples(self) -> tuple[str, ...]:
-        """The sample names a scrape shows for it (`_created`: when a counter or histogram started)."""
+        """The sample names a scrape shows for it.
+
+        `_created` (when a counter or histogram started) comes from the Prometheus client in our
+        processes; the OpenTelemetry exporter of a writer's process shows none.
+        """
+        created = ('created',) if self.source != 'writer' else ()
         if self.kind == 'counter':
-            return (f'{self.name}_total', f'{self.name}_created')
+            return tuple(f'{self.name}_{suffix}' for suffix in ('total', *created))
         if self.kind == 'histogram':
-            return tuple(f'{self.name}_{suffix}' for suffix in ('bucket', 'count', 'sum', 'created'))
+            return tuple(f'{self.name}_{suffix}' for suffix in ('bucket', 'count', 'sum', *created))
         return (self.name,)
 
 
