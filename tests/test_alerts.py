@@ -137,6 +137,18 @@ def test_every_alert_queries_the_catalogue_and_names_its_runbook() -> None:
 
 
 @pytest.mark.fast
+def test_every_runbook_anchor_is_a_section_of_the_runbook() -> None:
+    """Each anchor an alert links to is a heading of docs/operations.md (GitHub's anchor of it)."""
+    text = (Path(__file__).resolve().parent.parent / RUNBOOK).read_text()
+    headings = {
+        re.sub(r'[^a-z0-9 -]', '', line.lstrip('#').strip().lower()).replace(' ', '-')
+        for line in text.splitlines()
+        if line.startswith('### ')
+    }
+    assert set(ANCHORS) <= headings, f'no runbook section for {sorted(set(ANCHORS) - headings)}'
+
+
+@pytest.mark.fast
 def test_every_alert_has_a_unit_test_where_it_fires() -> None:
     """alerts.test.yml runs alerts.yml, and expects each alert firing once at least (promtool runs it)."""
     tests = yaml.safe_load(ALERT_TESTS.read_text())

@@ -373,3 +373,25 @@ async def test_serve_as_a_member_answers_with_its_projectors_metrics_and_probes(
     assert value(samples, 'stepstream_projector_shards_owned') == settings.partitions
     assert value(samples, 'stepstream_serve_requests_total', route='/api/runs', method='GET', code='200') == 1
     assert value(samples, 'stepstream_serve_requests_total', route='/readyz', method='GET', code='503') >= 1
+
+
+@pytest.mark.once
+@pytest.mark.timeout(120)
+async def test_serve_alone_is_not_ready_while_a_shard_is_missing(
+    settings: Settings, event_log: EventLog, tmp_path: Path
+) -> None:
+    db_path = tmp_path / 'projection'
+    async with Projector(settings, db_path=db_path) as projector:
+        await run_agents(event_log, 1, 'whole')
+        await projector.wait_for(await event_log.flush())
+    served_settings = settings.replace(db_path=str(db_path))
+    async with running(app_for(served_settings), port=0) as served, httpx.AsyncClient(timeout=30) as client:
+        whole = await client.get(f'{served.url}/readyz')
+    assert whole.status_code == 200 and whole.json()['missing'] == [], whole.text
+
+    (db_path / 'shard-0002').rename(tmp_path / 'elsewhere')  # moving to another host's member
+    async with running(app_for(served_settings), port=0) as served, httpx.AsyncClient(timeout=30) as client:
+        assert (await client.get(f'{served.url}/healthz')).status_code == 200
+        partial = await client.get(f'{served.url}/readyz')
+    assert partial.status_code == 503, partial.text
+    assert partial.json()['missing'] == [2] and 'missing' in partial.json()['error']
