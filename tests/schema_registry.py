@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from stepstream.embedded.apache_kafka import _locked
+from stepstream.embedded.apache_kafka import locked
 
 from processes import free_port, running
 
@@ -55,7 +55,7 @@ def registry_binary() -> Path:
             f'not built in {target} yet: install Go (https://go.dev/dl/) to run the registry tests'
         )
     target.mkdir(parents=True, exist_ok=True)
-    with _locked(target / '.lock'):
+    with locked(target / '.lock'):
         if binary.exists():  # another process built it while this one waited
             return binary
         module = target / 'module'

@@ -11,7 +11,6 @@ on the failure it names and stay quiet on the look-alikes that are none.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -23,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from stepstream.embedded.apache_kafka import locked
 from stepstream.metrics import CATALOGUE
 
 yaml = pytest.importorskip('yaml', reason='PyYAML is needed to read the rule files (dev extra)')
@@ -204,26 +204,13 @@ def promtool_dir() -> Path:
     return Path.home() / '.cache' / 'stepstream' / 'promtool' / PROMTOOL_VERSION
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """One build at a time into the cache (another worker or checkout waits, then finds it)."""
-    import fcntl
-
-    with open(path, 'a+') as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 @pytest.fixture(scope='module')
 def promtool() -> Path:
     """promtool PROMTOOL_VERSION, built with `go install` the first time; skips without Go or a build."""
     cache = promtool_dir()
     binary = cache / 'promtool'
     cache.mkdir(parents=True, exist_ok=True)
-    with _locked(cache.parent / f'{PROMTOOL_VERSION}.lock'):
+    with locked(cache.parent / f'{PROMTOOL_VERSION}.lock'):
         if binary.exists():
             return binary
         go = shutil.which('go')

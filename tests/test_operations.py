@@ -63,9 +63,11 @@ def total(samples: Samples, name: str) -> float:
     return sum(v for (n, _), v in samples.items() if n == name)
 
 
-def ours(samples: Samples) -> set[str]:
-    """The stepstream sample names a scrape shows."""
-    return {name for name, _ in samples if name.startswith('stepstream_')}
+def assert_declared(samples: Samples, source: str) -> None:
+    """Every stepstream sample is one the catalogue declares (the alerts and dashboard rely on it)."""
+    shown = {name for name, _ in samples if name.startswith('stepstream_')}
+    declared = {s for m in CATALOGUE.values() if m.source == source for s in m.samples}
+    assert shown <= declared, shown - declared
 
 
 async def run_agents(log: EventLog, count: int, prefix: str) -> None:
@@ -202,9 +204,7 @@ async def test_a_projector_process_counts_what_the_log_holds(
     assert value(samples, 'stepstream_projector_ready') == 1
     assert value(samples, 'stepstream_projector_parked_records') == 0
     assert 'process_cpu_seconds_total' in {name for name, _ in samples}
-    # Every stepstream sample is one the catalogue declares (the alerts and dashboard rely on it).
-    declared = {s for m in CATALOGUE.values() if m.source == 'projector' for s in m.samples}
-    assert ours(samples) <= declared, ours(samples) - declared
+    assert_declared(samples, 'projector')
 
 
 @pytest.mark.timeout(180)
@@ -333,8 +333,7 @@ async def test_serve_is_scraped_and_probed_without_its_token(
     )
     assert not any('served-0' in v for _, labels in samples for _, v in labels)
     assert value(samples, 'stepstream_serve_request_seconds_count', route='/api/runs') == 3
-    declared = {s for m in CATALOGUE.values() if m.source == 'serve' for s in m.samples}
-    assert ours(samples) <= declared, ours(samples) - declared
+    assert_declared(samples, 'serve')
 
 
 @pytest.mark.timeout(120)

@@ -15,7 +15,7 @@ import os
 import shutil
 import subprocess
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from stepstream.embedded._network import HOST
@@ -104,7 +104,7 @@ def resolve_jars() -> Path:
             f'`mvn` is not on PATH, and the Kafka jars are not in {target} yet. {INSTALL_HINT}'
         )
     target.mkdir(parents=True, exist_ok=True)
-    with _locked(target / '.lock'):
+    with locked(target / '.lock'):
         if done.exists():  # another process fetched them while this one waited
             return lib
         staging = target / f'lib.{os.getpid()}'
@@ -135,7 +135,8 @@ def resolve_jars() -> Path:
 
 
 @contextlib.contextmanager
-def _locked(path: Path):  # type: ignore[no-untyped-def]
+def locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on the file `path` (made if missing): one fetch or build into a cache."""
     import fcntl
 
     with open(path, 'a+') as handle:
