@@ -79,7 +79,9 @@ class ProjectorObserver(Collector):
 
     async def ready(self) -> Verdict:
         """Consuming, holding a shard for every assigned partition, and within `max_lag` records."""
-        view = self._view()
+        return self._verdict(self._view())
+
+    def _verdict(self, view: dict[str, Any]) -> Verdict:
         if view['error'] is not None:
             return Verdict(False, {'error': view['error']})
         detail: dict[str, Any] = {
@@ -132,7 +134,7 @@ class ProjectorObserver(Collector):
         """The scrape's gauges, read on the projector's loop (the reads themselves in a thread)."""
         p, now = self.projector, time.monotonic()
         view = self._view()
-        ready = await self.ready()
+        ready = self._verdict(view)
         owned = view['owned']
         families: list[Family] = [
             gauge('stepstream_projector_lag_records', view['lag_records']),

@@ -82,7 +82,7 @@ def _member_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=10_000,
         metavar='RECORDS',
-        help='/readyz answers 503 while the projector is more than this many records behind the log',
+        help='projector, serve --group: /readyz answers 503 while more than this many records behind the log',
     )
 
 
