@@ -26,7 +26,7 @@ from pydantic_ai import Agent
 from stepstream import Settings
 from stepstream.metrics import CATALOGUE, ProbeServer
 from stepstream.producer import EventLog, StepPersistence
-from stepstream.projector import GroupMember, Projector
+from stepstream.projector import Checkpoints, GroupMember, Projector
 from stepstream.serve import app_for, running
 from stepstream.topics import ensure_topics, log_end_offsets
 
@@ -212,10 +212,12 @@ async def test_a_member_is_ready_once_it_holds_its_shards_and_while_it_keeps_up(
     settings: Settings, event_log: EventLog, tmp_path: Path
 ) -> None:
     await ensure_topics(settings)
+    group = f'{settings.topic_prefix}-ops'
+    checkpoints = Checkpoints.from_settings(settings, group=group, interval_s=0.2)
     member = Projector(
         settings,
         db_path=tmp_path / 'projection',
-        member=GroupMember(group=f'{settings.topic_prefix}-ops', session_timeout_ms=6000),
+        member=GroupMember(group=group, session_timeout_ms=6000, checkpoints=checkpoints),
     )
     await run_agents(event_log, 1, 'before')
     async with HeldLock(member) as lock:
@@ -242,6 +244,14 @@ async def test_a_member_is_ready_once_it_holds_its_shards_and_while_it_keeps_up(
                 samples = await scrape(client, server.url)
                 assert value(samples, 'stepstream_projector_shards_owned') == settings.partitions
                 assert value(samples, 'stepstream_projector_ready') == 1
+                uploaded = await until(
+                    lambda: scrape(client, server.url),
+                    'a checkpoint uploaded',
+                    holds=lambda s: (
+                        (value(s, 'stepstream_projector_checkpoints_total', outcome='uploaded') or 0) >= 1
+                    ),
+                )
+                assert value(uploaded, 'stepstream_projector_checkpoints_total', outcome='failed') == 0
 
                 # Held from applying while 20 runs are written: behind, not ready, lag in records and seconds.
                 await lock.acquire()
@@ -261,6 +271,15 @@ async def test_a_member_is_ready_once_it_holds_its_shards_and_while_it_keeps_up(
                 samples = await until(behind, 'the lag in seconds to show')
                 assert total(samples, 'stepstream_projector_lag_records') > 5
                 assert value(samples, 'stepstream_projector_ready') == 0
+                # No checkpoint is taken while the shards are held: their age only grows.
+                held_age = value(samples, 'stepstream_projector_checkpoint_age_seconds')
+                assert held_age is not None
+                later = await until(
+                    lambda: scrape(client, server.url),
+                    'the checkpoint age to grow',
+                    holds=lambda s: value(s, 'stepstream_projector_checkpoint_age_seconds') > held_age,
+                )
+                uploads = value(later, 'stepstream_projector_checkpoints_total', outcome='uploaded')
                 healthy = await client.get(f'{server.url}/healthz')
                 assert healthy.status_code == 200  # behind is not dead: no restart
                 lock.release()
@@ -270,7 +289,13 @@ async def test_a_member_is_ready_once_it_holds_its_shards_and_while_it_keeps_up(
                     'the member to catch up',
                     holds=lambda r: r.status_code == 200,
                 )
-                samples = await scrape(client, server.url)
+                samples = await until(
+                    lambda: scrape(client, server.url),
+                    'a checkpoint of what was applied since',
+                    holds=lambda s: (
+                        value(s, 'stepstream_projector_checkpoints_total', outcome='uploaded') > uploads
+                    ),
+                )
                 assert total(samples, 'stepstream_projector_lag_records') == 0
         finally:
             server.stop()
