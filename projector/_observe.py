@@ -30,9 +30,6 @@ log = logging.getLogger('stepstream.projector')
 
 DEFAULT_MAX_LAG = 10_000
 """Records a projector may be behind the log's end and still be ready (`--max-lag`)."""
-UNRESOLVED_PAGE = 1000
-UNRESOLVED_MOST = 100_000
-"""A scrape reads at most this many unresolved calls to tell in-flight ones from those in doubt."""
 
 
 class ProjectorObserver(Collector):
@@ -61,6 +58,8 @@ class ProjectorObserver(Collector):
     def collect(self) -> Iterable[Family]:
         """The projector's instruments and a scrape's gauges (called from a thread, not the loop)."""
         yield from self.projector.metrics.registry.collect()
+        if _running_loop() is self.loop:  # it would wait on itself
+            raise RuntimeError('collect from another thread: asyncio.to_thread(generate_latest, registry)')
         future = asyncio.run_coroutine_threadsafe(self.gauges(), self.loop)
         try:
             yield from future.result(PROBE_TIMEOUT_S * 2)
@@ -173,30 +172,23 @@ class ProjectorObserver(Collector):
         if status.runs is None:  # a shard is missing, or predates the counts
             return families
         families.append(gauge('stepstream_runs', {(s,): n for s, n in status.runs.by_status.items()}))
-        in_doubt, oldest, seen = 0, None, 0
-        after = None
-        while seen < UNRESOLVED_MOST:
-            page = await reader.list_unresolved_tool_effects(limit=UNRESOLVED_PAGE, after=after)
-            for effect in page:
-                if effect.unknown_after_crash:
-                    in_doubt += 1
-                    if oldest is None and effect.started_at is not None:
-                        oldest = effect.started_at
-            seen += len(page)
-            if len(page) < UNRESOLVED_PAGE:
-                break
-            last = page[-1]
-            assert last.started_at is not None
-            after = (last.started_at, last.run_id, last.tool_call_id)
-        total = max(status.runs.unresolved_effects, seen)
+        calls = await reader.unresolved_summary()
         states: dict[tuple[str, ...], float] = {
-            ('in_flight',): total - in_doubt,
-            ('unknown_after_crash',): in_doubt,
+            ('in_flight',): calls.in_flight,
+            ('unknown_after_crash',): calls.in_doubt,
         }
         families.append(gauge('stepstream_effects_unresolved', states))
+        oldest = calls.oldest_in_doubt
         age = (datetime.now(UTC) - oldest).total_seconds() if oldest is not None else 0.0
         families.append(gauge('stepstream_effects_in_doubt_oldest_age_seconds', max(age, 0.0)))
         return families
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 __all__ = ['DEFAULT_MAX_LAG', 'ProjectorObserver']

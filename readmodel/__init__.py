@@ -23,7 +23,7 @@ from stepstream.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from stepstream.readmodel._continue import continue_run, fork_run
-    from stepstream.readmodel._effects import UnresolvedCursor
+    from stepstream.readmodel._effects import UnresolvedCursor, UnresolvedSummary
     from stepstream.readmodel._reader import ProjectionReader
     from stepstream.readmodel._recovery import RecoveryReport, inspect_recovery
     from stepstream.readmodel._runs import RunCounts
@@ -37,6 +37,7 @@ _WHERE = {
     'RunCounts': 'stepstream.readmodel._runs',
     'ShardUnavailable': 'stepstream.readmodel._shards',
     'UnresolvedCursor': 'stepstream.readmodel._effects',
+    'UnresolvedSummary': 'stepstream.readmodel._effects',
     'continue_run': 'stepstream.readmodel._continue',
     'fork_run': 'stepstream.readmodel._continue',
     'inspect_recovery': 'stepstream.readmodel._recovery',
@@ -51,6 +52,7 @@ __all__ = [
     'RunCounts',
     'ShardUnavailable',
     'UnresolvedCursor',
+    'UnresolvedSummary',
     'continue_run',
     'fork_run',
     'inspect_recovery',

@@ -8,6 +8,7 @@ runs view's judgement of its run.
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 from datetime import datetime
 
 from stepstream.projector.storage import EFFECT, UNRESOLVED, UNRESOLVED_RUN, EffectState
@@ -18,6 +19,18 @@ from stepstream.timestamps import EPOCH, from_micros, micros
 
 UnresolvedCursor = tuple[datetime, str, str]
 """A place in the sweep of every unresolved call: the last call seen's started_at, run and call id."""
+
+
+@dataclass(frozen=True)
+class UnresolvedSummary:
+    """The calls that have not ended, counted: what `/metrics` shows without reading each one."""
+
+    in_flight: int
+    """Unended calls of live runs (they may still finish)."""
+    in_doubt: int
+    """Unended calls of runs that are not live: `unknown_after_crash`."""
+    oldest_in_doubt: datetime | None
+    """When the oldest call in doubt started (None: there is none)."""
 
 
 class Effects:
@@ -74,6 +87,25 @@ class Effects:
                     found.append(effect)
             found.sort(key=lambda e: (e.started_at or EPOCH, e.run_id, e.tool_call_id))
             return found
+
+        return await self._shards.query(query)
+
+    async def unresolved_summary(self) -> UnresolvedSummary:
+        """`ProjectionReader.unresolved_summary`: the index's keys and the live runs, no call read."""
+
+        def query() -> UnresolvedSummary:
+            live = set(self._runs.live_ids())  # the runs that read `running`, as `Runs.live` judges
+            in_flight = in_doubt = 0
+            oldest: int | None = None
+            for k, _ in self._shards.scan(UNRESOLVED.prefix()):
+                started, run, _call = UNRESOLVED.parse(k)
+                assert isinstance(started, int)
+                if run in live:
+                    in_flight += 1
+                else:
+                    in_doubt += 1
+                    oldest = started if oldest is None else min(oldest, started)
+            return UnresolvedSummary(in_flight, in_doubt, None if oldest is None else from_micros(oldest))
 
         return await self._shards.query(query)
 

@@ -560,8 +560,20 @@ def test_views_agree_with_each_other(generated: list[Op], store: str) -> None:
             assert len(outcome.dead) >= refused  # every record that cannot apply was refused
             check_run_indexes(db)
             asyncio.run(check_views(ProjectionReader(db)))
+            for stale_after_s in (20.0, 1e10):  # T0's runs stale now, or all still live
+                asyncio.run(check_unresolved_summary(ProjectionReader(db, stale_after_s=stale_after_s)))
         finally:
             db.close()
+
+
+async def check_unresolved_summary(reader: ProjectionReader) -> None:
+    """What `/metrics` shows, from the unresolved index's keys alone, is what reading each call says."""
+    listed = await reader.list_unresolved_tool_effects()
+    summary = await reader.unresolved_summary()
+    assert summary.in_flight == sum(e.in_flight for e in listed)
+    assert summary.in_doubt == sum(e.unknown_after_crash for e in listed)
+    doubted = [e.started_at for e in listed if e.unknown_after_crash]
+    assert summary.oldest_in_doubt == min(doubted, default=None)
 
 
 def check_run_indexes(shard: AnyShard) -> None:
@@ -605,7 +617,8 @@ async def check_views(reader: ProjectionReader) -> None:
     for agent in {r.agent_name for r in runs if r.agent_name is not None}:  # through `AGENT`
         listed = [r.run_id for r in await reader.list_runs(agent_name=agent, newest_first=True)]
         assert listed == [r.run_id for r in reversed(runs) if r.agent_name == agent], agent
-    every_unresolved = {(e.run_id, e.tool_call_id) for e in await reader.list_unresolved_tool_effects()}
+    listed_unresolved = await reader.list_unresolved_tool_effects()
+    every_unresolved = {(e.run_id, e.tool_call_id) for e in listed_unresolved}
     counts = (await reader.status()).runs  # the tallies agree with the listings
     assert counts is not None
     assert counts.by_status == {s: sum(r.status == s for r in runs) for s in RUN_STATUSES}
