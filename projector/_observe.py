@@ -15,10 +15,9 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.registry import Collector
 
-from stepstream.metrics import PROBE_TIMEOUT_S, Verdict, counter_family, gauge
+from stepstream.metrics import PROBE_TIMEOUT_S, Verdict, counter_family, gauge, process_registry
 from stepstream.readmodel import ProjectionReader
 
 if TYPE_CHECKING:
@@ -44,10 +43,8 @@ class ProjectorObserver(Collector):
         self.projector = projector
         self.max_lag = max_lag
         self.loop = asyncio.get_running_loop()
-        self.registry = CollectorRegistry()
+        self.registry = process_registry()
         self.registry.register(self)
-        for extra in (ProcessCollector, PlatformCollector, GCCollector):
-            extra(registry=self.registry)
         self._reader: ProjectionReader | None = None
         self._owned_since: dict[int, float] = {}
 

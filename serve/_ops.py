@@ -14,14 +14,7 @@ from collections.abc import Awaitable, Callable
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    GCCollector,
-    PlatformCollector,
-    ProcessCollector,
-    generate_latest,
-)
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from stepstream import metrics
 from stepstream.metrics import Probes, Verdict, probe_health
@@ -59,13 +52,9 @@ class Instruments:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         """Add to `registry` (a member's projector registry), or make one."""
-        if registry is None:
-            registry = CollectorRegistry()
-            for extra in (ProcessCollector, PlatformCollector, GCCollector):
-                extra(registry=registry)
-        self.registry = registry
-        self._requests = metrics.counter(registry, 'stepstream_serve_requests')
-        self._seconds = metrics.histogram(registry, 'stepstream_serve_request_seconds')
+        self.registry = registry if registry is not None else metrics.process_registry()
+        self._requests = metrics.counter(self.registry, 'stepstream_serve_requests')
+        self._seconds = metrics.histogram(self.registry, 'stepstream_serve_request_seconds')
 
     async def observe(self, request: Request, answer: Callable[[], Awaitable[Response]]) -> Response:
         """Answer `request` and count it under its route's template (never its path: no run ids)."""

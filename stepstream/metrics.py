@@ -31,7 +31,15 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, make_wsgi_app
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    make_wsgi_app,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -236,6 +244,14 @@ CATALOGUE: dict[str, Metric] = {
 }
 
 
+def process_registry() -> CollectorRegistry:
+    """A registry of one process's metrics, with the client's process, platform and GC collectors."""
+    registry = CollectorRegistry()
+    for collector in (ProcessCollector, PlatformCollector, GCCollector):
+        collector(registry=registry)
+    return registry
+
+
 def counter(registry: CollectorRegistry, name: str) -> Counter:
     """The counter `name` of the catalogue, registered in `registry`."""
     spec = _spec(name, 'counter')
@@ -413,4 +429,5 @@ __all__ = [
     'histogram',
     'on_loop',
     'probe_health',
+    'process_registry',
 ]

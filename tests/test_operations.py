@@ -419,3 +419,31 @@ async def test_serve_alone_is_not_ready_while_a_shard_is_missing(
         partial = await client.get(f'{served.url}/readyz')
     assert partial.status_code == 503, partial.text
     assert partial.json()['missing'] == [2] and 'missing' in partial.json()['error']
+
+
+@pytest.mark.once
+@pytest.mark.timeout(120)
+async def test_a_metrics_port_that_cannot_be_bound_is_a_usage_error(
+    settings: Settings, tmp_path: Path
+) -> None:
+    await ensure_topics(settings)
+    env = {**os.environ, **settings.replace(db_path=str(tmp_path / 'projection')).to_env()}
+    for port in ('70000', str(free_port())):
+        host = '127.0.0.1' if port == '70000' else 'no-such-host.invalid'
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            '-m',
+            'stepstream.cli',
+            'projector',
+            '--metrics-port',
+            port,
+            '--metrics-host',
+            host,
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(process.communicate(), 90)
+        assert process.returncode == 2, (out, err)
+        assert f'--metrics-port: cannot listen on {host}:{port}' in err.decode(), err
+        assert b'Traceback' not in err

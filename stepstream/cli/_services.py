@@ -177,8 +177,9 @@ def _probe_server(args: argparse.Namespace, projector: Projector) -> ProbeServer
             host=args.metrics_host,
             port=args.metrics_port,
         )
-    except OSError as exc:
-        raise UsageError(f'--metrics-port {args.metrics_port} could not be bound: {exc}') from None
+    except (OSError, OverflowError) as exc:  # taken, an unknown host, a port out of range
+        where = f'{args.metrics_host}:{args.metrics_port}'
+        raise UsageError(f'--metrics-port: cannot listen on {where}: {exc}') from None
     print(f'projector: metrics at {server.url}/metrics (probes /healthz, /readyz)', flush=True)
     return server.start()
 
