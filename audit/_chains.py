@@ -31,7 +31,7 @@ Problem = Literal['altered', 'missing', 'reordered', 'inserted', 'unsigned', 'un
 Chain = Literal['intact', 'broken', 'unchained']
 """A run's integrity verdict: `unchained` for records written before the chain (no links at all)."""
 
-TERMINAL_KINDS = frozenset({'run_completed', 'run_failed', 'run_cancelled'})
+TERMINAL_KINDS = frozenset({'run_completed', 'run_failed', 'run_cancelled', 'run_waiting'})
 TOPIC_NAMES = ('step_events', 'tool_effects')
 """A topic's role as audits and checkpoints name it (not its name: a copy has another prefix)."""
 

@@ -36,7 +36,6 @@ from pydantic_ai.capabilities.abstract import (
     WrapRunHandler,
     WrapToolExecuteHandler,
 )
-from pydantic_ai.exceptions import ModelRetry, ToolFailed, ToolFailedError, ToolRetryError
 from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart
 from pydantic_ai.models import ModelRequestContext
 from pydantic_ai.run import AgentRunResult
@@ -45,6 +44,7 @@ from pydantic_ai.tools import AgentDepsT, RunContext, ToolDefinition
 from stepstream.errors import StepStreamError
 from stepstream.ids import check_run_id, to_run_id
 from stepstream.media import MediaStore, Offloaded, S3MediaStore, offload_media
+from stepstream.producer import _calls, _ends
 from stepstream.producer._current import annotate_tool_effect as annotate_tool_effect
 from stepstream.producer._current import current_run as current_run
 from stepstream.producer._current import current_run_id as current_run_id
@@ -289,10 +289,19 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
     # -- run lifecycle -----------------------------------------------------------------------
 
     async def wrap_run(self, ctx: RunContext[AgentDepsT], *, handler: WrapRunHandler) -> AgentRunResult[Any]:
-        """Make this run the parent of any persisted run started inside it."""
+        """Make this run the parent of any persisted run started inside it; end a run its caller left.
+
+        When the code driving the run leaves before it ends (a `break` out of `agent.iter()`, a
+        stream left early), Pydantic AI cancels the run and calls neither `after_run` nor
+        `on_run_error`: the run ends `cancelled` here, saying the caller left (`_ends.left`).
+        """
         token = current_run.set(self)
         try:
             return await handler()
+        except BaseException as error:
+            if self._run is not None:
+                await _ends.left(self._run, ctx, error, capture_frontier=self.capture_frontier)
+            raise
         finally:
             current_run.reset(token)
             if self._run is not None:
@@ -304,13 +313,16 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         A durability point, so that no later record of the run can reach the log without it (a
         record the projector cannot place under a registered run stays invisible).
         """
-        await self._run.start(ctx)
+        await _ends.start(self._run, ctx)
 
     async def after_run(
         self, ctx: RunContext[AgentDepsT], *, result: AgentRunResult[Any]
     ) -> AgentRunResult[Any]:
-        """Save the final history if no boundary saved it, append `run_completed`, flush the run."""
-        await self._run.complete(ctx, result)
+        """Save the final history if no boundary saved it, append `run_completed`, flush the run.
+
+        A run that ends with `DeferredToolRequests` ends `run_waiting`, its history saved (`_ends.complete`).
+        """
+        await _ends.complete(self._run, ctx, result)
         return result
 
     async def on_run_error(self, ctx: RunContext[AgentDepsT], *, error: BaseException) -> AgentRunResult[Any]:
@@ -321,7 +333,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         `EventLog` keeps it and sends it once the broker is back; the run's own error wins either
         way, with a note saying what could not be recorded.
         """
-        await self._run.fail(ctx, error, capture_frontier=self.capture_frontier)
+        await _ends.fail(self._run, ctx, error, capture_frontier=self.capture_frontier)
         raise error
 
     # -- model requests ----------------------------------------------------------------------
@@ -362,11 +374,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         self, ctx: RunContext[AgentDepsT], *, call: ToolCallPart, tool_def: ToolDefinition, args: Any
     ) -> Any:
         """Write ahead: the `started` transition is acknowledged before the tool body runs."""
-        run = self._run
-        await run.effect(call, 'started')
-        await run.event(ctx, 'tool_call_started', tool_call_id=call.tool_call_id, tool_name=call.tool_name)
-        await run.durable(ctx)
-        run.open_calls[call.tool_call_id] = time.perf_counter_ns()
+        await _calls.started(self._run, ctx, call)
         return args
 
     async def after_tool_execute(
@@ -379,16 +387,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         result: Any,
     ) -> Any:
         """Append the `completed` transition and event (acknowledged with the next snapshot)."""
-        run = self._run
-        duration_us = run.tool_duration(call)
-        await run.effect(call, 'completed')
-        await run.event(
-            ctx,
-            'tool_call_completed',
-            tool_call_id=call.tool_call_id,
-            tool_name=call.tool_name,
-            duration_us=duration_us,
-        )
+        await _calls.completed(self._run, ctx, call)
         return result
 
     async def on_tool_execute_error(
@@ -401,7 +400,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         error: Exception,
     ) -> Any:
         """Append the `failed` transition and event, then re-raise."""
-        await self._run.tool_failed(ctx, call, error)
+        await _calls.failed(self._run, ctx, call, error)
         raise error
 
     async def wrap_tool_execute(
@@ -413,19 +412,13 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         args: ValidatedToolArgs,
         handler: WrapToolExecuteHandler,
     ) -> Any:
-        """Record a body that ended by asking the model to retry (`ModelRetry`) or by `ToolFailed`.
+        """Record a body that asked the model to retry, ended with `ToolFailed`, or deferred its call.
 
         Pydantic AI treats those as control flow and calls neither `after_tool_execute` nor
         `on_tool_execute_error` for them; without this the call's effect would stay `started`
-        (`unknown_after_crash`) although its body ended, and its end would not be timed.
+        (`unknown_after_crash`) although its body ended (`_calls.execute`).
         """
-        try:
-            return await handler(args)
-        except (ModelRetry, ToolFailed, ToolRetryError, ToolFailedError) as error:
-            run = self._run
-            if call.tool_call_id in run.open_calls:
-                await run.tool_failed(ctx, call, error)
-            raise
+        return await _calls.execute(self._run, ctx, call, args, handler)
 
     async def annotate(
         self,

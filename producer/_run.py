@@ -10,7 +10,6 @@ there); the writer calls them through the bound methods it is given.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import time
 from collections.abc import Callable, Sequence
@@ -21,7 +20,6 @@ from typing import Any, Literal, Protocol
 from opentelemetry import trace
 from pydantic_ai import CapabilityEvent
 from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart
-from pydantic_ai.run import AgentRunResult
 from pydantic_ai.tools import RunContext
 
 from stepstream.media import Offloaded
@@ -29,9 +27,10 @@ from stepstream.producer._definitions import Definitions
 from stepstream.producer._engines import ATTEMPT_KEY, Attempt, in_temporal_workflow
 from stepstream.producer._liveness import OpenRun
 from stepstream.producer._protocol import Ack, StepLog
-from stepstream.producer._redaction import REDACTION_KEY, Redaction
+from stepstream.producer._redaction import Redaction
 from stepstream.producer._snapshots import SnapshotWriter
 from stepstream.schemas import (
+    Deferral,
     EventKind,
     LogRecord,
     ModelUsage,
@@ -125,6 +124,10 @@ class RunWriter:
     open: OpenRun | None = None
     """This run in its log's liveness keeper, from `run_started` until its end is appended."""
     ended_by_process: bool = False
+    ended: bool = False
+    """The run's end is decided (`_ends`): no other end is written for it."""
+    deferred: set[str] = field(default_factory=set)
+    """Tool calls recorded as `deferred` (`_calls.deferred`), each once."""
 
     # -- appending ---------------------------------------------------------------------------
 
@@ -258,13 +261,19 @@ class RunWriter:
     async def effect(
         self,
         call: ToolCallPart,
-        status: Literal['started', 'annotated', 'completed', 'failed'],
+        status: Literal['started', 'annotated', 'completed', 'failed', 'deferred'],
         *,
         idempotency_key: str | None = None,
         effect_summary: str | None = None,
         error: str | None = None,
+        deferral: Deferral | None = None,
+        args: str | None = None,
+        deferral_metadata: str | None = None,
     ) -> None:
-        """Append the call's tool-effect transition to `status`."""
+        """Append the call's tool-effect transition to `status`.
+
+        `deferral`, `args` and `deferral_metadata` are a `deferred` transition's (`_calls.deferred`).
+        """
         record = _new_transition(
             run_id=self.run_id,
             seq=self.seq,
@@ -280,28 +289,11 @@ class RunWriter:
             effect_summary=self.redaction.text(effect_summary),
             error=self.redaction.text(error),
             prev_hash=self.head,
+            deferral=deferral,
+            args=args,
+            deferral_metadata=deferral_metadata,
         )
         await self.append(record)
-
-    # -- tools -------------------------------------------------------------------------------
-
-    async def tool_failed(self, ctx: RunContext[Any], call: ToolCallPart, error: BaseException) -> None:
-        """Append the call's `failed` transition and its `tool_call_failed` event."""
-        duration_us = self.tool_duration(call)
-        await self.effect(call, 'failed', error=repr(error))
-        await self.event(
-            ctx,
-            'tool_call_failed',
-            tool_call_id=call.tool_call_id,
-            tool_name=call.tool_name,
-            error=repr(error),
-            duration_us=duration_us,
-        )
-
-    def tool_duration(self, call: ToolCallPart) -> int | None:
-        """How long the call's body ran, in microseconds; None for a call not recorded as started."""
-        started = self.open_calls.pop(call.tool_call_id, None)
-        return None if started is None else (time.perf_counter_ns() - started) // 1000
 
     # -- liveness ----------------------------------------------------------------------------
 
@@ -417,67 +409,6 @@ class RunWriter:
                 state=state,
             )
         )
-
-    # -- run lifecycle -----------------------------------------------------------------------
-
-    async def start(self, ctx: RunContext[Any]) -> None:
-        """`before_run`: append `run_started` and wait for the broker, then open the run's liveness."""
-        self.conversation_id = ctx.conversation_id
-        await self.event(ctx, 'run_started', metadata={**self.metadata, REDACTION_KEY: self.redaction.label})
-        try:
-            await self.durable(ctx)
-        except Exception as error:
-            # Pydantic AI does not call `on_run_error` for a failure in `before_run`.
-            await self.record_failure(ctx, error, repr(error))
-            raise
-        # Acknowledged, so heartbeats never reach the log before the run they speak for.
-        self.open = self.log.liveness.open(self.run_id, heartbeat=self.heartbeat, end=self.end_by_process)
-
-    async def complete(self, ctx: RunContext[Any], result: AgentRunResult[Any]) -> None:
-        """`after_run`: the final history unless a boundary saved it, `run_completed`, a durability point."""
-        step = self.last_snapshot_step if self.last_snapshot_step is not None else ctx.run_step
-        await self.snapshot(ctx, result.all_messages(), step, settled_only=True, changed_only=True)
-        self.close_liveness()
-        await self.event(ctx, 'run_completed')
-        await self.durable(ctx)
-
-    async def fail(self, ctx: RunContext[Any], error: BaseException, *, capture_frontier: bool) -> None:
-        """`on_run_error`: the live history at failure (if it holds a response), then `run_failed`."""
-        reason = repr(error)
-        if self.live is not None:
-            live, step_index = self.live
-            messages = list(live)
-            has_response = any(isinstance(m, ModelResponse) for m in messages)
-            if has_response or (capture_frontier and messages):
-                try:
-                    await self.snapshot(ctx, messages, step_index)
-                except Exception as snapshot_error:
-                    error.add_note(
-                        f'stepstream could not save or confirm the failure snapshot: {snapshot_error}'
-                    )
-                    reason = f'{reason} (failure snapshot: {snapshot_error!r})'
-        await self.record_failure(ctx, error, reason)
-
-    async def record_failure(self, ctx: RunContext[Any], error: BaseException, reason: str) -> None:
-        """Append `run_failed` (`run_cancelled` for a cancelled task); say so on `error` if unconfirmed.
-
-        Cancellation is not a failure of the run: whoever cancelled it decided so, and views show
-        `cancelled` rather than an error to investigate.
-        """
-        if len(reason) > MAX_ERROR_CHARS:  # an error text must not make the failure record too large
-            reason = f'{reason[:MAX_ERROR_CHARS]}... ({len(reason) - MAX_ERROR_CHARS} more characters)'
-        kind: EventKind = 'run_cancelled' if isinstance(error, asyncio.CancelledError) else 'run_failed'
-        self.close_liveness()
-        if self.ended_by_process:
-            return  # its process already wrote the end (`EventLog.close`, SIGTERM)
-        try:
-            await self.event(ctx, kind, error=reason)
-            await self.durable(ctx)
-        except Exception as log_error:
-            error.add_note(
-                f'stepstream could not confirm the failure record ({log_error}); it is kept and sent again '
-                'while the EventLog stays open'
-            )
 
 
 def _usage_of(response: ModelResponse) -> ModelUsage:

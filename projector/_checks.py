@@ -18,6 +18,7 @@ from stepstream.media import is_media_uri
 from stepstream.projector._batch import EVENTS, Rejected, RunKeys, SourceRecord
 from stepstream.projector._usage import check_usage
 from stepstream.schemas import (
+    DEFERRALS,
     EVENT_KINDS,
     MAX_NOTE_CHARS,
     RECORD_TYPES,
@@ -100,6 +101,7 @@ def check_record(source: SourceRecord, keys: RunKeys, topics: tuple[str, str], p
         )
     else:
         _check_resolution(record)
+        _check_deferral(record)
     return record
 
 
@@ -126,6 +128,30 @@ def _check_event(event: Fields) -> None:
     bad = next((uri for uri in snap['media'] or () if not is_media_uri(uri)), None)
     if bad is not None:
         raise Rejected('invalid', f'snapshot media lists {bad[:100]!r}, which is not a media+sha256:// URI')
+
+
+def _check_deferral(t: Fields) -> None:
+    """A `deferred` transition says what it waits for, with JSON arguments and metadata; no other has them."""
+    if t['status'] != 'deferred':
+        if t['deferral'] is not None or t['args'] is not None or t['deferral_metadata'] is not None:
+            raise Rejected(
+                'invalid', 'deferral, args and deferral_metadata belong to deferred transitions only'
+            )
+        return
+    if t['deferral'] not in DEFERRALS:
+        raise Rejected(
+            'invalid', f'a deferred call waits for approval, question or external, not {t["deferral"]!r:.80}'
+        )
+    for name, want in (('args', dict), ('deferral_metadata', object)):
+        text = t[name]
+        if text is None:
+            continue
+        try:
+            value = json.loads(text)
+        except ValueError:
+            raise Rejected('invalid', f"a deferred call's {name} is not JSON") from None
+        if not isinstance(value, want):
+            raise Rejected('invalid', f"a deferred call's {name} is not a JSON object")
 
 
 def _check_resolution(t: Fields) -> None:

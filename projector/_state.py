@@ -230,6 +230,12 @@ class EffectState(_Json):
     answers), `resolution`, `resolved_by`, `writer_id`, `at` (micros), `note`."""
     resolved_offset: int = -1
     """The offset of the resolution that decides the status, or -1."""
+    deferral: str | None = None
+    """`approval` or `external` while `deferred` decides the status (from that transition)."""
+    args: str | None = None
+    """The deferred call's arguments (JSON, redacted), from the `deferred` transition."""
+    deferral_metadata: str | None = None
+    """What the tool gave when it deferred (JSON), from the `deferred` transition."""
 
     @property
     def unresolved(self) -> bool:

@@ -24,7 +24,12 @@ from stepstream.projector._tool_effects import withdraw_transition
 from stepstream.projector._usage import TIMED_KINDS, add_usage
 from stepstream.schemas import Fields
 
-TERMINAL_KINDS = {'run_completed': 'completed', 'run_failed': 'failed', 'run_cancelled': 'cancelled'}
+TERMINAL_KINDS = {
+    'run_completed': 'completed',
+    'run_failed': 'failed',
+    'run_cancelled': 'cancelled',
+    'run_waiting': 'waiting',
+}
 
 
 def register(txn: Transaction, started: Fields) -> RunState:
@@ -81,7 +86,7 @@ def apply_event(
         rules.retention.referenced(txn, run.run_id, snapshot_media(snap['messages'], snap['media']))
     kind = event['kind']
     if kind in TERMINAL_KINDS:
-        if rules.retention is not None:
+        if rules.retention is not None and kind != 'run_waiting':  # a run that waits is kept while it waits
             rules.retention.ended(txn, keys.home, run.run_id, event['timestamp'])
         if seq > run.terminal_seq:
             run.terminal_seq = seq

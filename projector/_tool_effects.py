@@ -187,6 +187,10 @@ def _merge(effect: EffectState, t: Fields) -> None:
     if status != 'annotated' and seq > effect.status_seq:
         effect.status, effect.status_seq, effect.error = status, seq, t['error']
         effect.ended_at = None if status == 'started' else ts
+        deferred = status == 'deferred'  # what it waits for, kept while it decides the status
+        effect.deferral = t['deferral'] if deferred else None
+        effect.args = t['args'] if deferred else None
+        effect.deferral_metadata = t['deferral_metadata'] if deferred else None
     idempotency_key = t['idempotency_key']
     if idempotency_key is not None and seq > effect.idempotency_key_seq:
         effect.idempotency_key, effect.idempotency_key_seq = idempotency_key, seq

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from stepstream.schemas._plain import RECORD_TYPES, STEP_EVENTS, TOOL_EFFECTS, Fields, read_record
 from stepstream.schemas._types import (
     CHAIN_STATUSES,
+    DEFERRALS,
     EVENT_KINDS,
     MAX_NOTE_CHARS,
     RESOLUTIONS,
@@ -48,6 +49,7 @@ from stepstream.schemas._types import (
     UNCHAINED_KINDS,
     ChainStatus,
     ContinuableSnapshot,
+    Deferral,
     EffectResolution,
     EventKind,
     LogRecord,
@@ -68,6 +70,7 @@ from stepstream.schemas._types import (
 __all__ = [
     'CHAIN_STATUSES',
     'CONFLUENT_MAGIC',
+    'DEFERRALS',
     'EVENT_KINDS',
     'MAGIC',
     'MAX_NOTE_CHARS',
@@ -83,6 +86,7 @@ __all__ = [
     'UNCHAINED_KINDS',
     'ChainStatus',
     'ContinuableSnapshot',
+    'Deferral',
     'EffectResolution',
     'EventKind',
     'Fields',

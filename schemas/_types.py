@@ -24,12 +24,14 @@ EventKind = Literal[
     'run_completed',
     'run_failed',
     'run_cancelled',
+    'run_waiting',
     'model_request_started',
     'model_request_completed',
     'model_request_failed',
     'tool_call_started',
     'tool_call_completed',
     'tool_call_failed',
+    'tool_call_deferred',
     'snapshot_saved',
     'run_heartbeat',
     'chain_signed',
@@ -46,12 +48,22 @@ UNCHAINED_KINDS = frozenset({'run_heartbeat', 'chain_signed'})
 
 EVENT_KINDS: frozenset[str] = frozenset(EventKind.__args__)  # type: ignore[attr-defined]
 
-ToolEffectStatus = Literal['started', 'annotated', 'completed', 'failed', 'resolved']
+ToolEffectStatus = Literal['started', 'annotated', 'completed', 'failed', 'resolved', 'deferred']
 """A tool call's effect status. `started` as the latest transition means the call has not ended:
 `in_flight` while its run is live, `unknown_after_crash` once it is not;
-`resolved` (schema v2) is an operator's answer to that: the effect `happened` or `did_not_happen`."""
+`resolved` (schema v2) is an operator's answer to that: the effect `happened` or `did_not_happen`;
+`deferred` (schema v4): the call waits for a person's approval, an answer or an outside system's
+result (`Deferral`), which its run ended without: never in doubt (docs/decisions/0052-deferred-calls.md)."""
 
 TOOL_EFFECT_STATUSES: frozenset[str] = frozenset(ToolEffectStatus.__args__)  # type: ignore[attr-defined]
+
+Deferral = Literal['approval', 'question', 'external']
+"""What a `deferred` call waits for, as Pydantic AI's `DeferredToolKind` says: `approval`
+(`requires_approval=True`, `ApprovalRequired`: a person decides whether it runs), `question`
+(`CallDeferred(kind='question')`: someone gives the content it asks for) or `external` (`CallDeferred`:
+an outside system gives its result)."""
+
+DEFERRALS: frozenset[str] = frozenset(Deferral.__args__)  # type: ignore[attr-defined]
 
 SnapshotState = Literal['complete', 'interrupted']
 """`complete`: every tool call has its result. `interrupted`: captured with tool work open."""
@@ -64,9 +76,11 @@ RESOLUTIONS: frozenset[str] = frozenset(Resolution.__args__)  # type: ignore[att
 MAX_NOTE_CHARS = 4000
 """The longest note a resolution may carry; the projector refuses longer ones as `invalid`."""
 
-RunStatus = Literal['running', 'stale', 'completed', 'failed', 'cancelled']
+RunStatus = Literal['running', 'stale', 'waiting', 'completed', 'failed', 'cancelled']
 """A run's status. `stale` is never stored: a reader derives it from a `running` run's last record
-time (its writer's heartbeats included, docs/decisions/0026-writer-liveness.md)."""
+time (its writer's heartbeats included, docs/decisions/0026-writer-liveness.md). `waiting`: the run
+ended with `DeferredToolRequests`, its deferred calls waiting for a decision or a result; its last
+snapshot holds the history to resume from (docs/decisions/0052-deferred-calls.md)."""
 
 RUN_STATUSES: tuple[str, ...] = RunStatus.__args__  # type: ignore[attr-defined]
 """Every `RunStatus`, in the order the views show them."""
@@ -207,6 +221,12 @@ class ToolEffectTransition:
     )
     """Since schema v3: SHA-256 (hex) of the Avro body of the run's previous record (`chain_hash`); None on
     a run's first record, heartbeats and resolutions, and from earlier writers (unchained)."""
+    deferral: Deferral | None = None
+    """Since schema v4, `deferred` only: `approval`, `question` or `external`."""
+    args: str | None = None
+    """Since schema v4, `deferred` only: the call's arguments as a JSON object, redacted."""
+    deferral_metadata: str | None = None
+    """Since schema v4, `deferred` only: the metadata the tool deferred with (JSON), or None."""
 
 
 LogRecord = StepEvent | ToolEffectTransition
@@ -377,7 +397,8 @@ class ToolEffectRecord:
     tool_call_id: str
     tool_name: str
     status: ToolEffectStatus
-    """started | annotated | completed | failed | resolved (by an operator)."""
+    """started | annotated | completed | failed | resolved (by an operator) | deferred (waits for an
+    approval or an outside result: never in doubt)."""
     in_flight: bool = False
     """Not ended (`started`) and its run is live: the call may still finish. Read, never stored."""
     started_at: datetime | None = None
@@ -390,6 +411,13 @@ class ToolEffectRecord:
     """The operator's resolution that decides the status (`resolved`), if any."""
     resolutions: list[EffectResolution] = field(default_factory=_no_resolutions)
     """Every resolution written for this call, oldest first: the audit trail."""
+    deferral: Deferral | None = None
+    """For a `deferred` call: what it waits for: `approval` (a person decides whether it runs),
+    `question` (someone gives the content it asks for) or `external` (an outside system gives its result)."""
+    args: str | None = None
+    """For a `deferred` call: its arguments as a JSON object, redacted as stored."""
+    deferral_metadata: str | None = None
+    """For a `deferred` call: the metadata its tool gave when it deferred, as JSON (None for none)."""
     status_seq: int = field(
         default=-1, metadata=internal("what a resolution answers: the resolution's `resolves_seq` shows it")
     )
