@@ -15,8 +15,8 @@ See docs/replay.md for the workflow and the normalisation rules.
 from stepstream.replay._fork import fork_run_from_step
 from stepstream.replay._pytest import assert_replays, recorded_runs
 from stepstream.replay._recording import NotReplayable, Recording, load_recording
-from stepstream.replay._replayer import replay_run
 from stepstream.replay._report import Divergence, ReplayReport
+from stepstream.replay._run import replay_run
 
 __all__ = [
     'Divergence',

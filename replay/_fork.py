@@ -15,8 +15,9 @@ from pydantic_ai import Agent
 
 from stepstream.ids import to_run_id
 from stepstream.producer import FORKED_AT_STEP, FORKED_FROM, StepLog, StepPersistence
-from stepstream.replay._replayer import Replayer, decide, execute, recording_or_report
+from stepstream.replay._replayer import Replayer
 from stepstream.replay._report import ReplayReport, ToolMode
+from stepstream.replay._run import decide, execute, recording_or_report
 
 
 async def fork_run_from_step(

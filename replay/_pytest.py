@@ -19,8 +19,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from stepstream.replay._replayer import replay_run
 from stepstream.replay._report import ReplayReport, ToolMode
+from stepstream.replay._run import replay_run
 from stepstream.settings import Settings
 
 

@@ -25,9 +25,12 @@ class Divergence:
     step: int
     """The step as the log numbers it (`step_index`: the model request it happened in or after)."""
     kind: str
-    """`instructions`, `request_content`, `tool_name`, `tool_arguments`, `tool_result`,
-    `final_output`, `extra_request` (the code made a request the recording does not have),
-    `missing_request` (a recorded request the code did not make) or `error` (the code raised)."""
+    """`instructions`, `tool_definitions`, `output_type`, `settings`, `request_content`, `response`
+    (the response that entered the history, after the code's capabilities, is not the recorded
+    one), `tool_name`, `tool_arguments` (a call's arguments differ from the recorded call's: changed
+    by a capability, or refused by the tool), `tool_result`, `final_output`, `extra_request` (the
+    code made a request the recording does not have), `missing_request` (a recorded request the
+    code did not make) or `error` (the code raised)."""
     detail: str
     recorded: Any = None
     replayed: Any = None

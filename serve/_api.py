@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from stepstream.console import VIEW_HEADER, ViewArgs, show
 from stepstream.errors import NotFound
+from stepstream.schemas import ChainStatus, RunStatus
 from stepstream.serve._models import (
     Counts,
     DeadLetters,
@@ -51,10 +52,10 @@ async def list_runs(
     request: Request,
     conversation_id: str | None = None,
     parent_run_id: str | None = None,
-    status: Literal['running', 'stale', 'completed', 'failed', 'cancelled'] | None = None,
+    status: RunStatus | None = None,
     agent_name: str | None = None,
     chain: Annotated[
-        Literal['intact', 'broken', 'unchained'] | None,
+        ChainStatus | None,
         Query(description='Only runs whose hash chain reads so (`broken`: an index of its own).'),
     ] = None,
     order: Annotated[
@@ -159,8 +160,9 @@ async def lineage(request: Request, run_id: RunId) -> Lineage:
         400: {'model': Problem, 'description': 'A note of blanks, or an operator name the log refuses.'},
         409: {
             'model': Problem,
-            'description': 'The effect is not unknown_after_crash: it ended, was resolved, or is still '
-            'in flight (its run is live; `force` overrides that).',
+            'description': 'The effect is not unknown_after_crash: it ended, was resolved, is deferred '
+            '(it waits for a decision or a result), or is still in flight (its run is live; `force` '
+            'overrides that, never the others).',
         },
     },
 )
@@ -275,7 +277,6 @@ async def media(
     return Response(data, media_type=media_type if safe else 'application/octet-stream', headers=headers)
 
 
-ConsoleStatus = Literal['running', 'stale', 'completed', 'failed', 'cancelled']
 CONSOLE_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {
         'content': {'text/plain': {'schema': {'type': 'string'}}},
@@ -297,9 +298,9 @@ async def console(
     view: Annotated[Literal['runs', 'unresolved', 'conflicts'], Path(description='The view.')],
     conversation_id: str | None = None,
     parent_run_id: str | None = None,
-    status: ConsoleStatus | None = None,
+    status: RunStatus | None = None,
     agent_name: str | None = None,
-    chain: Literal['intact', 'broken', 'unchained'] | None = None,
+    chain: ChainStatus | None = None,
     json: bool = False,
     limit: Annotated[int | None, Query(ge=1, le=1000, description='`runs`: the page size (50).')] = None,
     after: Annotated[str | None, Query(description='`runs`: the page after this run.')] = None,

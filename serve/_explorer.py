@@ -18,12 +18,13 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
+from stepstream.console import waits_for
 from stepstream.errors import NotFound
 from stepstream.producer import FORKED_FROM
 from stepstream.schemas import CHAIN_STATUSES, RUN_STATUSES
 from stepstream.serve._auth import TOKEN_COOKIE, token_matches
 from stepstream.serve._models import Run
-from stepstream.serve._run_view import duration_ms, millis, money, tool_io, totals, waterfall
+from stepstream.serve._run_view import duration_ms, json_text, millis, money, tool_io, totals, waterfall
 from stepstream.serve._source import Source
 from stepstream.serve._views import diff, message_views
 
@@ -51,6 +52,8 @@ templates.env.globals['trace_href'] = trace_href
 templates.env.globals['ago'] = ago
 templates.env.globals['millis'] = millis
 templates.env.globals['money'] = money
+templates.env.globals['json_text'] = json_text
+templates.env.globals['waits_for'] = waits_for
 router = APIRouter(include_in_schema=False, default_response_class=HTMLResponse)
 
 
@@ -167,7 +170,11 @@ def _started(run: Run) -> tuple[str, str]:
 
 @router.get('/runs/{run_id}')
 async def run(request: Request, run_id: str) -> Response:
-    """A run: status, lineage, the timeline of its steps and effects, its snapshots."""
+    """A run: status, lineage, the timeline of its steps and effects, its snapshots.
+
+    Its calls in doubt come first, each with a Resolve form; then those in flight, and those
+    deferred (each saying what it waits for, with its arguments), neither of which can be resolved.
+    """
     source = _source(request)
     record = await source.run(run_id)
     lineage = await source.lineage(run_id)
@@ -204,6 +211,7 @@ async def run(request: Request, run_id: str) -> Response:
         spans=waterfall(record, events, by_call, io, now),
         unknown=[e for e in effects if e.unknown_after_crash],
         in_flight=[e for e in effects if e.in_flight],
+        deferred=[e for e in effects if e.status == 'deferred'],
         snapshots=snapshots,
         latest=latest,
     )

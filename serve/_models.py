@@ -187,8 +187,8 @@ class ToolEffect(FromRecord, _ToolEffectRecord):
     """The merged state of one tool call's side effect."""
 
     unknown_after_crash: bool = Field(
-        description='No terminal transition and its run is not live (stale, failed or cancelled): '
-        'the side effect may or may not have happened.'
+        description='No terminal transition and its run is not live (stale or ended): the side effect '
+        'may or may not have happened. Never a `deferred` call: it waits, it is not in doubt.'
     )
 
 

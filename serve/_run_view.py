@@ -7,6 +7,7 @@ Spans are placed on the run's own clock: milliseconds since its `run_started`.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
@@ -39,7 +40,8 @@ class Span:
     duration_ms: float | None
     """None while it has not ended (in flight, or never to end: its process died)."""
     status: str
-    """`completed`, `failed`, or for a call without an end its effect's doubt (`in_flight`, ...)."""
+    """`completed`, `failed`, `deferred` (a call that waits for a decision or a result), or for a call
+    without an end its effect's doubt (`in_flight`, ...)."""
     seq: int
     step_index: int
     tool_call_id: str | None = None
@@ -115,6 +117,14 @@ def tool_io(messages: list[ModelMessage]) -> dict[str, ToolIO]:
     return found
 
 
+TOOL_ENDS = {
+    'tool_call_completed': 'completed',
+    'tool_call_failed': 'failed',
+    'tool_call_deferred': 'deferred',
+}
+"""The events that end a tool call's bar, and the status each gives it."""
+
+
 def waterfall(
     run: Run, events: list[Event], effects: dict[str, ToolEffect], io: dict[str, ToolIO], now: datetime
 ) -> list[Span]:
@@ -150,34 +160,51 @@ def waterfall(
                 found.input_tokens, found.output_tokens = ev.usage.input_tokens, ev.usage.output_tokens
                 found.cost_usd = ev.usage.cost_usd
         elif ev.kind == 'tool_call_started' and ev.tool_call_id is not None:
-            effect = effects.get(ev.tool_call_id)
-            status = 'in_flight'
-            if effect is not None and effect.unknown_after_crash:
-                status = 'unknown_after_crash'
-            span = Span(
-                'tool',
-                ev.tool_name or 'tool',
-                ms(ev.timestamp),
-                None,
-                status,
-                ev.seq,
-                ev.step_index,
-                tool_call_id=ev.tool_call_id,
-                io=io.get(ev.tool_call_id),
-                effect=effect,
-            )
+            span = _tool_span(ev, ms(ev.timestamp), effects, io)
             open_calls[ev.tool_call_id] = span
             spans.append(span)
-        elif ev.kind in ('tool_call_completed', 'tool_call_failed') and ev.tool_call_id is not None:
+        elif ev.kind in TOOL_ENDS and ev.tool_call_id is not None:
             call = open_calls.pop(ev.tool_call_id, None)
+            if call is None and ev.kind == 'tool_call_deferred':  # deferred before it ran: an approval
+                call = _tool_span(ev, ms(ev.timestamp), effects, io)
+                spans.append(call)
             if call is None:
                 continue
             took = ev.duration_us / 1000 if ev.duration_us is not None else None
             call.duration_ms = took if took is not None else ms(ev.timestamp) - call.start_ms
-            call.status = 'completed' if ev.kind == 'tool_call_completed' else 'failed'
+            call.status = TOOL_ENDS[ev.kind]
             call.error = ev.error
     _place(spans, duration_ms(run, now) or 0.0)
     return spans
+
+
+def _tool_span(ev: Event, start_ms: float, effects: dict[str, ToolEffect], io: dict[str, ToolIO]) -> Span:
+    """A tool call's bar from its first event: in flight (or in doubt) until an end says otherwise."""
+    call = ev.tool_call_id or ''
+    effect = effects.get(call)
+    status = 'unknown_after_crash' if effect is not None and effect.unknown_after_crash else 'in_flight'
+    return Span(
+        'tool',
+        ev.tool_name or 'tool',
+        start_ms,
+        None,
+        status,
+        ev.seq,
+        ev.step_index,
+        tool_call_id=ev.tool_call_id,
+        io=io.get(call),
+        effect=effect,
+    )
+
+
+def json_text(text: str | None) -> str:
+    """Stored JSON text (a deferred call's arguments, metadata) indented for a person; as is if not JSON."""
+    if text is None:
+        return '—'
+    try:
+        return pretty(json.loads(text))
+    except ValueError:
+        return text
 
 
 def _place(spans: list[Span], run_ms: float) -> None:

@@ -43,6 +43,8 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from stepstream.schemas import RUN_STATUSES
+
 log = logging.getLogger('stepstream.metrics')
 
 Kind = Literal['counter', 'gauge', 'histogram']
@@ -175,7 +177,7 @@ CATALOGUE: dict[str, Metric] = {
         Metric(
             'stepstream_runs',
             'gauge',
-            "Runs in this process's shards by status (running, stale, completed, failed, cancelled).",
+            f"Runs in this process's shards by status ({', '.join(RUN_STATUSES)}).",
             'projector',
             ('status',),
         ),

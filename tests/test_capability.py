@@ -92,7 +92,7 @@ async def test_events_carry_lineage_metadata_and_step(
     reader = await settle(event_log, projector)
     [run] = await reader.list_runs(conversation_id='conv-meta')
     assert run.run_id == f'librarian-{result.run_id}'
-    assert run.metadata == {'team': 'docs', REDACTION_KEY: 'default/1'}  # the policy that wrote it
+    assert run.metadata == {'team': 'docs', REDACTION_KEY: 'default/2'}  # the policy that wrote it
     events = await reader.list_events(run.run_id)
     assert events[0].metadata == run.metadata
     assert all(e.metadata == {'team': 'docs'} and e.agent_name == 'librarian' for e in events[1:])

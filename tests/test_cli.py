@@ -23,6 +23,7 @@ from stepstream.service_log import BrokerLossLog
 
 from agents import calls_then_answers
 from brokers import tansu_only
+from deferred_runs import run_until_waiting
 
 pytestmark = pytest.mark.broker
 
@@ -216,6 +217,34 @@ async def test_cancelled_and_stale_runs_in_every_view(
     assert [r['run_id'] for r in json.loads(out)] == ['ghost']
     code, out, _ = await cli(settings, db_path, 'tree', 'ghost', '--stale-after-s', '0')
     assert out.strip() == 'ghost  [-, stale]'
+
+
+async def test_a_waiting_run_and_its_deferred_calls_in_every_view(
+    settings: Settings, event_log: EventLog, projector: Projector, db_path: Path
+) -> None:
+    await run_until_waiting(event_log, 'wx')
+    await projector.wait_for(await event_log.flush())
+
+    code, out, err = await cli(settings, db_path, 'runs', '--status', 'waiting', '--json')
+    assert code == 0, err
+    assert [(r['run_id'], r['status']) for r in json.loads(out)] == [('wx', 'waiting')]
+    code, out, _ = await cli(settings, db_path, 'status')
+    assert code == 0 and 'runs: 1 (running 0, stale 0, waiting 1, completed 0, failed 0, cancelled 0)' in out
+    assert 'tool calls in doubt: 0' in out
+
+    # The ledger says what each deferred call waits for, with its arguments; none is in doubt.
+    code, out, _ = await cli(settings, db_path, 'effects', 'wx')
+    rows = {line.split()[0]: line.split()[2:4] for line in out.splitlines()[2:6]}
+    assert rows.pop('call-lookup')[0] == 'completed'
+    assert rows == {
+        'call-refund': ['deferred', '(approval)'],
+        'call-ask': ['deferred', '(question)'],
+        'call-export': ['deferred', '(external)'],
+    }
+    assert 'call-export: waits for an outside system\'s result; arguments {"table":"orders"}' in out
+    for view in (['unresolved'], ['unresolved', 'wx']):
+        code, out, _ = await cli(settings, db_path, *view, '--json')
+        assert (code, json.loads(out)) == (0, []), view
 
 
 def _started(run_id: str, settings: Settings) -> StepEvent:

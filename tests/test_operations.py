@@ -31,6 +31,7 @@ from stepstream.serve import app_for, running
 from stepstream.topics import ensure_topics, log_end_offsets
 
 from agents import answers
+from deferred_runs import run_until_waiting
 from processes import free_port
 from waits import until
 
@@ -164,6 +165,7 @@ async def test_a_projector_process_counts_what_the_log_holds(
         )
 
         await run_agents(event_log, 5, 'ops')
+        await run_until_waiting(event_log, 'ops-waiting')  # three calls deferred: none in doubt
         await send_garbage(settings)
         await crash_a_writer(settings, 'ops-crashed', client, url)
         applied = {(settings.step_events_topic, p): 0 for p in range(settings.partitions)} | {
@@ -190,8 +192,10 @@ async def test_a_projector_process_counts_what_the_log_holds(
     assert total(samples, 'stepstream_projector_lag_seconds') == 0
     assert value(samples, 'stepstream_projector_batch_apply_seconds_count') >= 1
     assert value(samples, 'stepstream_projector_freshness_seconds_count') >= 1
-    # Five runs completed; the killed writer's run went stale, its tool call in doubt.
+    # Five runs completed and one waits on its deferred calls; the killed writer's run went stale,
+    # its tool call the one in doubt (the deferred calls are in neither state).
     assert value(samples, 'stepstream_runs', status='completed') == 5
+    assert value(samples, 'stepstream_runs', status='waiting') == 1
     assert value(samples, 'stepstream_runs', status='stale') == 1
     assert value(samples, 'stepstream_runs', status='running') == 0
     assert value(samples, 'stepstream_effects_unresolved', state='in_flight') == 0

@@ -81,7 +81,7 @@ def formatted_secrets(tag: str) -> list[str]:
         f'xoxb-{tag}-{tag}',
         'AIza' + (tag * 5)[:35],
         f'eyJ{tag}.eyJ{tag}.{tag}sig',
-        f'-----BEGIN RSA PRIVATE KEY-----\nMIIE{tag}\n{tag}==\n-----END RSA PRIVATE KEY-----',
+        f'-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA{tag * 5}\n{tag}==\n-----END RSA PRIVATE KEY-----',
     ]
 
 
@@ -165,7 +165,7 @@ def test_no_secret_reaches_a_snapshot_or_its_media(
 
 def test_each_rule_says_what_it_replaced_and_keeps_the_rest() -> None:
     policy = Redaction()
-    assert policy.text('Authorization: Bearer abc.def-ghi_jkl') == f'Authorization: Bearer {REDACTED}'
+    assert policy.text('Authorization: Bearer abc.d3f-ghi_jkl') == f'Authorization: Bearer {REDACTED}'
     assert policy.text('postgres://app:hunter2hunter2@db:5432/x') == f'postgres://app:{REDACTED}@db:5432/x'
     assert policy.text('failed: password=correcthorse42; retry') == f'failed: password={REDACTED}; retry'
     assert policy.text('the token: is missing') == 'the token: is missing'  # too short to be one
@@ -204,10 +204,10 @@ def test_each_rule_says_what_it_replaced_and_keeps_the_rest() -> None:
     assert off.text('Bearer abcdefghijk') == 'Bearer abcdefghijk'
     assert off.metadata({'deploy_token': 'abc'}) == {'deploy_token': 'abc'}
     assert (policy.label, keyed.label, extended.label, custom.label, off.label) == (
-        'default/1',
-        'default+hmac/1',
-        'extended/1',
-        'default+redactor/1',
+        'default/2',
+        'default+hmac/2',
+        'extended/2',
+        'default+redactor/2',
         'off',
     )
     with pytest.raises(ValueError, match='is not RE2 syntax'):
@@ -215,10 +215,10 @@ def test_each_rule_says_what_it_replaced_and_keeps_the_rest() -> None:
 
 
 def test_the_settings_choose_the_policy() -> None:
-    assert Redaction.from_settings(Settings()).label == 'default/1'
+    assert Redaction.from_settings(Settings()).label == 'default/2'
     assert Redaction.from_settings(Settings(redaction='off')).label == 'off'
     extra = Redaction.from_settings(Settings(redaction_keys='pin, ssn', redaction_hash_key='k'))  # type: ignore[arg-type]
-    assert extra.label == 'extended+hmac/1' and extra.value({'ssn': 'x'})['ssn'].startswith('[redacted hmac')
+    assert extra.label == 'extended+hmac/2' and extra.value({'ssn': 'x'})['ssn'].startswith('[redacted hmac')
     with pytest.raises(ValueError, match='STEPSTREAM_REDACTION'):
         Settings(redaction='some')
     assert 'redaction_hash_key' not in repr(Settings(redaction_hash_key='k'))  # type: ignore[arg-type]
@@ -289,7 +289,7 @@ def test_a_run_with_secrets_leaves_none_in_the_log_and_completes_as_without_reda
         asyncio.run(projection.wait_for())
         reader = ProjectionReader(projection.shard, media_store=DiskMediaStore(Path(on_dir)))
         [run] = asyncio.run(reader.list_runs())
-        assert run.metadata[REDACTION_KEY] == 'default/1'
+        assert run.metadata[REDACTION_KEY] == 'default/2'
         latest = asyncio.run(reader.latest_snapshot(run.run_id))
         assert latest is not None
         shown = ModelMessagesTypeAdapter.dump_json(latest.messages).decode()  # offloaded values restored

@@ -34,6 +34,7 @@ async def until_run(projector: Projector, run_id: str) -> None:
 
 AGENTS = """
 from pydantic_ai import Agent
+from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import FunctionModel
 
@@ -45,8 +46,16 @@ def planned(messages, info):
     return ModelResponse(parts=[TextPart('done')])
 
 
-def make(instructions):
-    agent = Agent(FunctionModel(planned), instructions=instructions)
+class Reroute(AbstractCapability):
+    async def after_model_request(self, ctx, *, request_context, response):
+        for part in response.parts:
+            if isinstance(part, ToolCallPart) and part.args_as_dict() == {'topic': 'topic-0'}:
+                part.args = {'topic': 'topic-9'}
+        return response
+
+
+def make(instructions, capabilities=()):
+    agent = Agent(FunctionModel(planned), instructions=instructions, capabilities=list(capabilities))
 
     @agent.tool_plain
     def lookup(topic: str) -> str:
@@ -58,6 +67,7 @@ def make(instructions):
 agent = make('Answer from the tools.')
 newer = FunctionModel(lambda messages, info: ModelResponse(parts=[TextPart('newer answer')]))
 changed = make('Answer in one word.')
+rerouted = make('Answer from the tools.', [Reroute()])
 not_an_agent = 42
 """
 
@@ -116,6 +126,29 @@ async def test_replay_prints_matches_and_divergences_and_exits_by_them(
         f'diverged     {runs[1]} at step 1: instructions',
     ]
     assert lines[2] == '2 run(s): 0 matched, 2 diverged, 0 stopped in doubt, 0 erased'
+    # A capability now rewrites a call the model made (issue 47): the batch fails, naming the call's step.
+    code, out, _ = await cli(
+        settings,
+        db_path,
+        'replay',
+        '--agent-name',
+        'tides',
+        '--last',
+        '2',
+        '--agent',
+        'replay_agents:rerouted',
+    )
+    assert code == 1, out
+    assert out.splitlines()[:2] == [
+        f'diverged     {runs[2]} at step 1: tool_arguments',
+        f'diverged     {runs[1]} at step 1: tool_arguments',
+    ]
+    code, out, _ = await cli(
+        settings, db_path, 'replay', runs[0], '--agent', 'replay_agents:rerouted', '--tools', 'live', '--json'
+    )
+    divergence = json.loads(out)['divergence']
+    assert code == 1 and (divergence['kind'], divergence['tool_name']) == ('tool_arguments', 'lookup')
+    assert (divergence['recorded'], divergence['replayed']) == ({'topic': 'topic-0'}, {'topic': 'topic-9'})
     code, out, _ = await cli(
         settings, db_path, 'replay', '--conversation', 'conv-0', '--agent', 'replay_agents:agent'
     )

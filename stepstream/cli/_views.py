@@ -16,9 +16,10 @@ from stepstream.settings import Settings
 if TYPE_CHECKING:
     from stepstream.readmodel import ProjectionReader
 
-RUN_STATUSES = ('running', 'stale', 'completed', 'failed', 'cancelled')
+RUN_STATUSES = ('running', 'stale', 'waiting', 'completed', 'failed', 'cancelled')
 CHAIN_STATUSES = ('intact', 'broken', 'unchained')
-"""`schemas.RUN_STATUSES` and `CHAIN_STATUSES`, without importing the schemas (a command starts fast)."""
+"""`schemas.RUN_STATUSES` and `CHAIN_STATUSES`, without importing the schemas (a command starts fast:
+fastavro comes with them); tests/test_waiting_surfaces.py holds the copies equal."""
 
 
 def add_commands(command: Declare) -> None:
@@ -26,7 +27,11 @@ def add_commands(command: Declare) -> None:
     runs = command('runs', view, 'List runs, a page at a time: the newest first.')
     runs.add_argument('--conversation-id', help='only runs of this conversation')
     runs.add_argument('--parent-run-id', help='only direct children of this run')
-    runs.add_argument('--status', choices=RUN_STATUSES, help='only runs in this status')
+    runs.add_argument(
+        '--status',
+        choices=RUN_STATUSES,
+        help='only runs in this status (waiting: ended with deferred tool calls, to be resumed)',
+    )
     runs.add_argument('--agent-name', help='only runs of this agent')
     runs.add_argument(
         '--chain',
@@ -60,7 +65,8 @@ def add_commands(command: Declare) -> None:
     unresolved = command(
         'unresolved',
         view,
-        'List tool calls that have not ended: in_flight (run live) or unknown_after_crash, with run status.',
+        'List tool calls that have not ended: in_flight (run live) or unknown_after_crash, with run '
+        'status (a deferred call waits, it is not in doubt: `effects RUN` shows it).',
     )
     unresolved.add_argument('run_id', nargs='?', help='only this run (default: every run)')
     conflicts = command('conflicts', view, 'List run ids claimed by more than one writer.')

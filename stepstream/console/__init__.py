@@ -26,6 +26,7 @@ if TYPE_CHECKING:
         sweep_text,
         to_json,
         tree,
+        waits_for,
     )
     from stepstream.console._views import VIEWS, runs_after, show
 
@@ -46,6 +47,7 @@ _WHERE = {
     'sweep_text': _RENDER,
     'to_json': _RENDER,
     'tree': _RENDER,
+    'waits_for': _RENDER,
 }
 
 __all__ = [
@@ -64,6 +66,7 @@ __all__ = [
     'sweep_text',
     'to_json',
     'tree',
+    'waits_for',
 ]
 
 __getattr__ = lazy_exports(__name__, _WHERE)

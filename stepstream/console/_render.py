@@ -172,15 +172,32 @@ def effects_table(effects: Sequence[ToolEffectRecord]) -> str:
     return unresolved_table([UnresolvedEffect(e, None) for e in effects])
 
 
+WAITS_FOR = {
+    'approval': 'a person to approve or deny it (it has not run)',
+    'question': 'an answer to what it asks',
+    'external': "an outside system's result",
+}
+"""What a `deferred` call waits for, by its `deferral`, in words: its run resumes once it has it."""
+
+
+def waits_for(deferral: str | None) -> str:
+    """What a `deferred` call of this `deferral` waits for, for a person (`an outside system's result`)."""
+    return WAITS_FOR.get(deferral or '', 'a decision or a result')
+
+
 def ledger(effects: Sequence[ToolEffectRecord]) -> str:
-    """`stepstream effects RUN`: each call's effect, then every resolution written for it."""
+    """`stepstream effects RUN`: each call's effect, then what a deferred call waits for and every resolution.
+
+    A deferred call's status says its kind (`deferred (approval)`); a line under the table says
+    what it waits for, with its arguments and metadata as stored (redacted).
+    """
     if not effects:
         return 'no tool calls'
     rows = [
         (
             e.tool_call_id,
             e.tool_name,
-            effect_status(e),
+            f'deferred ({e.deferral})' if e.status == 'deferred' else effect_status(e),
             _time(e.started_at),
             _time(e.ended_at) if e.ended_at else None,
             e.idempotency_key,
@@ -192,6 +209,10 @@ def ledger(effects: Sequence[ToolEffectRecord]) -> str:
     headers = ['tool_call_id', 'tool', 'status', 'started', 'ended', 'idempotency_key', 'summary', 'error']
     lines = [table(headers, rows)]
     for e in effects:
+        if e.status == 'deferred':
+            metadata = f'; metadata {e.deferral_metadata}' if e.deferral_metadata is not None else ''
+            waits = f'waits for {waits_for(e.deferral)}; arguments {e.args or "{}"}{metadata}'
+            lines.append(f'{e.tool_call_id}: {waits}')
         for r in e.resolutions:
             applied = '' if r.applied else ' (history only: it does not decide the status)'
             lines.append(
@@ -250,8 +271,8 @@ def _content_text(content: Any) -> str:
 class UnresolvedEffect:
     """A tool effect in the unresolved sweep, beside its run's status (`stale`, `failed`, ...).
 
-    A `running` run may still finish the call (it shows `in_flight`); a `stale`, `failed` or
-    `cancelled` one will not (`unknown_after_crash`).
+    A `running` run may still finish the call (it shows `in_flight`); a run that is stale or
+    ended will not (`unknown_after_crash`). A `deferred` call is never here: it waits, it is not in doubt.
     """
 
     effect: ToolEffectRecord
