@@ -3,7 +3,7 @@
 Every way of running an agent ends in one of these, written by the run's own writer (decision
 0014: what the writer knows, it records): `run_completed` for a result; `run_waiting` for a run
 that ended with `DeferredToolRequests`, its final history saved so another process can resume it
-(decision 0052); `run_failed` for an error; `run_cancelled` for a cancelled task, and for a caller
+(decision 0053); `run_failed` for an error; `run_cancelled` for a cancelled task, and for a caller
 that left the run before it ended (an `iter()` it stopped driving, a stream it stopped reading),
 which is not a crash. A process that stops with runs open ends them too (`RunWriter.end_by_process`).
 """

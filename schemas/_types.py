@@ -53,7 +53,7 @@ ToolEffectStatus = Literal['started', 'annotated', 'completed', 'failed', 'resol
 `in_flight` while its run is live, `unknown_after_crash` once it is not;
 `resolved` (schema v2) is an operator's answer to that: the effect `happened` or `did_not_happen`;
 `deferred` (schema v4): the call waits for a person's approval, an answer or an outside system's
-result (`Deferral`), which its run ended without: never in doubt (docs/decisions/0052-deferred-calls.md)."""
+result (`Deferral`), which its run ended without: never in doubt (docs/decisions/0053-deferred-calls-and-waiting.md)."""
 
 TOOL_EFFECT_STATUSES: frozenset[str] = frozenset(ToolEffectStatus.__args__)  # type: ignore[attr-defined]
 
@@ -80,7 +80,7 @@ RunStatus = Literal['running', 'stale', 'waiting', 'completed', 'failed', 'cance
 """A run's status. `stale` is never stored: a reader derives it from a `running` run's last record
 time (its writer's heartbeats included, docs/decisions/0026-writer-liveness.md). `waiting`: the run
 ended with `DeferredToolRequests`, its deferred calls waiting for a decision or a result; its last
-snapshot holds the history to resume from (docs/decisions/0052-deferred-calls.md)."""
+snapshot holds the history to resume from (docs/decisions/0053-deferred-calls-and-waiting.md)."""
 
 RUN_STATUSES: tuple[str, ...] = RunStatus.__args__  # type: ignore[attr-defined]
 """Every `RunStatus`, in the order the views show them."""
@@ -313,8 +313,9 @@ class RunRecord:
     """The parent run was dropped by the retention policy: the run named by `parent_run_id` is no
     longer in the projection (docs/retention.md)."""
     status: RunStatus = 'running'
-    """running | stale (running, but nothing new for STEPSTREAM_STALE_AFTER_S) | completed | failed
-    | cancelled."""
+    """running | stale (running, but nothing new for STEPSTREAM_STALE_AFTER_S) | waiting (ended with
+    deferred calls that wait for an approval, an answer or an outside result) | completed | failed
+    | cancelled (its task was cancelled, its caller left it, or its process stopped with it open)."""
     started_at: datetime | None = None
     ended_at: datetime | None = None
     error: str | None = None
