@@ -5,7 +5,7 @@ before its body runs, so no side effect happens without a record; its end says h
 ended. A body that defers the call (`CallDeferred`, `ApprovalRequired`), and a call the agent
 never ran because it needs approval (`requires_approval=True`), end as `deferred`: they wait for
 a decision or an outside result, which is not a crash and never in doubt
-(docs/decisions/0052-deferred-calls.md).
+(docs/decisions/0053-deferred-calls-and-waiting.md).
 """
 
 from __future__ import annotations
