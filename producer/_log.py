@@ -18,13 +18,21 @@ The log is its collaborators, as aiokafka's producer is an accumulator and a sen
 the records kept and resent, the acknowledged position), the `Framing` (`_framing`: the registry
 mode's wire format) and, with erasure on, the `Sealer` (`_sealing`), whose keys the log writes
 to the key topic (`_send_key`). `Liveness` (`_liveness`) keeps its open runs alive.
+
+Every collaborator lives on the loop the log was started on. A run on another thread or loop
+(`run_sync` in a worker thread, `asyncio.run` per request) hands its records to that loop through
+the log's inbox (`Crossing`) and waits for acknowledgements of its own loop (decision 0052); its
+`flush`, `close` and conversation keys run on the log's loop. A log whose loop is no longer
+running refuses such a record at once, saying what to do: nothing would ever send it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
+import threading
 from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING, ClassVar, Self
@@ -36,7 +44,7 @@ from stepstream.erasure import ensure_key_topic, key_topic
 from stepstream.errors import MediaUnavailable, SchemaRegistryError, StepStreamError, StepStreamUnavailable
 from stepstream.kafka_client import AUTHORIZATION_ERRORS, client_options, connection_error
 from stepstream.media import S3MediaStore
-from stepstream.producer._accumulator import Accumulator, Queued
+from stepstream.producer._accumulator import Accumulator, Crossing, Queued
 from stepstream.producer._batches import hand_batches
 from stepstream.producer._framing import Framing
 from stepstream.producer._liveness import CLOSED_WHILE_OPEN, Liveness, unwatch_sigterm, watch_sigterm
@@ -45,11 +53,15 @@ from stepstream.producer._protocol import (
     Ack,
     await_acks,
     encode_record,
+    gone,
+    loop_blocked,
+    loop_gone,
     record_headers,
+    run_on,
     topic_of,
 )
 from stepstream.producer._sender import Outgoing, Sender
-from stepstream.schemas import UNCHAINED_KINDS, LogRecord, StepEvent
+from stepstream.schemas import LogRecord
 from stepstream.settings import Settings
 from stepstream.telemetry import failed
 from stepstream.topics import Position, ensure_topics, murmur2_partition, supports_idempotence, unavailable
@@ -134,8 +146,13 @@ class EventLog:
         self._sender = Sender(settings, self._framing)
         self._accumulator = Accumulator(linger_ms, lambda queued: self._hand_batches(queued))
         """Hands over through `_hand_batches`, looked up at each hand-over (bench.handovers wraps it)."""
+        self._crossing = Crossing(self._accumulator)
         self._started = False
-        self._start_lock = asyncio.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        """The loop the log was started on, where its collaborators live."""
+        self._start_guard = threading.Lock()
+        self._starting: concurrent.futures.Future[None] | None = None
+        """The start under way, which callers on every thread wait for (`start`)."""
         self._partition_count = 0
         self.sealer: Sealer | None = None
         """Set when erasure is on (`settings.erasure_key`): seals snapshot content (decision 0033)."""
@@ -170,10 +187,26 @@ class EventLog:
             await log.close()
 
     async def start(self) -> None:
-        """Connect, and create the topics if allowed and missing."""
-        async with self._start_lock:
-            if not self._started:
-                await self._start()
+        """Connect, and create the topics if allowed and missing; at once when started.
+
+        Callers on other threads' loops at the same time wait for the one start (a shared log
+        started by the first runs of a thread pool).
+        """
+        with self._start_guard:
+            starting = self._starting
+            mine = starting is None or (starting.done() and not self._started)
+            if mine:
+                starting = self._starting = concurrent.futures.Future()
+        assert starting is not None
+        if not mine:
+            await asyncio.wrap_future(starting)
+            return
+        try:
+            await self._start()
+        except BaseException as error:
+            starting.set_exception(error)  # for the callers waiting on it; the next start tries again
+            raise
+        starting.set_result(None)
 
     async def _start(self) -> None:
         layout = await ensure_topics(self.settings, create=self.create_topics, dlq=False)
@@ -213,8 +246,10 @@ class EventLog:
             raise
         self._framing.start()
         self._started = True
+        self._loop = loop = asyncio.get_running_loop()
+        self._crossing.bind(loop)
         self._sender.start(producer)
-        self.liveness.bind(asyncio.get_running_loop())
+        self.liveness.bind(loop)
         if self.end_runs_on_sigterm:
             watch_sigterm(self)
 
@@ -225,6 +260,9 @@ class EventLog:
 
     async def _send_key(self, key: bytes, value: bytes) -> None:
         """Append a conversation key record to the key topic and wait for the broker (erasure on)."""
+        if (loop := self._elsewhere()) is not None:
+            await run_on(loop, self._send_key(key, value), 2 * self.settings.ack_timeout_s)
+            return
         if self._sender.producer is None:
             await self.start()
         producer = self._sender.producer
@@ -264,15 +302,27 @@ class EventLog:
         Runs still open are ended first (`run_cancelled`: the process closed the log while they
         ran), except runs under a durable-execution engine, which their engine recovers.
         Records the broker has not taken by then (it is still away) are lost with the process;
-        a warning names their runs.
+        a warning names their runs. From another loop, the log closes on its own loop; when
+        that loop is no longer running, nothing can be sent or stopped: the warning says so.
         """
+        if (loop := self._elsewhere()) is not None and loop.is_running():
+            await run_on(loop, self.close(), 6 * self.settings.ack_timeout_s)
+            return
         unwatch_sigterm(self)
+        if loop is not None:  # its loop no longer runs: nothing can be sent or stopped
+            self._started = False
+            queued = [out.record for out, _ack in self._accumulator.queued]
+            self._sender.warn_lost(queued, f' (its event loop {gone(loop)}, so nothing could be sent)')
+            return
+        self._crossing.take_posted()  # records other loops appended before the close
         if self._started:
-            await self.liveness.close_runs(CLOSED_WHILE_OPEN)
+            await self.liveness.close_runs(CLOSED_WHILE_OPEN, timeout_s=self.settings.ack_timeout_s)
         await self.liveness.stop()
+        self._crossing.take_posted()  # the ends of runs on other loops
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._accumulator.hand_over(settled=True), self.settings.ack_timeout_s)
         self._accumulator.stop()
+        self._crossing.stop()
         await self._sender.stop_resending(self.settings.ack_timeout_s)
         producer = self._sender.detach()
         self._started = False
@@ -280,21 +330,7 @@ class EventLog:
         if producer is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(producer.stop(), self.settings.ack_timeout_s)
-        # Records still kept for a resend, and (an idempotent producer retries on its own, so its
-        # sends never fail) records whose sends were still open when the producer stopped.
-        lost: dict[str, list[int]] = {}
-        unsent = [out.record for out, _ack in self._accumulator.queued]
-        for record in [*unsent, *self._sender.unsent()]:
-            if not (isinstance(record, StepEvent) and record.kind in UNCHAINED_KINDS):  # takes no seq
-                lost.setdefault(record.run_id, []).append(record.seq)
-        lost = {run_id: sorted(set(seqs)) for run_id, seqs in lost.items()}
-        if lost:
-            logger.warning(
-                'stepstream: Kafka at %s did not take %d record(s) before the log closed (run_id: seqs) %s',
-                self.settings.bootstrap_servers,
-                sum(len(seqs) for seqs in lost.values()),
-                lost,
-            )
+        self._sender.warn_lost([out.record for out, _ack in self._accumulator.queued], '')
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -335,15 +371,21 @@ class EventLog:
                 raise StepStreamError('EventLog is not started: use `async with EventLog(settings)` first')
             await self.start()
         sender = self._sender
-        assert sender.producer is not None
         if sender.denied is not None:
             raise sender.denied
         key = record.run_id.encode()
         partition = self.partitioner(key, self._partition_count)
         out = Outgoing(record, value, self.headers(record), key, topic_of(record, self.settings), partition)
+        if asyncio.get_running_loop() is not self._loop:
+            return self._crossing.append(out)  # refused when the log's loop no longer runs
         if self.linger_ms <= 0:
             return await sender.hand(out)
         return self._accumulator.append(out)
+
+    def _elsewhere(self) -> asyncio.AbstractEventLoop | None:
+        """The log's loop when the caller runs on another one (`run_on` it), else None."""
+        loop = self._loop
+        return loop if loop is not None and loop is not asyncio.get_running_loop() else None
 
     async def _hand_batches(self, queued: Queued) -> None:
         """Give a hand-over's records to the producer (`hand_batches`); the unsent go back to the queue."""
@@ -356,24 +398,38 @@ class EventLog:
         `SchemaRegistryError` when the records wait for a schema id the registry did not give.
         """
         acks = list(acks)
-        if self._accumulator.queued:
-            self._accumulator.hand_over_soon()
+        caller = None
+        if asyncio.get_running_loop() is self._loop:
+            if self._accumulator.queued:
+                self._accumulator.hand_over_soon()
+        elif self._loop is not None:  # refused when the log's loop no longer runs
+            caller = self._crossing.wait_from_here(acks)
         try:  # free unless it raises (Python 3.11): a durability point pays nothing for the count
             try:
                 await await_acks(self.settings, acks, timeout)
             except StepStreamUnavailable as missing:
                 if self._framing.failure is not None:  # the records wait for their schema id, not the broker
                     raise SchemaRegistryError(str(self._framing.failure)) from missing
+                if self._crossing.untaken and (loop := self._elsewhere()) is not None:
+                    if not loop.is_running():  # it stopped while the records were on their way
+                        raise loop_gone(loop) from missing
+                    waited = self.settings.ack_timeout_s if timeout is None else timeout
+                    raise loop_blocked(waited) from missing  # its loop never took them
                 raise
             for ack in acks:
                 exc = ack.exception()
                 if isinstance(exc, AUTHORIZATION_ERRORS):
                     raise self._sender.no_write(exc) from exc
+                if isinstance(exc, StepStreamError):  # the log closed before the record reached it
+                    raise exc
                 if exc is not None:
                     raise unavailable(self.settings, 'rejected a record', exc) from exc
         except StepStreamError as error:  # counted once, by what the caller gets (not a cancellation)
             failed(error)
             raise
+        finally:
+            if caller is not None:
+                caller.waiting -= 1
 
     async def flush(self, *, timeout: float | None = None) -> Position:
         """Wait until the broker took every record appended so far, then return the position written.
@@ -384,6 +440,9 @@ class EventLog:
         Raises `StepStreamUnavailable` when the records are not all taken in time.
         """
         limit = self.settings.ack_timeout_s if timeout is None else timeout
+        if (loop := self._elsewhere()) is not None:
+            return await run_on(loop, self.flush(timeout=timeout), 2 * limit)
+        self._crossing.take_posted()  # records other loops appended, not queued yet
         try:
             async with asyncio.timeout(limit):
                 await self._accumulator.hand_over(settled=True)

@@ -25,7 +25,7 @@ from stepstream.errors import SchemaRegistryError, StepStreamError
 from stepstream.kafka_client import AUTHORIZATION_ERRORS, access_denied
 from stepstream.producer._framing import Framing
 from stepstream.producer._protocol import Ack
-from stepstream.schemas import LogRecord, StepEvent
+from stepstream.schemas import UNCHAINED_KINDS, LogRecord, StepEvent
 from stepstream.settings import Settings
 from stepstream.telemetry import ack_latency, records_appended
 from stepstream.topics import Position
@@ -134,6 +134,24 @@ class Sender:
         """Records handed over and not acknowledged, then records kept for a resend."""
         pending = [out.record for outs in self.pending.values() for out in outs]
         return [*pending, *(k.record for entries in self.kept.values() for k in entries)]
+
+    def warn_lost(self, queued: list[LogRecord], why: str) -> None:
+        """Log the records the broker never took (`queued`, then the sender's unsent), by run and seq."""
+        # Records still kept for a resend, and (an idempotent producer retries on its own, so its
+        # sends never fail) records whose sends were still open when the producer stopped.
+        lost: dict[str, list[int]] = {}
+        for record in [*queued, *self.unsent()]:
+            if not (isinstance(record, StepEvent) and record.kind in UNCHAINED_KINDS):  # takes no seq
+                lost.setdefault(record.run_id, []).append(record.seq)
+        lost = {run_id: sorted(set(seqs)) for run_id, seqs in lost.items()}
+        if lost:
+            logger.warning(
+                'stepstream: Kafka at %s did not take %d record(s) before the log closed%s (run_id: seqs) %s',
+                self.settings.bootstrap_servers,
+                sum(len(seqs) for seqs in lost.values()),
+                why,
+                lost,
+            )
 
     def waiting(self) -> int:
         """How many records the broker has not taken yet (handed over or kept)."""

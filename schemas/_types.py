@@ -53,7 +53,8 @@ ToolEffectStatus = Literal['started', 'annotated', 'completed', 'failed', 'resol
 `in_flight` while its run is live, `unknown_after_crash` once it is not;
 `resolved` (schema v2) is an operator's answer to that: the effect `happened` or `did_not_happen`;
 `deferred` (schema v4): the call waits for a person's approval, an answer or an outside system's
-result (`Deferral`), which its run ended without: never in doubt (docs/decisions/0053-deferred-calls-and-waiting.md)."""
+result (`Deferral`), which its run ended without: never in doubt
+(docs/decisions/0053-deferred-calls-and-waiting.md)."""
 
 TOOL_EFFECT_STATUSES: frozenset[str] = frozenset(ToolEffectStatus.__args__)  # type: ignore[attr-defined]
 
