@@ -73,7 +73,7 @@ def _on_thread(placement: str, steps: int, capabilities: Sequence[Any], ready: t
 async def _variant(
     placement: str, at_once: int, steps: int, make: Callable[[], list[Any]]
 ) -> tuple[float, float]:
-    """The mean wall ms per step of `at_once` runs placed as `placement`, and the process's CPU ms per step."""
+    """The mean wall ms per step of `at_once` runs placed as `placement`, and the CPU ms per step."""
     gc.collect()
     cpu = time.process_time()
     if placement == 'loop':
