@@ -58,6 +58,7 @@ Mode = Literal[
     'cancel',
     'limit',
 ]
+MODES: tuple[Mode, ...] = Mode.__args__  # type: ignore[attr-defined]
 ANSWER = ('the ', 'answer ', 'in ', 'chunks')
 """The final answer, streamed in several chunks, so a caller that leaves after one leaves early."""
 
@@ -247,22 +248,7 @@ KINDS_ANYWHERE: list[Kind] = ['ok', 'boom', 'retry', 'external', 'question', 'ap
 @st.composite
 def plans(draw: st.DrawFn) -> Plan:
     """A run: 1-3 rounds of 1-3 parallel calls, and a way of running it."""
-    mode: Mode = draw(
-        st.sampled_from(
-            [
-                'run',
-                'run_sync',
-                'stream',
-                'stream_left',
-                'events',
-                'events_left',
-                'iter',
-                'iter_left',
-                'cancel',
-                'limit',
-            ]
-        )
-    )
+    mode: Mode = draw(st.sampled_from(MODES))
     calls = st.lists(st.sampled_from(KINDS_ANYWHERE), min_size=1, max_size=3)
     rounds = draw(st.lists(calls, min_size=0 if mode != 'cancel' else 1, max_size=3))
     if mode == 'cancel':  # a call that blocks until cancelled, beside whatever else the first round holds
