@@ -124,9 +124,9 @@ async def export_parquet(
     """Write the five tables of a projection as Parquet under `out` (a directory or `s3://bucket/prefix`).
 
     ```python
-    report = await export_parquet(projector.reader(), 'analytics', settings)
+    report = await export_parquet(ProjectionReader.of(projector), 'analytics', settings)
     # duckdb: SELECT agent_name, sum(cost_usd) FROM 'analytics/runs/**/*.parquet' GROUP BY ALL
-    later = await export_parquet(projector.reader(), 'analytics', settings, since='analytics')
+    later = await export_parquet(ProjectionReader.of(projector), 'analytics', settings, since='analytics')
     ```
 
     Without `since`, an export replaces the tables under `out` (it writes the whole projection).

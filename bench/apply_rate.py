@@ -42,8 +42,8 @@ from fastavro import schemaless_reader
 from bench.synthetic import many_runs
 from stepstream import Settings
 from stepstream.projector._apply import EFFECTS, EVENTS, Applier, SourceRecord
-from stepstream.projector._shard import Shard
 from stepstream.schemas import STEP_EVENT_SCHEMA, TOOL_EFFECT_SCHEMA
+from stepstream.storage import Shard
 from stepstream.topics import murmur2_partition
 
 PARTITIONS = 3

@@ -31,6 +31,7 @@ from bench.synthetic import plan_run, run_id, to_wire
 from stepstream import Settings
 from stepstream.producer import EventLog
 from stepstream.projector import Projector
+from stepstream.readmodel import ProjectionReader
 from stepstream.schemas import LogRecord
 from stepstream.topics import ensure_topics
 
@@ -122,7 +123,7 @@ async def run(settings: Settings, scale: Scale, workdir: Path, *, rate: float = 
     run_settings = fresh(settings, 'w4')
     db_path = Path(tempfile.mkdtemp(prefix='fresh-', dir=workdir))
     async with EventLog(run_settings) as log, Projector(run_settings, db_path=db_path) as projector:
-        reader = projector.reader()
+        reader = ProjectionReader.of(projector)
         await projector.wait_for(await log.flush())
 
         async def visible(record: LogRecord, meta: RecordMetadata) -> None:

@@ -51,6 +51,7 @@ from stepstream.producer import EventLog
 from stepstream.projector import Projector
 from stepstream.projector._progress import AppliedPosition
 from stepstream.projector._projector import Projector as _Projector
+from stepstream.readmodel import ProjectionReader
 from stepstream.schemas import LogRecord
 
 WINDOW_S = 5.0
@@ -146,7 +147,7 @@ async def _stepstream(stack: EmbeddedStack, scale: Scale, workdir: Path) -> dict
     settings = fresh(stack.settings, 'w4')
     db_path = Path(tempfile.mkdtemp(prefix='fresh-', dir=workdir))
     async with EventLog(settings) as log, Projector(settings, db_path=db_path) as projector:
-        reader = projector.reader()
+        reader = ProjectionReader.of(projector)
         await projector.wait_for(await log.flush())
 
         async def visible(record: LogRecord, meta: RecordMetadata) -> None:

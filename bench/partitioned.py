@@ -27,7 +27,8 @@ from typing import Any
 from bench.common import Scale, fresh, say
 from bench.projector_throughput import fill
 from stepstream import Settings
-from stepstream.projector import ProjectionReader, rebuild
+from stepstream.projector import rebuild
+from stepstream.readmodel import ProjectionReader
 from stepstream.topics import Position
 
 CLOCK_TICKS = os.sysconf('SC_CLK_TCK')

@@ -29,9 +29,9 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from stepstream.producer import InMemoryLog, StepPersistence
 from stepstream.projector._apply import EFFECTS, EVENTS, Applier, SourceRecord
-from stepstream.projector._shard import Shard
 from stepstream.readmodel import ProjectionReader
 from stepstream.replay import replay_run
+from stepstream.storage import Shard
 
 
 def agent_for(steps: int, persistence: StepPersistence[Any] | None) -> Agent[None, str]:

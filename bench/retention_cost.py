@@ -17,7 +17,7 @@ import time
 
 from bench.apply_rate import BATCH, PARTITIONS, workload
 from stepstream.projector._apply import Applier
-from stepstream.projector._shard import Shard
+from stepstream.storage import Shard
 
 
 def rate(settings_topics: tuple[str, str], records: list, retain_us: int | None) -> float:

@@ -38,12 +38,10 @@ from bench.common import dir_bytes, say
 from bench.synthetic import _tail_json, plan_run
 from stepstream.embedded import EmbeddedStack
 from stepstream.media import S3MediaStore
-from stepstream.projector import ProjectionReader
 from stepstream.projector._apply import EFFECTS, EVENTS, Applier, SourceRecord
-from stepstream.projector._shard import Shard
-from stepstream.projector._state import Identity
-from stepstream.projector._sweep import sweep_media
+from stepstream.readmodel import ProjectionReader, sweep_media
 from stepstream.schemas import StepEvent, encode
+from stepstream.storage import Identity, Shard
 from stepstream.topics import murmur2_partition
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

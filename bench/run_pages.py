@@ -66,11 +66,9 @@ from stepstream import Settings
 from stepstream.cli import main as cli_main
 from stepstream.projector import Membership
 from stepstream.projector._apply import EFFECTS, EVENTS, Applier, SourceRecord
-from stepstream.projector._retention import MEDIA_INDEX_VERSION
-from stepstream.projector._shard import Shard, shard_path
-from stepstream.projector._state import RUN_INDEX_VERSION, Identity
 from stepstream.readmodel import ProjectionReader
 from stepstream.serve import app_for, listen, running, url_of
+from stepstream.storage import MEDIA_INDEX_VERSION, RUN_INDEX_VERSION, Identity, Shard, shard_path
 from stepstream.topics import murmur2_partition
 
 PARTITIONS = 3

@@ -27,9 +27,9 @@ from bench.run_pages import BATCH, PARTITIONS, RECORDS_PER_RUN, open_shards, tim
 from bench.synthetic import many_runs, plan_run, to_wire
 from stepstream.projector._apply import EFFECTS, EVENTS, Applier, SourceRecord
 from stepstream.projector._observe import ProjectorObserver
-from stepstream.projector._shard import Shard
 from stepstream.readmodel import ProjectionReader
 from stepstream.settings import Settings
+from stepstream.storage import Shard
 from stepstream.topics import murmur2_partition
 
 

@@ -25,10 +25,10 @@ from pydantic_ai.messages import (
     UserPromptPart,
 )
 
-from stepstream.projector import ProjectionReader
 from stepstream.projector._apply import EVENTS, Applier, SourceRecord
-from stepstream.projector._shard import Shard
+from stepstream.readmodel import ProjectionReader
 from stepstream.schemas import SnapshotDelta, StepEvent, encode
+from stepstream.storage import Shard
 from stepstream.topics import murmur2_partition
 
 RUN = 'long-run'

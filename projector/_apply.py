@@ -63,15 +63,22 @@ from stepstream.projector._batch import (
 )
 from stepstream.projector._chain import Link, advance_chain, link_of
 from stepstream.projector._checks import check_record
-from stepstream.projector._keys import APART, CONFLICT, PARKED
-from stepstream.projector._listing import CONFLICTING_COUNT, PARKED_COUNT, Listed, listed, relist_run
+from stepstream.projector._listing import Listed, listed, relist_run
 from stepstream.projector._retention import Retention
-from stepstream.projector._shard import Transaction, Transactional
-from stepstream.projector._state import RunState
 from stepstream.projector._step_events import TERMINAL_KINDS, apply_event, register
 from stepstream.projector._tool_effects import apply_resolution, apply_transition, reindex_effects
 from stepstream.projector._usage import MAX_COST_USD, MAX_COUNT, TIMED_KINDS
 from stepstream.schemas import UNCHAINED_KINDS, Fields, read_record
+from stepstream.storage import (
+    APART,
+    CONFLICT,
+    CONFLICTING_COUNT,
+    PARKED,
+    PARKED_COUNT,
+    RunState,
+    Transaction,
+    Transactional,
+)
 
 __all__ = [
     'DLQ_REASONS',

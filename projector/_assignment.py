@@ -19,8 +19,7 @@ from stepstream.errors import StepStreamError
 from stepstream.projector._metrics import ApplyMetrics
 from stepstream.projector._pacing import TopicPacer
 from stepstream.projector._progress import AppliedPosition
-from stepstream.projector._shard import Shard
-from stepstream.projector._shard_set import ShardSet
+from stepstream.storage import Shard, ShardSet
 from stepstream.topics import TopicLayout
 
 log = logging.getLogger('stepstream.projector')

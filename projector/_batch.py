@@ -15,11 +15,9 @@ from typing import Any, Protocol
 
 from stepstream.errors import SchemaError
 from stepstream.ids import is_run_id
-from stepstream.projector._keys import EFFECT, EVENT, RUN, SNAPSHOT, TRANSITION
 from stepstream.projector._retention import Retention
-from stepstream.projector._shard import Transaction
-from stepstream.projector._state import RunState
 from stepstream.schemas import STEP_EVENTS, TOOL_EFFECTS
+from stepstream.storage import EFFECT, EVENT, RUN, SNAPSHOT, TRANSITION, RunState, Transaction
 from stepstream.topics import murmur2_partition
 
 EVENTS, EFFECTS = STEP_EVENTS, TOOL_EFFECTS

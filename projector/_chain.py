@@ -19,9 +19,8 @@ Only hashes are checked here; signatures need trusted keys, which `stepstream au
 from __future__ import annotations
 
 from stepstream.projector._batch import RunKeys
-from stepstream.projector._shard import Transaction
-from stepstream.projector._state import RunState
 from stepstream.schemas import chain_hash, is_linked, read_record
+from stepstream.storage import RunState, Transaction
 
 Link = tuple[str, str | None, bool, int, int]
 """A record's part in the chain: its hash, its `prev_hash`, whether its schema links, topic, partition."""

@@ -20,8 +20,8 @@ from aiokafka.errors import KafkaError, MessageSizeTooLargeError
 
 from stepstream.kafka_client import AUTHORIZATION_ERRORS, access_denied, client_options
 from stepstream.projector._apply import Rejection
-from stepstream.projector._state import dumps
 from stepstream.settings import Settings
+from stepstream.storage import dumps
 from stepstream.topics import unavailable
 
 DLQ_INLINE_BYTES = 512 * 1024

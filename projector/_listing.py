@@ -18,21 +18,20 @@ change (`_tool_effects`, `_apply`, `_retention`).
 
 from __future__ import annotations
 
-from stepstream.projector._keys import AGENT, BROKEN, CHILDREN, CONVERSATION, COUNT, LATEST, RUNS, STATUS
-from stepstream.projector._shard import Transaction
-from stepstream.projector._state import RunState
-
-UNRESOLVED_COUNT = COUNT.key('effects', 'unresolved')
-"""The count of calls whose effect is in doubt (`UNRESOLVED` entries), in every shard."""
-
-PARKED_COUNT = COUNT.key('records', 'parked')
-"""The count of records waiting for their run's registration (`PARKED` entries)."""
-
-CONFLICTING_COUNT = COUNT.key('runs', 'conflicting')
-"""The count of runs that keep another writer's records apart (runs with `CONFLICT` entries)."""
-
-BROKEN_COUNT = COUNT.key('chain', 'broken')
-"""The count of runs whose hash chain is broken (`BROKEN` entries)."""
+from stepstream.storage import (
+    AGENT,
+    BROKEN,
+    BROKEN_COUNT,
+    CHILDREN,
+    CONVERSATION,
+    LATEST,
+    RUNS,
+    STATUS,
+    RunState,
+    Transaction,
+    agent_count,
+    status_count,
+)
 
 Listed = tuple[str, int, bool]
 """Where a run is filed: its stored status, its newest record's time, whether its chain is broken."""
@@ -46,16 +45,6 @@ def listed(run: RunState) -> Listed:
 def latest(run: RunState) -> int:
     """When the run's newest record was written (micros): what `stale` is judged by."""
     return max(run.started_at, run.last_record_at)
-
-
-def status_count(status: str) -> bytes:
-    """The `COUNT` key of the runs stored with `status`."""
-    return COUNT.key('status', status)
-
-
-def agent_count(agent_name: str) -> bytes:
-    """The `COUNT` key of an agent's runs."""
-    return COUNT.key('agent', agent_name)
 
 
 def list_run(txn: Transaction, run: RunState) -> None:

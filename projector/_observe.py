@@ -13,12 +13,11 @@ import logging
 import time
 from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client.registry import Collector
 
 from stepstream.metrics import PROBE_TIMEOUT_S, Verdict, counter_family, gauge, process_registry
-from stepstream.readmodel import ProjectionReader
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric as Family
@@ -31,21 +30,43 @@ DEFAULT_MAX_LAG = 10_000
 """Records a projector may be behind the log's end and still be ready (`--max-lag`)."""
 
 
+class ProjectionFigures(Protocol):
+    """What a scrape asks of the projection (a `ProjectionReader` over the projector's shards)."""
+
+    async def status(self) -> Any:
+        """Parked records and runs by status (`ProjectionStatus`)."""
+        ...
+
+    async def unresolved_summary(self) -> Any:
+        """The tool calls not ended (`UnresolvedSummary`)."""
+        ...
+
+
 class ProjectorObserver(Collector):
     """A projector's registry for `/metrics` and its answers to `/healthz` and `/readyz`.
 
-    Made by `Projector.observer()` on the projector's event loop. `registry` holds the
-    projector's instruments, the scrape's gauges and the process collectors.
+    Made on the projector's event loop, with a reader over its shards:
+
+    ```python
+    observer = ProjectorObserver(projector, ProjectionReader.of(projector))
+    ```
+
+    `registry` holds the projector's instruments, the scrape's gauges and the process collectors.
     """
 
-    def __init__(self, projector: Projector, *, max_lag: int = DEFAULT_MAX_LAG) -> None:
-        """Observe `projector`; ready while it is within `max_lag` records of the log's end."""
+    def __init__(
+        self, projector: Projector, projection: ProjectionFigures, *, max_lag: int = DEFAULT_MAX_LAG
+    ) -> None:
+        """Observe `projector` and, through `projection`, its shards.
+
+        Ready while it is within `max_lag` records of the log's end.
+        """
         self.projector = projector
+        self.projection = projection
         self.max_lag = max_lag
         self.loop = asyncio.get_running_loop()
         self.registry = process_registry()
         self.registry.register(self)
-        self._reader: ProjectionReader | None = None
         self._owned_since: dict[int, float] = {}
 
     def describe(self) -> Iterable[Family]:
@@ -161,9 +182,7 @@ class ProjectorObserver(Collector):
 
     async def _projection_gauges(self) -> list[Family]:
         """Parked records, runs by status, and the tool calls not ended, from the shards."""
-        reader = self._reader
-        if reader is None:
-            reader = self._reader = self.projector.reader()
+        reader = self.projection
         status = await reader.status()
         families: list[Family] = [gauge('stepstream_projector_parked_records', status.parked_records)]
         if status.runs is None:  # a shard is missing, or predates the counts

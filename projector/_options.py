@@ -13,8 +13,8 @@ from stepstream.projector._metrics import ApplyMetrics
 from stepstream.settings import Settings
 
 if TYPE_CHECKING:
-    from stepstream.projector._checkpoints import Checkpoints
     from stepstream.projector._membership import Membership
+    from stepstream.storage import Checkpoints
 
 
 SESSION_TIMEOUT_MS = 10_000

@@ -21,7 +21,6 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord
 from aiokafka.structs import TopicPartition
 from opentelemetry.trace import Span
 
-from stepstream import readmodel
 from stepstream.erasure import KeyRing
 from stepstream.errors import StepStreamError
 from stepstream.kafka_client import AUTHORIZATION_ERRORS
@@ -37,7 +36,6 @@ from stepstream.projector._connection import (
     take_partitions,
 )
 from stepstream.projector._membership import Membership
-from stepstream.projector._observe import DEFAULT_MAX_LAG, ProjectorObserver
 from stepstream.projector._options import (
     SESSION_TIMEOUT_MS,
     GroupMember,
@@ -46,11 +44,9 @@ from stepstream.projector._options import (
     only_partitions,
 )
 from stepstream.projector._progress import AppliedPosition
-from stepstream.projector._shard import Shard, Transaction, check_projection
-from stepstream.projector._shard_set import ShardSet
-from stepstream.projector._state import Identity
 from stepstream.projector._wire import WireFormats
 from stepstream.settings import Settings
+from stepstream.storage import Identity, LiveShards, Shard, ShardSet, Transaction, check_projection
 from stepstream.telemetry import span
 from stepstream.topics import Position, TopicLayout, ensure_topics
 
@@ -74,7 +70,7 @@ class Projector:
     ```python
     async with Projector(settings, db_path='proj') as projector:
         await projector.wait_for(await event_log.flush())
-        run = await projector.reader().get_run('librarian-1a2b3c4d')
+        run = await ProjectionReader.of(projector).get_run('librarian-1a2b3c4d')
     ```
 
     The projection is one shard per partition number (decision 0016). Each batch from
@@ -313,14 +309,10 @@ class Projector:
         if self._task is not None:
             await asyncio.shield(self._task)
 
-    def observer(self, *, max_lag: int = DEFAULT_MAX_LAG) -> ProjectorObserver:
-        """Its Prometheus registry and its probes (`/metrics`, `/healthz`, `/readyz`: docs/operations.md)."""
-        return ProjectorObserver(self, max_lag=max_lag)
-
     # -- reading your writes ---------------------------------------------------------------------
 
-    def reader(self) -> readmodel.ProjectionReader:
-        """A reader over the shards this projector holds open (same process, always current).
+    def live_shards(self) -> LiveShards:
+        """The shards this projector holds open, as `ProjectionReader.of(projector)` reads them.
 
         A group member holds only its own shards; `ProjectionReader.open(db_path)` reads every
         shard in the directory, whichever member writes it. A member that serves (its membership
@@ -331,12 +323,12 @@ class Projector:
             self._layout.partitions if self._layout is not None else max(self.shards.view, default=-1) + 1
         )
         membership = self.membership
-        return readmodel.ProjectionReader(
+        return LiveShards(
             self.shards.view,
             partitions=partitions,
             media_store=self.media_store,
-            stale_after_s=self.settings.stale_after_s,
             keys=self.keys,
+            stale_after_s=self.settings.stale_after_s,
             scope=(lambda: membership.own) if membership.endpoint is not None else None,
         )
 

@@ -15,8 +15,8 @@ from aiokafka.structs import TopicPartition
 from stepstream.errors import StepStreamError, UsageError
 from stepstream.projector._options import Rebuilding
 from stepstream.projector._projector import Projector
-from stepstream.projector._shard import check_projection, read_projection_identity, shard_paths
 from stepstream.settings import Settings
+from stepstream.storage import check_projection, read_projection_identity, shard_paths
 from stepstream.topics import Position, ensure_topics
 
 Progress = Callable[[int, int], None]

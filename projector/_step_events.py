@@ -18,11 +18,10 @@ from stepstream.media import snapshot_media
 from stepstream.projector._batch import Rejected, RunKeys, RunRules, SourceRecord
 from stepstream.projector._chain import rewind_chain
 from stepstream.projector._listing import list_run
-from stepstream.projector._shard import Transaction
-from stepstream.projector._state import RunState, SnapshotEntry, ranges_add, ranges_hold
 from stepstream.projector._tool_effects import withdraw_transition
 from stepstream.projector._usage import TIMED_KINDS, add_usage
 from stepstream.schemas import Fields
+from stepstream.storage import RunState, SnapshotEntry, Transaction, ranges_add, ranges_hold
 
 TERMINAL_KINDS = {
     'run_completed': 'completed',

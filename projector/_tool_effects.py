@@ -16,11 +16,17 @@ from __future__ import annotations
 from typing import Any
 
 from stepstream.projector._batch import EFFECTS, Rejected, RunDeadLetter, RunKeys, SourceRecord
-from stepstream.projector._keys import RESOLUTION, TRANSITION, UNRESOLVED, UNRESOLVED_RUN
-from stepstream.projector._listing import UNRESOLVED_COUNT
-from stepstream.projector._shard import Transaction
-from stepstream.projector._state import EffectState, RunState
 from stepstream.schemas import Fields, read_record
+from stepstream.storage import (
+    RESOLUTION,
+    TRANSITION,
+    UNRESOLVED,
+    UNRESOLVED_COUNT,
+    UNRESOLVED_RUN,
+    EffectState,
+    RunState,
+    Transaction,
+)
 
 
 def apply_transition(txn: Transaction, keys: RunKeys, run: RunState, source: SourceRecord, t: Fields) -> bool:

@@ -12,8 +12,8 @@ import re
 from decimal import Context, Decimal, InvalidOperation
 
 from stepstream.projector._batch import Rejected
-from stepstream.projector._state import RunState
 from stepstream.schemas import Fields
+from stepstream.storage import RunState
 
 TIMED_KINDS = frozenset(
     {'model_request_completed', 'model_request_failed', 'tool_call_completed', 'tool_call_failed'}

@@ -13,9 +13,19 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from stepstream.projector._keys import APART, EVENT, PARKED, TRANSITION, render_key
-from stepstream.projector._shard import Shard, ShardReads, check_projection, shard_paths, unpack_transition
 from stepstream.schemas import decode
+from stepstream.storage import (
+    APART,
+    EVENT,
+    PARKED,
+    TRANSITION,
+    Shard,
+    ShardReads,
+    check_projection,
+    render_key,
+    shard_paths,
+    unpack_transition,
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,9 +3,9 @@
 One small view per shape over the shards (`_runs.py`, `_lineage.py`, `_events.py`,
 `_snapshots.py`, `_effects.py`, `_status.py`, `_retention.py`, `_recovery.py`), composed by
 `ProjectionReader`, which opens them one way: `ProjectionReader.from_settings(settings)` in any
-process, `projector.reader()` in the projector's own. Its callers never change it once open.
+process, `ProjectionReader.of(projector)` in the projector's own. Its callers never change it once open.
 `stepstream serve`, the CLI, the analytics export, the media sweep and the demo all read
-through it; the shards' layout and codecs it reads come from `stepstream.projector.storage`.
+through it; the shards' layout and codecs it reads come from `stepstream.storage`.
 
 ```python
 from stepstream.readmodel import ProjectionReader
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from stepstream.readmodel._runs import RunCounts
     from stepstream.readmodel._shards import ShardUnavailable
     from stepstream.readmodel._status import ProjectionStatus
+    from stepstream.readmodel._sweep import SweepReport, sweep_media
 
 _WHERE = {
     'ProjectionReader': 'stepstream.readmodel._reader',
@@ -36,11 +37,13 @@ _WHERE = {
     'RecoveryReport': 'stepstream.readmodel._recovery',
     'RunCounts': 'stepstream.readmodel._runs',
     'ShardUnavailable': 'stepstream.readmodel._shards',
+    'SweepReport': 'stepstream.readmodel._sweep',
     'UnresolvedCursor': 'stepstream.readmodel._effects',
     'UnresolvedSummary': 'stepstream.readmodel._effects',
     'continue_run': 'stepstream.readmodel._continue',
     'fork_run': 'stepstream.readmodel._continue',
     'inspect_recovery': 'stepstream.readmodel._recovery',
+    'sweep_media': 'stepstream.readmodel._sweep',
 }
 """Where each public name lives: imported on first use, so `import stepstream.readmodel` costs
 nothing until a reader is wanted (RocksDB, the schemas, ...)."""
@@ -51,11 +54,13 @@ __all__ = [
     'RecoveryReport',
     'RunCounts',
     'ShardUnavailable',
+    'SweepReport',
     'UnresolvedCursor',
     'UnresolvedSummary',
     'continue_run',
     'fork_run',
     'inspect_recovery',
+    'sweep_media',
 ]
 
 __getattr__ = lazy_exports(__name__, _WHERE)

@@ -11,10 +11,10 @@ import itertools
 from dataclasses import dataclass
 from datetime import datetime
 
-from stepstream.projector.storage import EFFECT, UNRESOLVED, UNRESOLVED_RUN, EffectState
 from stepstream.readmodel._runs import Runs
 from stepstream.readmodel._shards import Shards, carry, ts
 from stepstream.schemas import EffectResolution, ToolEffectRecord
+from stepstream.storage import EFFECT, UNRESOLVED, UNRESOLVED_RUN, EffectState
 from stepstream.timestamps import EPOCH, from_micros, micros
 
 UnresolvedCursor = tuple[datetime, str, str]

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from stepstream.projector.storage import EVENT
 from stepstream.readmodel._shards import Shards
 from stepstream.schemas import StepEvent, decode
+from stepstream.storage import EVENT
 
 
 class Events:

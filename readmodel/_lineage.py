@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from stepstream.projector.storage import CHILDREN
 from stepstream.readmodel._runs import Runs
 from stepstream.readmodel._shards import Shards
 from stepstream.schemas import RunRecord
+from stepstream.storage import CHILDREN
 
 
 class Lineage:

@@ -10,10 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, Protocol, Self
 
 from stepstream.erasure import KeyRing
-from stepstream.projector.storage import RetentionPreview, RetentionState, check_projection
 from stepstream.readmodel._effects import Effects, UnresolvedCursor, UnresolvedSummary
 from stepstream.readmodel._events import Events
 from stepstream.readmodel._lineage import Lineage
@@ -23,16 +22,25 @@ from stepstream.readmodel._shards import ReadableShard, Shards, ShardUnavailable
 from stepstream.readmodel._snapshots import Snapshots
 from stepstream.readmodel._status import ProjectionStatus, Status
 from stepstream.schemas import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord
+from stepstream.storage import LiveShards, RetentionPreview, RetentionState, check_projection
 
 if TYPE_CHECKING:
     from stepstream.media import MediaStore
     from stepstream.settings import Settings
 
 
+class HoldsShards(Protocol):
+    """What holds shards open in this process and writes them: a `Projector`."""
+
+    def live_shards(self) -> LiveShards:
+        """The shards it holds, and how to open what they hold."""
+        ...
+
+
 class ProjectionReader:
     """Async queries over a projection: runs, lineage, events, snapshots, tool effects.
 
-    From the projector's process use `projector.reader()`; from any other process
+    From the projector's process use `ProjectionReader.of(projector)`; from any other process
     `ProjectionReader.from_settings(settings)` (or `ProjectionReader.open(path)`), which opens
     every shard as a RocksDB secondary instance and catches up with the writers before every
     query. A run's own reads go to its shard (the
@@ -80,6 +88,24 @@ class ProjectionReader:
         self._status = Status(self._shards, self._runs)
         self._retention = Retention(self._shards, self._snapshots)
         self._owned_keys: KeyRing | None = None
+
+    @classmethod
+    def of(cls, projector: HoldsShards) -> ProjectionReader:
+        """A reader over the shards a projector of this process holds open (always current).
+
+        ```python
+        reader = ProjectionReader.of(projector)
+        ```
+        """
+        live = projector.live_shards()
+        return cls(
+            live.view,
+            partitions=live.partitions,
+            media_store=live.media_store,
+            stale_after_s=live.stale_after_s,
+            keys=live.keys,
+            scope=live.scope,
+        )
 
     @classmethod
     def open(

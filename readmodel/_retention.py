@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING
 from stepstream.erasure import ContentErased, ErasureError
 from stepstream.errors import StepStreamError
 from stepstream.media import MEDIA_URI_SCHEME
-from stepstream.projector.storage import (
+from stepstream.readmodel._shards import Shards
+from stepstream.readmodel._snapshots import Snapshots
+from stepstream.storage import (
     RUN,
     RUN_MEDIA,
     RetentionPreview,
@@ -24,8 +26,6 @@ from stepstream.projector.storage import (
     retention_preview,
     retention_state,
 )
-from stepstream.readmodel._shards import Shards
-from stepstream.readmodel._snapshots import Snapshots
 
 if TYPE_CHECKING:
     from pydantic_ai.messages import ModelMessage

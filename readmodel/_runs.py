@@ -15,7 +15,9 @@ from datetime import UTC, datetime, timedelta
 
 from stepstream.errors import NotFound
 from stepstream.ids import is_run_id
-from stepstream.projector.storage import (
+from stepstream.readmodel._shards import Shards, ShardUnavailable, carry
+from stepstream.schemas import RUN_STATUSES, RunRecord, RunUsage
+from stepstream.storage import (
     AGENT,
     BROKEN,
     CHILDREN,
@@ -31,8 +33,6 @@ from stepstream.projector.storage import (
     RunState,
     expired_started_at,
 )
-from stepstream.readmodel._shards import Shards, ShardUnavailable, carry
-from stepstream.schemas import RUN_STATUSES, RunRecord, RunUsage
 from stepstream.timestamps import EPOCH, from_micros, micros
 
 _STORED = {'stale': 'running'}

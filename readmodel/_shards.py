@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar, get_args, get_origin, get_type_hints
 
 from stepstream.errors import StepStreamError
-from stepstream.projector.storage import MemoryShard, Shard, shard_paths
+from stepstream.storage import MemoryShard, Shard, shard_paths
 from stepstream.timestamps import from_micros
 from stepstream.topics import murmur2_partition
 

@@ -14,9 +14,9 @@ from pydantic import ValidationError
 from stepstream.erasure import ContentErased, KeyRing, open_snapshot
 from stepstream.errors import StepStreamError
 from stepstream.media import NO_CONTEXT, MediaContext, MediaStore, SealedMediaStore
-from stepstream.projector.storage import EVENT, SNAPSHOT, SnapshotEntry
 from stepstream.readmodel._shards import Shards
 from stepstream.schemas import ContinuableSnapshot, StepEvent, decode
+from stepstream.storage import EVENT, SNAPSHOT, SnapshotEntry
 
 if TYPE_CHECKING:
     from pydantic_ai.messages import ModelMessage

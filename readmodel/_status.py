@@ -10,7 +10,9 @@ import os
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from stepstream.projector.storage import (
+from stepstream.readmodel._runs import RunCounts, Runs
+from stepstream.readmodel._shards import Shards, ts
+from stepstream.storage import (
     CONFLICT,
     CONFLICTING_COUNT,
     PARKED,
@@ -19,8 +21,6 @@ from stepstream.projector.storage import (
     shard_paths,
     shard_writer,
 )
-from stepstream.readmodel._runs import RunCounts, Runs
-from stepstream.readmodel._shards import Shards, ts
 
 RATE_WINDOW = timedelta(seconds=10)
 """The window of the records-per-second figure the projector keeps for `status`."""

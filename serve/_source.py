@@ -87,7 +87,8 @@ class Source:
             if reader.keys is None:
                 raise UsageError(
                     'erasure is on (STEPSTREAM_ERASURE_KEY) but the reader has no conversation keys: '
-                    'open it with ProjectionReader.from_settings(settings) or take projector.reader()'
+                    'open it with ProjectionReader.from_settings(settings) '
+                    'or take ProjectionReader.of(projector)'
                 )
             if media_store is not None:
                 self.media_store = SealedMediaStore(media_store, lookup=reader.keys.get)

@@ -11,7 +11,7 @@ Two rules:
   deterministically, for ids derived from text the caller does not control (a context run id).
 - Every other id (`writer_id`, `tool_call_id`, `conversation_id`, `agent_name`, `tool_name`) may
   hold any text, because the projection's keys encode each component injectively
-  (`stepstream.projector._keys`); it only has to be UTF-8 encodable and at most
+  (`stepstream.storage._keys`); it only has to be UTF-8 encodable and at most
   `MAX_ID_BYTES` long, so that no record can make a key of unbounded size.
 """
 

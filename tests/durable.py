@@ -16,7 +16,8 @@ from pydantic_ai.messages import BinaryContent, ModelRequest, ToolReturnPart, Us
 
 from stepstream import Settings
 from stepstream.producer import ATTEMPT_KEY, EventLog, StepPersistence
-from stepstream.projector import ProjectionReader, Projector
+from stepstream.projector import Projector
+from stepstream.readmodel import ProjectionReader
 from stepstream.schemas import RunRecord, StepEvent
 
 from agents import calls_then_answers
@@ -84,8 +85,8 @@ async def trail_without_engine(event_log: EventLog, projector: Projector) -> Tra
     """The same agent, tool and prompt, run plainly: the trail an engine's run must match."""
     await plain_agent(event_log).run('go', conversation_id='plain')
     await projector.wait_for(await event_log.flush())
-    [run] = await projector.reader().list_runs(conversation_id='plain')
-    return shape(await projector.reader().list_events(run.run_id))
+    [run] = await ProjectionReader.of(projector).list_runs(conversation_id='plain')
+    return shape(await ProjectionReader.of(projector).list_events(run.run_id))
 
 
 def assert_recovered_after(events: list[StepEvent], kind: str, tool_call_id: str | None) -> None:

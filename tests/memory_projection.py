@@ -9,9 +9,9 @@ that the pipeline between them (produce, fetch, commit) changes nothing.
 from __future__ import annotations
 
 from stepstream.producer import InMemoryLog
-from stepstream.projector import ProjectionReader
 from stepstream.projector._apply import EFFECTS, EVENTS, Applier, Rejection, SourceRecord
-from stepstream.projector._shard import MemoryShard
+from stepstream.readmodel import ProjectionReader
+from stepstream.storage import LiveShards, MemoryShard
 from stepstream.topics import Position
 
 
@@ -43,4 +43,10 @@ class MemoryProjection:
 
     def reader(self) -> ProjectionReader:
         """A reader of the projection as it stands."""
-        return ProjectionReader(self.shard)
+        return ProjectionReader.of(self)
+
+    def live_shards(self) -> LiveShards:
+        """Its one shard, holding every partition's runs (`ProjectionReader.of` reads it)."""
+        return LiveShards(
+            {0: self.shard}, partitions=1, media_store=None, keys=None, stale_after_s=20.0, scope=None
+        )

@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from stepstream.cli import main
-from stepstream.projector._shard import ShardTransaction
+from stepstream.storage import ShardTransaction
 
 MARKS = os.environ['STEPSTREAM_TEST_BATCH_MARKS']
 _commit = ShardTransaction.commit

@@ -26,7 +26,8 @@ from pydantic_ai.messages import BinaryContent
 from stepstream import Settings
 from stepstream.media import S3MediaStore
 from stepstream.producer import EventLog, StepPersistence, annotate_tool_effect, resolve_tool_effect
-from stepstream.projector import ProjectionReader, Projector
+from stepstream.projector import Projector
+from stepstream.readmodel import ProjectionReader
 from stepstream.serve import app_for, running
 
 from agents import answers, calls_then_answers, priced_calls
@@ -80,7 +81,7 @@ class Served:
         """Read the projection until `done` holds for what `read` returns; for records written
         by another process (the CLI), whose position this test's log does not know."""
         deadline = asyncio.get_running_loop().time() + timeout
-        while not done(value := await read(self.projector.reader())):
+        while not done(value := await read(ProjectionReader.of(self.projector))):
             if asyncio.get_running_loop().time() > deadline:
                 raise AssertionError(f'the projection did not get there in {timeout:g}s: {value!r}')
             await asyncio.sleep(0.05)
@@ -148,7 +149,7 @@ class Served:
 
         await long.run('go the distance', conversation_id='conv-long')
         resolved = await self.add_crashed_run('publisher-resolved')
-        reader = self.projector.reader()
+        reader = ProjectionReader.of(self.projector)
         [effect] = await reader.list_unresolved_tool_effects(resolved)
         await resolve_tool_effect(
             self.log,
@@ -166,7 +167,7 @@ class Served:
         agent = Agent(answers('late'), capabilities=[StepPersistence(log=self.log, agent_name=agent_name)])
         await agent.run('hello', conversation_id=conversation_id)
         await self.settle()
-        runs = await self.projector.reader().list_runs(conversation_id=conversation_id)
+        runs = await ProjectionReader.of(self.projector).list_runs(conversation_id=conversation_id)
         return runs[-1].run_id
 
 
@@ -240,7 +241,7 @@ async def served_projection(settings: Settings, db_path: Path) -> AsyncIterator[
         await _write_runs(log)
         await projector.wait_for(await log.flush())
         await projector.wait_for(await _poison(settings))
-        reader = projector.reader()
+        reader = ProjectionReader.of(projector)
         [orchestrator] = await reader.list_runs(agent_name='orchestrator')
         delegates = [r.run_id for r in await reader.list_runs(parent_run_id=orchestrator.run_id)]
         [image_run] = await reader.list_runs(agent_name='viewer')

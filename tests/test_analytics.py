@@ -29,7 +29,8 @@ from test_cli import cli
 from stepstream import Settings
 from stepstream.analytics import export_filesystem
 from stepstream.producer import EventLog, StepPersistence, annotate_tool_effect
-from stepstream.projector import Projector, continue_run
+from stepstream.projector import Projector
+from stepstream.readmodel import ProjectionReader, continue_run
 from stepstream.topics import log_end_offsets, murmur2_partition
 
 pytestmark = pytest.mark.broker
@@ -134,7 +135,7 @@ async def test_every_query_in_analytics_md_answers_on_a_real_export(
 ) -> None:
     expected = await write_runs(event_log)
     await projector.wait_for(await event_log.flush())
-    reader = projector.reader()
+    reader = ProjectionReader.of(projector)
     runs = {r.agent_name: r for r in await reader.list_runs()}
     assert set(runs) == {'orchestrator', 'researcher', 'fetcher', 'publisher'}
 
@@ -268,7 +269,7 @@ async def test_the_export_goes_to_s3_with_hive_paths_and_reads_the_topics_too(
         'researcher',
     ]
     assert {str(d) for d in runs.column('date').to_pylist()} == {
-        (await projector.reader().list_runs())[0].started_at.strftime('%Y-%m-%d')  # type: ignore[union-attr]
+        (await ProjectionReader.of(projector).list_runs())[0].started_at.strftime('%Y-%m-%d')  # type: ignore[union-attr]
     }
     requests = ds.dataset(f'{base}/model_requests', filesystem=fs, format='parquet', partitioning='hive')
     assert requests.count_rows() == 2 + 5 + 1 + 1  # orchestrator, researcher, fetcher, publisher
@@ -343,7 +344,7 @@ async def test_an_export_since_an_earlier_one_adds_each_event_once_and_each_runs
     editing = asyncio.create_task(editor.run('review the tides article', conversation_id='conv-edit'))
     await entered.wait()
     await projector.wait_for(await event_log.flush())
-    reader = projector.reader()
+    reader = ProjectionReader.of(projector)
     [running] = await reader.list_runs(agent_name='editor')
     assert running.status == 'running'
 

@@ -38,7 +38,6 @@ from pydantic_ai.messages import BinaryContent, ModelMessagesTypeAdapter, ModelR
 from stepstream.errors import SchemaError, StepStreamError
 from stepstream.ids import MAX_ID_BYTES
 from stepstream.media import REFERENCE_PREFIX, media_uri_for
-from stepstream.projector import ProjectionReader, inspect_recovery
 from stepstream.projector import _apply as apply_module
 from stepstream.projector._apply import (
     DLQ_REASONS,
@@ -48,30 +47,8 @@ from stepstream.projector._apply import (
     Applier,
     SourceRecord,
 )
-from stepstream.projector._keys import (
-    AGENT,
-    BROKEN,
-    CONFLICT,
-    COUNT,
-    KEYSPACES,
-    LATEST,
-    PARKED,
-    RUN,
-    STATUS,
-    UNRESOLVED_RUN,
-    Keyspace,
-)
-from stepstream.projector._listing import (
-    BROKEN_COUNT,
-    CONFLICTING_COUNT,
-    PARKED_COUNT,
-    UNRESOLVED_COUNT,
-    agent_count,
-    latest,
-    status_count,
-)
-from stepstream.projector._shard import MemoryShard, Shard
-from stepstream.projector._state import RunState
+from stepstream.projector._listing import latest
+from stepstream.readmodel import ProjectionReader, inspect_recovery
 from stepstream.schemas import (
     CHAIN_STATUSES,
     RUN_STATUSES,
@@ -86,6 +63,30 @@ from stepstream.schemas import (
     encode,
 )
 from stepstream.schemas._plain import plain_fields, read_plain
+from stepstream.storage import (
+    BROKEN_COUNT,
+    CONFLICTING_COUNT,
+    PARKED_COUNT,
+    UNRESOLVED_COUNT,
+    MemoryShard,
+    Shard,
+    agent_count,
+    status_count,
+)
+from stepstream.storage._keys import (
+    AGENT,
+    BROKEN,
+    CONFLICT,
+    COUNT,
+    KEYSPACES,
+    LATEST,
+    PARKED,
+    RUN,
+    STATUS,
+    UNRESOLVED_RUN,
+    Keyspace,
+)
+from stepstream.storage._state import RunState
 from stepstream.timestamps import micros
 from stepstream.topics import murmur2_partition
 

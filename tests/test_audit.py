@@ -36,6 +36,7 @@ from stepstream.kafka_client import client_options
 from stepstream.media import S3MediaStore
 from stepstream.producer import EventLog, StepPersistence
 from stepstream.projector import Projector
+from stepstream.readmodel import ProjectionReader
 from stepstream.schemas import StepEvent, chain_hash, decode, encode
 from stepstream.topics import ensure_topics, log_end_offsets, partition_counts
 
@@ -268,7 +269,9 @@ async def test_audit_names_every_tamper_and_verifies_an_untouched_copy(
     async with Projector(settings, db_path=tmp_path / 'projection') as projector:
         await projector.catch_up()
         store = S3MediaStore.from_settings(settings)
-        await forget_conversation(settings, 'conv-0', reader=projector.reader(), media_store=store)
+        await forget_conversation(
+            settings, 'conv-0', reader=ProjectionReader.of(projector), media_store=store
+        )
     code, report = await verify(settings, tmp_path, public, '--checkpoint', str(checkpoint))
     assert code == 0, report
 

@@ -41,7 +41,8 @@ from stepstream.producer import (
     is_provider_valid,
 )
 from stepstream.producer._snapshots import DeltaTracker
-from stepstream.projector import ProjectionReader, Projector, continue_run, inspect_recovery
+from stepstream.projector import Projector
+from stepstream.readmodel import ProjectionReader, continue_run, inspect_recovery
 from stepstream.schemas import encode
 
 from agents import answers, calls_then_answers, tool_returns, turns_then_answers
@@ -74,7 +75,7 @@ async def broker_projector(settings: Settings, db_path: Path) -> AsyncIterator[P
 
 async def settle(log: StepLog, projector: MemoryProjection | Projector) -> ProjectionReader:
     await projector.wait_for(await log.flush())
-    return projector.reader()
+    return ProjectionReader.of(projector)
 
 
 @pytest.mark.fast
@@ -546,7 +547,7 @@ async def test_from_spec_uses_a_shared_log(settings: Settings, broker_projector:
         agent = Agent(answers(), capabilities=[capability])
         await agent.run('hi', conversation_id='conv-spec')
         await projector.wait_for(await capability.log.flush())
-        [run] = await projector.reader().list_runs(conversation_id='conv-spec')
+        [run] = await ProjectionReader.of(projector).list_runs(conversation_id='conv-spec')
         assert run.agent_name == 's'
     finally:
         await EventLog.close_shared()

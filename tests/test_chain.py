@@ -39,8 +39,6 @@ from stepstream.producer import InMemoryLog, StepPersistence
 from stepstream.producer._memory import StoredRecord
 from stepstream.producer._run import RunWriter
 from stepstream.projector._apply import Applier, SourceRecord
-from stepstream.projector._shard import MemoryShard
-from stepstream.projector.storage import RUN, RunState
 from stepstream.schemas import (
     MAGIC,
     UNCHAINED_KINDS,
@@ -52,6 +50,7 @@ from stepstream.schemas import (
     load_schema_versions,
 )
 from stepstream.signing import SIGNATURE, SIGNED_KIND, SIGNING_KEY, Signer, TrustedKeys, statement
+from stepstream.storage import RUN, MemoryShard, RunState
 
 pytestmark = pytest.mark.fast
 

@@ -17,7 +17,8 @@ from pydantic_ai import Agent
 from stepstream import Settings
 from stepstream.embedded import EmbeddedStack
 from stepstream.producer import EventLog, StepPersistence
-from stepstream.projector import ProjectionReader, Projector, rebuild, verify_paths
+from stepstream.projector import Projector, rebuild, verify_paths
+from stepstream.readmodel import ProjectionReader
 from stepstream.schemas import StepEvent
 from stepstream.service_log import BrokerLossLog
 
@@ -70,7 +71,7 @@ async def test_runs_come_a_page_at_a_time_newest_first_or_all_as_json_lines(
     for i in range(3):
         await orchestrate(event_log, f'conv-page-{i}')  # a boss and its worker each: 6 runs
     await projector.wait_for(await event_log.flush())
-    everyone = await projector.reader().list_runs(newest_first=True)
+    everyone = await ProjectionReader.of(projector).list_runs(newest_first=True)
     newest = [r.run_id for r in everyone]
     assert len(newest) == 6
 
@@ -100,7 +101,7 @@ async def test_views_tables_and_json(
 ) -> None:
     await orchestrate(event_log, 'conv-cli')
     await projector.wait_for(await event_log.flush())
-    [boss] = await projector.reader().list_runs(conversation_id='conv-cli')
+    [boss] = await ProjectionReader.of(projector).list_runs(conversation_id='conv-cli')
 
     code, out, _ = await cli(settings, db_path, 'runs', '--conversation-id', 'conv-cli')
     assert (
@@ -200,7 +201,7 @@ async def test_cancelled_and_stale_runs_in_every_view(
         settings, db_path, 'resolve', 'cx', 'call-0', '--did-not-happen', '--note', 'the outbox is empty'
     )
     assert code == 0, err
-    reader = projector.reader()
+    reader = ProjectionReader.of(projector)
     while (found := await reader.get_tool_effect('cx', 'call-0')) is None or found.status != 'resolved':
         await asyncio.sleep(0.05)  # the projector (this test's) applies what the CLI appended
     code, out, _ = await cli(settings, db_path, 'effects', 'cx')
@@ -313,8 +314,8 @@ async def test_rebuild_and_verify(
     await projector.wait_for(await event_log.flush())
     _, difference = verify_paths(db_path, tmp_path / 'fresh')
     # Only the late runs differ (which key comes first depends on their partition and start).
-    [late] = await projector.reader().list_runs(conversation_id='conv-late')
-    late_ids = [r.run_id for r in await projector.reader().run_tree(late.run_id)]
+    [late] = await ProjectionReader.of(projector).list_runs(conversation_id='conv-late')
+    late_ids = [r.run_id for r in await ProjectionReader.of(projector).run_tree(late.run_id)]
     assert difference is not None and any(run_id in difference.key for run_id in late_ids), difference
     code, out, _ = await cli(settings, db_path, 'verify', str(db_path), str(tmp_path / 'fresh'))
     assert code == 1 and 'first difference at' in out
@@ -386,7 +387,7 @@ async def test_max_snapshots_per_run_keeps_newest_and_newest_complete(
     position = await event_log.flush()
     async with Projector(settings, db_path=tmp_path / 'kept', max_snapshots_per_run=2) as projector:
         await projector.wait_for(position)
-        reader = projector.reader()
+        reader = ProjectionReader.of(projector)
         kept = await reader.list_snapshots('keep')
         assert [s.snapshot_seq for s in kept] == [5, 6]
         assert kept[-1].messages == result.all_messages()

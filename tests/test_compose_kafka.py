@@ -30,6 +30,7 @@ from stepstream.errors import AccessDenied
 from stepstream.kafka_client import client_options
 from stepstream.producer import EventLog, StepPersistence
 from stepstream.projector import Projector
+from stepstream.readmodel import ProjectionReader
 from stepstream.topics import ensure_topics
 
 from agents import answers
@@ -154,5 +155,5 @@ async def test_compose_kafka_with_its_certificates_users_and_acls_serves_every_r
             agent = Agent(answers(), capabilities=[StepPersistence(log=event_log, agent_name='compose')])
             await agent.run('hello', conversation_id='compose')
             await projection.wait_for(await event_log.flush())
-            [run] = await projection.reader().list_runs(conversation_id='compose')
+            [run] = await ProjectionReader.of(projection).list_runs(conversation_id='compose')
             assert run.status == 'completed'

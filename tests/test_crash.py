@@ -12,7 +12,8 @@ import pytest
 from pydantic_ai.messages import ModelRequest, ModelResponse, UserPromptPart
 
 from stepstream import Settings
-from stepstream.projector import Projector, continue_run
+from stepstream.projector import Projector
+from stepstream.readmodel import ProjectionReader, continue_run
 from stepstream.topics import ensure_topics
 
 from agents import tool_returns
@@ -28,7 +29,7 @@ async def test_sigkill_mid_tool_leaves_unknown_effect_and_last_settled_snapshot(
     await ensure_topics(settings)
     env = {**os.environ, **settings.to_env(), 'PYTHONPATH': str(CHILD.parent)}
     child = await asyncio.create_subprocess_exec(sys.executable, str(CHILD), 'crashy', env=env)
-    reader = projector.reader()
+    reader = ProjectionReader.of(projector)
     try:
         for _ in range(600):
             effect = await reader.get_tool_effect('crashy', 'call-1')

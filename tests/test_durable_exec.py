@@ -18,6 +18,7 @@ import pytest
 from stepstream import Settings
 from stepstream.producer import EventLog
 from stepstream.projector import Projector
+from stepstream.readmodel import ProjectionReader
 from stepstream.topics import ensure_topics
 
 from durable import (
@@ -70,7 +71,7 @@ async def test_dbos_recovers_a_run_killed_inside_a_tool_as_one_run(
     await kill_at(await child(settings, tmp_path, 'start', '--hang'), b'in-tool call-1\n')
 
     await projector.catch_up()
-    reader = projector.reader()
+    reader = ProjectionReader.of(projector)
     [interrupted] = await reader.list_runs(conversation_id='wf-1')
     assert interrupted.status == 'running'
     unresolved = await reader.list_unresolved_tool_effects(interrupted.run_id)
@@ -92,13 +93,15 @@ async def test_dbos_recovers_a_run_killed_inside_its_durable_write(
     await ensure_topics(settings)
     await kill_at(await child(settings, tmp_path, 'start', '--hang-write'), b'in-write\n')
     await projector.catch_up()
-    [interrupted] = await projector.reader().list_runs(conversation_id='wf-1')
+    [interrupted] = await ProjectionReader.of(projector).list_runs(conversation_id='wf-1')
     assert interrupted.status == 'running'
 
     output = await finish(await child(settings, tmp_path, 'recover'))
     assert 'output answered after 2 tool calls' in output
     await projector.catch_up()
-    await assert_write_kill_recovered(projector.reader(), projector, event_log, 'wf-1', effects(tmp_path))
+    await assert_write_kill_recovered(
+        ProjectionReader.of(projector), projector, event_log, 'wf-1', effects(tmp_path)
+    )
     await assert_audited(settings, 'wf-1')
 
 
@@ -109,7 +112,7 @@ async def test_dbos_run_without_a_crash_has_the_plain_trail_and_large_media_inta
     output = await finish(await child(settings, tmp_path, 'start', '--big'))
     assert 'output answered after 2 tool calls' in output
     await projector.catch_up()
-    run = await assert_clean_big_run(projector.reader(), projector, event_log, 'wf-1')
+    run = await assert_clean_big_run(ProjectionReader.of(projector), projector, event_log, 'wf-1')
     assert run.run_id.startswith('worker-wf-1')
 
 

@@ -22,6 +22,7 @@ import pytest
 from stepstream import Settings
 from stepstream.producer import EventLog
 from stepstream.projector import Projector
+from stepstream.readmodel import ProjectionReader
 from stepstream.topics import ensure_topics
 
 from durable import (
@@ -98,13 +99,13 @@ async def test_prefect_recovers_a_flow_run_killed_inside_a_tool_as_one_run(
     await ensure_topics(settings)
     await kill_at(await child(settings, prefect, tmp_path, 'start', '--hang'), b'in-tool call-1\n')
     await projector.catch_up()
-    [interrupted] = await projector.reader().list_runs(conversation_id=conversation(tmp_path))
+    [interrupted] = await ProjectionReader.of(projector).list_runs(conversation_id=conversation(tmp_path))
     assert interrupted.status == 'running'
 
     output = await finish(await child(settings, prefect, tmp_path, 'recover'))
     assert 'output answered after 2 tool calls' in output
     await projector.catch_up()
-    reader = projector.reader()
+    reader = ProjectionReader.of(projector)
     await assert_tool_kill_recovered(
         reader,
         projector,
@@ -128,7 +129,7 @@ async def test_prefect_recovers_a_flow_run_killed_inside_a_durable_write(
     assert 'output answered after 2 tool calls' in output
     await projector.catch_up()
     await assert_write_kill_recovered(
-        projector.reader(), projector, event_log, conversation(tmp_path), effects(tmp_path)
+        ProjectionReader.of(projector), projector, event_log, conversation(tmp_path), effects(tmp_path)
     )
     await assert_audited(settings, conversation(tmp_path))
 
@@ -140,7 +141,9 @@ async def test_prefect_run_without_a_crash_has_the_plain_trail_and_large_media_i
     output = await finish(await child(settings, prefect, tmp_path, 'start', '--big'))
     assert 'output answered after 2 tool calls' in output
     await projector.catch_up()
-    run = await assert_clean_big_run(projector.reader(), projector, event_log, conversation(tmp_path))
+    run = await assert_clean_big_run(
+        ProjectionReader.of(projector), projector, event_log, conversation(tmp_path)
+    )
     assert run.conversation_id == conversation(tmp_path)
 
 

@@ -20,6 +20,7 @@ import pytest
 from stepstream import Settings
 from stepstream.producer import EventLog
 from stepstream.projector import Projector
+from stepstream.readmodel import ProjectionReader
 from stepstream.topics import ensure_topics
 
 from durable import (
@@ -97,13 +98,13 @@ async def test_temporal_recovers_a_worker_killed_inside_a_tool_as_one_run(
     await ensure_topics(settings)
     await kill_at(await child(settings, temporal, tmp_path, 'start', '--hang'), b'in-tool call-1\n')
     await projector.catch_up()
-    [interrupted] = await projector.reader().list_runs(conversation_id=workflow_id(tmp_path))
+    [interrupted] = await ProjectionReader.of(projector).list_runs(conversation_id=workflow_id(tmp_path))
     assert interrupted.status == 'running'
 
     output = await finish(await child(settings, temporal, tmp_path, 'recover'))
     assert 'output answered after 2 tool calls' in output
     await projector.catch_up()
-    reader = projector.reader()
+    reader = ProjectionReader.of(projector)
     await assert_tool_kill_recovered(
         reader,
         projector,
@@ -127,7 +128,7 @@ async def test_temporal_recovers_a_worker_killed_inside_a_durable_write(
     assert 'output answered after 2 tool calls' in output
     await projector.catch_up()
     await assert_write_kill_recovered(
-        projector.reader(), projector, event_log, workflow_id(tmp_path), effects(tmp_path)
+        ProjectionReader.of(projector), projector, event_log, workflow_id(tmp_path), effects(tmp_path)
     )
     await assert_audited(settings, workflow_id(tmp_path))
 
@@ -139,7 +140,9 @@ async def test_temporal_run_without_a_crash_has_the_plain_trail_and_large_media_
     output = await finish(await child(settings, temporal, tmp_path, 'start', '--big'))
     assert 'output answered after 2 tool calls' in output
     await projector.catch_up()
-    run = await assert_clean_big_run(projector.reader(), projector, event_log, workflow_id(tmp_path))
+    run = await assert_clean_big_run(
+        ProjectionReader.of(projector), projector, event_log, workflow_id(tmp_path)
+    )
     assert run.conversation_id == workflow_id(tmp_path)
 
 

@@ -9,7 +9,8 @@ from pydantic_ai import Agent, RunContext
 
 from stepstream import Settings
 from stepstream.producer import EventLog, StepPersistence
-from stepstream.projector import ProjectionReader, Projector, continue_run
+from stepstream.projector import Projector
+from stepstream.readmodel import ProjectionReader, continue_run
 
 from agents import answers, calls_then_answers
 
@@ -32,7 +33,7 @@ async def test_orchestrator_and_delegate_round_trip(event_log: EventLog, project
 
     result = await orchestrator.run('find X', conversation_id='conv-1')
     await projector.wait_for(await event_log.flush())
-    reader = projector.reader()
+    reader = ProjectionReader.of(projector)
 
     [orch_run] = await reader.list_runs(conversation_id='conv-1')
     assert orch_run.agent_name == 'orchestrator'
@@ -84,17 +85,17 @@ async def test_projector_resumes_from_stored_offsets(
     await agent.run('first')
     async with Projector(settings, db_path=db_path) as projector:
         await projector.wait_for(await event_log.flush())
-        [first] = await projector.reader().list_runs()
+        [first] = await ProjectionReader.of(projector).list_runs()
         assert projector.records_applied == first.event_count
 
     await agent.run('second')
     async with Projector(settings, db_path=db_path) as projector:
         await projector.wait_for(await event_log.flush())
-        runs = await projector.reader().list_runs()
+        runs = await ProjectionReader.of(projector).list_runs()
         # Only the second run's records were consumed again: nothing applied twice.
         assert projector.records_applied == runs[1].event_count
         assert projector.duplicates_ignored == 0
-        assert (await projector.reader().get_run(first.run_id)) == first
+        assert (await ProjectionReader.of(projector).get_run(first.run_id)) == first
 
     reader = ProjectionReader.open(db_path)
     try:

@@ -32,16 +32,11 @@ from stepstream.erasure import KEY_TOPIC_CONFIGS, ContentErased, KeyRing, key_to
 from stepstream.forget import forget_conversation
 from stepstream.media import S3MediaStore
 from stepstream.producer import EventLog, StepPersistence
-from stepstream.projector import (
-    Checkpoints,
-    GroupMember,
-    ProjectionReader,
-    Projector,
-    continue_run,
-    rebuild,
-)
+from stepstream.projector import GroupMember, Projector, rebuild
+from stepstream.readmodel import ProjectionReader, continue_run
 from stepstream.replay import replay_run
 from stepstream.serve import app_for, running
+from stepstream.storage import Checkpoints
 from stepstream.topics import partition_counts
 
 from agents import calls_then_answers
@@ -118,7 +113,7 @@ async def test_forget_erases_content_and_media_everywhere_but_keeps_the_trail(
         await agent.run(f'tell me about {secret}', conversation_id='conv-forget')
         await agent.run(f'tell me about {secret}', conversation_id='conv-keep')  # the same payload
         await projector.wait_for(await log.flush())
-        reader = projector.reader()
+        reader = ProjectionReader.of(projector)
         (erased_run,) = await reader.list_runs(conversation_id='conv-forget')
         (kept_run,) = await reader.list_runs(conversation_id='conv-keep')
         history = await continue_run(reader, run_id=erased_run.run_id)
@@ -183,8 +178,8 @@ async def test_forget_erases_content_and_media_everywhere_but_keeps_the_trail(
     ) as member:
         await until(lambda: member.partitions == [0, 1, 2], 'the new member to own every partition')
         assert member.restored_from_checkpoint  # restored, not replayed
-        await assert_erased(member.reader(), erased_run.run_id)
-        await assert_trail(member.reader(), erased_run.run_id)
+        await assert_erased(ProjectionReader.of(member), erased_run.run_id)
+        await assert_trail(ProjectionReader.of(member), erased_run.run_id)
 
 
 async def assert_erased(reader: ProjectionReader, run_id: str) -> None:
@@ -219,7 +214,7 @@ async def test_a_writer_without_the_reader_key_is_not_read_as_erased(
     ):
         await secret_agent(log, store, 'short').run('hello', conversation_id='conv-kek')
         await projector.wait_for(await log.flush())
-        (run,) = await projector.reader().list_runs(conversation_id='conv-kek')
+        (run,) = await ProjectionReader.of(projector).list_runs(conversation_id='conv-kek')
     other = settings.replace(erasure_key=new_kek())
     async with KeyRing(other) as keys:
         reader = ProjectionReader.open(tmp_path / 'p', media_store=store, keys=keys)
@@ -336,7 +331,7 @@ async def test_the_cli_the_service_and_the_export_show_erased_content_as_erased(
         prompt = ['second', BinaryContent(image, media_type='image/png')]
         await agent.run(prompt, conversation_id='conv-other')
         await projector.wait_for(await log.flush())
-        reader = projector.reader()
+        reader = ProjectionReader.of(projector)
         (erased,) = await reader.list_runs(conversation_id='conv-cli')
         (kept,) = await reader.list_runs(conversation_id='conv-other')
 
@@ -404,7 +399,7 @@ async def test_two_writers_of_one_conversation_use_their_own_keys_and_forget_des
         )
         await projector.wait_for(await first.flush())
         await projector.wait_for(await second.flush())
-        reader = projector.reader()
+        reader = ProjectionReader.of(projector)
         runs = await reader.list_runs(conversation_id='conv-two')
         assert len(runs) == 2
         report = await forget_conversation(settings, 'conv-two', reader=reader, media_store=store)

@@ -21,6 +21,7 @@ from stepstream.embedded import EmbeddedStack
 from stepstream.kafka_client import client_options
 from stepstream.producer import EventLog, StepPersistence
 from stepstream.projector import Projector
+from stepstream.readmodel import ProjectionReader
 from stepstream.schemas import RunRecord, ToolEffectTransition, decode
 
 from agents import calls_then_answers
@@ -71,7 +72,7 @@ async def test_s3_down_mid_run_still_ends_every_run_failed(tmp_path: Path) -> No
             await asyncio.to_thread(stack.start_s3)
 
             await projector.wait_for(await log.flush())
-            runs_seen = await projector.reader().list_runs(conversation_id='s3-down')
+            runs_seen = await ProjectionReader.of(projector).list_runs(conversation_id='s3-down')
             assert len(runs_seen) == RUNS
             assert all(ended_failed_without_gaps(run, 'MediaUnavailable') for run in runs_seen), runs_seen
             assert all('(failure snapshot: MediaUnavailable' in (run.error or '') for run in runs_seen)
@@ -116,7 +117,7 @@ async def test_broker_down_mid_run_every_failed_run_ends_failed_once_it_is_back(
         assert [r for r in logged if getattr(r, 'status', None) == 'resolved'] == resolutions
         async with Projector(settings) as projector:
             await projector.wait_for(position)
-            reader = projector.reader()
+            reader = ProjectionReader.of(projector)
             for run_id in [*(f'mid-{i}' for i in range(RUNS)), 'during-0', 'during-1']:
                 run = await reader.get_run(run_id)
                 assert ended_failed_without_gaps(run, 'StepStreamUnavailable'), run
@@ -173,7 +174,7 @@ async def test_a_record_too_large_takes_no_seq(settings: Settings, projector: Pr
         with pytest.raises(RecordTooLarge):
             await agent.run('say a lot')
         await projector.wait_for(await log.flush())
-    run = await projector.reader().get_run('too-large')
+    run = await ProjectionReader.of(projector).get_run('too-large')
     assert ended_failed_without_gaps(run, 'RecordTooLarge'), run
 
 
@@ -192,7 +193,7 @@ async def test_a_record_refused_by_the_id_rule_takes_no_seq(
     with pytest.raises(ValueError, match='tool_call_id is 2000 bytes'):
         await agent.run('go')
     await projector.wait_for(await event_log.flush())
-    run = await projector.reader().get_run('bad-id')
+    run = await ProjectionReader.of(projector).get_run('bad-id')
     assert ended_failed_without_gaps(run, 'tool_call_id is 2000 bytes'), run
 
 
@@ -208,7 +209,7 @@ async def test_a_run_that_fails_at_once_still_has_its_run_started(
     with pytest.raises(RuntimeError):
         await agent.run('go')
     await projector.wait_for(await event_log.flush())
-    run = await projector.reader().get_run('fails-at-once')
+    run = await ProjectionReader.of(projector).get_run('fails-at-once')
     assert ended_failed_without_gaps(run, 'model is down'), run
 
 

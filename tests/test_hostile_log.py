@@ -24,7 +24,8 @@ from pydantic_ai import Agent
 
 from stepstream import Settings
 from stepstream.producer import EventLog, StepPersistence
-from stepstream.projector import ProjectionReader, rebuild, verify_paths
+from stepstream.projector import rebuild, verify_paths
+from stepstream.readmodel import ProjectionReader
 from stepstream.schemas import ModelUsage, StepEvent, ToolEffectTransition, encode
 from stepstream.topics import Position, murmur2_partition
 

@@ -23,6 +23,7 @@ from stepstream.audit import audit_log
 from stepstream.embedded import EmbeddedStack
 from stepstream.producer import EventLog, StepPersistence
 from stepstream.projector import Projector, rebuild, verify_paths
+from stepstream.readmodel import ProjectionReader
 
 from agents import calls_then_answers
 from brokers import kafka_only
@@ -171,7 +172,7 @@ async def test_three_brokers_killed_one_at_a_time_lose_no_acknowledged_record(
             await asyncio.gather(*workers)
             position = await log.flush(timeout=60)
             await projector.wait_for(position, timeout=120)
-            reader = projector.reader()
+            reader = ProjectionReader.of(projector)
             runs = {r.run_id: r for r in await reader.list_runs()}
 
         assert traffic.other == []

@@ -23,10 +23,10 @@ from stepstream.errors import EffectInFlight
 from stepstream.media import DiskMediaStore
 from stepstream.producer import InMemoryLog, StepPersistence, resolution_for
 from stepstream.producer._liveness import unwatch_sigterm, watch_sigterm
-from stepstream.projector import ProjectionReader
 from stepstream.projector._apply import EFFECTS, EVENTS, Applier, SourceRecord
-from stepstream.projector._shard import MemoryShard
+from stepstream.readmodel import ProjectionReader
 from stepstream.schemas import StepEvent, ToolEffectRecord, ToolEffectTransition, encode
+from stepstream.storage import MemoryShard
 from stepstream.topics import murmur2_partition
 
 from agents import calls_then_answers

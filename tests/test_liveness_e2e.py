@@ -21,7 +21,8 @@ from pydantic_ai import Agent
 
 from stepstream import Settings
 from stepstream.producer import EventLog, StepPersistence
-from stepstream.projector import ProjectionReader, Projector
+from stepstream.projector import Projector
+from stepstream.readmodel import ProjectionReader
 from stepstream.schemas import RunRecord, ToolEffectRecord
 from stepstream.topics import ensure_topics
 
@@ -44,7 +45,7 @@ def live(settings: Settings) -> Settings:
 @pytest.fixture
 async def reader(live: Settings, db_path: Path) -> AsyncIterator[ProjectionReader]:
     async with Projector(live, db_path=db_path) as projector:
-        yield projector.reader()
+        yield ProjectionReader.of(projector)
 
 
 async def state(reader: ProjectionReader, run_id: str) -> tuple[RunRecord | None, ToolEffectRecord | None]:

@@ -31,7 +31,8 @@ from stepstream import MediaUnavailable, Settings
 from stepstream.embedded import EmbeddedStack
 from stepstream.media import MediaContext, MediaExternalizer, PublicUrlResolver, S3MediaStore
 from stepstream.producer import EventLog, StepPersistence
-from stepstream.projector import ProjectionReader, Projector, continue_run
+from stepstream.projector import Projector
+from stepstream.readmodel import ProjectionReader, continue_run
 
 from agents import calls_then_answers, tool_returns
 
@@ -92,8 +93,8 @@ async def test_image_and_big_tool_output_round_trip_with_small_records(
         prompt = ['what is in this picture?', BinaryContent(IMAGE, media_type='image/png')]
         result = await agent.run(prompt, conversation_id='conv-media')
         await projector.wait_for(await log.flush())
-        [run] = await projector.reader().list_runs(conversation_id='conv-media')
-        history = await continue_run(projector.reader(), run_id=run.run_id)
+        [run] = await ProjectionReader.of(projector).list_runs(conversation_id='conv-media')
+        history = await continue_run(ProjectionReader.of(projector), run_id=run.run_id)
         # Equal to what Pydantic AI's own JSON round trip of the run gives (BinaryContent of an
         # image comes back as its BinaryImage subclass either way).
         expected = ModelMessagesTypeAdapter.validate_json(
@@ -161,7 +162,7 @@ async def test_s3_down_at_a_snapshot_fails_the_run_without_dangling_records(tmp_
             assert settings.s3_endpoint is not None and settings.s3_endpoint in str(failure.value)
             assert settings.s3_bucket in str(failure.value)
             await projector.wait_for(await log.flush())
-            reader = projector.reader()
+            reader = ProjectionReader.of(projector)
             run = await reader.get_run('s3-down')
             assert run is not None and run.status == 'failed'
             # The tool cycle's snapshot (holding the big output) was never sent. The failure
@@ -236,7 +237,7 @@ async def test_a_run_that_succeeds_without_persistence_succeeds_with_it(
         result = await persisted.run(prompt, conversation_id='conv-large')
         assert result.output == plain.output
         await projector.wait_for(await log.flush())
-        history = await continue_run(projector.reader(), run_id='large')
+        history = await continue_run(ProjectionReader.of(projector), run_id='large')
     expected = ModelMessagesTypeAdapter.validate_json(
         ModelMessagesTypeAdapter.dump_json(result.all_messages())
     )
@@ -294,8 +295,8 @@ async def test_the_model_fetches_large_media_from_s3_and_the_log_keeps_the_bytes
         prompt: list[UserContent] = ['what is in this picture?', BinaryContent(IMAGE, media_type='image/png')]
         await agent.run(prompt, conversation_id='conv-vision')
         await projector.wait_for(await log.flush())
-        [run] = await projector.reader().list_runs(conversation_id='conv-vision')
-        history = await continue_run(projector.reader(), run_id=run.run_id)
+        [run] = await ProjectionReader.of(projector).list_runs(conversation_id='conv-vision')
+        history = await continue_run(ProjectionReader.of(projector), run_id=run.run_id)
 
     assert fetched == [IMAGE]
     [image] = [

@@ -47,12 +47,12 @@ from stepstream.erasure import ConversationKey, KeyRing, new_kek, parse_kek
 from stepstream.media import REFERENCE_PREFIX, DiskMediaStore, legacy_media, media_uri_for, snapshot_media
 from stepstream.producer._sealing import Sealer
 from stepstream.producer._snapshots import SnapshotWriter
-from stepstream.projector import ProjectionReader
 from stepstream.projector._apply import EVENTS, Applier, SourceRecord
-from stepstream.projector._keys import MEDIA, RUN_MEDIA
-from stepstream.projector._shard import MemoryShard, Shard
+from stepstream.readmodel import ProjectionReader
 from stepstream.schemas import SnapshotDelta, StepEvent, decode, encode
 from stepstream.settings import Settings
+from stepstream.storage import MemoryShard, Shard
+from stepstream.storage._keys import MEDIA, RUN_MEDIA
 
 pytestmark = pytest.mark.fast
 

@@ -46,18 +46,11 @@ from stepstream.forget import NOT_SEALED, forget_conversation
 from stepstream.media import S3MediaStore
 from stepstream.producer import EventLog, StepPersistence
 from stepstream.producer import _run as capability  # builds the records, with their timestamps
-from stepstream.projector import (
-    Checkpoints,
-    GroupMember,
-    ProjectionReader,
-    Projector,
-    continue_run,
-    rebuild,
-)
-from stepstream.projector._keys import MEDIA, RUN_MEDIA
-from stepstream.projector._shard import Shard, shard_paths
-from stepstream.projector._sweep import sweep_media
+from stepstream.projector import GroupMember, Projector, rebuild
+from stepstream.readmodel import ProjectionReader, continue_run, sweep_media
 from stepstream.serve import Source, create_app
+from stepstream.storage import Checkpoints, Shard, shard_paths
+from stepstream.storage._keys import MEDIA, RUN_MEDIA
 
 from waits import until
 
@@ -118,7 +111,7 @@ async def _index_scenario(
         await live.wait_for(await log.flush())
         objects = await stored(store)
         assert objects, 'every generated history offloads something'
-        assert await live.reader().referenced_media() == objects
+        assert await ProjectionReader.of(live).referenced_media() == objects
         assert await checkpoints.upload_all(live.shards)
 
     await rebuild(settings, tmp / 'rebuilt')
@@ -137,7 +130,7 @@ async def _index_scenario(
     ) as member:
         await until(lambda: member.partitions == [0, 1, 2], 'the new member to own every partition')
         assert member.restored_from_checkpoint  # restored, not replayed
-        assert await member.reader().referenced_media() == objects
+        assert await ProjectionReader.of(member).referenced_media() == objects
 
 
 # -- retention with images, audio and text ------------------------------------------------------
@@ -201,7 +194,7 @@ async def test_a_sweep_never_deletes_what_a_kept_run_reads(
         )
         await camera_agent(log, store, other).run('take another', conversation_id='other')
         await projector.wait_for(await log.flush())
-        reader = projector.reader()
+        reader = ProjectionReader.of(projector)
         assert await reader.get_run(old) is None and await reader.get_run(kept) is not None
         kept_objects = await stored(store) - old_objects
         # image, audio, transcript (and, sealed, one copy of each per conversation: fresh nonces)

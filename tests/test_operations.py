@@ -26,8 +26,10 @@ from pydantic_ai import Agent
 from stepstream import Settings
 from stepstream.metrics import CATALOGUE, ProbeServer
 from stepstream.producer import EventLog, StepPersistence
-from stepstream.projector import Checkpoints, GroupMember, Projector
+from stepstream.projector import GroupMember, Projector, ProjectorObserver
+from stepstream.readmodel import ProjectionReader
 from stepstream.serve import app_for, running
+from stepstream.storage import Checkpoints
 from stepstream.topics import ensure_topics, log_end_offsets
 
 from agents import answers
@@ -226,7 +228,7 @@ async def test_a_member_is_ready_once_it_holds_its_shards_and_while_it_keeps_up(
     await run_agents(event_log, 1, 'before')
     async with HeldLock(member) as lock:
         await member.start()
-        observer = member.observer(max_lag=5)
+        observer = ProjectorObserver(member, ProjectionReader.of(member), max_lag=5)
         server = ProbeServer(observer.registry, observer, asyncio.get_running_loop()).start()
         try:
             async with httpx.AsyncClient(timeout=30) as client:
@@ -338,7 +340,7 @@ async def test_serve_is_scraped_and_probed_without_its_token(
     settings = settings.replace(serve_token='s3cret')
     await run_agents(event_log, 2, 'served')
     await projector.wait_for(await event_log.flush())
-    app = app_for(settings, reader=projector.reader())
+    app = app_for(settings, reader=ProjectionReader.of(projector))
     async with running(app, port=0) as served, httpx.AsyncClient(timeout=30) as client:
         assert (await client.get(f'{served.url}/api/runs')).status_code == 401
         headers = {'Authorization': 'Bearer s3cret'}
@@ -378,7 +380,11 @@ async def test_serve_as_a_member_answers_with_its_projectors_metrics_and_probes(
     )
     async with HeldLock(member) as lock:
         await member.start()
-        app = app_for(settings, reader=member.reader(), observer=member.observer(max_lag=100))
+        app = app_for(
+            settings,
+            reader=ProjectionReader.of(member),
+            observer=ProjectorObserver(member, ProjectionReader.of(member), max_lag=100),
+        )
         try:
             async with running(app, port=0) as served, httpx.AsyncClient(timeout=30) as client:
                 waiting = await client.get(f'{served.url}/readyz')

@@ -23,7 +23,7 @@ from stepstream import Settings
 from stepstream.producer import EventLog, StepPersistence
 from stepstream.projector import Projector
 from stepstream.projector._pacing import TopicPacer
-from stepstream.projector._shard import Shard, shard_paths
+from stepstream.storage import Shard, shard_paths
 from stepstream.topics import Position
 
 from agents import calls_then_answers

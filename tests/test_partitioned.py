@@ -18,16 +18,9 @@ from test_cli import cli, orchestrate
 
 from stepstream import ProjectionMismatch, Settings, UsageError
 from stepstream.producer import EventLog
-from stepstream.projector import (
-    Checkpoints,
-    GroupMember,
-    ProjectionReader,
-    Projector,
-    Rebuilding,
-    ShardUnavailable,
-    rebuild,
-    verify_paths,
-)
+from stepstream.projector import GroupMember, Projector, Rebuilding, rebuild, verify_paths
+from stepstream.readmodel import ProjectionReader, ShardUnavailable
+from stepstream.storage import Checkpoints
 from stepstream.topics import Position, murmur2_partition
 
 from brokers import BROKER, kafka_only
@@ -67,9 +60,9 @@ async def test_two_members_share_a_directory_and_hand_shards_over(
             # A member's own reader sees only its shards, and says which one it lacks.
             for other in [r for r in runs if murmur2_partition(r.run_id.encode(), 3) in b.partitions][:1]:
                 with pytest.raises(ShardUnavailable, match=r'partition\(s\) \['):
-                    await a.reader().get_run(other.run_id)
+                    await ProjectionReader.of(a).get_run(other.run_id)
             with pytest.raises(ShardUnavailable):
-                await a.reader().list_runs()
+                await ProjectionReader.of(a).list_runs()
         finally:
             reader.close()
 
@@ -196,8 +189,8 @@ async def test_a_batch_fetched_before_the_assignment_seek_is_fetched_again(
         assert restorer.stale  # a batch from past the checkpoints was in the member's hands
         await second.wait_for(end)
         for conversation in ('middle-0', 'middle-1', 'middle-2'):  # the runs between the offsets
-            [boss] = await second.reader().list_runs(conversation_id=conversation)
-            tree = await second.reader().run_tree(boss.run_id)
+            [boss] = await ProjectionReader.of(second).list_runs(conversation_id=conversation)
+            tree = await ProjectionReader.of(second).run_tree(boss.run_id)
             assert [(r.agent_name, r.status) for r in tree] == [
                 ('boss', 'completed'),
                 ('worker', 'completed'),
@@ -369,7 +362,7 @@ async def test_members_killed_at_random_lose_nothing_and_restore_from_checkpoint
         await until(lambda: last.partitions == [0, 1, 2], 'the last member to own every partition', 90)
         assert len(last.restored_from_checkpoint) == 3
         await last.wait_for(end, timeout=120)
-        reader = last.reader()
+        reader = ProjectionReader.of(last)
         runs = await reader.list_runs()
         assert runs
         for run in runs:  # every genuine run reads whole: its completed runs resume from a snapshot

@@ -23,6 +23,7 @@ from stepstream.embedded import EmbeddedStack
 from stepstream.ids import check_run_id, to_run_id
 from stepstream.producer import EventLog, StepPersistence, annotate_tool_effect
 from stepstream.projector import Projector
+from stepstream.readmodel import ProjectionReader
 from stepstream.schemas import StepEvent, ToolEffectTransition, decode
 
 from agents import answers, calls_then_answers
@@ -208,9 +209,13 @@ async def test_explicit_run_id_is_single_shot(event_log: EventLog, projector: Pr
     with pytest.raises(ValueError, match='already used'):
         await agent.run('second')
     await projector.wait_for(await event_log.flush())
-    run = await projector.reader().get_run('only-once')
-    assert run is not None and run.event_count == len(await projector.reader().list_events('only-once'))
-    assert [e.kind for e in await projector.reader().list_events('only-once')].count('run_started') == 1
+    run = await ProjectionReader.of(projector).get_run('only-once')
+    assert run is not None and run.event_count == len(
+        await ProjectionReader.of(projector).list_events('only-once')
+    )
+    assert [e.kind for e in await ProjectionReader.of(projector).list_events('only-once')].count(
+        'run_started'
+    ) == 1
 
 
 @pytest.mark.broker
@@ -226,7 +231,7 @@ async def test_annotation_survives_the_terminal_transition(event_log: EventLog, 
 
     await agent.run('go')
     await projector.wait_for(await event_log.flush())
-    effect = await projector.reader().get_tool_effect('annotated-1', 'call-0')
+    effect = await ProjectionReader.of(projector).get_tool_effect('annotated-1', 'call-0')
     assert effect is not None
     assert (effect.status, effect.idempotency_key, effect.effect_summary) == (
         'completed',
@@ -364,7 +369,7 @@ async def test_an_unsafe_context_run_id_is_mapped_not_rejected(
     await plain.run('hi', run_id='tenant/caller-chosen', conversation_id='conv-unsafe')
     await named.run('hi', run_id='tenant/caller-chosen', conversation_id='conv-unsafe')
     await projector.wait_for(await event_log.flush())
-    runs = await projector.reader().list_runs(conversation_id='conv-unsafe')
+    runs = await ProjectionReader.of(projector).list_runs(conversation_id='conv-unsafe')
     assert [r.run_id for r in runs] == [
         to_run_id('tenant/caller-chosen'),
         to_run_id('librarian-tenant/caller-chosen'),
@@ -386,7 +391,7 @@ async def test_a_re_executed_run_keeps_its_id_and_writer(event_log: EventLog, pr
     first = await agent.run('go', run_id='ctx-run-1', conversation_id='conv-re')
     again = await agent.run('go', run_id='ctx-run-1', conversation_id='conv-re')
     await projector.wait_for(await event_log.flush())
-    [run] = await projector.reader().list_runs(conversation_id='conv-re')
+    [run] = await ProjectionReader.of(projector).list_runs(conversation_id='conv-re')
     assert run.run_id == f're-{first.run_id}' == f're-{again.run_id}'
     assert run.conflicting_writers == [] and run.gaps == [] and run.status == 'completed'
     # Without an engine the second execution writes each seq again with new timestamps: the first
@@ -401,5 +406,5 @@ async def test_two_runs_reusing_one_explicit_run_id_are_two_writers(
     for _ in range(2):  # e.g. two processes configured with the same run_id
         await Agent(answers(), capabilities=[StepPersistence(log=event_log, run_id='reused')]).run('hi')
     await projector.wait_for(await event_log.flush())
-    run = await projector.reader().get_run('reused')
+    run = await ProjectionReader.of(projector).get_run('reused')
     assert run is not None and len(run.conflicting_writers) == 1

@@ -15,8 +15,9 @@ from test_hostile_log import start_projector
 
 from stepstream import ProjectionInUse, ProjectionMismatch, Settings, UsageError
 from stepstream.producer import EventLog
-from stepstream.projector import ProjectionReader, Projector, rebuild, verify_paths
-from stepstream.projector._shard import read_projection_identity
+from stepstream.projector import Projector, rebuild, verify_paths
+from stepstream.readmodel import ProjectionReader
+from stepstream.storage import read_projection_identity
 
 pytestmark = pytest.mark.broker
 

@@ -13,6 +13,7 @@ from aiokafka.structs import TopicPartition
 from stepstream import Settings, StepStreamError
 from stepstream.producer import EventLog
 from stepstream.projector import Projector
+from stepstream.readmodel import ProjectionReader
 from stepstream.schemas import StepEvent, ToolEffectTransition, encode
 from stepstream.topics import ensure_topics, murmur2_partition
 
@@ -63,9 +64,9 @@ async def test_poison_records_go_to_the_dlq_and_the_partition_moves_on(
         home,
     )
     await projector.wait_for({TopicPartition(settings.step_events_topic, home): 4}, timeout=15)
-    run = await projector.reader().get_run('r1')
+    run = await ProjectionReader.of(projector).get_run('r1')
     assert run is not None and run.event_count == 2 and run.gaps == []
-    assert await projector.reader().get_run('r2') is None
+    assert await ProjectionReader.of(projector).get_run('r2') is None
     assert projector.dead_lettered == 2
 
     consumer = AIOKafkaConsumer(
@@ -85,7 +86,7 @@ async def test_poison_records_go_to_the_dlq_and_the_partition_moves_on(
     assert [h['stepstream-dlq-reason'] for h in headers] == [b'not_a_record', b'wrong_key']
     assert b'single-object' in headers[0]['stepstream-dlq-detail']
     assert b'is not its run_id' in headers[1]['stepstream-dlq-detail']
-    status = await projector.reader().status()
+    status = await ProjectionReader.of(projector).status()
     assert status.dead_lettered_by_reason == {'not_a_record': 1, 'wrong_key': 1}
     assert dead[0].value == b'not avro at all'
 
@@ -96,10 +97,10 @@ async def test_duplicates_and_cross_topic_order(settings: Settings, projector: P
         for record in [event('r', 0, 'run_started'), effect('r', 2, 'started'), event('r', 3), event('r', 3)]:
             await log.append(record)
         await projector.wait_for(await log.flush())
-        run = await projector.reader().get_run('r')
+        run = await ProjectionReader.of(projector).get_run('r')
         assert run is not None and run.gaps == [(1, 1)] and run.event_count == 3
         assert projector.duplicates_ignored == 1
-        unresolved = await projector.reader().list_unresolved_tool_effects('r')
+        unresolved = await ProjectionReader.of(projector).list_unresolved_tool_effects('r')
         assert [(e.tool_call_id, e.status) for e in unresolved] == [('c1', 'started')]
 
         for record in [
@@ -109,9 +110,9 @@ async def test_duplicates_and_cross_topic_order(settings: Settings, projector: P
         ]:
             await log.append(record)
         await projector.wait_for(await log.flush())
-    run = await projector.reader().get_run('r')
+    run = await ProjectionReader.of(projector).get_run('r')
     assert run is not None and run.gaps == [] and run.status == 'completed' and run.event_count == 6
-    assert await projector.reader().list_unresolved_tool_effects() == []
+    assert await ProjectionReader.of(projector).list_unresolved_tool_effects() == []
 
 
 async def test_topics_are_idempotent_and_must_be_co_partitioned(settings: Settings) -> None:
@@ -138,7 +139,7 @@ async def test_two_writers_claiming_one_run_id_are_kept_apart(
         await log.append(effect('shared', 1, 'started', writer='first'))
         await log.flush()
         await projector.wait_for(await log.flush())
-        assert await projector.reader().get_run('shared') is None  # parked, not lost
+        assert await ProjectionReader.of(projector).get_run('shared') is None  # parked, not lost
         for record in [
             event('shared', 0, 'run_started', writer='first'),
             event('shared', 0, 'run_started', writer='second'),
@@ -147,7 +148,7 @@ async def test_two_writers_claiming_one_run_id_are_kept_apart(
         ]:
             await log.append(record)
         await projector.wait_for(await log.flush())
-    reader = projector.reader()
+    reader = ProjectionReader.of(projector)
     run = await reader.get_run('shared')
     assert run is not None
     assert run.registration_id == 'first' and run.conflicting_writers == ['second']

@@ -20,7 +20,8 @@ from pydantic_ai.messages import ModelMessage, ModelRequest, UserPromptPart
 
 from stepstream import Settings
 from stepstream.producer import EventLog, StepPersistence
-from stepstream.projector import ProjectionReader, rebuild, verify_paths
+from stepstream.projector import rebuild, verify_paths
+from stepstream.readmodel import ProjectionReader
 
 from agents import turns_then_answers
 from brokers import tansu_only

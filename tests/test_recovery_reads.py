@@ -8,7 +8,8 @@ import pytest
 from pydantic_ai import Agent, RunContext
 
 from stepstream.producer import EventLog, StepPersistence
-from stepstream.projector import Projector, continue_run, fork_run, inspect_recovery
+from stepstream.projector import Projector
+from stepstream.readmodel import ProjectionReader, continue_run, fork_run, inspect_recovery
 from stepstream.schemas import StepEvent, ToolEffectTransition
 
 from agents import calls_then_answers
@@ -34,7 +35,7 @@ async def test_inspect_recovery_lists_the_unresolved_effects_list_unresolved_lis
     )
     await event_log.append(StepEvent(**envelope, seq=2, kind='run_completed'))
     await projector.wait_for(await event_log.flush())
-    reader = projector.reader()
+    reader = ProjectionReader.of(projector)
     report = await inspect_recovery(reader, run_id='legacy-annotation')
     listed = await reader.list_unresolved_tool_effects('legacy-annotation')
     assert [e.tool_call_id for e in report.unresolved] == [e.tool_call_id for e in listed]
@@ -55,7 +56,7 @@ async def test_fork_run_passes_include_interrupted_through(event_log: EventLog, 
     with pytest.raises(RuntimeError):
         await agent.run('go')
     await projector.wait_for(await event_log.flush())
-    reader = projector.reader()
+    reader = ProjectionReader.of(projector)
     interrupted = await continue_run(reader, run_id='fork-me', include_interrupted=True)
     assert await fork_run(reader, run_id='fork-me', include_interrupted=True) == interrupted  # type: ignore[call-arg]
     assert await fork_run(reader, run_id='fork-me') == await continue_run(reader, run_id='fork-me')

@@ -29,6 +29,7 @@ from stepstream.analytics import export_parquet
 from stepstream.media import S3MediaStore
 from stepstream.producer import EventLog, StepPersistence
 from stepstream.projector import Projector
+from stepstream.readmodel import ProjectionReader
 from stepstream.serve import app_for, running
 
 pytestmark = pytest.mark.broker
@@ -84,7 +85,7 @@ async def test_no_secret_reaches_anything_stepstream_writes(
         )
         assert result.output == f'use {s["in the answer (OpenAI key)"]}'  # the agent saw its own values
         await projector.wait_for(await log.flush())
-        reader = projector.reader()
+        reader = ProjectionReader.of(projector)
         (run,) = await reader.list_runs(conversation_id='conv-secrets')
         assert run.status == 'completed'
 

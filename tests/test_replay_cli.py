@@ -17,6 +17,7 @@ from test_cli import cli
 from stepstream import Settings
 from stepstream.producer import EventLog, StepPersistence
 from stepstream.projector import Projector
+from stepstream.readmodel import ProjectionReader
 from stepstream.replay import assert_replays, recorded_runs
 
 from waits import until
@@ -26,7 +27,7 @@ pytestmark = [pytest.mark.broker, pytest.mark.once]  # reads the projection: the
 
 async def until_run(projector: Projector, run_id: str) -> None:
     async def ended() -> bool:
-        run = await projector.reader().get_run(run_id)
+        run = await ProjectionReader.of(projector).get_run(run_id)
         return run is not None and run.status == 'completed'
 
     await until(ended, f'the fork {run_id} to be projected')
@@ -182,7 +183,7 @@ async def test_replay_prints_matches_and_divergences_and_exits_by_them(
     report = json.loads(out)
     assert code == 0 and report['outcome'] == 'forked', (out, err)
     await until_run(projector, report['forked_run_id'])
-    fork = await projector.reader().require_run(report['forked_run_id'])
+    fork = await ProjectionReader.of(projector).require_run(report['forked_run_id'])
     assert fork.metadata['stepstream.forked_from'] == runs[0] and fork.status == 'completed'
     code, _, err = await cli(
         settings, db_path, 'replay', runs[0], '--agent', 'replay_agents:agent', '--from-step', '2'

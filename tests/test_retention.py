@@ -37,9 +37,12 @@ from test_apply_properties import (
 from stepstream.errors import UsageError
 from stepstream.media import S3MediaStore, snapshot_media
 from stepstream.media._types import MEDIA_URI_SCHEME
-from stepstream.projector import ProjectionReader, ShardUnavailable
 from stepstream.projector._apply import EFFECTS, EVENTS, Applier, SourceRecord
-from stepstream.projector._keys import (
+from stepstream.projector._retention import Retention
+from stepstream.readmodel import ProjectionReader, ShardUnavailable, sweep_media
+from stepstream.schemas._plain import read_plain, read_record
+from stepstream.storage import MemoryShard, Shard, retention_preview, retention_state, shard_path
+from stepstream.storage._keys import (
     BY_TAG,
     CLOCK,
     ENDED,
@@ -50,11 +53,7 @@ from stepstream.projector._keys import (
     RUN,
     RUN_MEDIA,
 )
-from stepstream.projector._retention import Retention, retention_preview, retention_state
-from stepstream.projector._shard import MemoryShard, Shard, shard_path
-from stepstream.projector._state import Identity, RunState
-from stepstream.projector._sweep import sweep_media
-from stepstream.schemas._plain import read_plain, read_record
+from stepstream.storage._state import Identity, RunState
 from stepstream.timestamps import micros
 from stepstream.topics import murmur2_partition
 

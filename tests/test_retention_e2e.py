@@ -33,8 +33,8 @@ from stepstream.errors import UsageError
 from stepstream.media import S3MediaStore
 from stepstream.producer import EventLog, StepPersistence
 from stepstream.producer import _run as capability  # builds the records, with their timestamps
-from stepstream.projector import ProjectionReader, Projector, continue_run, rebuild, verify_paths
-from stepstream.projector._sweep import sweep_media
+from stepstream.projector import Projector, rebuild, verify_paths
+from stepstream.readmodel import ProjectionReader, continue_run, sweep_media
 from stepstream.serve import Source, create_app
 from stepstream.topics import murmur2_partition
 
@@ -122,7 +122,7 @@ async def test_expired_runs_leave_the_projection_and_only_their_media_leaves_the
         _Clock.shift = timedelta(days=2)  # two days on, a follow-up of the parent
         await agent(log, child, SHARED, parent_run_id=parent).run(ONLY_CHILD, conversation_id='conv')
         await projector.wait_for(await log.flush())
-        reader = projector.reader()
+        reader = ProjectionReader.of(projector)
 
         assert await reader.get_run(parent) is None and await reader.get_run(old) is None
         assert await reader.expired(parent) is not None
@@ -174,7 +174,7 @@ async def test_expired_runs_leave_the_projection_and_only_their_media_leaves_the
     # The re-user's record applies; its history comes back whole, media included.
     async with Projector(settings, db_path=db_path, media_store=store) as projector:
         await projector.wait_for(written)
-        history = await continue_run(projector.reader(), run_id='reuser')
+        history = await continue_run(ProjectionReader.of(projector), run_id='reuser')
         assert any(ONLY_PARENT in str(m) for m in history)
 
     # A rebuild under the same policy equals the live projection, byte for byte.
@@ -249,8 +249,8 @@ async def test_a_sigkilled_projector_with_a_policy_equals_a_clean_rebuild(
         written = log.position
     async with Projector(settings, db_path=db_path) as projector:
         await projector.wait_for(written)
-        policy, shards = await projector.reader().retention()
-        kept = await projector.reader().list_runs()
+        policy, shards = await ProjectionReader.of(projector).retention()
+        kept = await ProjectionReader.of(projector).list_runs()
     assert policy == 2_000_000
     expired = sum(s.expired for s in shards)
     assert expired > 0 and expired + len(kept) == RUNS // 2

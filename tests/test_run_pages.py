@@ -20,14 +20,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stepstream.projector._listing import list_run, relist_run
-from stepstream.projector.storage import (
+from stepstream.readmodel import ProjectionReader
+from stepstream.schemas import RUN_STATUSES
+from stepstream.storage import (
     RUN,
     MemoryShard,
     RunState,
     Shard,
 )
-from stepstream.readmodel import ProjectionReader
-from stepstream.schemas import RUN_STATUSES
 from stepstream.timestamps import micros
 from stepstream.topics import murmur2_partition
 

@@ -21,8 +21,10 @@ from stepstream import MediaUnavailable, Settings
 from stepstream.embedded import EmbeddedStack
 from stepstream.media import S3MediaStore
 from stepstream.producer import EventLog, StepPersistence
-from stepstream.projector import Checkpoints, Projector, continue_run
+from stepstream.projector import Projector
+from stepstream.readmodel import ProjectionReader, continue_run
 from stepstream.s3_client import client_options
+from stepstream.storage import Checkpoints
 
 from agents import calls_then_answers
 from certificates import TestCA
@@ -92,8 +94,10 @@ async def test_agent_to_log_to_projection_with_media_and_checkpoints_over_https(
 
         await agent.run('export everything', conversation_id='conv-tls')
         await projector.wait_for(await log.flush())
-        [run] = await projector.reader().list_runs(conversation_id='conv-tls')
-        history = await continue_run(projector.reader(), run_id=run.run_id)  # media read over HTTPS
+        [run] = await ProjectionReader.of(projector).list_runs(conversation_id='conv-tls')
+        history = await continue_run(
+            ProjectionReader.of(projector), run_id=run.run_id
+        )  # media read over HTTPS
         assert any(
             isinstance(p, ToolReturnPart) and p.content == TOOL_OUTPUT for m in history for p in m.parts
         )

@@ -41,6 +41,7 @@ from stepstream.projector._apply import EVENTS, SourceRecord
 from stepstream.projector._rebuild import rebuild
 from stepstream.projector._verify import verify_paths
 from stepstream.projector._wire import WireFormats
+from stepstream.readmodel import ProjectionReader
 from stepstream.schema_registry import SchemaRegistry
 from stepstream.schemas import (
     SCHEMA_DIR,
@@ -218,7 +219,7 @@ async def test_registry_mode_writes_what_confluent_kafkas_avro_deserializer_read
 
     async with Projector(registry_settings, db_path=db_path) as projector:
         await projector.wait_for(position, timeout=30)
-        reader = projector.reader()
+        reader = ProjectionReader.of(projector)
         runs = await reader.list_runs()
         assert sorted(r.status for r in runs) == ['completed'] * 4
         assert all(r.gaps == [] and r.event_count == r.last_seq + 1 for r in runs)
@@ -274,7 +275,7 @@ async def test_a_topic_moves_to_the_registry_format_without_a_rebuild(
             await run_agents(confluent, 'after')
             end = await confluent.flush()
         await projector.catch_up(timeout=30)
-        reader = projector.reader()
+        reader = ProjectionReader.of(projector)
         run = await reader.get_run('mixed')
         assert run is not None and run.status == 'completed' and run.gaps == [] and run.event_count == 5
         assert [e.seq for e in await reader.list_events('mixed')] == [0, 1, 2, 3, 4]
@@ -361,9 +362,11 @@ async def test_confluent_records_that_cannot_be_read_go_to_the_dlq(
         await producer.stop()
     async with Projector(settings, db_path=db_path) as projector:
         await projector.wait_for({TopicPartition(topic, partition): len(values)}, timeout=30)
-        status = await projector.reader().status()
+        status = await ProjectionReader.of(projector).status()
         assert status.dead_lettered_by_reason == {'unknown_version': 2, 'corrupt': 1}
-        assert (await projector.reader().get_run('h')) is not None  # the good record after them applied
+        assert (
+            await ProjectionReader.of(projector).get_run('h')
+        ) is not None  # the good record after them applied
     details = await dlq_details(settings, 3)
     assert 'does not hold' in details[0] and 'not a stepstream schema' in details[1]
 
@@ -412,7 +415,7 @@ async def test_a_producer_cut_off_from_the_registry_fails_the_durability_point_a
             position = await log.flush(timeout=30)  # the kept records go now
     async with Projector(settings.replace(schema_registry_url=registry_url), db_path=db_path) as projector:
         await projector.wait_for(position, timeout=30)
-        reader = projector.reader()
+        reader = ProjectionReader.of(projector)
         runs = {r.agent_name: r for r in await reader.list_runs(conversation_id=None)}
         statuses = sorted((r.agent_name, r.status) for r in await reader.list_runs())
         assert statuses == [('talker', 'completed'), ('talker', 'completed'), ('worker', 'failed')]
@@ -447,7 +450,10 @@ async def test_a_projector_waits_for_a_registry_that_does_not_answer(
         async with Projector(settings, db_path=db_path) as projector:
             await projector.wait_for(position, timeout=30)
             assert projector.dead_lettered == 0
-            assert sorted(r.status for r in await projector.reader().list_runs()) == ['completed'] * 2
+            assert (
+                sorted(r.status for r in await ProjectionReader.of(projector).list_runs())
+                == ['completed'] * 2
+            )
 
 
 REQUEST_LINE = re.compile(rb'(?:^|\r\n)((?:GET|POST|PUT|DELETE) \S+) HTTP/1\.1\r\n')

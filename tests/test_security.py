@@ -21,7 +21,8 @@ from stepstream.cli import _main as cli
 from stepstream.errors import AccessDenied, SecureConnectionError, StepStreamError
 from stepstream.kafka_client import client_options
 from stepstream.producer import EventLog, StepPersistence
-from stepstream.projector import Projector, continue_run
+from stepstream.projector import Projector
+from stepstream.readmodel import ProjectionReader, continue_run
 from stepstream.topics import ensure_topics
 
 from agents import answers, calls_then_answers
@@ -90,7 +91,7 @@ async def run_a_librarian(producer: Settings, projector: Settings, db_path: Path
 
         await librarian.run('find X', conversation_id='conv-1')
         await running.wait_for(await log.flush())
-        reader = running.reader()
+        reader = ProjectionReader.of(running)
         [run] = await reader.list_runs(conversation_id='conv-1')
         assert run.status == 'completed' and run.gaps == []
         history = await continue_run(reader, run_id=run.run_id)

@@ -20,7 +20,8 @@ from pydantic_ai.messages import ModelMessagesTypeAdapter
 from stepstream import Settings
 from stepstream.cli import main
 from stepstream.embedded import EmbeddedStack
-from stepstream.projector import ProjectionReader, rebuild
+from stepstream.projector import rebuild
+from stepstream.readmodel import ProjectionReader
 from stepstream.schemas import RUN_STATUSES
 from stepstream.serve import app_for, running
 
@@ -93,7 +94,7 @@ async def test_one_run_its_events_effects_and_lineage(served: Served, api: httpx
     run = (await api.get(f'/api/runs/{served.crashed_run}')).json()
     assert run['status'] == 'cancelled' and 'CancelledError' in run['error']
     events = (await api.get(f'/api/runs/{served.crashed_run}/events')).json()
-    projected = await served.projector.reader().list_events(served.crashed_run)
+    projected = await ProjectionReader.of(served.projector).list_events(served.crashed_run)
     assert [e['seq'] for e in events] == [e.seq for e in projected]  # every event, in the projection's order
     assert events[0]['kind'] == 'run_started' and 'tool_call_started' in [e['kind'] for e in events]
     [effect] = (await api.get(f'/api/runs/{served.crashed_run}/tool-effects')).json()
@@ -342,7 +343,7 @@ async def test_resolving_an_unknown_effect_is_an_audited_write(
 
     # The log keeps the record: a rebuild from offset zero shows the same resolution and history.
     await served.settle()
-    live = await served.projector.reader().get_tool_effect(run_id, effect['tool_call_id'])
+    live = await ProjectionReader.of(served.projector).get_tool_effect(run_id, effect['tool_call_id'])
     await rebuild(served.settings, tmp_path / 'rebuilt')
     rebuilt_reader = ProjectionReader.open(tmp_path / 'rebuilt')
     try:
@@ -389,7 +390,7 @@ async def test_a_token_guards_resolutions(served: Served) -> None:
 @in_module_loop
 async def test_the_resolve_command(served: Served) -> None:
     run_id = await served.add_crashed_run('publisher-resolve-cli')
-    call = (await served.projector.reader().list_tool_effects(run_id))[0].tool_call_id
+    call = (await ProjectionReader.of(served.projector).list_tool_effects(run_id))[0].tool_call_id
     env = {
         **os.environ,
         **served.settings.to_env(),

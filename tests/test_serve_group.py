@@ -21,6 +21,7 @@ from test_cli import orchestrate
 from stepstream import Settings
 from stepstream.producer import EventLog
 from stepstream.projector import GroupMember, Membership, Projector
+from stepstream.readmodel import ProjectionReader
 from stepstream.serve import app_for, listen, running, url_of
 from stepstream.topics import murmur2_partition
 
@@ -49,7 +50,9 @@ async def member(settings: Settings, group: str, db_path: Path) -> AsyncIterator
     )
     async with (
         projector,
-        running(app_for(settings, reader=projector.reader(), membership=membership), sock=sock) as served,
+        running(
+            app_for(settings, reader=ProjectionReader.of(projector), membership=membership), sock=sock
+        ) as served,
     ):
         yield Member(served.url, projector, membership)
 
@@ -93,7 +96,7 @@ async def test_any_member_answers_for_the_whole_group(
             ),
             'every member to catch up',
         )
-        reference = everything.reader()
+        reference = ProjectionReader.of(everything)
         oldest_first = [r.run_id for r in await reference.list_runs()]
         newest_first = oldest_first[::-1]
         assert len(oldest_first) == 14

@@ -27,6 +27,7 @@ from stepstream import Settings
 from stepstream.kafka_client import client_options
 from stepstream.producer import EventLog, StepPersistence
 from stepstream.projector import Projector
+from stepstream.readmodel import ProjectionReader
 from stepstream.schemas import StepEvent, decode
 from stepstream.serve import app_for, running
 from stepstream.topics import murmur2_partition
@@ -104,7 +105,7 @@ async def test_spans_metrics_and_trace_ids_under_an_sdk(
     with trace.get_tracer('the-application').start_as_current_span('handle request') as outer:
         await agent.run('go', conversation_id='conv-traced')
     await projector.wait_for(await event_log.flush())
-    reader = projector.reader()
+    reader = ProjectionReader.of(projector)
     [run] = await reader.list_runs(conversation_id='conv-traced')
     events = await reader.list_events(run.run_id)
 

@@ -27,6 +27,7 @@ from stepstream.kafka_client import client_options
 from stepstream.producer import EventLog, StepPersistence
 from stepstream.producer._liveness import CLOSED_WHILE_OPEN
 from stepstream.projector import Projector
+from stepstream.readmodel import ProjectionReader
 from stepstream.schemas import UNCHAINED_KINDS, LogRecord, StepEvent, decode
 
 from agents import calls_then_answers
@@ -81,7 +82,7 @@ async def test_one_log_serves_runs_on_worker_threads_at_once(settings: Settings,
         assert position == await log.flush()
     async with Projector(settings, db_path=db_path) as projector:
         await projector.wait_for(position)
-        reader = projector.reader()
+        reader = ProjectionReader.of(projector)
         for worker in range(THREADS):
             for n in range(RUNS_PER_THREAD):
                 [run] = await reader.list_runs(conversation_id=f'conv-{worker}-{n}')
@@ -125,7 +126,7 @@ async def test_a_durability_point_on_a_worker_thread_fails_when_the_broker_is_aw
             position = await log.flush(timeout=60)  # its kept records, run_failed included, go now
         async with Projector(settings) as projector:
             await projector.wait_for(position)
-            run = await projector.reader().get_run('away')
+            run = await ProjectionReader.of(projector).get_run('away')
             assert run is not None and run.status == 'failed' and run.gaps == [], run
 
 
@@ -156,7 +157,7 @@ async def test_the_logs_loop_keeps_a_worker_run_alive_and_ends_it_on_close(
     assert 'run_heartbeat' in kinds and kinds[-1] == 'run_cancelled', kinds
     async with Projector(settings, db_path=db_path) as projector:
         await projector.wait_for(position)
-        run = await projector.reader().get_run('open')
+        run = await ProjectionReader.of(projector).get_run('open')
         assert run is not None and run.status == 'cancelled' and run.gaps == [], run
         assert run.error == CLOSED_WHILE_OPEN
 

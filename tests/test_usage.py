@@ -19,6 +19,7 @@ from test_cli import cli
 from stepstream import Settings
 from stepstream.producer import EventLog, StepPersistence
 from stepstream.projector import Projector
+from stepstream.readmodel import ProjectionReader
 from stepstream.serve import app_for, running
 
 from agents import tool_returns
@@ -80,7 +81,7 @@ async def test_each_model_request_carries_its_usage_and_the_run_sums_it(
 ) -> None:
     result = await analyst(event_log).run('how much?', conversation_id='conv-usage')
     await projector.wait_for(await event_log.flush())
-    reader = projector.reader()
+    reader = ProjectionReader.of(projector)
     [run] = await reader.list_runs(conversation_id='conv-usage')
     events = await reader.list_events(run.run_id)
 
@@ -139,7 +140,7 @@ async def test_each_model_request_carries_its_usage_and_the_run_sums_it(
 
     # And so does the HTTP API's run model, and its events.
     async with (
-        running(app_for(settings, reader=projector.reader()), port=0) as server,
+        running(app_for(settings, reader=ProjectionReader.of(projector)), port=0) as server,
         httpx.AsyncClient(base_url=server.url) as client,
     ):
         served = (await client.get(f'/api/runs/{run.run_id}')).json()
@@ -159,6 +160,6 @@ async def test_a_run_without_pricing_counts_its_unpriced_requests(
     agent = Agent(TestModel(), capabilities=[StepPersistence(log=event_log, agent_name='unpriced')])
     result = await agent.run('hello', conversation_id='conv-unpriced')
     await projector.wait_for(await event_log.flush())
-    [run] = await projector.reader().list_runs(conversation_id='conv-unpriced')
+    [run] = await ProjectionReader.of(projector).list_runs(conversation_id='conv-unpriced')
     assert run.usage.cost_usd is None and run.usage.unpriced_requests == run.usage.model_requests == 1
     assert run.usage.input_tokens == result.usage.input_tokens > 0

@@ -40,7 +40,7 @@ from pydantic_ai.usage import UsageLimits
 
 from stepstream.media import DiskMediaStore
 from stepstream.producer import InMemoryLog, StepPersistence
-from stepstream.projector import continue_run
+from stepstream.readmodel import continue_run
 from tests.memory_projection import MemoryProjection
 
 pytestmark = [pytest.mark.fast]

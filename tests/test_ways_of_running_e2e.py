@@ -18,7 +18,8 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCall
 from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls, FunctionModel
 
 from stepstream.producer import EventLog, StepPersistence
-from stepstream.projector import ProjectionReader, Projector, continue_run
+from stepstream.projector import Projector
+from stepstream.readmodel import ProjectionReader, continue_run
 
 pytestmark = pytest.mark.broker
 
@@ -66,7 +67,7 @@ async def test_abandoned_runs_end_cancelled_saying_the_caller_left(
         async for _ in streamed.stream_text(delta=True):
             break  # one chunk of three
     await projector.wait_for(await event_log.flush())
-    reader = projector.reader()
+    reader = ProjectionReader.of(projector)
     for conversation in ('iter-left', 'stream-left'):
         [left] = await reader.list_runs(conversation_id=conversation)
         assert left.status == 'cancelled', conversation
@@ -100,7 +101,7 @@ async def test_a_cancelled_call_is_in_doubt_and_its_run_cancelled(
     with pytest.raises(asyncio.CancelledError):
         await task
     await projector.wait_for(await event_log.flush())
-    reader = projector.reader()
+    reader = ProjectionReader.of(projector)
     [run] = await reader.list_runs(conversation_id='cut-short')
     assert run.status == 'cancelled' and run.error is not None and 'cancelled before it ended' in run.error
     [doubt] = await reader.list_unresolved_tool_effects()
@@ -150,5 +151,5 @@ async def test_a_waiting_run_resumes_from_the_log_in_another_reader(
     resumed = await agent.run(message_history=history, deferred_tool_results=results, conversation_id='pause')
     assert resumed.output == 'all done now' and ran == ['refund']
     await projector.wait_for(await event_log.flush())
-    reader = projector.reader()
+    reader = ProjectionReader.of(projector)
     assert [r.status for r in await reader.list_runs(conversation_id='pause')] == ['waiting', 'completed']

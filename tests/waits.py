@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
-from stepstream.projector import ProjectionReader
+from stepstream.readmodel import ProjectionReader
 from stepstream.topics import Position
 
 T = TypeVar('T')

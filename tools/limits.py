@@ -14,7 +14,7 @@ function-lines   a function or method over 80 lines: from its `class`/`def` line
                  decorators not counted (its docstring and comments count).
 private-import   an import of a private module (a dotted name with a part that starts with `_`)
                  of another package than the importer's. A private module belongs to the package
-                 that holds it (`stepstream.projector._shard` to `stepstream.projector`); a
+                 that holds it (`stepstream.storage` to `stepstream.projector`); a
                  module's package is the one it is in (an `__init__` is its own package). So a
                  sibling's private module is fine; a subpackage importing its parent's private
                  module crosses (stepstream.cli importing `stepstream._x`), and so does the

@@ -188,7 +188,7 @@ async def _sweep_media(args: argparse.Namespace, settings: Settings, reader: Pro
 
     from stepstream.console import sweep_text, to_json
     from stepstream.media import S3MediaStore
-    from stepstream.projector import sweep_media
+    from stepstream.readmodel import sweep_media
     from stepstream.topics import ensure_topics, log_end_offsets
 
     layout = await ensure_topics(settings, create=False)

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 
 from stepstream.cli._common import EXIT_FAILED, EXIT_OK, Declare
 from stepstream.errors import UsageError
+from stepstream.projector import ProjectorObserver
+from stepstream.readmodel import ProjectionReader
 from stepstream.settings import Settings
 
 if TYPE_CHECKING:
@@ -94,8 +96,9 @@ async def projector_service(args: argparse.Namespace, settings: Settings) -> int
     import signal
 
     from stepstream.kafka_client import broker_answers
-    from stepstream.projector import Checkpoints, GroupMember, Projector
+    from stepstream.projector import GroupMember, Projector
     from stepstream.service_log import BrokerLossLog
+    from stepstream.storage import Checkpoints
 
     loss = BrokerLossLog(settings.bootstrap_servers)
     for handler in logging.getLogger().handlers:
@@ -168,7 +171,7 @@ def _probe_server(args: argparse.Namespace, projector: Projector) -> ProbeServer
 
     if args.metrics_port is None:
         return None
-    observer = projector.observer(max_lag=args.max_lag)
+    observer = ProjectorObserver(projector, ProjectionReader.of(projector), max_lag=args.max_lag)
     try:
         server = ProbeServer(
             observer.registry,
@@ -215,8 +218,9 @@ async def _serve_member(args: argparse.Namespace, settings: Settings) -> int:
     import asyncio
     import signal
 
-    from stepstream.projector import Checkpoints, GroupMember, Membership, Projector
+    from stepstream.projector import GroupMember, Membership, Projector
     from stepstream.serve import app_for, listen, running, url_of
+    from stepstream.storage import Checkpoints
 
     if args.advertise is None and args.host in ('0.0.0.0', '::', '[::]'):
         raise UsageError(f'--host {args.host} is no address another member can reach: give --advertise URL')
@@ -241,9 +245,9 @@ async def _serve_member(args: argparse.Namespace, settings: Settings) -> int:
         running(
             app_for(
                 settings,
-                reader=member.reader(),
+                reader=ProjectionReader.of(member),
                 membership=membership,
-                observer=member.observer(max_lag=args.max_lag),
+                observer=ProjectorObserver(member, ProjectionReader.of(member), max_lag=args.max_lag),
             ),
             sock=sock,
         ) as served,

@@ -309,7 +309,7 @@ def _port(preferred: int) -> int:
 
 def _wait_for_projection(path: Path, projector: _Supervised, asked: threading.Event) -> None:
     """Wait until the projector made its shards, so that `serve` finds a projection to open."""
-    from stepstream.projector import shard_paths
+    from stepstream.storage import shard_paths
 
     deadline = time.monotonic() + 60
     while not shard_paths(path) and time.monotonic() < deadline and not asked.is_set():

@@ -13,9 +13,9 @@ from stepstream.schemas import RunRecord, StepEvent, ToolEffectRecord
 from stepstream.timestamps import from_micros
 
 if TYPE_CHECKING:
-    from stepstream.projector import RetentionPreview, RetentionState, SweepReport
-    from stepstream.readmodel import ProjectionStatus, RunCounts
+    from stepstream.readmodel import ProjectionStatus, RunCounts, SweepReport
     from stepstream.settings import Settings
+    from stepstream.storage import RetentionPreview, RetentionState
 
 
 def to_json(value: Any, *, indent: int | None = 2) -> str:

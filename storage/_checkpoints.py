@@ -39,8 +39,8 @@ import obstore
 from obstore.exceptions import BaseError as ObstoreError
 
 from stepstream.media import S3MediaStore
-from stepstream.projector._shard import PID_FILE, Shard, shard_path
-from stepstream.projector._state import Identity, dumps
+from stepstream.storage._rocks import PID_FILE, Shard, shard_path
+from stepstream.storage._state import Identity, dumps
 
 if TYPE_CHECKING:
     from stepstream.settings import Settings

@@ -251,3 +251,28 @@ def render_key(key: bytes) -> str:
         return '/'.join([space.name, *map(str, space.parse(key))])
     except ValueError:
         return f'{space.name}/{key[1:]!r}'
+
+
+# -- the counts every shard keeps ------------------------------------------------------------
+
+UNRESOLVED_COUNT = COUNT.key('effects', 'unresolved')
+"""The count of calls whose effect is in doubt (`UNRESOLVED` entries), in every shard."""
+
+PARKED_COUNT = COUNT.key('records', 'parked')
+"""The count of records waiting for their run's registration (`PARKED` entries)."""
+
+CONFLICTING_COUNT = COUNT.key('runs', 'conflicting')
+"""The count of runs that keep another writer's records apart (runs with `CONFLICT` entries)."""
+
+BROKEN_COUNT = COUNT.key('chain', 'broken')
+"""The count of runs whose hash chain is broken (`BROKEN` entries)."""
+
+
+def status_count(status: str) -> bytes:
+    """The `COUNT` key of the runs stored with `status`."""
+    return COUNT.key('status', status)
+
+
+def agent_count(agent_name: str) -> bytes:
+    """The `COUNT` key of an agent's runs."""
+    return COUNT.key('agent', agent_name)

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 from stepstream.errors import UsageError
 from stepstream.media import MEDIA_URI_SCHEME, S3MediaStore, StoredPayload
-from stepstream.projector._retention import MEDIA_INDEX_VERSION
+from stepstream.storage import MEDIA_INDEX_VERSION
 
 if TYPE_CHECKING:
     from stepstream.readmodel import ProjectionReader

@@ -20,9 +20,10 @@ from pathlib import Path
 from rocksdict import AccessType, Checkpoint, Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
 from stepstream.errors import ProjectionInUse, ProjectionMismatch, UsageError
-from stepstream.projector._keys import IDENTITY, prefix_end
-from stepstream.projector._state import Identity, _Json
-from stepstream.projector._transaction import ShardReads, ShardTransaction
+from stepstream.storage._keys import IDENTITY, prefix_end
+from stepstream.storage._reads import ShardReads
+from stepstream.storage._state import Identity, _Json
+from stepstream.storage._transaction import ShardTransaction
 
 PID_FILE = 'stepstream-projector.pid'
 """Written by the process holding a shard open for writing, to name it in errors."""

@@ -12,22 +12,48 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from stepstream.errors import ProjectionInUse, ProjectionMismatch
-from stepstream.projector._checkpoints import Checkpoints
-from stepstream.projector._retention import MEDIA_INDEX_VERSION
-from stepstream.projector._shard import Shard, read_projection_identity, shard_path, shard_paths
-from stepstream.projector._state import RUN_INDEX_VERSION, Identity
 from stepstream.settings import Settings
+from stepstream.storage._checkpoints import Checkpoints
+from stepstream.storage._retention import MEDIA_INDEX_VERSION
+from stepstream.storage._rocks import Shard, read_projection_identity, shard_path, shard_paths
+from stepstream.storage._state import RUN_INDEX_VERSION, Identity
 from stepstream.topics import TopicLayout
+
+if TYPE_CHECKING:
+    from stepstream.erasure import KeyRing
+    from stepstream.media import MediaStore
 
 log = logging.getLogger('stepstream.projector')
 
 SHARD_HANDOFF_TIMEOUT_S = 30.0
 """How long a member waits for a shard's previous owner (same directory) to close it."""
+
+
+@dataclass(frozen=True, slots=True)
+class LiveShards:
+    """The shards a projector holds open and writes, as a reader in its process reads them.
+
+    `ProjectionReader.of(projector)` reads through it: the shards as they come and go, the topics'
+    partition count, and what opens the content they hold (`media_store`, `keys` with erasure on).
+    """
+
+    view: Mapping[int, Shard]
+    """The open shards, always current (`ShardSet.view`)."""
+    partitions: int
+    """The topics' partition count (the highest open partition's number + 1 before the topics are known)."""
+    media_store: MediaStore | None
+    keys: KeyRing | None
+    stale_after_s: float
+    """A `running` run with no record for this long reads `stale` (`Settings.stale_after_s`)."""
+    scope: Callable[[], Collection[int] | None] | None
+    """A group member that serves: the partitions it owns at each query; None: every one open."""
 
 
 class ShardSet:

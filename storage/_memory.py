@@ -5,9 +5,10 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Iterator, Mapping
 
-from stepstream.projector._keys import IDENTITY, prefix_end
-from stepstream.projector._state import Identity, _Json
-from stepstream.projector._transaction import ShardReads, ShardTransaction
+from stepstream.storage._keys import IDENTITY, prefix_end
+from stepstream.storage._reads import ShardReads
+from stepstream.storage._state import Identity, _Json
+from stepstream.storage._transaction import ShardTransaction
 
 
 class MemoryShard(ShardReads):
