@@ -36,7 +36,7 @@ anything malformed), so every reason and message for a record that does not deco
 `decode` itself.
 
 The rules are in parts, each a module of functions the `Applier` calls with what they need
-(the step-event rules read its options through `RunRules`, and hand it the dead letters):
+(with the projection's options as arguments; they hand back what they displace, never call it):
 `_checks.py` (the record-level rules: what a record must be to apply, whatever the state),
 `_step_events.py` (registration, step events by seq, the status, snapshots and their
 retention), `_tool_effects.py` (transitions, resolutions, the unresolved indexes) and
@@ -143,7 +143,7 @@ class Applier:
 
     Knows the topic names (for the offset keys), the partition count (to check that each record
     sits in its run's partition) and the projection's options. Kafka-free, so the rules can be
-    tested against any generated log. It is the `RunRules` of the rules it calls (`_batch.py`).
+    tested against any generated log.
     """
 
     def __init__(
@@ -172,6 +172,8 @@ class Applier:
         self._outcome = BatchOutcome()
         self._dead: list[tuple[int, Rejection]] = []
         self._poisoned: Mapping[tuple[int, int, int], str] = {}
+        self._displaced: list[Rejection] = []
+        """What the step-event rules displaced while applying one record, to dead-letter."""
         self._parked: dict[bytes, tuple[bytes, Fields]] = {}
         """Recently parked records, decoded, by their parked key (with their bytes, to be sure).
 
@@ -246,7 +248,7 @@ class Applier:
     def _dead_letter(self, source: SourceRecord, reason: str, detail: str) -> None:
         self._dead.append((self._index, Rejection(source, reason, detail)))
 
-    def run_dead_letter(
+    def _run_dead_letter(
         self, txn: Transaction, run: RunState, source: SourceRecord, reason: str, detail: str
     ) -> None:
         """A record of a registered run dead-lettered by a state rule (a retention policy tallies it)."""
@@ -352,7 +354,8 @@ class Applier:
             self._current = source
             failure = self._poisoned.get(source.coordinates)
             if failure is not None:
-                self.run_dead_letter(txn, run, source, 'apply_error', f'applying the record raised {failure}')
+                detail = f'applying the record raised {failure}'
+                self._run_dead_letter(txn, run, source, 'apply_error', detail)
                 continue
             record = self._take_decoded(k, value)
             self._apply_registered(txn, keys, run, source, record)
@@ -367,7 +370,7 @@ class Applier:
             try:
                 applied = apply_resolution(txn, keys, run, source, record)
             except Rejected as rejected:
-                self.run_dead_letter(txn, run, source, rejected.reason, rejected.detail)
+                self._run_dead_letter(txn, run, source, rejected.reason, rejected.detail)
                 return
             if applied:
                 self._outcome.applied += 1
@@ -392,12 +395,19 @@ class Applier:
             if seq > high:
                 run.highs[topic] = seq
             if topic == EVENTS:
-                applied = apply_event(txn, keys, run, source, record, self)
+                displaced = self._displaced
+                applied = apply_event(
+                    txn, keys, run, source, record, self.retention, self.max_snapshots, displaced
+                )
+                if displaced:  # transitions the event took the seq of (rare)
+                    for dead in displaced:
+                        self._run_dead_letter(txn, run, dead.source, dead.reason, dead.detail)
+                    displaced.clear()
             else:
                 applied = apply_transition(txn, keys, run, source, record)
         except Rejected as rejected:
             run.count_rejected(rejected.reason)
-            self.run_dead_letter(txn, run, source, rejected.reason, rejected.detail)
+            self._run_dead_letter(txn, run, source, rejected.reason, rejected.detail)
             return
         if applied:
             assert source.value is not None  # checked: a record that applies has a value
@@ -423,7 +433,7 @@ class Applier:
         """
         if heartbeat['writer_id'] != run.owner:
             what, reason = _beside(heartbeat)
-            self.run_dead_letter(
+            self._run_dead_letter(
                 txn,
                 run,
                 source,

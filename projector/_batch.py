@@ -3,21 +3,19 @@
 The types every part of the applier shares (`_apply.py` re-exports the public ones): a
 `SourceRecord` as consumed, `Rejected` (raised by a rule: the record goes to the DLQ),
 `Rejection` (a dead letter, with its reason), `BatchOutcome` (what applying a batch did),
-`RunKeys` (what is checked once per Kafka key and batch, and the run's keys, built once) and
-`RunRules` (what the rules of a registered run read of the applier, and hand back to it).
+and `RunKeys` (what is checked once per Kafka key and batch, and the run's keys, built once).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from stepstream.errors import SchemaError
 from stepstream.ids import is_run_id
-from stepstream.projector._retention import Retention
 from stepstream.schemas import STEP_EVENTS, TOOL_EFFECTS
-from stepstream.storage import EFFECT, EVENT, RUN, SNAPSHOT, TRANSITION, RunState, Transaction
+from stepstream.storage import EFFECT, EVENT, RUN, SNAPSHOT, TRANSITION
 from stepstream.topics import murmur2_partition
 
 EVENTS, EFFECTS = STEP_EVENTS, TOOL_EFFECTS
@@ -123,26 +121,3 @@ class RunKeys:
         self.transition: Callable[[int], bytes] = TRANSITION.under(self.run_id)
         self.effect: Callable[[str], bytes] = EFFECT.under(self.run_id)
         self.snapshot: Callable[[int], bytes] = SNAPSHOT.under(self.run_id)
-
-
-RunDeadLetter = Callable[[Transaction, RunState, SourceRecord, str, str], None]
-"""How a rule dead-letters a record of a registered run (`RunRules.run_dead_letter`): the
-transaction, the run, the record, its reason and the sentence for people."""
-
-
-class RunRules(Protocol):
-    """What the rules of a registered run's records read of the applier (`Applier` is one).
-
-    Its options, read when a record needs them (the projector changes them between batches),
-    and where a record the rules dead-letter goes.
-    """
-
-    retention: Retention | None
-    """The retention policy (`_retention.py`); None keeps every run."""
-    max_snapshots: int | None
-    """How many snapshots of a run the read side lists (`max_snapshots_per_run`); None: all."""
-
-    def run_dead_letter(
-        self, txn: Transaction, run: RunState, source: SourceRecord, reason: str, detail: str
-    ) -> None:
-        """A record of a registered run dead-lettered by a state rule (a retention policy tallies it)."""

@@ -15,9 +15,10 @@
 from __future__ import annotations
 
 from stepstream.media import snapshot_media
-from stepstream.projector._batch import Rejected, RunKeys, RunRules, SourceRecord
+from stepstream.projector._batch import Rejected, Rejection, RunKeys, SourceRecord
 from stepstream.projector._chain import rewind_chain
 from stepstream.projector._listing import list_run
+from stepstream.projector._retention import Retention
 from stepstream.projector._tool_effects import withdraw_transition
 from stepstream.projector._usage import TIMED_KINDS, add_usage
 from stepstream.schemas import Fields
@@ -52,12 +53,15 @@ def apply_event(
     run: RunState,
     source: SourceRecord,
     event: Fields,
-    rules: RunRules,
+    retention: Retention | None,
+    max_snapshots: int | None,
+    displaced: list[Rejection],
 ) -> bool:
     """Apply the owner's step event at its seq: False for a duplicate.
 
-    `rules` gives the applier's options (a retention policy, `max_snapshots`), and takes the
-    transition this event displaces, if any, to the DLQ.
+    `retention` (None: keep every run) and `max_snapshots` (None: list them all) are the
+    projection's options. A transition this event displaces goes into `displaced`, with any
+    resolution that only it made valid, for the caller to dead-letter.
     """
     assert source.value is not None
     seq = event['seq']
@@ -76,17 +80,17 @@ def apply_event(
             f'snapshot {snap["snapshot_seq"]} of run {run.run_id!r} was saved already by another event',
         )
     if held:  # by a tool-effect transition: the step event wins
-        withdraw_transition(txn, keys, run, source.partition, seq, rules.run_dead_letter)
+        withdraw_transition(txn, keys, run, source.partition, seq, displaced)
         rewind_chain(txn, keys, run, seq)
     else:
         run.claim(seq)
     txn.put(event_key, source.value)
-    if rules.retention is not None and snap is not None:
-        rules.retention.referenced(txn, run.run_id, snapshot_media(snap['messages'], snap['media']))
+    if retention is not None and snap is not None:
+        retention.referenced(txn, run.run_id, snapshot_media(snap['messages'], snap['media']))
     kind = event['kind']
     if kind in TERMINAL_KINDS:
-        if rules.retention is not None and kind != 'run_waiting':  # a run that waits is kept while it waits
-            rules.retention.ended(txn, keys.home, run.run_id, event['timestamp'])
+        if retention is not None and kind != 'run_waiting':  # a run that waits is kept while it waits
+            retention.ended(txn, keys.home, run.run_id, event['timestamp'])
         if seq > run.terminal_seq:
             run.terminal_seq = seq
             run.status = TERMINAL_KINDS[kind]  # its listings move at the batch's end (`relist_run`)
@@ -107,8 +111,8 @@ def apply_event(
             idempotency_key=event['idempotency_key'],
         )
         txn.put_state(keys.snapshot(snapshot_seq), entry)
-        if rules.max_snapshots is not None:
-            _retain(txn, keys, run, snapshot_seq, snap['state'], rules.max_snapshots)
+        if max_snapshots is not None:
+            _retain(txn, keys, run, snapshot_seq, snap['state'], max_snapshots)
     return True
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stepstream.projector._batch import EFFECTS, Rejected, RunDeadLetter, RunKeys, SourceRecord
+from stepstream.projector._batch import EFFECTS, Rejected, Rejection, RunKeys, SourceRecord
 from stepstream.schemas import Fields, read_record
 from stepstream.storage import (
     RESOLUTION,
@@ -108,9 +108,9 @@ def apply_resolution(txn: Transaction, keys: RunKeys, run: RunState, source: Sou
 
 
 def withdraw_transition(
-    txn: Transaction, keys: RunKeys, run: RunState, partition: int, seq: int, dead_letter: RunDeadLetter
+    txn: Transaction, keys: RunKeys, run: RunState, partition: int, seq: int, displaced: list[Rejection]
 ) -> None:
-    """A step event took this seq: its transition stops counting and goes to the DLQ."""
+    """A step event took this seq: its transition stops counting and goes into `displaced` (for the DLQ)."""
     stored = txn.transition(keys.transition(seq))
     assert stored is not None
     offset, withdrawn = stored
@@ -150,13 +150,13 @@ def withdraw_transition(
         value = txn.get(resolution_key)
         assert value is not None
         txn.delete(resolution_key)
-        dead_letter(
-            txn,
-            run,
-            SourceRecord(EFFECTS, partition, r['offset'], keys.key, value),
-            'unknown_effect',
-            f'run {run.run_id!r} has no tool call {t["tool_call_id"]!r} before this resolution: '
-            'nothing to resolve',
+        displaced.append(
+            Rejection(
+                SourceRecord(EFFECTS, partition, r['offset'], keys.key, value),
+                'unknown_effect',
+                f'run {run.run_id!r} has no tool call {t["tool_call_id"]!r} before this resolution: '
+                'nothing to resolve',
+            )
         )
     if effect is None:
         txn.delete(effect_key)
@@ -164,12 +164,12 @@ def withdraw_transition(
         effect.settle()
         txn.put_state(effect_key, effect)
     run.count_rejected('duplicate_seq')
-    dead_letter(
-        txn,
-        run,
-        SourceRecord(EFFECTS, partition, offset, keys.key, withdrawn),
-        'duplicate_seq',
-        f'seq {seq} of run {run.run_id!r} also holds a step event, which takes precedence',
+    displaced.append(
+        Rejection(
+            SourceRecord(EFFECTS, partition, offset, keys.key, withdrawn),
+            'duplicate_seq',
+            f'seq {seq} of run {run.run_id!r} also holds a step event, which takes precedence',
+        )
     )
 
 
