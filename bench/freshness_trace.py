@@ -49,8 +49,8 @@ from bench.common import EVENTLOG_LINGER_MS, Scale, fresh, median, percentile
 from stepstream.embedded import EmbeddedStack
 from stepstream.producer import EventLog
 from stepstream.projector import Projector
+from stepstream.projector._pipeline import BatchPipeline
 from stepstream.projector._progress import AppliedPosition
-from stepstream.projector._projector import Projector as _Projector
 from stepstream.readmodel import ProjectionReader
 from stepstream.schemas import LogRecord
 
@@ -97,9 +97,9 @@ def instrument() -> None:
         return traced
 
     def batch(original: Any) -> Any:
-        async def traced(self: Any, by_shard: dict[int, list[Any]], current: Any) -> None:
+        async def traced(self: Any, consumer: Any, by_shard: dict[int, list[Any]], *args: Any) -> None:
             started, cpu = now(), time.thread_time()
-            await original(self, by_shard, current)
+            await original(self, consumer, by_shard, *args)
             records = sum(len(r) for r in by_shard.values())
             events['batch'].append((started, now(), records, time.thread_time() - cpu))
 
@@ -115,7 +115,7 @@ def instrument() -> None:
     _wrap(fetcher_module.Fetcher, '_proc_fetch_request', fetch)
     _wrap(sender_module.Sender, '_send_produce_req', produce)
     _wrap(AIOKafkaConsumer, 'getmany', getmany)
-    _wrap(_Projector, '_stage_batch', batch)
+    _wrap(BatchPipeline, '_stage_batch', batch)
     _wrap(AppliedPosition, 'advance', advance)
 
 

@@ -1,8 +1,8 @@
 """`Projector`: consumes both log topics and applies each batch to its shards atomically.
 
-The projector coordinates: it consumes, routes each partition's records to its shard, has the
-`Applier` stage them, hands dead letters to the `DeadLetterSender`, commits, and tells the
-`GroupOffsets`, `ApplyMetrics` and `AppliedPosition` what it applied. The shards themselves
+The projector coordinates: it starts and stops the consumer and consumes; each batch takes its
+way to the shards through the `BatchPipeline` (wire formats, the `Applier`, dead letters, the
+commit, then `GroupOffsets`, `ApplyMetrics` and `AppliedPosition`). The shards themselves
 (opening, restoring, identity, hand-off) are the `ShardSet`'s; which partitions it holds and
 where the consumer reads them from, the `Assignment`'s.
 """
@@ -12,20 +12,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from aiokafka import AIOKafkaConsumer, ConsumerRecord
-from aiokafka.structs import TopicPartition
-from opentelemetry.trace import Span
+from aiokafka import AIOKafkaConsumer
 
 from stepstream.erasure import KeyRing
 from stepstream.errors import StepStreamError
 from stepstream.kafka_client import AUTHORIZATION_ERRORS
 from stepstream.media import MediaStore, S3MediaStore
-from stepstream.projector._apply import EFFECTS, EVENTS, Applier, BatchOutcome, SourceRecord
 from stepstream.projector._assignment import Assignment
 from stepstream.projector._connection import (
     connect,
@@ -43,25 +39,13 @@ from stepstream.projector._options import (
     Rebuilding,
     only_partitions,
 )
+from stepstream.projector._pipeline import BatchPipeline
 from stepstream.projector._progress import AppliedPosition
-from stepstream.projector._wire import WireFormats
 from stepstream.settings import Settings
-from stepstream.storage import Identity, LiveShards, Shard, ShardSet, Transaction, check_projection
-from stepstream.telemetry import span
+from stepstream.storage import Identity, LiveShards, ShardSet, check_projection
 from stepstream.topics import Position, TopicLayout, ensure_topics
 
 log = logging.getLogger('stepstream.projector')
-
-INLINE_APPLY_RECORDS = 50
-"""A batch of at most this many records is staged and committed on the event loop, not in a thread.
-
-Staging is Python holding the GIL (live, 40-100 µs a record with the commit, since each batch
-decodes and encodes the states of the runs it touches), so below the interpreter's switch
-interval (5 ms, about this many records) a worker thread does not give the loop that time back;
-it only adds the hop there and back, each a wake-up of a loop that is serving the writers too.
-Live, that hop was most of the time from a fetch to `wait_for` (benchmarks/history/issue-27.md,
-third pass). Larger batches (a rebuild, catching up) still go to a thread, so the loop keeps turning.
-"""
 
 
 class Projector:
@@ -140,8 +124,15 @@ class Projector:
         self._topics = (settings.step_events_topic, settings.tool_effects_topic)
         made = (parts or ProjectorParts()).made(settings, self._topics, live=rebuilding is None)
         self.dead_letters, self.group_offsets, self.metrics = made
-        self._topic_index = {settings.step_events_topic: EVENTS, settings.tool_effects_topic: EFFECTS}
         self._position = AppliedPosition()
+        self._pipeline = BatchPipeline(
+            self.shards,
+            self._topics,
+            made,
+            self._position,
+            send_dead_letters=self.send_dead_letters,
+            stopping=lambda: self._stopping,
+        )
         self._assignment = Assignment(
             self.shards,
             self._position,
@@ -150,10 +141,8 @@ class Projector:
             group=group,
             on_assignment=member.on_assignment if member is not None else None,
             on_failure=self._fail,
-            on_open=self._shard_opened,
+            on_open=lambda _shard: self._pipeline.options_changed(),
         )
-        self._applier: Applier | None = None
-        self._wire: WireFormats | None = None
         self._layout: TopicLayout | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._task: asyncio.Task[None] | None = None
@@ -199,13 +188,7 @@ class Projector:
         self._layout = layout
         for partition in self.shards.partitions:
             self.shards.claim(self.shards[partition], layout)
-        self._applier = Applier(
-            self._topics,
-            partitions=layout.partitions,
-            max_snapshots_per_run=self.max_snapshots_per_run,
-            retain_ended_us=self.shards.retain_ended_us,
-        )
-        self._wire = WireFormats(self.settings)
+        self._pipeline.start(self.settings, layout)
         consumer = make_consumer(
             self.settings,
             group_id=self.group_id,
@@ -241,13 +224,6 @@ class Projector:
             self.close()
             raise
 
-    def _shard_opened(self, shard: Shard) -> None:
-        """A shard was opened or restored: the applier keeps the options its identity holds."""
-        if self._applier is not None:
-            self._applier.max_snapshots = self.shards.max_snapshots_per_run
-            if self._applier.retain_ended_us != self.shards.retain_ended_us:
-                self._applier.retain_ended_us = self.shards.retain_ended_us
-
     async def _fail(self, exc: BaseException) -> None:
         """Stop on `exc`: `wait_for`, `join()` and `__aexit__` raise it."""
         self._stopping = True
@@ -272,9 +248,7 @@ class Projector:
         # broker gone, `close()` closes them all the same.
         await disconnect(self.settings, self._consumer, self.dead_letters)
         self._consumer = None
-        wire, self._wire = self._wire, None
-        if wire is not None:
-            await wire.close()
+        await self._pipeline.close()
         self.shards.flush()
         if self.keys is not None:
             await self.keys.close()
@@ -372,7 +346,7 @@ class Projector:
                 if batches or assignment.pacer.holding:
                     async with self.shards.lock:
                         if changes == assignment.changes:
-                            await self._apply_batch(await assignment.pace(batches))
+                            await self._pipeline.apply(self._consumer, await assignment.pace(batches))
                         else:
                             await assignment.refetch()
                 if self.checkpoints is not None:
@@ -391,69 +365,3 @@ class Projector:
                 log.exception('projector stopped')
                 await self._position.fail(exc)
             raise
-
-    async def _apply_batch(self, batches: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]) -> None:
-        by_shard: dict[int, list[SourceRecord]] = {}
-        for tp, messages in batches.items():
-            if tp.partition not in self.shards:
-                continue  # revoked meanwhile: its next owner reads these from the shard's offsets
-            topic = self._topic_index[tp.topic]
-            by_shard.setdefault(tp.partition, []).extend(
-                SourceRecord(topic, tp.partition, m.offset, m.key, m.value) for m in messages
-            )
-        if not by_shard:
-            return
-        assert self._wire is not None
-        for partition, records in by_shard.items():  # Confluent-framed records, if any, as single-object
-            read = await self._wire.read(records, lambda: self._stopping)
-            if read is None:
-                return  # stopping while the schema registry does not answer: applied on restart
-            by_shard[partition] = read
-        oldest = [m[0].timestamp for tp, m in batches.items() if m and tp.partition in by_shard]
-        with span('stepstream.projector.batch') as current:
-            await self._stage_batch(by_shard, current, oldest)
-
-    async def _stage_batch(
-        self, by_shard: dict[int, list[SourceRecord]], current: Span | None, oldest: list[int]
-    ) -> None:
-        started = time.perf_counter()
-        applier = self._applier
-        assert applier is not None and self._consumer is not None
-        send = self.send_dead_letters
-        shards, metrics = self.shards, self.metrics
-        applier.max_snapshots = shards.max_snapshots_per_run  # learnt from the first shard opened
-
-        def stage_and_commit() -> tuple[list[Transaction], list[BatchOutcome], bool]:
-            txns, outcomes = [], []
-            for partition, records in by_shard.items():
-                txn, outcome = applier.stage(shards[partition], records)
-                txn.set_progress(metrics.rate(partition, len(records)))
-                txns.append(txn)
-                outcomes.append(outcome)
-            held = send and any(o.dead for o in outcomes)
-            if not held:  # the common case: one hop to the worker thread, not two
-                for txn in txns:
-                    txn.commit()
-            return txns, outcomes, held
-
-        inline = sum(len(records) for records in by_shard.values()) <= INLINE_APPLY_RECORDS
-        txns, outcomes, held = stage_and_commit() if inline else await asyncio.to_thread(stage_and_commit)
-        # Dead letters are acknowledged by the DLQ before the batch (and its offsets) commits:
-        # a crash in between repeats them in the DLQ on restart, and never loses one.
-        if held:
-            dead = [d for o in outcomes for d in o.dead]
-            if not await self.dead_letters.send(dead, stopping=lambda: self._stopping):
-                return  # stopping while the DLQ was unreachable: the batch is applied on restart
-            if inline:
-                for txn in txns:
-                    txn.commit()
-            else:
-                await asyncio.to_thread(lambda: [txn.commit() for txn in txns])
-        next_offsets: Position = {}
-        for outcome in outcomes:
-            for (topic, partition), offset in outcome.next_offsets.items():
-                next_offsets[TopicPartition(self._topics[topic], partition)] = offset
-        timing = (time.perf_counter() - started, oldest)
-        self.metrics.observe(outcomes, next_offsets, self._consumer.highwater, current, timing)
-        await self._position.advance(next_offsets)
-        await self.group_offsets.applied(self._consumer, next_offsets)
