@@ -1,28 +1,26 @@
 """`S3MediaStore`: media in any S3-compatible bucket (AWS S3, R2, MinIO, SeaweedFS), via obstore.
 
 obstore signs and retries every request (docs/decisions/0004-s3-client.md); this module only maps
-media URIs to keys, `MediaContext` to object attributes, and obstore's errors to ones that say
-which endpoint and bucket failed and what to check.
+media URIs to keys and makes the requests. `_s3_attributes` maps `MediaContext` to object
+attributes, and `_s3_errors` says what obstore's errors mean; the store raises them naming the
+endpoint and bucket that failed.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from email.message import EmailMessage
 from typing import TYPE_CHECKING, Any, NoReturn
-from urllib.parse import quote
 
 import obstore
 from obstore.exceptions import BaseError as ObstoreError
-from obstore.exceptions import PermissionDeniedError, UnauthenticatedError
 from obstore.store import S3Store
 
 from stepstream.errors import MediaUnavailable
+from stepstream.media._s3_attributes import context_from_attributes, object_attributes
+from stepstream.media._s3_errors import diagnose, first_line
 from stepstream.media._types import (
     NO_CONTEXT,
     KeyStrategy,
@@ -58,21 +56,6 @@ _DEFAULT_RETRY_CONFIG: dict[str, Any] = {
     },
 }
 
-# S3 returns user-metadata keys lowercased and obstore treats these names as object attributes,
-# so only keys that come back unchanged as user metadata are accepted.
-_META_KEY = re.compile(r'[a-z0-9][a-z0-9._-]*')
-_RESERVED_KEYS = frozenset(
-    {'content-type', 'content-disposition', 'content-encoding', 'content-language', 'cache-control'}
-    | {'storage-class'}
-)
-_STANDARD_ATTRIBUTES = frozenset(
-    {'Content-Type', 'Content-Disposition', 'Content-Encoding', 'Content-Language', 'Cache-Control'}
-    | {'Storage-Class'}
-)
-# Metadata values travel as HTTP headers: anything but printable ASCII is sent as an RFC 2047
-# encoded word (as the AWS SDKs do), and so is a value that already looks like one.
-_ENCODED_WORD = re.compile(r'=\?utf-8\?b\?([A-Za-z0-9+/=]*)\?=')
-_PLAIN_VALUE = re.compile(r'[\x20-\x7e]*')
 REFRESH_AFTER = timedelta(hours=1)
 """A `put` of a payload whose object is older than this uploads it again (its age restarts): a
 media sweep's grace period must exceed it plus the time from a put to its record being applied."""
@@ -88,10 +71,6 @@ class StoredPayload:
     key: str
     size: int
     last_modified: datetime
-
-
-# How obstore (reqwest) words a request that never got an answer.
-_UNREACHABLE_MARKERS = ('error sending request', 'timed out', 'timeout', 'connect', 'dns error')
 
 
 class S3MediaStore:
@@ -216,7 +195,7 @@ class S3MediaStore:
         """
         uri = await media_uri_off_loop(data)
         key = self.key_for(uri, ctx)
-        attributes = _attributes(ctx)
+        attributes = object_attributes(ctx)
         try:
             meta = await obstore.head_async(self._store, key)
         except FileNotFoundError:
@@ -258,10 +237,7 @@ class S3MediaStore:
         try:
             await obstore.list_with_delimiter_async(self._store, prefix=self.key_prefix or None)
         except (ObstoreError, OSError) as exc:
-            what, advice = self._diagnose(exc, missing_bucket=False)
-            raise MediaUnavailable(
-                f'could not list {self.location}: {what} ({_first_line(exc)}). {advice}.'
-            ) from exc
+            self._list_failed(exc)
 
     async def exists(self, uri: str, ctx: MediaContext = NO_CONTEXT) -> bool:
         """Whether an object is stored at the key of `uri` (one HEAD request)."""
@@ -288,7 +264,7 @@ class S3MediaStore:
             self._not_found(uri, exc)
         except (ObstoreError, OSError) as exc:
             self._fail('read the metadata of', uri, exc)
-        return _context_from(dict(result.attributes))
+        return context_from_attributes(dict(result.attributes))
 
     async def payloads(self) -> AsyncIterator[StoredPayload]:
         """Every object of the default key layout (`<sha256>.bin` under `key_prefix`) in the bucket.
@@ -309,10 +285,7 @@ class S3MediaStore:
                     if _PAYLOAD_KEY.fullmatch(name):
                         yield StoredPayload(name[:64], meta['path'], meta['size'], meta['last_modified'])
         except (ObstoreError, OSError) as exc:
-            what, advice = self._diagnose(exc, missing_bucket=False)
-            raise MediaUnavailable(
-                f'could not list {self.location}: {what} ({_first_line(exc)}). {advice}.'
-            ) from exc
+            self._list_failed(exc)
 
     async def delete(self, uri: str) -> None:
         """Delete the payload of `uri` (one already gone is fine).
@@ -333,137 +306,14 @@ class S3MediaStore:
             self._fail('read', uri, exc, missing_bucket=True)
         raise MediaNotFound(uri, self.location) from exc
 
-    def _fail(self, action: str, uri: str, exc: BaseException, *, missing_bucket: bool = False) -> NoReturn:
-        what, advice = self._diagnose(exc, missing_bucket=missing_bucket)
+    def _list_failed(self, exc: BaseException) -> NoReturn:
+        what, advice = diagnose(exc, missing_bucket=False)
         raise MediaUnavailable(
-            f'could not {action} media {uri} in {self.location}: {what} ({_first_line(exc)}). {advice}.'
+            f'could not list {self.location}: {what} ({first_line(exc)}). {advice}.'
         ) from exc
 
-    @staticmethod
-    def _diagnose(exc: BaseException, *, missing_bucket: bool) -> tuple[str, str]:
-        """What went wrong and what to do, for an error of the S3 client."""
-        tls = _tls_failure(str(exc))
-        if tls is not None:
-            what, advice = tls
-        elif missing_bucket or 'NoSuchBucket' in str(exc):
-            what, advice = (
-                'the bucket does not exist',
-                'create it, or set STEPSTREAM_S3_BUCKET to an existing bucket',
-            )
-        elif isinstance(exc, PermissionDeniedError | UnauthenticatedError | PermissionError) or any(
-            m in str(exc) for m in _DENIED_MARKERS
-        ):
-            what, advice = (
-                'access was denied',
-                'check STEPSTREAM_S3_ACCESS_KEY_ID / STEPSTREAM_S3_SECRET_ACCESS_KEY and that they may '
-                'read and write this bucket',
-            )
-        elif isinstance(exc, OSError) or any(m in str(exc).lower() for m in _UNREACHABLE_MARKERS):
-            what, advice = (
-                'S3 could not be reached',
-                'check STEPSTREAM_S3_ENDPOINT and that the S3 service is running and reachable from here',
-            )
-        else:
-            what, advice = (
-                'S3 failed the request',
-                'check that STEPSTREAM_S3_ENDPOINT is an S3-compatible service, and its logs',
-            )
-        return what, advice
-
-
-def _tls_failure(text: str) -> tuple[str, str] | None:
-    """What went wrong and what to do when TLS is the cause, from the text of an obstore error.
-
-    obstore (reqwest with rustls) puts the reason deep in its debug text, not its first line:
-    `InvalidCertificate(UnknownIssuer)`, `InvalidCertificate(NotValidForName)`, ...
-    """
-    reason = _INVALID_CERTIFICATE.search(text)
-    if reason is not None and reason.group(1) == 'NotValidForName':
-        return (
-            'the TLS certificate of the endpoint does not name the host in its URL',
-            'set STEPSTREAM_S3_ENDPOINT to a host name the certificate holds',
-        )
-    if reason is not None:
-        return (
-            f'the TLS certificate of the endpoint is not trusted ({reason.group(1)})',
-            'set STEPSTREAM_S3_CAFILE to the PEM file of the CA that signed it',
-        )
-    if 'HTTP request to an HTTPS server' in text:
-        return (
-            'the endpoint speaks HTTPS, not plain HTTP',
-            'use https:// in STEPSTREAM_S3_ENDPOINT (and STEPSTREAM_S3_CAFILE for a private CA)',
-        )
-    if any(marker in text for marker in _PLAINTEXT_ANSWER_MARKERS):
-        return (
-            'the endpoint answered a TLS handshake with plain HTTP',
-            'use http:// in STEPSTREAM_S3_ENDPOINT, or enable TLS on the S3 service',
-        )
-    return None
-
-
-_INVALID_CERTIFICATE = re.compile(r'InvalidCertificate\(\s*([A-Za-z]+)')
-# How rustls words a TLS handshake answered by a plain-HTTP server.
-_PLAINTEXT_ANSWER_MARKERS = ('InvalidContentType', 'CorruptMessage', 'received corrupt message')
-
-# A LIST answered 403 reaches us as a generic error: its status and S3 error codes say what it is.
-_DENIED_MARKERS = ('403 Forbidden', 'AccessDenied', 'SignatureDoesNotMatch', 'InvalidAccessKeyId')
-
-
-def _attributes(ctx: MediaContext) -> dict[str, str]:
-    attributes: dict[str, str] = {}
-    if ctx.media_type is not None:
-        attributes['Content-Type'] = ctx.media_type
-    if ctx.filename is not None:
-        attributes['Content-Disposition'] = _content_disposition(ctx.filename)
-    for name, value in ctx.metadata.items():
-        if not _META_KEY.fullmatch(name) or name in _RESERVED_KEYS:
-            raise ValueError(
-                f'metadata key {name!r} cannot be S3 object metadata: use lowercase letters, digits, '
-                f'".", "_" and "-" (S3 lowercases keys), and none of {sorted(_RESERVED_KEYS)}'
-            )
-        attributes[name] = _encode_value(value)
-    return attributes
-
-
-def _content_disposition(filename: str) -> str:
-    # Header values must be ASCII: other names go in RFC 6266's `filename*` form.
-    if _PLAIN_VALUE.fullmatch(filename) and '"' not in filename and '\\' not in filename:
-        return f'inline; filename="{filename}"'
-    return "inline; filename*=UTF-8''" + quote(filename, safe='')
-
-
-def _context_from(attributes: Mapping[str, str]) -> MediaContext:
-    filename = None
-    disposition = attributes.get('Content-Disposition')
-    if disposition is not None:
-        header = EmailMessage()
-        header['Content-Disposition'] = disposition
-        filename = header.get_filename()
-    metadata = {
-        name.lower(): _decode_value(value)
-        for name, value in attributes.items()
-        if name not in _STANDARD_ATTRIBUTES
-    }
-    return MediaContext(media_type=attributes.get('Content-Type'), filename=filename, metadata=metadata)
-
-
-def _encode_value(value: str) -> str:
-    if _PLAIN_VALUE.fullmatch(value) and not value.startswith('=?'):
-        return value
-    return '=?utf-8?b?' + base64.b64encode(value.encode()).decode('ascii') + '?='
-
-
-def _decode_value(value: str) -> str:
-    match = _ENCODED_WORD.fullmatch(value)
-    if match is None:
-        return value
-    try:
-        return base64.b64decode(match.group(1), validate=True).decode()
-    except (binascii.Error, UnicodeDecodeError):
-        return value
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    text = lines[0] if lines else type(exc).__name__
-    return text if len(text) <= 300 else text[:297] + '...'
+    def _fail(self, action: str, uri: str, exc: BaseException, *, missing_bucket: bool = False) -> NoReturn:
+        what, advice = diagnose(exc, missing_bucket=missing_bucket)
+        raise MediaUnavailable(
+            f'could not {action} media {uri} in {self.location}: {what} ({first_line(exc)}). {advice}.'
+        ) from exc

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from stepstream.embedded.apache_kafka import locked
+from stepstream.embedded.apache_kafka import locked, user_cache
 
 from processes import free_port, running
 
@@ -35,11 +35,7 @@ HOST = '127.0.0.1'
 
 def cache_dir() -> Path:
     """Where the wrapper module and the built binary are kept between runs."""
-    root = os.environ.get('STEPSTREAM_REGISTRY_CACHE')
-    if root:
-        return Path(root) / f'schema-registry-{REGISTRY_VERSION}'
-    base = os.environ.get('XDG_CACHE_HOME') or str(Path.home() / '.cache')
-    return Path(base) / 'stepstream' / f'schema-registry-{REGISTRY_VERSION}'
+    return user_cache(f'schema-registry-{REGISTRY_VERSION}', override='STEPSTREAM_REGISTRY_CACHE')
 
 
 def registry_binary() -> Path:

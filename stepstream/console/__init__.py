@@ -15,36 +15,26 @@ from stepstream.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from stepstream.console._args import VIEW_HEADER, ViewArgs
-    from stepstream.console._render import (
-        effects_table,
-        events_table,
-        preview_text,
-        retention_text,
-        runs_table,
-        status_json,
-        status_text,
-        sweep_text,
-        to_json,
-        tree,
-        waits_for,
-    )
+    from stepstream.console._render import effects_table, events_table, runs_table, to_json, tree, waits_for
+    from stepstream.console._status import preview_text, retention_text, status_json, status_text, sweep_text
     from stepstream.console._views import VIEWS, runs_after, show
 
 _RENDER = 'stepstream.console._render'
+_STATUS = 'stepstream.console._status'
 _WHERE = {
     'VIEW_HEADER': 'stepstream.console._args',
     'VIEWS': 'stepstream.console._views',
     'ViewArgs': 'stepstream.console._args',
     'effects_table': _RENDER,
     'events_table': _RENDER,
-    'preview_text': _RENDER,
-    'retention_text': _RENDER,
+    'preview_text': _STATUS,
+    'retention_text': _STATUS,
     'runs_after': 'stepstream.console._views',
     'runs_table': _RENDER,
     'show': 'stepstream.console._views',
-    'status_json': _RENDER,
-    'status_text': _RENDER,
-    'sweep_text': _RENDER,
+    'status_json': _STATUS,
+    'status_text': _STATUS,
+    'sweep_text': _STATUS,
     'to_json': _RENDER,
     'tree': _RENDER,
     'waits_for': _RENDER,

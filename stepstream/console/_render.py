@@ -1,21 +1,19 @@
-"""Plain-text and JSON renderings of the read model's views, shared by the console views and the demo."""
+"""Plain-text and JSON renderings of the read model's views, shared by the console views and the demo.
+
+Runs, lineage trees, events, tool effects and histories, and the table and JSON they are made of;
+what the operator's commands show of the projection itself (status, retention) is in `_status`.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from datetime import datetime
+from typing import Any
 
 from stepstream.schemas import RunRecord, StepEvent, ToolEffectRecord
-from stepstream.timestamps import from_micros
-
-if TYPE_CHECKING:
-    from stepstream.readmodel import ProjectionStatus, RunCounts, SweepReport
-    from stepstream.settings import Settings
-    from stepstream.storage import RetentionPreview, RetentionState
 
 
 def to_json(value: Any, *, indent: int | None = 2) -> str:
@@ -41,7 +39,8 @@ def to_json(value: Any, *, indent: int | None = 2) -> str:
     return json.dumps(value, default=default, indent=indent)
 
 
-def _time(ts: datetime | None) -> str:
+def time_text(ts: datetime | None) -> str:
+    """A time as the tables show it, to the millisecond (`-` for none)."""
     return ts.strftime('%Y-%m-%d %H:%M:%S.%f')[:-3] if ts is not None else '-'
 
 
@@ -64,7 +63,7 @@ def runs_table(runs: Sequence[RunRecord]) -> str:
             f'broken@{r.chain_break_seq}' if r.chain == 'broken' else r.chain,
             f'{r.parent_run_id} (expired)' if r.parent_expired else r.parent_run_id,
             r.conversation_id,
-            _time(r.started_at),
+            time_text(r.started_at),
             r.event_count,
             ','.join(str(lo) if lo == hi else f'{lo}-{hi}' for lo, hi in r.gaps) or None,
             f'{r.usage.input_tokens}/{r.usage.output_tokens}' if r.usage.model_requests else None,
@@ -154,7 +153,7 @@ def tree(runs: Sequence[RunRecord]) -> str:
 
 def events_table(events: Sequence[StepEvent]) -> str:
     """One line per event, in seq order."""
-    rows = [(e.seq, _time(e.timestamp), e.step_index, e.kind, _event_detail(e) or None) for e in events]
+    rows = [(e.seq, time_text(e.timestamp), e.step_index, e.kind, _event_detail(e) or None) for e in events]
     return table(['seq', 'time', 'step', 'kind', 'detail'], rows)
 
 
@@ -198,8 +197,8 @@ def ledger(effects: Sequence[ToolEffectRecord]) -> str:
             e.tool_call_id,
             e.tool_name,
             f'deferred ({e.deferral})' if e.status == 'deferred' else effect_status(e),
-            _time(e.started_at),
-            _time(e.ended_at) if e.ended_at else None,
+            time_text(e.started_at),
+            time_text(e.ended_at) if e.ended_at else None,
             e.idempotency_key,
             e.effect_summary,
             e.error,
@@ -217,7 +216,7 @@ def ledger(effects: Sequence[ToolEffectRecord]) -> str:
             applied = '' if r.applied else ' (history only: it does not decide the status)'
             lines.append(
                 f'{e.tool_call_id}: resolved {r.resolution.replace("_", " ")} by {r.resolved_by} at '
-                f'{_time(r.resolved_at)}{applied}: {r.note}'
+                f'{time_text(r.resolved_at)}{applied}: {r.note}'
             )
     return '\n'.join(lines)
 
@@ -289,7 +288,7 @@ def unresolved_table(items: Sequence[UnresolvedEffect]) -> str:
             item.effect.tool_call_id,
             item.effect.tool_name,
             effect_status(item.effect),
-            _time(item.effect.started_at),
+            time_text(item.effect.started_at),
             item.effect.idempotency_key,
             item.effect.effect_summary,
         )
@@ -297,155 +296,3 @@ def unresolved_table(items: Sequence[UnresolvedEffect]) -> str:
     ]
     headers = ['run_id', *(['run_status'] if with_run else []), 'tool_call_id', 'tool', 'status']
     return table([*headers, 'started', 'idempotency_key', 'summary'], rows)
-
-
-Offsets = Mapping[tuple[str, int], int]
-
-
-def status_json(status: ProjectionStatus, applied: Offsets, ends: Offsets) -> str:
-    """`stepstream status --json`: one object per partition, then the projection's figures."""
-    partitions = [
-        {
-            'topic': topic,
-            'partition': partition,
-            'applied': offset,
-            'end': ends[topic, partition],
-            'lag': max(ends[topic, partition] - offset, 0),
-        }
-        for (topic, partition), offset in applied.items()
-    ]
-    figures = {f.name: getattr(status, f.name) for f in dataclasses.fields(status) if f.name != 'offsets'}
-    total = sum(p['lag'] for p in partitions)  # type: ignore[misc]
-    return to_json({'partitions': partitions, 'total_lag': total, **figures})
-
-
-def applier(status: ProjectionStatus, partition: int) -> tuple[str, str]:
-    """Who applies a partition's shard (`pid N` or `none`) and how long ago it last committed."""
-    pid = status.writers.get(partition)
-    at = status.last_batch_at.get(partition)
-    ago = 'never' if at is None else f'{max((datetime.now(UTC) - at).total_seconds(), 0):.1f} s ago'
-    return ('none' if pid is None else f'pid {pid}'), ago
-
-
-def counts_text(counts: RunCounts | None) -> list[str]:
-    """The status's counts: runs per status, the agents with most runs, the calls in doubt."""
-    if counts is None:
-        return ['runs: not counted (a shard predates the counts or is missing; `stepstream rebuild` counts)']
-    by_status = ', '.join(f'{status} {n}' for status, n in counts.by_status.items())
-    lines = [f'runs: {sum(counts.by_status.values())} ({by_status})']
-    if counts.by_agent:
-        top = sorted(counts.by_agent.items(), key=lambda item: (-item[1], item[0]))
-        shown = ', '.join(f'{name} {n}' for name, n in top[:5])
-        more = f', and {len(top) - 5} more' if len(top) > 5 else ''
-        lines.append(f'agents: {len(top)} ({shown}{more})')
-    lines.append(f'tool calls in doubt: {counts.unresolved_effects}')
-    if counts.broken_chains:
-        lines.append(f'runs with a broken hash chain: {counts.broken_chains} (`stepstream audit verify`)')
-    return lines
-
-
-def status_text(status: ProjectionStatus, applied: Offsets, ends: Offsets, settings: Settings) -> str:
-    """`stepstream status`: the lag table and one line per figure."""
-    rows = [
-        (
-            topic,
-            partition,
-            offset,
-            ends[topic, partition],
-            max(ends[topic, partition] - offset, 0),
-            *applier(status, partition),
-        )
-        for (topic, partition), offset in applied.items()
-    ]
-    headers = ['topic', 'partition', 'applied', 'end', 'lag', 'projector', 'last batch']
-    lines = [table(headers, rows), '']
-    lines.append(f'total lag: {sum(int(r[4]) for r in rows)} records')
-    idle = sorted({p for p, pid in status.writers.items() if pid is None})
-    if idle:
-        lines.append(
-            f'no projector applies partition(s) {idle}: nothing new shows in the views until one runs '
-            '(`stepstream stack up` starts one; or `stepstream projector`)'
-        )
-    when = _time(status.updated_at) if status.updated_at else 'never'
-    lines.append(f'applied: {status.applied_per_second:g} records/s (last batch at {when})')
-    reasons = ', '.join(f'{reason} {count}' for reason, count in status.dead_lettered_by_reason.items())
-    lines.append(f'dead-lettered: {status.dead_lettered}' + (f' ({reasons})' if reasons else ''))
-    lines.append(f'runs with conflicting writers: {status.conflicting_runs}')
-    lines.extend(counts_text(status.runs))
-    if status.parked_records:
-        lines.append(f'records waiting for a run_started that has not arrived: {status.parked_records}')
-    if status.state == 'rebuilding':
-        resume = f'stepstream rebuild --into {settings.db_path}'
-        lines.append(f'this projection is an unfinished rebuild: resume it with `{resume}`')
-    return '\n'.join(lines)
-
-
-def _log_time(micros: int | None) -> str:
-    return _time(from_micros(micros)) if micros is not None and micros >= 0 else '-'
-
-
-def retention_text(policy: int | None, shards: Sequence[RetentionState]) -> str:
-    """`stepstream retention`: the policy, then one line per shard (times are the log's)."""
-    if policy is None:
-        return 'retention: none (every run is kept; set STEPSTREAM_RETAIN_ENDED_DAYS and rebuild to bound it)'
-    days = policy / 86_400_000_000
-    unit = 'day' if days == 1 else 'days'
-    head = f"retention: runs that ended {days:g} {unit} before their partition's clock are dropped"
-    rows = [
-        (
-            s.partition,
-            _log_time(s.clock),
-            _log_time(s.cutoff),
-            s.waiting,
-            _log_time(s.next_expiry),
-            s.expired,
-            s.media,
-            ', '.join(s.unresolved_ending) or None,
-        )
-        for s in shards
-    ]
-    headers = [
-        'shard',
-        'clock',
-        'cut-off',
-        'ended kept',
-        'next expiry',
-        'dropped',
-        'media',
-        'ended, unresolved',
-    ]
-    lines = [head, table(headers, rows)]
-    if any(s.unresolved_ending for s in shards):
-        lines.append(
-            'ended runs with an unresolved tool effect expire with their run: resolve them first '
-            '(`stepstream unresolved`, `stepstream resolve`)'
-        )
-    return '\n'.join(lines)
-
-
-def sweep_text(report: SweepReport) -> str:
-    """`stepstream retention sweep-media`: what the sweep saw and deleted."""
-    verb = 'would delete' if report.dry_run else 'deleted'
-    return (
-        f'{report.listed} payloads in the bucket, {report.referenced} referenced by kept runs, '
-        f'{report.young} unreferenced but younger than the grace period; '
-        f'{verb} {len(report.deleted)} ({report.deleted_bytes} bytes)'
-    ) + (
-        f'; kept {len(report.guarded)} that kept runs read although the media index does not list them '
-        '(the index is incomplete: rebuild the projection)'
-        if report.guarded
-        else ''
-    )
-
-
-def preview_text(days: float, shards: Sequence[RetentionPreview]) -> str:
-    """`stepstream retention --preview-days N`: what that policy would drop from each shard now."""
-    rows = [
-        (s.partition, _log_time(s.clock), _log_time(s.cutoff), s.would_drop, s.would_keep) for s in shards
-    ]
-    total = sum(s.would_drop for s in shards)
-    head = (
-        f'a policy of {days:g} days would drop {total} runs now '
-        f'(rebuild with STEPSTREAM_RETAIN_ENDED_DAYS={days:g} to apply it)'
-    )
-    return '\n'.join([head, table(['shard', 'clock', 'cut-off', 'would drop', 'would keep'], rows)])

@@ -23,12 +23,14 @@ while a stack runs, so two never share the directory).
 
 One module per concern: `_processes` (children: spawn, readiness, stop, errors), `_network`
 (loopback ports and probes), `_tansu`, `apache_kafka` (with its Maven fetch) and `_seaweedfs` (each
-service's binary and command line), `_dirs` (the data dir, its lock and the socket dir), `_stack`
-(`EmbeddedStack`, which composes them).
+service's binary and command line), `_dirs` (the data dir, its lock and the socket dir), `_options`
+(the stack's arguments, checked, and the `Settings` it hands out), `_stack` (`EmbeddedStack`,
+which composes them).
 """
 
+from stepstream.embedded._options import BROKERS
 from stepstream.embedded._processes import Child, EmbeddedStackError, spawn, terminate
 from stepstream.embedded._seaweedfs import LOG_BUCKET
-from stepstream.embedded._stack import BROKERS, EmbeddedStack
+from stepstream.embedded._stack import EmbeddedStack
 
 __all__ = ['BROKERS', 'LOG_BUCKET', 'Child', 'EmbeddedStack', 'EmbeddedStackError', 'spawn', 'terminate']

@@ -1,49 +1,35 @@
-"""`EmbeddedStack`: the broker and SeaweedFS composed into one stack with one `Settings`."""
+"""`EmbeddedStack`: the broker and SeaweedFS composed into one stack with one `Settings`.
+
+Its arguments are checked, and its `Settings` made, by `_options.StackOptions`; each child's command
+line and readiness probe are `_launch.Launch`'s. This module decides when the two children start,
+are waited for, restart and stop.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import atexit
 import contextlib
-import os
-import secrets
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from stepstream.embedded import _seaweedfs, _tansu, apache_kafka
+from stepstream.embedded import _seaweedfs
 from stepstream.embedded._dirs import StackDirs
-from stepstream.embedded._network import HOST, Ports, kafka_probe, pick_ports
+from stepstream.embedded._launch import Binaries, Launch
+from stepstream.embedded._network import pick_ports
+from stepstream.embedded._options import StackOptions
 from stepstream.embedded._processes import (
     BROKER,
     S3,
     Child,
     EmbeddedStackError,
-    child_env,
-    spawn,
     terminate,
     wait_until_ready,
 )
-from stepstream.embedded._seaweedfs import LOG_BUCKET, REGION
-from stepstream.s3_client import client_options
 from stepstream.settings import Settings
-
-BROKERS = ('tansu', 'kafka')
-"""The embedded brokers: Tansu (the default, from a PyPI wheel) and Apache Kafka (a JVM and Maven)."""
-
-_STACK_OWNED_FIELDS = frozenset(
-    {
-        'bootstrap_servers',
-        's3_endpoint',
-        's3_bucket',
-        's3_region',
-        's3_access_key_id',
-        's3_secret_access_key',
-    }
-)
 
 
 class EmbeddedStack:
@@ -82,35 +68,21 @@ class EmbeddedStack:
         broker: str | None = None,
         **settings_overrides: Any,
     ) -> None:
-        broker = _check_options(
+        self._options = StackOptions.check(
             data_dir,
             durable=durable,
             bucket=bucket,
             broker=broker,
             startup_timeout_s=startup_timeout_s,
+            tansu_bin=tansu_bin,
+            weed_bin=weed_bin,
             s3_certfile=s3_certfile,
             s3_keyfile=s3_keyfile,
             settings_overrides=settings_overrides,
         )
-
-        self._durable = durable
-        self._broker = broker
-        self._kafka_lib: Path | None = None
-        self._bucket = bucket
-        self._startup_timeout_s = startup_timeout_s
-        self._tansu_bin = None if tansu_bin is None else str(tansu_bin)
-        self._weed_bin = None if weed_bin is None else str(weed_bin)
-        self._s3_tls = (
-            None if s3_certfile is None or s3_keyfile is None else (Path(s3_certfile), Path(s3_keyfile))
-        )
-        self._overrides = dict(settings_overrides)
-
         self._lock = threading.RLock()
         self._dirs = StackDirs(None if data_dir is None else Path(data_dir).absolute())
-        self._ports: Ports | None = None
-        self._access_key_id = ''
-        self._secret_access_key = ''
-        self._binaries: dict[str, str] = {}
+        self._launch: Launch | None = None
         self._children: dict[str, Child] = {}
         self._settings: Settings | None = None
 
@@ -133,12 +105,12 @@ class EmbeddedStack:
     @property
     def broker(self) -> str:
         """Which broker this stack runs: `'tansu'` or `'kafka'` (Apache Kafka)."""
-        return self._broker
+        return self._options.broker
 
     @property
     def durable(self) -> bool:
         """Whether the Kafka log lives in SeaweedFS under `data_dir` (and so survives a restart)."""
-        return self._durable
+        return self._options.durable
 
     @property
     def pids(self) -> dict[str, int]:
@@ -161,17 +133,15 @@ class EmbeddedStack:
         with self._lock:
             if self._settings is not None:
                 raise EmbeddedStackError('the stack is already started')
-            if self._broker == 'kafka':
-                broker, self._kafka_lib = apache_kafka.resolve()
-            else:
-                broker = _tansu.resolve(self._tansu_bin)
-            self._binaries = {BROKER: broker, S3: _seaweedfs.resolve(self._weed_bin)}
-            self._access_key_id = 'ss' + secrets.token_hex(8)
-            self._secret_access_key = secrets.token_hex(20)
+            binaries = Binaries.resolve(self._options)
             try:
                 self._dirs.prepare()
+                assert self._dirs.socket_dir is not None
                 for attempt in (1, 2):
-                    self._ports = pick_ports(_seaweedfs.COMPONENTS)
+                    ports = pick_ports(_seaweedfs.COMPONENTS)
+                    self._launch = Launch(
+                        self._options, binaries, ports, self.data_dir, self._dirs.socket_dir
+                    )
                     try:
                         self._start_services()
                         break
@@ -183,10 +153,11 @@ class EmbeddedStack:
             except BaseException:  # including Ctrl-C halfway: leave nothing running or locked
                 terminate(list(self._children.values()))
                 self._children.clear()
-                self._ports = None
+                self._launch = None
                 self._dirs.release()
                 raise
-            self._settings = self._build_settings()
+            assert self._launch is not None
+            self._settings = self._launch.settings()
             _LIVE_STACKS.add(self)
             return self
 
@@ -199,13 +170,13 @@ class EmbeddedStack:
         with self._lock:
             broker = self._children.pop(BROKER, None)
             s3 = self._children.pop(S3, None)
-            if self._durable:
+            if self._options.durable:
                 terminate([broker])
                 terminate([s3])
             else:
                 terminate([broker, s3])
             self._settings = None
-            self._ports = None
+            self._launch = None
             self._dirs.release()
             _LIVE_STACKS.discard(self)
 
@@ -222,7 +193,7 @@ class EmbeddedStack:
     def start_broker(self) -> None:
         """Start Tansu again (after `stop_broker()`) on the same port, and wait until it answers."""
         with self._lock:
-            self._start_again(BROKER, 'the broker', 'stop_broker', self._spawn_broker, self._wait_broker)
+            self._start_again(BROKER, 'the broker', 'stop_broker')
 
     def restart_broker(self) -> None:
         """Stop and start Tansu; with `durable=True` the log is read back from SeaweedFS."""
@@ -242,7 +213,7 @@ class EmbeddedStack:
     def start_s3(self) -> None:
         """Start SeaweedFS again (after `stop_s3()`) on the same ports, and wait until it answers."""
         with self._lock:
-            self._start_again(S3, 'S3', 'stop_s3', self._spawn_weed, self._wait_s3)
+            self._start_again(S3, 'S3', 'stop_s3')
 
     def __enter__(self) -> EmbeddedStack:
         return self.start()
@@ -277,7 +248,7 @@ class EmbeddedStack:
 
     def __repr__(self) -> str:
         where = self._settings.bootstrap_servers if self._settings else 'stopped'
-        return f'EmbeddedStack({where}, data_dir={self._dirs.data_dir}, durable={self._durable})'
+        return f'EmbeddedStack({where}, data_dir={self._dirs.data_dir}, durable={self._options.durable})'
 
     # -- startup --------------------------------------------------------------------------------
 
@@ -285,194 +256,43 @@ class EmbeddedStack:
         if self._settings is None:
             raise EmbeddedStackError('the stack is not started')
 
-    def _start_again(
-        self,
-        service: str,
-        name: str,
-        stopper: str,
-        spawn: Callable[[], None],
-        wait: Callable[[float], None],
-    ) -> None:
+    def _start_again(self, service: str, name: str, stopper: str) -> None:
         self._require_started()
         if service in self._children:
             raise EmbeddedStackError(f'{name} is already running; call {stopper}() first')
-        spawn()
+        self._spawn(service)
         try:
-            wait(time.monotonic() + self._startup_timeout_s)
+            self._wait(service, time.monotonic() + self._options.startup_timeout_s)
         except BaseException:
             terminate([self._children.pop(service, None)])
             raise
 
     def _start_services(self) -> None:
-        deadline = time.monotonic() + self._startup_timeout_s
-        self._spawn_weed()
-        if self._durable:
+        deadline = time.monotonic() + self._options.startup_timeout_s
+        self._spawn(S3)
+        if self._options.durable:
             # Tansu's s3 engine reads the log from SeaweedFS at startup, so S3 must answer first.
-            self._wait_s3(deadline)
-            self._spawn_broker()
+            self._wait(S3, deadline)
+            self._spawn(BROKER)
         else:
-            self._spawn_broker()
-            self._wait_s3(deadline)
-        self._wait_broker(deadline)
+            self._spawn(BROKER)
+            self._wait(S3, deadline)
+        self._wait(BROKER, deadline)
 
-    def _child_env(self, extra: dict[str, str]) -> dict[str, str]:
-        return child_env(self.data_dir / 'tmp', extra)
+    def _spawn(self, service: str) -> None:
+        assert self._launch is not None
+        self._children[service] = self._launch.spawn(service)
 
-    def _bucket_access(self, name: str) -> _seaweedfs.Bucket:
-        assert self._ports is not None
-        return _seaweedfs.Bucket(self._s3_endpoint, name, self._access_key_id, self._secret_access_key)
-
-    @property
-    def _s3_endpoint(self) -> str:
-        assert self._ports is not None
-        scheme = 'http' if self._s3_tls is None else 'https'
-        return f'{scheme}://{HOST}:{self._ports.s3}'
-
-    def _spawn_weed(self) -> None:
-        assert self._ports is not None and self._dirs.socket_dir is not None
-        buckets = [self._bucket, LOG_BUCKET] if self._durable else [self._bucket]
-        command = _seaweedfs.command(
-            self._binaries[S3],
-            data_dir=self.data_dir,
-            ports=self._ports.weed,
-            buckets=buckets,
-            socket_dir=self._dirs.socket_dir,
-            tls=self._s3_tls,
-        )
-        env = self._child_env(
-            {'AWS_ACCESS_KEY_ID': self._access_key_id, 'AWS_SECRET_ACCESS_KEY': self._secret_access_key}
-        )
-        child = self._spawn(
-            S3, _seaweedfs.TITLE, _seaweedfs.LOG_NAME, command, env, _seaweedfs.leftovers(self._ports.weed)
-        )
-        child.leftover_prefix = _seaweedfs.LEFTOVER_PREFIX
-        self._children[S3] = child
-
-    def _spawn_broker(self) -> None:
-        assert self._ports is not None
-        if self._broker == 'kafka':
-            assert self._kafka_lib is not None
-            command = apache_kafka.node_command(
-                self._binaries[BROKER],
-                self._kafka_lib,
-                self.data_dir / 'kafka',
-                port=self._ports.kafka,
-                controller_port=self._ports.controller,
-                log_path=self.data_dir / apache_kafka.LOG_NAME,
-                env=self._child_env({}),
-            )
-            self._children[BROKER] = self._spawn(
-                BROKER, apache_kafka.TITLE, apache_kafka.LOG_NAME, command, self._child_env({})
-            )
-            return
-        log_bucket = self._bucket_access(LOG_BUCKET) if self._durable else None
-        command, extra = _tansu.command(self._binaries[BROKER], self._ports.kafka, log_bucket=log_bucket)
-        self._children[BROKER] = self._spawn(
-            BROKER, _tansu.TITLE, _tansu.LOG_NAME, command, self._child_env(extra)
-        )
-
-    def _spawn(
-        self,
-        service: str,
-        title: str,
-        log_name: str,
-        command: list[str],
-        env: dict[str, str],
-        leftovers: tuple[Path, ...] = (),
-    ) -> Child:
-        return spawn(
-            service,
-            title,
-            command,
-            env=env,
-            cwd=self.data_dir,
-            log_path=self.data_dir / log_name,
-            leftovers=leftovers,
-        )
-
-    def _wait_s3(self, deadline: float) -> None:
-        assert self._ports is not None
-        log = self._bucket_access(LOG_BUCKET) if self._durable else None
-        options = client_options(self._build_settings())  # as every S3 client of these settings
-        probe = _seaweedfs.ready_probe(self._ports.s3, options, self._bucket_access(self._bucket), log)
-        self._wait(S3, probe, deadline)
-
-    def _wait_broker(self, deadline: float) -> None:
-        assert self._ports is not None
-        port = self._ports.kafka
-        self._wait(BROKER, lambda: kafka_probe(port), deadline)
-
-    def _wait(self, service: str, probe: Callable[[], None], deadline: float) -> None:
+    def _wait(self, service: str, deadline: float) -> None:
+        assert self._launch is not None
         wait_until_ready(
             self._children[service],
             list(self._children.values()),
-            probe,
+            self._launch.probe(service),
             deadline=deadline,
-            timeout_s=self._startup_timeout_s,
+            timeout_s=self._options.startup_timeout_s,
             logs_removed=self._dirs.temporary,
         )
-
-    def _build_settings(self) -> Settings:
-        assert self._ports is not None
-        values: dict[str, Any] = {'db_path': str(self.data_dir / 'projection')}
-        values.update(self._overrides)
-        values.update(
-            bootstrap_servers=f'{HOST}:{self._ports.kafka}',
-            s3_endpoint=self._s3_endpoint,
-            s3_bucket=self._bucket,
-            s3_region=REGION,
-            s3_access_key_id=self._access_key_id,
-            s3_secret_access_key=self._secret_access_key,
-        )
-        return Settings(**values)
-
-
-def _check_options(
-    data_dir: str | Path | None,
-    *,
-    durable: bool,
-    bucket: str,
-    broker: str | None,
-    startup_timeout_s: float,
-    s3_certfile: str | Path | None,
-    s3_keyfile: str | Path | None,
-    settings_overrides: dict[str, Any],
-) -> str:
-    """Refuse `EmbeddedStack` arguments that cannot work, before anything starts; returns the broker.
-
-    The broker is the one asked for, else `STEPSTREAM_EMBEDDED_BROKER`, else Tansu.
-    """
-    if durable and data_dir is None:
-        raise ValueError(
-            'EmbeddedStack(durable=True) needs a data_dir: the log must outlive the stack somewhere'
-        )
-    if bucket == LOG_BUCKET:
-        raise ValueError(f'bucket {bucket!r} is reserved for the durable Kafka log; pick another name')
-    broker = broker or os.environ.get('STEPSTREAM_EMBEDDED_BROKER') or 'tansu'
-    if broker not in BROKERS:
-        raise ValueError(f'broker must be one of {BROKERS} (or STEPSTREAM_EMBEDDED_BROKER), got {broker!r}')
-    if (s3_certfile is None) != (s3_keyfile is None):
-        raise ValueError('EmbeddedStack needs both s3_certfile and s3_keyfile to serve S3 over HTTPS')
-    if s3_certfile is not None and durable:
-        raise ValueError(
-            "EmbeddedStack(durable=True) keeps Tansu's log in S3 over plain HTTP; it cannot be "
-            'combined with s3_certfile'
-        )
-    if s3_certfile is not None and not settings_overrides.get('s3_cafile'):
-        raise ValueError(
-            'EmbeddedStack(s3_certfile=...) needs s3_cafile=, the CA that signed the certificate '
-            '(no public CA signs one for 127.0.0.1)'
-        )
-    if startup_timeout_s <= 0:
-        raise ValueError(f'startup_timeout_s must be positive, got {startup_timeout_s}')
-    owned = sorted(_STACK_OWNED_FIELDS & settings_overrides.keys())
-    if owned:
-        raise TypeError(
-            f'EmbeddedStack sets {", ".join(owned)} itself; to use other services, '
-            'build Settings yourself instead of starting a stack'
-        )
-    Settings(**settings_overrides)  # unknown or invalid fields fail here, not after startup
-    return broker
 
 
 _LIVE_STACKS: set[EmbeddedStack] = set()

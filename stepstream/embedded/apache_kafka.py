@@ -85,11 +85,20 @@ def java_binary() -> str:
 
 def cache_dir() -> Path:
     """Where the broker's jars are kept between runs."""
-    root = os.environ.get('STEPSTREAM_KAFKA_CACHE')
+    return user_cache(f'kafka-{KAFKA_VERSION}', override='STEPSTREAM_KAFKA_CACHE')
+
+
+def user_cache(name: str, *, override: str) -> Path:
+    """The directory `name` of what is fetched or built once and kept between runs.
+
+    Under `$override` when that is set, else in stepstream's cache (`$XDG_CACHE_HOME/stepstream`,
+    `~/.cache/stepstream` without it).
+    """
+    root = os.environ.get(override)
     if root:
-        return Path(root) / f'kafka-{KAFKA_VERSION}'
+        return Path(root) / name
     base = os.environ.get('XDG_CACHE_HOME') or str(Path.home() / '.cache')
-    return Path(base) / 'stepstream' / f'kafka-{KAFKA_VERSION}'
+    return Path(base) / 'stepstream' / name
 
 
 def resolve_jars() -> Path:
