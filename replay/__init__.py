@@ -12,11 +12,31 @@ assert report.ok, report.text()
 See docs/replay.md for the workflow and the normalisation rules.
 """
 
-from stepstream.replay._fork import fork_run_from_step
-from stepstream.replay._pytest import assert_replays, recorded_runs
-from stepstream.replay._recording import NotReplayable, Recording, load_recording
-from stepstream.replay._report import Divergence, ReplayReport
-from stepstream.replay._run import replay_run
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from stepstream.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from stepstream.replay._fork import fork_run_from_step
+    from stepstream.replay._pytest import assert_replays, recorded_runs
+    from stepstream.replay._recording import NotReplayable, Recording, load_recording
+    from stepstream.replay._report import Divergence, ReplayReport
+    from stepstream.replay._run import replay_run
+
+_WHERE = {
+    'Divergence': 'stepstream.replay._report',
+    'NotReplayable': 'stepstream.replay._recording',
+    'Recording': 'stepstream.replay._recording',
+    'ReplayReport': 'stepstream.replay._report',
+    'assert_replays': 'stepstream.replay._pytest',
+    'fork_run_from_step': 'stepstream.replay._fork',
+    'load_recording': 'stepstream.replay._recording',
+    'recorded_runs': 'stepstream.replay._pytest',
+    'replay_run': 'stepstream.replay._run',
+}
+"""Where each public name lives: imported on first use, so a command pays only for what it uses."""
 
 __all__ = [
     'Divergence',
@@ -29,3 +49,5 @@ __all__ = [
     'recorded_runs',
     'replay_run',
 ]
+
+__getattr__ = lazy_exports(__name__, _WHERE)

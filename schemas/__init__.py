@@ -1,33 +1,35 @@
 """The wire contract: Avro schemas, the record types and their codec."""
 
+from __future__ import annotations
+
 from typing import TYPE_CHECKING
 
 from stepstream.lazy import lazy_exports
-from stepstream.schemas._codec import (
-    MAGIC,
-    SCHEMA_DIR,
-    STEP_EVENT_SCHEMA,
-    TOOL_EFFECT_SCHEMA,
-    SchemaVersion,
-    chain_hash,
-    decode,
-    encode,
-    encode_with_fastavro,
-    is_linked,
-    load_schema_versions,
-    record_body,
-    schema_of,
-)
-from stepstream.schemas._confluent import (
-    CONFLUENT_MAGIC,
-    confluent_schema_id,
-    from_confluent,
-    subject_of,
-    to_confluent,
-    version_of_schema,
-)
 
 if TYPE_CHECKING:
+    from stepstream.schemas._codec import (
+        MAGIC,
+        SCHEMA_DIR,
+        STEP_EVENT_SCHEMA,
+        TOOL_EFFECT_SCHEMA,
+        SchemaVersion,
+        chain_hash,
+        decode,
+        encode,
+        encode_with_fastavro,
+        is_linked,
+        load_schema_versions,
+        record_body,
+        schema_of,
+    )
+    from stepstream.schemas._confluent import (
+        CONFLUENT_MAGIC,
+        confluent_schema_id,
+        from_confluent,
+        subject_of,
+        to_confluent,
+        version_of_schema,
+    )
     from stepstream.schemas._patch import (
         MessageState,
         apply_patch,
@@ -38,34 +40,95 @@ if TYPE_CHECKING:
         stamps_since,
     )
     from stepstream.schemas._plain import RECORD_TYPES, STEP_EVENTS, TOOL_EFFECTS, Fields, read_record
-from stepstream.schemas._types import (
-    CHAIN_STATUSES,
-    DEFERRALS,
-    EVENT_KINDS,
-    MAX_NOTE_CHARS,
-    RESOLUTIONS,
-    RUN_STATUSES,
-    TOOL_EFFECT_STATUSES,
-    UNCHAINED_KINDS,
-    ChainStatus,
-    ContinuableSnapshot,
-    Deferral,
-    EffectResolution,
-    EventKind,
-    LogRecord,
-    ModelUsage,
-    Resolution,
-    RunRecord,
-    RunStatus,
-    RunUsage,
-    SnapshotDelta,
-    SnapshotState,
-    StepEvent,
-    ToolEffectRecord,
-    ToolEffectStatus,
-    ToolEffectTransition,
-    record_maker,
-)
+    from stepstream.schemas._types import (
+        CHAIN_STATUSES,
+        DEFERRALS,
+        EVENT_KINDS,
+        MAX_NOTE_CHARS,
+        RESOLUTIONS,
+        RUN_STATUSES,
+        TOOL_EFFECT_STATUSES,
+        UNCHAINED_KINDS,
+        ChainStatus,
+        ContinuableSnapshot,
+        Deferral,
+        EffectResolution,
+        EventKind,
+        LogRecord,
+        ModelUsage,
+        Resolution,
+        RunRecord,
+        RunStatus,
+        RunUsage,
+        SnapshotDelta,
+        SnapshotState,
+        StepEvent,
+        ToolEffectRecord,
+        ToolEffectStatus,
+        ToolEffectTransition,
+        record_maker,
+    )
+
+_WHERE = {
+    'CHAIN_STATUSES': 'stepstream.schemas._types',
+    'CONFLUENT_MAGIC': 'stepstream.schemas._confluent',
+    'DEFERRALS': 'stepstream.schemas._types',
+    'EVENT_KINDS': 'stepstream.schemas._types',
+    'MAGIC': 'stepstream.schemas._codec',
+    'MAX_NOTE_CHARS': 'stepstream.schemas._types',
+    'RECORD_TYPES': 'stepstream.schemas._plain',
+    'RESOLUTIONS': 'stepstream.schemas._types',
+    'RUN_STATUSES': 'stepstream.schemas._types',
+    'SCHEMA_DIR': 'stepstream.schemas._codec',
+    'STEP_EVENTS': 'stepstream.schemas._plain',
+    'STEP_EVENT_SCHEMA': 'stepstream.schemas._codec',
+    'TOOL_EFFECTS': 'stepstream.schemas._plain',
+    'TOOL_EFFECT_SCHEMA': 'stepstream.schemas._codec',
+    'TOOL_EFFECT_STATUSES': 'stepstream.schemas._types',
+    'UNCHAINED_KINDS': 'stepstream.schemas._types',
+    'ChainStatus': 'stepstream.schemas._types',
+    'ContinuableSnapshot': 'stepstream.schemas._types',
+    'Deferral': 'stepstream.schemas._types',
+    'EffectResolution': 'stepstream.schemas._types',
+    'EventKind': 'stepstream.schemas._types',
+    'Fields': 'stepstream.schemas._plain',
+    'LogRecord': 'stepstream.schemas._types',
+    'MessageState': 'stepstream.schemas._patch',
+    'ModelUsage': 'stepstream.schemas._types',
+    'Resolution': 'stepstream.schemas._types',
+    'RunRecord': 'stepstream.schemas._types',
+    'RunStatus': 'stepstream.schemas._types',
+    'RunUsage': 'stepstream.schemas._types',
+    'SchemaVersion': 'stepstream.schemas._codec',
+    'SnapshotDelta': 'stepstream.schemas._types',
+    'SnapshotState': 'stepstream.schemas._types',
+    'StepEvent': 'stepstream.schemas._types',
+    'ToolEffectRecord': 'stepstream.schemas._types',
+    'ToolEffectStatus': 'stepstream.schemas._types',
+    'ToolEffectTransition': 'stepstream.schemas._types',
+    'apply_patch': 'stepstream.schemas._patch',
+    'chain_hash': 'stepstream.schemas._codec',
+    'confluent_schema_id': 'stepstream.schemas._confluent',
+    'decode': 'stepstream.schemas._codec',
+    'encode': 'stepstream.schemas._codec',
+    'encode_with_fastavro': 'stepstream.schemas._codec',
+    'from_confluent': 'stepstream.schemas._confluent',
+    'is_linked': 'stepstream.schemas._codec',
+    'load_schema_versions': 'stepstream.schemas._codec',
+    'message_json': 'stepstream.schemas._patch',
+    'message_state': 'stepstream.schemas._patch',
+    'patch_json': 'stepstream.schemas._patch',
+    'read_record': 'stepstream.schemas._plain',
+    'record_body': 'stepstream.schemas._codec',
+    'record_maker': 'stepstream.schemas._types',
+    'schema_of': 'stepstream.schemas._codec',
+    'stamp_changes': 'stepstream.schemas._patch',
+    'stamps_since': 'stepstream.schemas._patch',
+    'subject_of': 'stepstream.schemas._confluent',
+    'to_confluent': 'stepstream.schemas._confluent',
+    'version_of_schema': 'stepstream.schemas._confluent',
+}
+"""Where each public name lives: imported on first use, so a command pays only for what it uses."""
 
 __all__ = [
     'CHAIN_STATUSES',
@@ -127,28 +190,4 @@ __all__ = [
     'version_of_schema',
 ]
 
-
-__getattr__ = lazy_exports(
-    __name__,
-    {
-        **dict.fromkeys(
-            (
-                'MessageState',
-                'apply_patch',
-                'message_json',
-                'message_state',
-                'patch_json',
-                'record_maker',
-                'stamp_changes',
-                'stamps_since',
-            ),
-            'stepstream.schemas._patch',
-        ),
-        **dict.fromkeys(
-            ('RECORD_TYPES', 'STEP_EVENTS', 'TOOL_EFFECTS', 'Fields', 'read_record'),
-            'stepstream.schemas._plain',
-        ),
-    },
-)
-"""`_patch` needs Pydantic AI: its names are imported on first use, so reading records does not.
-`_plain` (the projector's fast read) builds its Avro readers when imported: only its users pay."""
+__getattr__ = lazy_exports(__name__, _WHERE)

@@ -28,9 +28,37 @@ service's binary and command line), `_dirs` (the data dir, its lock and the sock
 which composes them).
 """
 
-from stepstream.embedded._options import BROKERS
-from stepstream.embedded._processes import Child, EmbeddedStackError, spawn, terminate
-from stepstream.embedded._seaweedfs import LOG_BUCKET
-from stepstream.embedded._stack import EmbeddedStack
+from __future__ import annotations
 
-__all__ = ['BROKERS', 'LOG_BUCKET', 'Child', 'EmbeddedStack', 'EmbeddedStackError', 'spawn', 'terminate']
+from typing import TYPE_CHECKING
+
+from stepstream.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from stepstream.embedded._options import BROKERS
+    from stepstream.embedded._processes import Child, EmbeddedStackError, spawn, terminate
+    from stepstream.embedded._seaweedfs import LOG_BUCKET
+    from stepstream.embedded._stack import EmbeddedStack
+
+_WHERE = {
+    'BROKERS': 'stepstream.embedded._options',
+    'LOG_BUCKET': 'stepstream.embedded._seaweedfs',
+    'Child': 'stepstream.embedded._processes',
+    'EmbeddedStack': 'stepstream.embedded._stack',
+    'EmbeddedStackError': 'stepstream.embedded._processes',
+    'spawn': 'stepstream.embedded._processes',
+    'terminate': 'stepstream.embedded._processes',
+}
+"""Where each public name lives: imported on first use, so a command pays only for what it uses."""
+
+__all__ = [
+    'BROKERS',
+    'LOG_BUCKET',
+    'Child',
+    'EmbeddedStack',
+    'EmbeddedStackError',
+    'spawn',
+    'terminate',
+]
+
+__getattr__ = lazy_exports(__name__, _WHERE)
