@@ -29,6 +29,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import types
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -44,12 +45,12 @@ def _fix_clocks() -> None:
     import pydantic_ai._utils as utils
     import pydantic_ai._uuid as uuids
 
-    from stepstream.producer import _capability
+    import stepstream.producer  # noqa: F401  (loads the writer's modules)
 
-    clocked: list[Any] = [_capability]
-    run_module = sys.modules.get('stepstream.producer._run')  # builds a run's records since issue 34
-    if run_module is not None:
-        clocked.append(run_module)
+    # The writer's modules whose clocks go into records (the capability, the run, its calls and ends);
+    # not the log's timers, whose readings depend on the event loop.
+    recording = ('_capability', '_run', '_calls', '_ends')
+    clocked = [m for n in recording if (m := sys.modules.get(f'stepstream.producer.{n}')) is not None]
 
     ticks = itertools.count()
     start = datetime(2026, 1, 1, tzinfo=UTC)
@@ -72,14 +73,14 @@ def _fix_clocks() -> None:
             return now()  # type: ignore[return-value]
 
     nanos = itertools.count(0, 1_234_567)
-    fake_time = types.SimpleNamespace(
-        **{name: getattr(_capability.time, name) for name in dir(_capability.time)}
-    )
+    fake_time = types.SimpleNamespace(**{name: getattr(time, name) for name in dir(time)})
     fake_time.perf_counter_ns = lambda: next(nanos)
     fake_time.monotonic = lambda: next(nanos) / 1e9
     for module in clocked:  # one clock for all of them, read in the order the run reads it
-        module.datetime = FixedDatetime
-        module.time = fake_time
+        if getattr(module, 'datetime', None) is datetime:
+            module.datetime = FixedDatetime
+        if getattr(module, 'time', None) is time:
+            module.time = fake_time
 
 
 def _tracer() -> Any:
