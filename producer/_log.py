@@ -33,7 +33,7 @@ import concurrent.futures
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING, ClassVar, Self
 
@@ -41,9 +41,8 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from stepstream.erasure import ensure_key_topic, key_topic
-from stepstream.errors import MediaUnavailable, SchemaRegistryError, StepStreamError, StepStreamUnavailable
+from stepstream.errors import SchemaRegistryError, StepStreamError, StepStreamUnavailable
 from stepstream.kafka_client import AUTHORIZATION_ERRORS, client_options, connection_error
-from stepstream.media import S3MediaStore
 from stepstream.producer._accumulator import Accumulator, Crossing, Queued
 from stepstream.producer._batches import hand_batches
 from stepstream.producer._framing import Framing
@@ -77,6 +76,9 @@ Partitioner = Callable[[bytes, int], int]
 
 Headers = Callable[[LogRecord], list[tuple[str, bytes]]]
 """`record -> headers` of the Kafka record."""
+
+StartCheck = Callable[[Settings], Awaitable[None]]
+"""`settings -> None`: a check of a service the settings name besides Kafka, run as a log starts."""
 
 logger = logging.getLogger('stepstream.producer')
 
@@ -119,8 +121,9 @@ class EventLog:
         on the wire and in the log, which is kept forever (docs/decisions/0007-compression.md).
         `serializer`, `partitioner` and `headers` are the log's collaborators, as in aiokafka: by
         default the Avro codec with the id rules and the size limit, Kafka's murmur2 of the run
-        id, and the kind, schema and trace headers. Media offload is not the log's business: the
-        capability's snapshot writer moves large values before a record reaches the log.
+        id, and the kind, schema and trace headers. Media are not the log's business: the
+        capability's snapshot writer moves large values before a record reaches the log, and its
+        options check the S3 bucket they choose as the log starts (`start_checks`).
         While a run is open the log keeps it alive on the log (`settings.heartbeat_interval_s`);
         `close` ends the runs still open as `cancelled`, and so does SIGTERM when
         `end_runs_on_sigterm` and nothing else handles that signal (docs/decisions/0026).
@@ -160,6 +163,14 @@ class EventLog:
             from stepstream.producer._sealing import Sealer  # not at import: erasure is optional
 
             self.sealer = Sealer(settings.erasure_key.get_secret_value(), self._send_key)
+
+    start_checks: ClassVar[list[StartCheck]] = []
+    """What every log checks as it starts, once connected (a failure fails the start), beyond Kafka.
+
+    Media are not the log's business: the capability's options add the check of the S3 bucket
+    they choose by default (`_options.check_media_store`), so that a wrong bucket or key is found
+    at start, not at the first large payload.
+    """
 
     _shared: ClassVar[dict[Settings, EventLog]] = {}
 
@@ -238,7 +249,8 @@ class EventLog:
             await producer.stop()
             raise await connection_error(self.settings, 'did not accept a producer connection', exc) from exc
         try:
-            await self._check_media_store()
+            for check in self.start_checks:
+                await check(self.settings)
             if self.sealer is not None and self.create_topics:
                 await ensure_key_topic(self.settings)
         except BaseException:
@@ -274,27 +286,6 @@ class EventLog:
             error = unavailable(self.settings, 'did not acknowledge a conversation key', exc)
             failed(error)
             raise error from exc
-
-    async def _check_media_store(self) -> None:
-        """Find a wrong bucket or key now, not at the first large payload minutes into a run.
-
-        The bucket checked is the one these settings name, which `StepPersistence` uses unless it
-        is given a `media_store` of its own. Settings that name S3 (an endpoint, a key or a bucket
-        of their own) must work: the start fails. Default settings on a machine without S3 only
-        get a warning, since a run without payloads above the threshold never needs the store.
-        """
-        s, defaults = self.settings, Settings()
-        configured = (
-            s.s3_endpoint is not None or s.s3_access_key_id is not None or s.s3_bucket != defaults.s3_bucket
-        )
-        try:
-            await S3MediaStore.from_settings(s).check()
-        except MediaUnavailable as exc:
-            if configured:
-                raise
-            logger.warning(
-                'payloads of %d bytes or more will fail until S3 is set up: %s', s.media_threshold_bytes, exc
-            )
 
     async def close(self) -> None:
         """Flush what is buffered (best effort within the timeout) and disconnect.
