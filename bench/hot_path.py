@@ -18,7 +18,7 @@ from opentelemetry import trace
 from pydantic_ai.messages import ModelResponse, TextPart
 from pydantic_ai.usage import RequestUsage
 
-from stepstream.producer._capability import _usage_of
+from stepstream.producer._run import usage_of
 from stepstream.schemas import StepEvent, encode
 from stepstream.telemetry import ack_latency, records_appended, span
 
@@ -48,7 +48,7 @@ def main() -> None:
         finish_reason='stop',
     )
     plain = StepEvent(**envelope)
-    with_usage = StepEvent(**envelope, usage=_usage_of(response), duration_us=123_456)
+    with_usage = StepEvent(**envelope, usage=usage_of(response), duration_us=123_456)
     attributes = {'stepstream.topic': 'step-events'}
 
     def durability_span() -> None:
@@ -65,7 +65,7 @@ def main() -> None:
             'encode model_request_completed with usage + duration',
             _best_ns(lambda: encode(with_usage), 20_000),
         ),
-        ('_usage_of(response)', _best_ns(lambda: _usage_of(response), 50_000)),
+        ('usage_of(response)', _best_ns(lambda: usage_of(response), 50_000)),
         ('current span context (every event)', _best_ns(span_context, 100_000)),
         ('2 x perf_counter_ns', _best_ns(lambda: (time.perf_counter_ns(), time.perf_counter_ns()), 100_000)),
         ('durability-point span, no SDK', _best_ns(durability_span, 100_000)),

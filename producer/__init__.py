@@ -1,9 +1,11 @@
 """The write side: the `StepPersistence` capability, its snapshot writer, and the logs it appends to.
 
-Read top-down: `_capability.py` (the hooks, thin: each hands its step to its run's `RunWriter`) ->
-`_run.py` (a run's state: its identity, records, durability points) -> `_snapshots.py` (deltas,
-patches, media offload) -> `_protocol.py` (the `StepLog` seam and the rules every log shares) ->
-`_log.py` (`EventLog`, Kafka) or `_memory.py` (`InMemoryLog`, tests).
+Read top-down: `_capability.py` (the hooks, thin: each hands its step to its run's `RunWriter`;
+what its options mean in `_options.py`, its binding to one run in `_binding.py`) -> `_run.py` (a
+run's state: its identity, records, durability points) -> `_snapshots.py` (deltas, patches, media
+offload; `_redaction.py` and `_secrets.py` redact first) -> `_protocol.py` (the `StepLog` seam and
+the rules every log shares) -> `_log.py` (`EventLog`, Kafka; its producer in `_sender.py`) or
+`_memory.py` (`InMemoryLog`, tests).
 """
 
 from stepstream.ids import check_run_id

@@ -70,6 +70,20 @@ async def failed(run: RunWriter, ctx: RunContext[Any], call: ToolCallPart, error
     )
 
 
+async def annotated(
+    *, run: RunWriter, ctx: RunContext[Any], call: ToolCallPart, key: str | None, summary: str | None
+) -> bool:
+    """The call's `annotated` transition, acknowledged (`annotate_tool_effect`); False if not this run's call.
+
+    A call is this run's when `ctx` is this run's and its `started` transition was recorded.
+    """
+    if ctx.run_id != run.context_run_id or call.tool_call_id not in run.open_calls:
+        return False
+    await run.effect(call, 'annotated', idempotency_key=key, effect_summary=summary)
+    await run.durable(ctx)
+    return True
+
+
 async def execute(
     run: RunWriter,
     ctx: RunContext[Any],

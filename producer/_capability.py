@@ -15,16 +15,17 @@ the engine re-computes an operation's arguments (DBOS, Prefect) the batch is jou
 workflow code (docs/decisions/0027-durable-writes-same-bytes.md).
 
 The hooks are thin: a run's state, its records and its durability points are `RunWriter`'s
-(`_run.py`), one per `for_run` copy; `current_run` and `annotate_tool_effect` are in `_current.py`.
+(`_run.py`), one per `for_run` copy, made by `_binding.py`; what the options mean (their checks, a
+spec, the media store they choose and the check of its bucket as a log starts) is `_options.py`'s;
+`current_run` and `annotate_tool_effect` are in `_current.py`.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic_ai import CallToolsNode, ModelRequestNode
@@ -41,10 +42,9 @@ from pydantic_ai.models import ModelRequestContext
 from pydantic_ai.run import AgentRunResult
 from pydantic_ai.tools import AgentDepsT, RunContext, ToolDefinition
 
-from stepstream.errors import StepStreamError
-from stepstream.ids import check_run_id, to_run_id
-from stepstream.media import MediaStore, Offloaded, S3MediaStore, offload_media
+from stepstream.media import MediaStore, Offloaded, offload_media
 from stepstream.producer import _calls, _ends
+from stepstream.producer._binding import parent_for, run_id_for, run_writer
 from stepstream.producer._current import annotate_tool_effect as annotate_tool_effect
 from stepstream.producer._current import current_run as current_run
 from stepstream.producer._current import current_run_id as current_run_id
@@ -52,17 +52,15 @@ from stepstream.producer._current import instead_of_persistence
 from stepstream.producer._definitions import definitions_of
 from stepstream.producer._engines import ATTEMPT_KEY as ATTEMPT_KEY
 from stepstream.producer._engines import Attempt as Attempt
-from stepstream.producer._engines import refuse_temporal_sandbox_import, refuse_undeclared_engine, writer_id
+from stepstream.producer._engines import refuse_temporal_sandbox_import, refuse_undeclared_engine
 from stepstream.producer._log import EventLog
+from stepstream.producer._options import DefaultMedia, check_options, split_spec
 from stepstream.producer._protocol import StepLog
 from stepstream.producer._redaction import Redaction
 from stepstream.producer._run import MAX_ERROR_CHARS as MAX_ERROR_CHARS
-from stepstream.producer._run import RunWriter, _usage_of
+from stepstream.producer._run import RunWriter, usage_of
 from stepstream.producer._run import SnapshotSaved as SnapshotSaved
-from stepstream.producer._snapshots import SnapshotWriter
 from stepstream.schemas import StepEvent, ToolEffectTransition
-from stepstream.settings import Settings
-from stepstream.signing import Signer
 
 logger = logging.getLogger('stepstream.producer')
 
@@ -124,29 +122,12 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
 
     # Per-capability state: a `for_run` copy starts with fresh values.
     _explicit_run_id_used: bool = field(default=False, init=False, repr=False)
-    _default_store: MediaStore | None = field(default=None, init=False, repr=False)
+    _default_media: DefaultMedia = field(default_factory=DefaultMedia, init=False, repr=False)
     _run: RunWriter = field(default=None, init=False, repr=False)  # type: ignore[assignment]
     """The run's state and appends, set by `for_run` on its copy (None on the capability itself)."""
 
     def __post_init__(self) -> None:
-        if self.run_id is not None:
-            check_run_id(self.run_id)
-        if self.parent_run_id is not None:
-            check_run_id(self.parent_run_id, what='parent_run_id')
-        if not isinstance(self.log, StepLog):
-            raise TypeError(
-                f'StepPersistence(log=...) needs an EventLog (or another StepLog), '
-                f'got {type(self.log).__name__}'
-            )
-        threshold = self.threshold_bytes
-        limit = getattr(self.log, 'max_record_bytes', None)
-        if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold <= 0:
-            raise ValueError(f'media_threshold_bytes must be a positive int, got {threshold!r}')
-        if limit is not None and threshold >= limit:
-            raise ValueError(
-                f'media_threshold_bytes ({threshold}) must stay below the record limit ({limit}): '
-                'payloads under the threshold stay inline in records'
-            )
+        check_options(self.log, self.run_id, self.parent_run_id, self.threshold_bytes)
 
     @property
     def threshold_bytes(self) -> int:
@@ -156,12 +137,10 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         return self.log.settings.media_threshold_bytes
 
     def _media(self) -> MediaStore:
-        """`media_store`, else one S3 store for the log's settings, made once per capability."""
+        """`media_store`, else the S3 bucket of the log's settings (`DefaultMedia`)."""
         if self.media_store is not None:
             return self.media_store
-        if self._default_store is None:
-            self._default_store = S3MediaStore.from_settings(self.log.settings)
-        return self._default_store
+        return self._default_media.store(self.log.settings)
 
     @classmethod
     def from_spec(cls, *args: Any, **kwargs: Any) -> StepPersistence[Any]:
@@ -176,25 +155,15 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         `s3_*` media settings, ...) selects the process's shared `EventLog`, with unset fields
         from `STEPSTREAM_*` variables. Anything else is rejected rather than guessed at.
         """
-        if args:
-            raise TypeError('StepPersistence.from_spec takes keyword options only')
-        options = {'agent_name', 'run_id', 'parent_run_id', 'metadata', 'capture_frontier'}
-        setting_names = {f.name for f in fields(Settings)}
-        unknown = sorted(set(kwargs) - options - setting_names)
-        if unknown:
-            raise ValueError(
-                f'unknown StepPersistence spec option(s) {unknown}; expected capability options '
-                f'{sorted(options)} or settings {sorted(setting_names)}'
-            )
-        settings = Settings.from_env(**{k: v for k, v in kwargs.items() if k in setting_names})
-        return cls(log=EventLog.shared(settings), **{k: v for k, v in kwargs.items() if k in options})
+        settings, options = split_spec(args, kwargs)
+        return cls(log=EventLog.shared(settings), **options)
 
     def compaction_transcript_handle(self) -> str | None:
         """The run id, as the handle a compaction receipt points back to (None before a run)."""
         return self.run_id
 
     async def for_run(self, ctx: RunContext[AgentDepsT]) -> AbstractCapability[AgentDepsT]:
-        """Bind a copy to this `.run()`: resolve the run id, the writer, the parent and the agent name.
+        """Bind a copy to this `.run()`: its run id, writer, parent and agent name (`_binding`).
 
         The run id and the writer id are functions of the run context (and the explicit `run_id`),
         never random: a run re-executed by a durable-execution engine is the same run, same writer.
@@ -211,27 +180,14 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
                     'run_id is for exactly one .run(). Pass conversation_id= to Agent.run to group runs.'
                 )
             self._explicit_run_id_used = True
-            run_id = self.run_id
-        elif ctx.run_id is not None and self.agent_name is not None:
-            run_id = to_run_id(f'{self.agent_name}-{ctx.run_id}')
-        elif ctx.run_id is not None:
-            run_id = to_run_id(ctx.run_id)
-        else:
-            raise RuntimeError('StepPersistence needs a run id: set run_id= or agent_name=')
-        parent = self.parent_run_id
-        if parent is None:
-            enclosing = current_run.get()
-            parent = enclosing.run_id if enclosing is not None else None
-        bound = replace(self, run_id=run_id, parent_run_id=parent, agent_name=agent_name)
+        run_id = run_id_for(self.run_id, self.agent_name, ctx.run_id)
+        bound = replace(
+            self, run_id=run_id, parent_run_id=parent_for(self.parent_run_id), agent_name=agent_name
+        )
         # Under an engine the media store is only used by the offload operation (an activity or
         # step), so workflow code never builds the S3 client.
         store = None if ctx.in_durable_context else self._media()
-        if ctx.in_durable_context and self.log.sealer is not None:
-            raise StepStreamError(
-                'erasure (STEPSTREAM_ERASURE_KEY) is not supported under a durable-execution engine yet: '
-                'unset it for this process, or run the agent outside the engine (decision 0033)'
-            )
-        bound._run = _run_writer(bound, ctx, store)
+        bound._run = run_writer(bound, ctx, store)
         return bound
 
     # -- durable operations (an engine finds them on the capability) -------------------------
@@ -356,7 +312,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         """Append `model_request_completed` with the response's usage and the request's duration."""
         run = self._run
         duration_us = (time.perf_counter_ns() - run.request_started) // 1000
-        await run.event(ctx, 'model_request_completed', usage=_usage_of(response), duration_us=duration_us)
+        await run.event(ctx, 'model_request_completed', usage=usage_of(response), duration_us=duration_us)
         return response
 
     async def on_model_request_error(
@@ -435,12 +391,9 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         when `ctx` is not a tool call this run recorded as started (an agent without
         `StepPersistence` running inside one of this run's tools has its own run and call ids).
         """
-        run = self._run
-        if ctx.run_id != run.context_run_id or call.tool_call_id not in run.open_calls:
-            return False
-        await run.effect(call, 'annotated', idempotency_key=idempotency_key, effect_summary=effect_summary)
-        await run.durable(ctx)
-        return True
+        return await _calls.annotated(
+            run=self._run, ctx=ctx, call=call, key=idempotency_key, summary=effect_summary
+        )
 
     # -- graph nodes ---------------------------------------------------------------------------
 
@@ -463,26 +416,3 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
                 messages = [*ctx.messages, result.request]
             await run.snapshot(ctx, messages, ctx.run_step, settled_only=True)
         return result
-
-
-def _run_writer(bound: StepPersistence[Any], ctx: RunContext[Any], store: MediaStore | None) -> RunWriter:
-    """The writer of the run `bound` is bound to: its identity, snapshot writer and durable operations."""
-    run_id = bound.run_id
-    assert run_id is not None
-    redaction = (
-        bound.redaction if bound.redaction is not None else Redaction.from_settings(bound.log.settings)
-    )
-    return RunWriter(
-        log=bound.log,
-        run_id=run_id,
-        writer_id=writer_id(run_id, ctx.run_id),
-        agent_name=bound.agent_name,
-        parent_run_id=bound.parent_run_id,
-        metadata=redaction.metadata(bound.metadata),
-        context_run_id=ctx.run_id,
-        durable_engine=ctx.in_durable_context,
-        snapshots=SnapshotWriter(store, bound.threshold_bytes, redaction),
-        operations=weakref.ref(bound),
-        redaction=redaction,
-        signer=Signer.from_secret(key) if (key := bound.log.settings.signing_key) is not None else None,
-    )

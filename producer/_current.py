@@ -8,17 +8,35 @@ from __future__ import annotations
 
 import logging
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from pydantic_ai.messages import ToolCallPart
 from pydantic_ai.tools import RunContext
 
-if TYPE_CHECKING:
-    from stepstream.producer._capability import StepPersistence
-
 logger = logging.getLogger('stepstream.producer')
 
-current_run: ContextVar[StepPersistence[Any] | None] = ContextVar('stepstream.current_run', default=None)
+
+class PersistedRun(Protocol):
+    """What `current_run` holds: a run-bound `StepPersistence`, as its delegates and tool bodies see it.
+
+    A protocol, so that this module stays below the capability that sets it.
+    """
+
+    run_id: str | None
+
+    async def annotate(
+        self,
+        ctx: RunContext[Any],
+        call: ToolCallPart,
+        *,
+        idempotency_key: str | None,
+        effect_summary: str | None,
+    ) -> bool:
+        """Append an `annotated` transition for a call of this run (False: not its call, nothing written)."""
+        ...
+
+
+current_run: ContextVar[PersistedRun | None] = ContextVar('stepstream.current_run', default=None)
 """The run-bound capability of the innermost persisted run in this task.
 
 Set around a run by `StepPersistence.wrap_run`. A delegate started from a tool reads it in

@@ -14,10 +14,10 @@ the broker went away still ends with its `run_failed` once the broker is back.
 
 The log is its collaborators, as aiokafka's producer is an accumulator and a sender: the
 `Accumulator` (`_accumulator`: the queue, the linger, one hand-over at a time), `hand_batches`
-(`_batches`: a hand-over's batches and singles), the `Sender` (`_sender`: the producer's sends,
-the records kept and resent, the acknowledged position), the `Framing` (`_framing`: the registry
-mode's wire format) and, with erasure on, the `Sealer` (`_sealing`), whose keys the log writes
-to the key topic (`_send_key`). `Liveness` (`_liveness`) keeps its open runs alive.
+(`_batches`: a hand-over's batches and singles), the `Sender` (`_sender`: the producer it
+connects, its sends, the records kept and resent, the acknowledged position), the `Framing`
+(`_framing`: the registry mode's wire format) and, with erasure on, the `Sealer` (`_sealing`),
+whose keys the log writes to the key topic (`_send_key`). `Liveness` (`_liveness`) keeps its open runs alive.
 
 Every collaborator lives on the loop the log was started on. A run on another thread or loop
 (`run_sync` in a worker thread, `asyncio.run` per request) hands its records to that loop through
@@ -33,17 +33,15 @@ import concurrent.futures
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING, ClassVar, Self
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError
 
 from stepstream.erasure import ensure_key_topic, key_topic
-from stepstream.errors import MediaUnavailable, SchemaRegistryError, StepStreamError, StepStreamUnavailable
-from stepstream.kafka_client import AUTHORIZATION_ERRORS, client_options, connection_error
-from stepstream.media import S3MediaStore
+from stepstream.errors import SchemaRegistryError, StepStreamError, StepStreamUnavailable
+from stepstream.kafka_client import AUTHORIZATION_ERRORS
 from stepstream.producer._accumulator import Accumulator, Crossing, Queued
 from stepstream.producer._batches import hand_batches
 from stepstream.producer._framing import Framing
@@ -60,7 +58,7 @@ from stepstream.producer._protocol import (
     run_on,
     topic_of,
 )
-from stepstream.producer._sender import Outgoing, Sender
+from stepstream.producer._sender import Outgoing, Sender, connect
 from stepstream.schemas import LogRecord
 from stepstream.settings import Settings
 from stepstream.telemetry import failed
@@ -77,6 +75,9 @@ Partitioner = Callable[[bytes, int], int]
 
 Headers = Callable[[LogRecord], list[tuple[str, bytes]]]
 """`record -> headers` of the Kafka record."""
+
+StartCheck = Callable[[Settings], Awaitable[None]]
+"""`settings -> None`: a check of a service the settings name besides Kafka, run as a log starts."""
 
 logger = logging.getLogger('stepstream.producer')
 
@@ -119,8 +120,9 @@ class EventLog:
         on the wire and in the log, which is kept forever (docs/decisions/0007-compression.md).
         `serializer`, `partitioner` and `headers` are the log's collaborators, as in aiokafka: by
         default the Avro codec with the id rules and the size limit, Kafka's murmur2 of the run
-        id, and the kind, schema and trace headers. Media offload is not the log's business: the
-        capability's snapshot writer moves large values before a record reaches the log.
+        id, and the kind, schema and trace headers. Media are not the log's business: the
+        capability's snapshot writer moves large values before a record reaches the log, and its
+        options check the S3 bucket they choose as the log starts (`start_checks`).
         While a run is open the log keeps it alive on the log (`settings.heartbeat_interval_s`);
         `close` ends the runs still open as `cancelled`, and so does SIGTERM when
         `end_runs_on_sigterm` and nothing else handles that signal (docs/decisions/0026).
@@ -160,6 +162,14 @@ class EventLog:
             from stepstream.producer._sealing import Sealer  # not at import: erasure is optional
 
             self.sealer = Sealer(settings.erasure_key.get_secret_value(), self._send_key)
+
+    start_checks: ClassVar[list[StartCheck]] = []
+    """What every log checks as it starts, once connected (a failure fails the start), beyond Kafka.
+
+    Media are not the log's business: the capability's options add the check of the S3 bucket
+    they choose by default (`_options.check_media_store`), so that a wrong bucket or key is found
+    at start, not at the first large payload.
+    """
 
     _shared: ClassVar[dict[Settings, EventLog]] = {}
 
@@ -214,31 +224,15 @@ class EventLog:
         if self.enable_idempotence is None:
             self.enable_idempotence = await supports_idempotence(self.settings)
         # aiokafka binds a producer to the running loop, so it is made here, not in __init__.
-        producer = AIOKafkaProducer(
-            **client_options(self.settings),
-            acks='all',
-            linger_ms=0,  # the log lingers itself, and sends at once at a durability point
+        producer = await connect(
+            self.settings,
             compression_type=self.compression_type,
             enable_idempotence=self.enable_idempotence,
-            max_request_size=self.max_record_bytes + 64 * 1024,
-            request_timeout_ms=max(1000, int(self.settings.ack_timeout_s * 1000)),
-            client_id='stepstream-producer',
+            max_record_bytes=self.max_record_bytes,
         )
         try:
-            await asyncio.wait_for(producer.start(), self.settings.ack_timeout_s)
-            # aiokafka's metadata covers every topic until the producer first sends to a topic it
-            # did not know when it started (the key topic, made below); from then on it covers only
-            # the topics named that way. A batch waiting for a topic that fell out had no leader,
-            # and failed with NotLeaderForPartitionError when it expired (decision 0040). Naming
-            # the log's own topics now keeps them in.
-            async with asyncio.timeout(self.settings.ack_timeout_s):
-                for topic in (self.settings.step_events_topic, self.settings.tool_effects_topic):
-                    await producer.client.add_topic(topic)
-        except (KafkaError, OSError, TimeoutError) as exc:
-            await producer.stop()
-            raise await connection_error(self.settings, 'did not accept a producer connection', exc) from exc
-        try:
-            await self._check_media_store()
+            for check in self.start_checks:
+                await check(self.settings)
             if self.sealer is not None and self.create_topics:
                 await ensure_key_topic(self.settings)
         except BaseException:
@@ -265,36 +259,7 @@ class EventLog:
             return
         if self._sender.producer is None:
             await self.start()
-        producer = self._sender.producer
-        assert producer is not None
-        try:
-            async with asyncio.timeout(self.settings.ack_timeout_s):
-                await producer.send_and_wait(key_topic(self.settings), value, key=key)
-        except (KafkaError, TimeoutError) as exc:
-            error = unavailable(self.settings, 'did not acknowledge a conversation key', exc)
-            failed(error)
-            raise error from exc
-
-    async def _check_media_store(self) -> None:
-        """Find a wrong bucket or key now, not at the first large payload minutes into a run.
-
-        The bucket checked is the one these settings name, which `StepPersistence` uses unless it
-        is given a `media_store` of its own. Settings that name S3 (an endpoint, a key or a bucket
-        of their own) must work: the start fails. Default settings on a machine without S3 only
-        get a warning, since a run without payloads above the threshold never needs the store.
-        """
-        s, defaults = self.settings, Settings()
-        configured = (
-            s.s3_endpoint is not None or s.s3_access_key_id is not None or s.s3_bucket != defaults.s3_bucket
-        )
-        try:
-            await S3MediaStore.from_settings(s).check()
-        except MediaUnavailable as exc:
-            if configured:
-                raise
-            logger.warning(
-                'payloads of %d bytes or more will fail until S3 is set up: %s', s.media_threshold_bytes, exc
-            )
+        await self._sender.send_key(key_topic(self.settings), key, value)
 
     async def close(self) -> None:
         """Flush what is buffered (best effort within the timeout) and disconnect.
@@ -448,13 +413,7 @@ class EventLog:
                 await self._accumulator.hand_over(settled=True)
                 await self._sender.settled()
         except TimeoutError:
-            waiting = self._sender.waiting()
-            waited = '' if timeout is None else f' (waited {timeout:g}s)'
-            error: StepStreamError = (
-                SchemaRegistryError(str(self._framing.failure))
-                if self._framing.failure is not None
-                else unavailable(self.settings, f'did not take {waiting} record(s){waited}')
-            )
+            error = self._sender.untaken(timeout)
             failed(error)
             raise error from None
         if self._sender.denied is not None:

@@ -411,7 +411,7 @@ class RunWriter:
         )
 
 
-def _usage_of(response: ModelResponse) -> ModelUsage:
+def usage_of(response: ModelResponse) -> ModelUsage:
     """What the response says it used: `RequestUsage`'s token counts and cost, its model and provider."""
     usage = response.usage
     return ModelUsage(

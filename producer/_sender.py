@@ -5,6 +5,9 @@ partition the sends open and the run that sent last (the hand-over's batching re
 records kept for a resend, in each run's `seq` order, the position acknowledged, and the refusal
 of a broker that denies the write. The hand-over (`_batches`) gives it batches through `opened`,
 `track`, `untrack`, `closed`, `keep`, `refused` and `wrote`; nothing else writes its state.
+
+`connect` makes and starts the producer a sender sends with; `send_key` sends a conversation key
+(erasure on), and `untaken` says what a flush raises when the broker did not take its records.
 """
 
 from __future__ import annotations
@@ -22,13 +25,13 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import RecordMetadata, TopicPartition
 
 from stepstream.errors import SchemaRegistryError, StepStreamError
-from stepstream.kafka_client import AUTHORIZATION_ERRORS, access_denied
+from stepstream.kafka_client import AUTHORIZATION_ERRORS, access_denied, client_options, connection_error
 from stepstream.producer._framing import Framing
 from stepstream.producer._protocol import Ack
 from stepstream.schemas import UNCHAINED_KINDS, LogRecord, StepEvent
 from stepstream.settings import Settings
-from stepstream.telemetry import ack_latency, records_appended
-from stepstream.topics import Position
+from stepstream.telemetry import ack_latency, failed, records_appended
+from stepstream.topics import Position, unavailable
 
 RESEND_BACKOFF_S = 0.5
 """How long the log waits before it tries again to send records the broker did not take."""
@@ -129,6 +132,29 @@ class Sender:
         """The producer, which the sender no longer sends through (the log stops it)."""
         producer, self.producer = self.producer, None
         return producer
+
+    async def send_key(self, topic: str, key: bytes, value: bytes) -> None:
+        """Send a conversation key record (erasure on) and wait for the broker, within the ack timeout."""
+        producer = self.producer
+        assert producer is not None
+        try:
+            async with asyncio.timeout(self.settings.ack_timeout_s):
+                await producer.send_and_wait(topic, value, key=key)
+        except (KafkaError, TimeoutError) as exc:
+            error = unavailable(self.settings, 'did not acknowledge a conversation key', exc)
+            failed(error)
+            raise error from exc
+
+    def untaken(self, timeout: float | None) -> StepStreamError:
+        """What a flush raises when the records it waits for are not all taken in time.
+
+        `timeout` is the one the caller gave (None: the ack timeout, not repeated in the message).
+        Records waiting for a schema id the registry did not give say so.
+        """
+        if self.framing.failure is not None:
+            return SchemaRegistryError(str(self.framing.failure))
+        waited = '' if timeout is None else f' (waited {timeout:g}s)'
+        return unavailable(self.settings, f'did not take {self.waiting()} record(s){waited}')
 
     def unsent(self) -> list[LogRecord]:
         """Records handed over and not acknowledged, then records kept for a resend."""
@@ -347,3 +373,38 @@ def settle(ack: Ack, sent: Ack) -> None:
         ack.exception()  # retrieved: nobody may wait for it, and its record is kept and resent
     else:
         ack.set_result(sent.result())
+
+
+async def connect(
+    settings: Settings, *, compression_type: str | None, enable_idempotence: bool, max_record_bytes: int
+) -> AIOKafkaProducer:
+    """The started aiokafka producer of an `EventLog`, on the running loop: what a `Sender` sends with.
+
+    Every send waits for all in-sync replicas (acks=all); the log lingers itself, so the producer
+    does not. A broker that does not accept the connection in time raises what
+    `connection_error` says of it (a refused password, an untrusted CA, nothing listening).
+    """
+    producer = AIOKafkaProducer(
+        **client_options(settings),
+        acks='all',
+        linger_ms=0,  # the log lingers itself, and sends at once at a durability point
+        compression_type=compression_type,
+        enable_idempotence=enable_idempotence,
+        max_request_size=max_record_bytes + 64 * 1024,
+        request_timeout_ms=max(1000, int(settings.ack_timeout_s * 1000)),
+        client_id='stepstream-producer',
+    )
+    try:
+        await asyncio.wait_for(producer.start(), settings.ack_timeout_s)
+        # aiokafka's metadata covers every topic until the producer first sends to a topic it
+        # did not know when it started (the key topic, made later); from then on it covers only
+        # the topics named that way. A batch waiting for a topic that fell out had no leader,
+        # and failed with NotLeaderForPartitionError when it expired (decision 0040). Naming
+        # the log's own topics now keeps them in.
+        async with asyncio.timeout(settings.ack_timeout_s):
+            for topic in (settings.step_events_topic, settings.tool_effects_topic):
+                await producer.client.add_topic(topic)
+    except (KafkaError, OSError, TimeoutError) as exc:
+        await producer.stop()
+        raise await connection_error(settings, 'did not accept a producer connection', exc) from exc
+    return producer
