@@ -231,8 +231,9 @@ class S3MediaStore:
     async def check(self) -> None:
         """Fail now, with `MediaUnavailable`, if the bucket is missing or the credentials are refused.
 
-        One LIST request. `EventLog` calls it at start, so that a wrong key or bucket name is
-        found before a run, not at its first large payload minutes later.
+        One LIST request. An `EventLog` whose capabilities use its settings' bucket calls it at
+        start, so that a wrong key or bucket name is found before a run, not at its first large
+        payload minutes later.
         """
         try:
             await obstore.list_with_delimiter_async(self._store, prefix=self.key_prefix or None)

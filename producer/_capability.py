@@ -127,7 +127,13 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
     """The run's state and appends, set by `for_run` on its copy (None on the capability itself)."""
 
     def __post_init__(self) -> None:
-        check_options(self.log, self.run_id, self.parent_run_id, self.threshold_bytes)
+        check_options(
+            self.log,
+            self.run_id,
+            self.parent_run_id,
+            self.threshold_bytes,
+            default_media=self.media_store is None,
+        )
 
     @property
     def threshold_bytes(self) -> int:

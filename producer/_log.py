@@ -133,6 +133,8 @@ class EventLog:
                 f'({max_record_bytes}): payloads under the threshold stay inline in records'
             )
         self.settings = settings
+        self.start_checks: list[StartCheck] = []
+        """What this log checks as it starts, beyond Kafka (`check_at_start`)."""
         self.serializer = serializer
         self.partitioner = partitioner
         self.headers = headers
@@ -163,13 +165,15 @@ class EventLog:
 
             self.sealer = Sealer(settings.erasure_key.get_secret_value(), self._send_key)
 
-    start_checks: ClassVar[list[StartCheck]] = []
-    """What every log checks as it starts, once connected (a failure fails the start), beyond Kafka.
+    def check_at_start(self, check: StartCheck) -> None:
+        """Run `check` as this log starts, once connected (a failure fails the start); once per check.
 
-    Media are not the log's business: the capability's options add the check of the S3 bucket
-    they choose by default (`_options.check_media_store`), so that a wrong bucket or key is found
-    at start, not at the first large payload.
-    """
+        Media are not the log's business: a capability that uses the S3 bucket of this log's
+        settings asks for that bucket's check (`_options.check_media_store`), so that a wrong bucket
+        or key is found at start, not at the first large payload. A log already started runs none.
+        """
+        if check not in self.start_checks:
+            self.start_checks.append(check)
 
     _shared: ClassVar[dict[Settings, EventLog]] = {}
 

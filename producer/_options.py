@@ -3,8 +3,8 @@
 The capability (`_capability.py`) keeps its fields and hooks; what its options mean lives here:
 the checks `__post_init__` makes, the split of a serialisable spec (`from_spec`) into capability
 options and `Settings`, and the media store a capability uses when it is given none: the S3
-bucket of its log's settings, which every `EventLog` checks as it starts (`check_media_store`, one
-of `EventLog.start_checks`), so that a wrong bucket or key is found before a run, not at its
+bucket of its log's settings, which its `EventLog` checks as it starts (`check_media_store`,
+`EventLog.check_at_start`), so that a wrong bucket or key is found before a run, not at its
 first large payload minutes later.
 """
 
@@ -27,8 +27,13 @@ SPEC_OPTIONS = frozenset({'agent_name', 'run_id', 'parent_run_id', 'metadata', '
 """The capability options a spec may set (`StepPersistence.from_spec`); every other key is a setting."""
 
 
-def check_options(log: object, run_id: str | None, parent_run_id: str | None, threshold: object) -> None:
-    """Refuse a capability's options now: its ids, its log and its media threshold."""
+def check_options(
+    log: object, run_id: str | None, parent_run_id: str | None, threshold: object, *, default_media: bool
+) -> None:
+    """Refuse a capability's options now: its ids, its log and its media threshold.
+
+    With `default_media` (no `media_store` given), an `EventLog` checks its settings' bucket as it starts.
+    """
     if run_id is not None:
         check_run_id(run_id)
     if parent_run_id is not None:
@@ -45,6 +50,8 @@ def check_options(log: object, run_id: str | None, parent_run_id: str | None, th
             f'media_threshold_bytes ({threshold}) must stay below the record limit ({limit}): '
             'payloads under the threshold stay inline in records'
         )
+    if default_media and isinstance(log, EventLog):
+        log.check_at_start(check_media_store)
 
 
 def split_spec(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Settings, dict[str, Any]]:
@@ -69,7 +76,8 @@ def split_spec(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Settings,
 async def check_media_store(settings: Settings) -> None:
     """Find a wrong bucket or key now, not at the first large payload minutes into a run.
 
-    One of `EventLog.start_checks`: the bucket checked is the one these settings name, which
+    A capability without a `media_store` of its own asks its `EventLog` for it
+    (`EventLog.check_at_start`, `check_options`): the bucket checked is the one these settings name, which
     `StepPersistence` uses unless it is given a `media_store` of its own. Settings that name S3 (an
     endpoint, a key or a bucket of their own) must work: the start fails. Default settings on a
     machine without S3 only get a warning, since a run without payloads above the threshold never
@@ -87,10 +95,6 @@ async def check_media_store(settings: Settings) -> None:
         logger.warning(
             'payloads of %d bytes or more will fail until S3 is set up: %s', s.media_threshold_bytes, exc
         )
-
-
-if check_media_store not in EventLog.start_checks:
-    EventLog.start_checks.append(check_media_store)
 
 
 @dataclass

@@ -21,6 +21,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from stepstream import MediaUnavailable, RecordTooLarge, Settings, StepStreamUnavailable
 from stepstream.embedded import EmbeddedStack
 from stepstream.ids import check_run_id, to_run_id
+from stepstream.media import DiskMediaStore
 from stepstream.producer import EventLog, StepPersistence, annotate_tool_effect
 from stepstream.projector import Projector
 from stepstream.readmodel import ProjectionReader
@@ -250,12 +251,18 @@ async def test_annotation_survives_the_terminal_transition(event_log: EventLog, 
     ],
 )
 async def test_a_wrong_bucket_or_key_fails_at_start_not_at_the_first_large_payload(
-    settings: Settings, change: dict[str, str], said: str
+    settings: Settings, change: dict[str, str], said: str, tmp_path: Path
 ) -> None:
     log = EventLog(settings.replace(**change))
+    StepPersistence(log=log)  # it uses the settings' bucket: the log checks it as it starts
     with pytest.raises(MediaUnavailable, match=said):
         await log.start()
     await log.close()
+    # A log whose capabilities bring their own store never asks the settings' bucket.
+    own = EventLog(settings.replace(**change))
+    StepPersistence(log=own, media_store=DiskMediaStore(tmp_path))
+    await own.start()
+    await own.close()
 
 
 @pytest.mark.broker

@@ -83,7 +83,7 @@ async def test_agent_to_log_to_projection_with_media_and_checkpoints_over_https(
     assert settings.s3_endpoint is not None and settings.s3_endpoint.startswith('https://')
     checkpoints = Checkpoints.from_settings(settings, group=f'{settings.topic_prefix}.tls', interval_s=3600)
     async with (
-        EventLog(settings) as log,  # its start lists the bucket over HTTPS
+        EventLog(settings) as log,
         Projector(settings, db_path=tmp_path / 'projection') as projector,
     ):
         agent = Agent(calls_then_answers('export'), capabilities=[StepPersistence(log=log, agent_name='tls')])
@@ -117,8 +117,10 @@ async def test_an_untrusted_certificate_fails_at_start_naming_the_ca_setting(
 ) -> None:
     _, other = cas
     settings = tls_settings.replace(s3_cafile=str(other.cafile) if trust == 'another CA' else None)
+    log = EventLog(settings)
+    StepPersistence(log=log)  # it uses the settings' bucket: the log checks it as it starts
     with pytest.raises(MediaUnavailable) as err:
-        async with EventLog(settings):
+        async with log:
             pass
     message = str(err.value)
     assert 'TLS certificate of the endpoint is not trusted (UnknownIssuer)' in message
