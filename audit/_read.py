@@ -101,7 +101,7 @@ class Registry:
     """Resolves Confluent-framed records' schema ids through the registry, once per id."""
 
     def __init__(self, settings: Settings) -> None:
-        self.registry = SchemaRegistry(settings) if settings.schema_registry_url else None
+        self.registry = SchemaRegistry(settings) if settings.registry.schema_registry_url else None
         self.versions: dict[int, SchemaVersion | str] = {}
 
     async def single_object(self, value: bytes) -> bytes | str:
@@ -151,7 +151,7 @@ async def read_partitions(
     digest resumes from the checkpoint's first mark it still holds. With `only`, just the
     partition number of that run.
     """
-    topics = (settings.step_events_topic, settings.tool_effects_topic)
+    topics = (settings.topics.step_events_topic, settings.topics.tool_effects_topic)
     counts = await partition_counts(settings, list(topics))
     if not counts:
         return
@@ -187,7 +187,7 @@ async def _read_partition(
     partitions: int,
     expected: Mapping[tuple[str, int], Expected],
 ) -> PartitionRead:
-    step_events = settings.step_events_topic
+    step_events = settings.topics.step_events_topic
     role = {tp: TOPIC_NAMES[0 if tp.topic == step_events else 1] for tp in tps}
     starts = await consumer.beginning_offsets(tps)
     listed = await consumer.end_offsets(tps)  # Tansu's can be short: `log_end_offsets` reads past it
@@ -209,7 +209,7 @@ async def _read_partition(
         consumer.seek(tp, starts[tp])
     consumer.resume(*remaining)
     while remaining:
-        batches = await consumer.getmany(*remaining, timeout_ms=int(settings.ack_timeout_s * 1000))
+        batches = await consumer.getmany(*remaining, timeout_ms=int(settings.kafka.ack_timeout_s * 1000))
         if not batches:
             raise TimeoutError(f'the log did not hand over its records up to its end: {remaining}')
         for tp, messages in batches.items():

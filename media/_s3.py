@@ -164,13 +164,13 @@ class S3MediaStore:
         from stepstream.s3_client import client_options
 
         return cls(
-            bucket=settings.s3_bucket,
-            endpoint=settings.s3_endpoint,
-            region=settings.s3_region,
-            access_key_id=settings.s3_access_key_id,
+            bucket=settings.media.s3_bucket,
+            endpoint=settings.media.s3_endpoint,
+            region=settings.media.s3_region,
+            access_key_id=settings.media.s3_access_key_id,
             secret_access_key=(
-                settings.s3_secret_access_key.get_secret_value()
-                if settings.s3_secret_access_key is not None
+                settings.media.s3_secret_access_key.get_secret_value()
+                if settings.media.s3_secret_access_key is not None
                 else None
             ),
             key_prefix=key_prefix,

@@ -24,7 +24,7 @@ import logging
 import time
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic_ai import CallToolsNode, ModelRequestNode
@@ -61,7 +61,7 @@ from stepstream.producer._run import RunWriter, _usage_of
 from stepstream.producer._run import SnapshotSaved as SnapshotSaved
 from stepstream.producer._snapshots import SnapshotWriter
 from stepstream.schemas import StepEvent, ToolEffectTransition
-from stepstream.settings import Settings
+from stepstream.settings import SETTING_NAMES, Settings
 from stepstream.signing import Signer
 
 logger = logging.getLogger('stepstream.producer')
@@ -153,7 +153,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         """The media threshold in effect: `media_threshold_bytes`, else the log's settings."""
         if self.media_threshold_bytes is not None:
             return self.media_threshold_bytes
-        return self.log.settings.media_threshold_bytes
+        return self.log.settings.media.media_threshold_bytes
 
     def _media(self) -> MediaStore:
         """`media_store`, else one S3 store for the log's settings, made once per capability."""
@@ -179,7 +179,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         if args:
             raise TypeError('StepPersistence.from_spec takes keyword options only')
         options = {'agent_name', 'run_id', 'parent_run_id', 'metadata', 'capture_frontier'}
-        setting_names = {f.name for f in fields(Settings)}
+        setting_names = SETTING_NAMES
         unknown = sorted(set(kwargs) - options - setting_names)
         if unknown:
             raise ValueError(
@@ -484,5 +484,7 @@ def _run_writer(bound: StepPersistence[Any], ctx: RunContext[Any], store: MediaS
         snapshots=SnapshotWriter(store, bound.threshold_bytes, redaction),
         operations=weakref.ref(bound),
         redaction=redaction,
-        signer=Signer.from_secret(key) if (key := bound.log.settings.signing_key) is not None else None,
+        signer=Signer.from_secret(key)
+        if (key := bound.log.settings.security.signing_key) is not None
+        else None,
     )

@@ -1,7 +1,7 @@
 """`Framing`: how a record's bytes leave, as the serializer wrote them or in the registry's framing.
 
 By default a record leaves as its serializer wrote it (Avro single-object encoding). In registry
-mode (`settings.schema_registry_url`) the log reframes it in the Confluent wire format, its
+mode (`settings.registry.schema_registry_url`) the log reframes it in the Confluent wire format, its
 schema's id asked of the registry once per process.
 """
 
@@ -28,7 +28,7 @@ class Framing:
         """Why the registry last failed to give a schema id; None once it gives one."""
 
     def start(self) -> None:
-        if self.settings.schema_registry_url is not None:
+        if self.settings.registry.schema_registry_url is not None:
             self.registry = SchemaRegistry(self.settings)
 
     async def close(self) -> None:
@@ -48,7 +48,7 @@ class Framing:
         if schema_id is None:
             try:
                 # Within the send's own timeout, so that a registry that hangs is named as the cause.
-                async with asyncio.timeout(self.settings.ack_timeout_s / 2):
+                async with asyncio.timeout(self.settings.kafka.ack_timeout_s / 2):
                     schema_id = await self.registry.id_of(subject, schema)
             except (SchemaRegistryError, TimeoutError) as exc:
                 self.failure = SchemaRegistryError(
@@ -68,5 +68,5 @@ class Framing:
         assert self.registry is not None
         return (
             f'the schema registry at {self.registry.url} did not answer within '
-            f'{self.settings.ack_timeout_s / 2:g}s: check STEPSTREAM_SCHEMA_REGISTRY_URL'
+            f'{self.settings.kafka.ack_timeout_s / 2:g}s: check STEPSTREAM_SCHEMA_REGISTRY_URL'
         )

@@ -121,13 +121,14 @@ class EventLog:
         default the Avro codec with the id rules and the size limit, Kafka's murmur2 of the run
         id, and the kind, schema and trace headers. Media offload is not the log's business: the
         capability's snapshot writer moves large values before a record reaches the log.
-        While a run is open the log keeps it alive on the log (`settings.heartbeat_interval_s`);
+        While a run is open the log keeps it alive on the log (`settings.liveness.heartbeat_interval_s`);
         `close` ends the runs still open as `cancelled`, and so does SIGTERM when
         `end_runs_on_sigterm` and nothing else handles that signal (docs/decisions/0026).
         """
-        if settings.media_threshold_bytes >= max_record_bytes:
+        if settings.media.media_threshold_bytes >= max_record_bytes:
             raise ValueError(
-                f'media_threshold_bytes ({settings.media_threshold_bytes}) must stay below the record limit '
+                f'media_threshold_bytes ({settings.media.media_threshold_bytes}) must stay below '
+                'the record limit '
                 f'({max_record_bytes}): payloads under the threshold stay inline in records'
             )
         self.settings = settings
@@ -140,7 +141,7 @@ class EventLog:
         self.compression_type = compression_type
         self.enable_idempotence = enable_idempotence
         self.end_runs_on_sigterm = end_runs_on_sigterm
-        self.liveness = Liveness(self, settings.heartbeat_interval_s)
+        self.liveness = Liveness(self, settings.liveness.heartbeat_interval_s)
         """The open runs of this process, kept alive on the log by heartbeats."""
         self._framing = Framing(settings)
         self._sender = Sender(settings, self._framing)
@@ -155,11 +156,11 @@ class EventLog:
         """The start under way, which callers on every thread wait for (`start`)."""
         self._partition_count = 0
         self.sealer: Sealer | None = None
-        """Set when erasure is on (`settings.erasure_key`): seals snapshot content (decision 0033)."""
-        if settings.erasure_key is not None:
+        """Set when erasure is on (`security.erasure_key`): seals snapshot content (decision 0033)."""
+        if settings.security.erasure_key is not None:
             from stepstream.producer._sealing import Sealer  # not at import: erasure is optional
 
-            self.sealer = Sealer(settings.erasure_key.get_secret_value(), self._send_key)
+            self.sealer = Sealer(settings.security.erasure_key.get_secret_value(), self._send_key)
 
     _shared: ClassVar[dict[Settings, EventLog]] = {}
 
@@ -221,18 +222,21 @@ class EventLog:
             compression_type=self.compression_type,
             enable_idempotence=self.enable_idempotence,
             max_request_size=self.max_record_bytes + 64 * 1024,
-            request_timeout_ms=max(1000, int(self.settings.ack_timeout_s * 1000)),
+            request_timeout_ms=max(1000, int(self.settings.kafka.ack_timeout_s * 1000)),
             client_id='stepstream-producer',
         )
         try:
-            await asyncio.wait_for(producer.start(), self.settings.ack_timeout_s)
+            await asyncio.wait_for(producer.start(), self.settings.kafka.ack_timeout_s)
             # aiokafka's metadata covers every topic until the producer first sends to a topic it
             # did not know when it started (the key topic, made below); from then on it covers only
             # the topics named that way. A batch waiting for a topic that fell out had no leader,
             # and failed with NotLeaderForPartitionError when it expired (decision 0040). Naming
             # the log's own topics now keeps them in.
-            async with asyncio.timeout(self.settings.ack_timeout_s):
-                for topic in (self.settings.step_events_topic, self.settings.tool_effects_topic):
+            async with asyncio.timeout(self.settings.kafka.ack_timeout_s):
+                for topic in (
+                    self.settings.topics.step_events_topic,
+                    self.settings.topics.tool_effects_topic,
+                ):
                     await producer.client.add_topic(topic)
         except (KafkaError, OSError, TimeoutError) as exc:
             await producer.stop()
@@ -261,14 +265,14 @@ class EventLog:
     async def _send_key(self, key: bytes, value: bytes) -> None:
         """Append a conversation key record to the key topic and wait for the broker (erasure on)."""
         if (loop := self._elsewhere()) is not None:
-            await run_on(loop, self._send_key(key, value), 2 * self.settings.ack_timeout_s)
+            await run_on(loop, self._send_key(key, value), 2 * self.settings.kafka.ack_timeout_s)
             return
         if self._sender.producer is None:
             await self.start()
         producer = self._sender.producer
         assert producer is not None
         try:
-            async with asyncio.timeout(self.settings.ack_timeout_s):
+            async with asyncio.timeout(self.settings.kafka.ack_timeout_s):
                 await producer.send_and_wait(key_topic(self.settings), value, key=key)
         except (KafkaError, TimeoutError) as exc:
             error = unavailable(self.settings, 'did not acknowledge a conversation key', exc)
@@ -283,12 +287,12 @@ class EventLog:
         of their own) must work: the start fails. Default settings on a machine without S3 only
         get a warning, since a run without payloads above the threshold never needs the store.
         """
-        s, defaults = self.settings, Settings()
+        s, defaults = self.settings.media, Settings().media
         configured = (
             s.s3_endpoint is not None or s.s3_access_key_id is not None or s.s3_bucket != defaults.s3_bucket
         )
         try:
-            await S3MediaStore.from_settings(s).check()
+            await S3MediaStore.from_settings(self.settings).check()
         except MediaUnavailable as exc:
             if configured:
                 raise
@@ -306,7 +310,7 @@ class EventLog:
         that loop is no longer running, nothing can be sent or stopped: the warning says so.
         """
         if (loop := self._elsewhere()) is not None and loop.is_running():
-            await run_on(loop, self.close(), 6 * self.settings.ack_timeout_s)
+            await run_on(loop, self.close(), 6 * self.settings.kafka.ack_timeout_s)
             return
         unwatch_sigterm(self)
         if loop is not None:  # its loop no longer runs: nothing can be sent or stopped
@@ -316,20 +320,22 @@ class EventLog:
             return
         self._crossing.take_posted()  # records other loops appended before the close
         if self._started:
-            await self.liveness.close_runs(CLOSED_WHILE_OPEN, timeout_s=self.settings.ack_timeout_s)
+            await self.liveness.close_runs(CLOSED_WHILE_OPEN, timeout_s=self.settings.kafka.ack_timeout_s)
         await self.liveness.stop()
         self._crossing.take_posted()  # the ends of runs on other loops
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._accumulator.hand_over(settled=True), self.settings.ack_timeout_s)
+            await asyncio.wait_for(
+                self._accumulator.hand_over(settled=True), self.settings.kafka.ack_timeout_s
+            )
         self._accumulator.stop()
         self._crossing.stop()
-        await self._sender.stop_resending(self.settings.ack_timeout_s)
+        await self._sender.stop_resending(self.settings.kafka.ack_timeout_s)
         producer = self._sender.detach()
         self._started = False
         await self._framing.close()
         if producer is not None:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(producer.stop(), self.settings.ack_timeout_s)
+                await asyncio.wait_for(producer.stop(), self.settings.kafka.ack_timeout_s)
         self._sender.warn_lost([out.record for out, _ack in self._accumulator.queued], '')
 
     async def __aenter__(self) -> Self:
@@ -413,7 +419,7 @@ class EventLog:
                 if self._crossing.untaken and (loop := self._elsewhere()) is not None:
                     if not loop.is_running():  # it stopped while the records were on their way
                         raise loop_gone(loop) from missing
-                    waited = self.settings.ack_timeout_s if timeout is None else timeout
+                    waited = self.settings.kafka.ack_timeout_s if timeout is None else timeout
                     raise loop_blocked(waited) from missing  # its loop never took them
                 raise
             for ack in acks:
@@ -436,10 +442,10 @@ class EventLog:
 
         A record the broker did not take at first is being sent again: it is waited for too.
         Pass the result to `Projector.wait_for` to read your own writes. `timeout` defaults to
-        `settings.ack_timeout_s`; after a broker outage, give the producer longer to reconnect.
+        `settings.kafka.ack_timeout_s`; after a broker outage, give the producer longer to reconnect.
         Raises `StepStreamUnavailable` when the records are not all taken in time.
         """
-        limit = self.settings.ack_timeout_s if timeout is None else timeout
+        limit = self.settings.kafka.ack_timeout_s if timeout is None else timeout
         if (loop := self._elsewhere()) is not None:
             return await run_on(loop, self.flush(timeout=timeout), 2 * limit)
         self._crossing.take_posted()  # records other loops appended, not queued yet

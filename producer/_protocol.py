@@ -92,7 +92,7 @@ async def await_acks(settings: Settings, acks: Iterable[Ack], timeout: float | N
     acks = acks if isinstance(acks, list) else list(acks)
     pending = [a for a in acks if not a.done()]
     if pending:
-        limit = settings.ack_timeout_s if timeout is None else timeout
+        limit = settings.kafka.ack_timeout_s if timeout is None else timeout
         await all_done(pending, limit)
         not_done = sum(not a.done() for a in pending)
         if not_done:
@@ -286,7 +286,11 @@ _PASSED_IDS: set[tuple[Any, ...]] = set()
 
 def topic_of(record: LogRecord, settings: Settings) -> str:
     """Step events and tool-effect transitions go to their own topics."""
-    return settings.step_events_topic if isinstance(record, StepEvent) else settings.tool_effects_topic
+    return (
+        settings.topics.step_events_topic
+        if isinstance(record, StepEvent)
+        else settings.topics.tool_effects_topic
+    )
 
 
 def record_headers(record: LogRecord) -> list[tuple[str, bytes]]:

@@ -147,7 +147,7 @@ class Sender:
         if lost:
             logger.warning(
                 'stepstream: Kafka at %s did not take %d record(s) before the log closed%s (run_id: seqs) %s',
-                self.settings.bootstrap_servers,
+                self.settings.kafka.bootstrap_servers,
                 sum(len(seqs) for seqs in lost.values()),
                 why,
                 lost,
@@ -195,7 +195,7 @@ class Sender:
 
     def no_write(self, exc: BaseException | None) -> StepStreamError:
         assert exc is not None
-        topics = f'{self.settings.step_events_topic} and {self.settings.tool_effects_topic}'
+        topics = f'{self.settings.topics.step_events_topic} and {self.settings.topics.tool_effects_topic}'
         return access_denied(
             self.settings,
             f'write to {topics}',
@@ -215,7 +215,7 @@ class Sender:
             try:
                 if deadline:
                     # asyncio.timeout, not wait_for: no extra task per record on the hot path.
-                    async with asyncio.timeout(self.settings.ack_timeout_s):
+                    async with asyncio.timeout(self.settings.kafka.ack_timeout_s):
                         sent = await self.send(out, functools.partial(self._handed, out, ack))
                 else:
                     sent = await self.send(out, functools.partial(self._handed, out, ack))
@@ -300,7 +300,7 @@ class Sender:
     async def _resend_run(self, run_id: str) -> None:
         sent: list[Ack] = []
         try:
-            async with asyncio.timeout(self.settings.ack_timeout_s):
+            async with asyncio.timeout(self.settings.kafka.ack_timeout_s):
                 for entry in list(self.kept.get(run_id, ())):
                     if entry.resending is not None and not entry.resending.done():
                         sent.append(entry.resending)  # still on its way from an earlier pass

@@ -112,7 +112,7 @@ class Checkpoints:
         """Checkpoints in the bucket the `STEPSTREAM_S3_*` settings name."""
         return cls(
             S3MediaStore.from_settings(settings),
-            topic_prefix=settings.topic_prefix,
+            topic_prefix=settings.topics.topic_prefix,
             group=group,
             interval_s=interval_s,
         )

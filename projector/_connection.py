@@ -42,7 +42,7 @@ def make_consumer(
         enable_auto_commit=False,
         auto_offset_reset='earliest',
         fetch_max_wait_ms=50,
-        request_timeout_ms=max(5000, int(settings.ack_timeout_s * 1000)),
+        request_timeout_ms=max(5000, int(settings.kafka.ack_timeout_s * 1000)),
         # Range assignment gives a member the same partition numbers of both topics, which
         # are co-partitioned by run_id: one member owns every record of a shard. Ours also
         # shares the members' endpoints. One assignor only: aiokafka (through 0.14) sends a
@@ -63,7 +63,7 @@ async def connect(
     raised as the error that says how to reach it.
     """
     try:
-        await asyncio.wait_for(consumer.start(), settings.ack_timeout_s)
+        await asyncio.wait_for(consumer.start(), settings.kafka.ack_timeout_s)
         if send_dead_letters:
             await dead_letters.start()
     except (KafkaError, OSError, TimeoutError) as exc:
@@ -124,7 +124,7 @@ async def disconnect(
         stopping.insert(0, stop_consumer(consumer))
     for client in stopping:
         try:
-            await asyncio.wait_for(client, settings.ack_timeout_s)
+            await asyncio.wait_for(client, settings.kafka.ack_timeout_s)
         except TimeoutError:
             log.warning('the broker did not answer while the projector disconnected; stopping anyway')
 

@@ -89,7 +89,7 @@ class DeadLetterHeaders:
 
 
 class DeadLetterSender:
-    """Sends dead letters to `settings.dlq_topic`, each with its reason and source coordinates.
+    """Sends dead letters to `settings.topics.dlq_topic`, each with its reason and source coordinates.
 
     ```python
     sender = DeadLetterSender(settings, topics=(events_topic, effects_topic))
@@ -111,7 +111,7 @@ class DeadLetterSender:
             **client_options(self.settings), acks='all', client_id='stepstream-projector-dlq'
         )
         try:
-            await asyncio.wait_for(producer.start(), self.settings.ack_timeout_s)
+            await asyncio.wait_for(producer.start(), self.settings.kafka.ack_timeout_s)
         except BaseException:
             await producer.stop()
             raise
@@ -136,9 +136,9 @@ class DeadLetterSender:
             except AUTHORIZATION_ERRORS as exc:
                 raise access_denied(
                     self.settings,
-                    f'write dead letters to {self.settings.dlq_topic}',
+                    f'write dead letters to {self.settings.topics.dlq_topic}',
                     exc,
-                    fix=f'grant it WRITE on {self.settings.dlq_topic} (the projector ACL)',
+                    fix=f'grant it WRITE on {self.settings.topics.dlq_topic} (the projector ACL)',
                 ) from exc
             except (KafkaError, TimeoutError, OSError) as exc:
                 if stopping():
@@ -159,16 +159,18 @@ class DeadLetterSender:
                 key, value = None, dlq_envelope(letter, topic)
                 why = replace(why, envelope=True)
             try:
-                ack = await self._producer.send(self.settings.dlq_topic, value, key=key, headers=why.encode())
+                ack = await self._producer.send(
+                    self.settings.topics.dlq_topic, value, key=key, headers=why.encode()
+                )
             except MessageSizeTooLargeError:  # the DLQ's own limit is below ours: send the envelope
                 ack = await self._producer.send(
-                    self.settings.dlq_topic,
+                    self.settings.topics.dlq_topic,
                     dlq_envelope(letter, topic),
                     headers=replace(why, envelope=True).encode(),
                 )
             acks.append(ack)
         try:
-            await asyncio.wait_for(asyncio.gather(*acks), self.settings.ack_timeout_s)
+            await asyncio.wait_for(asyncio.gather(*acks), self.settings.kafka.ack_timeout_s)
         except AUTHORIZATION_ERRORS:
             raise
         except (KafkaError, TimeoutError) as exc:

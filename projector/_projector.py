@@ -116,7 +116,8 @@ class Projector:
         group = member.group if member is not None else None
         checkpoints = member.checkpoints if member is not None else None
         self.settings = settings
-        self.db_path = check_projection(db_path if db_path is not None else settings.db_path, create=True)
+        path = db_path if db_path is not None else settings.projection.db_path
+        self.db_path = check_projection(path, create=True)
         self.shards = ShardSet(
             self.db_path,
             settings,
@@ -128,7 +129,7 @@ class Projector:
         """The shards this projector holds (assign, revoke, restore: `ShardSet`)."""
         self.member = member
         self.group = group
-        self.group_id = group or f'{settings.topic_prefix}.projector'
+        self.group_id = group or f'{settings.topics.topic_prefix}.projector'
         self.create_topics = create_topics
         self.max_batch_records = max_batch_records
         self.poll_timeout_ms = poll_timeout_ms
@@ -139,12 +140,12 @@ class Projector:
         given = member.membership if member is not None else None
         self.membership = given if given is not None else Membership()
         self.media_store: MediaStore = media_store or S3MediaStore.from_settings(settings)
-        self.keys = KeyRing(settings) if settings.erasure_key is not None else None
+        self.keys = KeyRing(settings) if settings.security.erasure_key is not None else None
         """Erasure on: the conversation keys its readers open sealed content with, in memory only."""
-        self._topics = (settings.step_events_topic, settings.tool_effects_topic)
+        self._topics = (settings.topics.step_events_topic, settings.topics.tool_effects_topic)
         made = (parts or ProjectorParts()).made(settings, self._topics, live=rebuilding is None)
         self.dead_letters, self.group_offsets, self.metrics = made
-        self._topic_index = {settings.step_events_topic: EVENTS, settings.tool_effects_topic: EFFECTS}
+        self._topic_index = dict(zip(self._topics, (EVENTS, EFFECTS), strict=True))
         self._position = AppliedPosition()
         self._assignment = Assignment(
             self.shards,
@@ -271,7 +272,8 @@ class Projector:
         if self._consumer is not None and self.group_offsets.pending:
             # The last second's offsets too, so lag tooling reads the position the projector left at.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.group_offsets.commit(self._consumer), self.settings.ack_timeout_s)
+                timeout = self.settings.kafka.ack_timeout_s
+                await asyncio.wait_for(self.group_offsets.commit(self._consumer), timeout)
         # A member's shards are revoked (and closed) as its consumer leaves the group; with the
         # broker gone, `close()` closes them all the same.
         await disconnect(self.settings, self._consumer, self.dead_letters)
@@ -335,7 +337,7 @@ class Projector:
             self.shards.view,
             partitions=partitions,
             media_store=self.media_store,
-            stale_after_s=self.settings.stale_after_s,
+            stale_after_s=self.settings.liveness.stale_after_s,
             keys=self.keys,
             scope=(lambda: membership.own) if membership.endpoint is not None else None,
         )

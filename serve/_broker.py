@@ -32,9 +32,9 @@ async def status_with_lag(settings: Settings, reader: ProjectionReader) -> Statu
     ends: dict[TopicPartition, int] = {}
     error = None
     try:
-        ends = await asyncio.wait_for(_log_ends(settings, applied), settings.ack_timeout_s * 2)
+        ends = await asyncio.wait_for(_log_ends(settings, applied), settings.kafka.ack_timeout_s * 2)
     except (KafkaError, OSError, TimeoutError, StepStreamError) as exc:
-        error = f'the broker at {settings.bootstrap_servers} did not give end offsets: {exc!r}'
+        error = f'the broker at {settings.kafka.bootstrap_servers} did not give end offsets: {exc!r}'
     keys = sorted({*applied, *((tp.topic, tp.partition) for tp in ends)})
     partitions = []
     for topic, partition in keys:
@@ -56,13 +56,15 @@ async def status_with_lag(settings: Settings, reader: ProjectionReader) -> Statu
 async def dead_letters(settings: Settings, limit: int = 50) -> DeadLetters:
     """The newest `limit` records of the DLQ topic, newest first, read by a short-lived consumer."""
     try:
-        return await asyncio.wait_for(_read_dlq(settings, limit), settings.ack_timeout_s * 2)
+        return await asyncio.wait_for(_read_dlq(settings, limit), settings.kafka.ack_timeout_s * 2)
     except (KafkaError, OSError, TimeoutError) as exc:
-        return DeadLetters(entries=[], total=0, error=f'{settings.dlq_topic} could not be read: {exc!r}')
+        return DeadLetters(
+            entries=[], total=0, error=f'{settings.topics.dlq_topic} could not be read: {exc!r}'
+        )
 
 
 def _consumer(settings: Settings) -> AIOKafkaConsumer:
-    timeout_ms = int(settings.ack_timeout_s * 1000)
+    timeout_ms = int(settings.kafka.ack_timeout_s * 1000)
     return AIOKafkaConsumer(
         **client_options(settings),
         enable_auto_commit=False,
@@ -79,7 +81,7 @@ async def _partitions(settings: Settings, *topics: str) -> list[TopicPartition]:
 
 async def _log_ends(settings: Settings, applied: Mapping[tuple[str, int], int]) -> dict[TopicPartition, int]:
     """The end offset of every partition of both log topics (as `stepstream status` takes it)."""
-    tps = await _partitions(settings, settings.step_events_topic, settings.tool_effects_topic)
+    tps = await _partitions(settings, settings.topics.step_events_topic, settings.topics.tool_effects_topic)
     ends = await log_end_offsets(
         settings, {(tp.topic, tp.partition): applied.get((tp.topic, tp.partition), 0) for tp in tps}
     )
@@ -90,7 +92,7 @@ async def _read_dlq(settings: Settings, limit: int) -> DeadLetters:
     consumer = _consumer(settings)
     try:  # stopped even when it cannot start (a broker that refuses): no unclosed consumer
         await consumer.start()
-        tps = await _partitions(settings, settings.dlq_topic)
+        tps = await _partitions(settings, settings.topics.dlq_topic)
         if not tps:
             return DeadLetters(entries=[], total=0, error=None)
         starts = await consumer.beginning_offsets(tps)

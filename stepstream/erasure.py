@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from stepstream.errors import StepStreamError
-from stepstream.settings import parse_kek
+from stepstream.kek import parse_kek
 
 if TYPE_CHECKING:
     from aiokafka import AIOKafkaConsumer
@@ -73,7 +73,7 @@ class ContentErased(StepStreamError):
 
 def key_topic(settings: Settings) -> str:
     """The compacted topic of the conversation keys: `{prefix}.conversation-keys`."""
-    return f'{settings.topic_prefix}.conversation-keys'
+    return f'{settings.topics.topic_prefix}.conversation-keys'
 
 
 def new_kek() -> str:
@@ -274,11 +274,11 @@ class KeyRing:
     """
 
     def __init__(self, settings: Settings) -> None:
-        """Read `key_topic(settings)` with the KEK `settings.erasure_key`."""
-        if settings.erasure_key is None:
+        """Read `key_topic(settings)` with the KEK `settings.security.erasure_key`."""
+        if settings.security.erasure_key is None:
             raise ValueError('a KeyRing needs STEPSTREAM_ERASURE_KEY (erasure is off without it)')
         self.settings = settings
-        self._kek = parse_kek(settings.erasure_key.get_secret_value())
+        self._kek = parse_kek(settings.security.erasure_key.get_secret_value())
         self._keys: dict[str, ConversationKey] = {}
         self.erased: set[str] = set()
         """Key ids this ring saw tombstoned (compaction later drops tombstones too)."""
@@ -331,12 +331,12 @@ class KeyRing:
                         self._apply(record.key, record.value)
                 ends = {tp: max(end, consumer.highwater(tp) or 0) for tp, end in ends.items()}
             loop = asyncio.get_running_loop()
-            deadline = loop.time() + self.settings.ack_timeout_s
+            deadline = loop.time() + self.settings.kafka.ack_timeout_s
             while [tp for tp in partitions if await consumer.position(tp) < ends[tp]]:
                 if loop.time() > deadline:
                     raise StepStreamError(
                         f'the key topic {key_topic(self.settings)} did not deliver up to its end within '
-                        f'{self.settings.ack_timeout_s:g}s'
+                        f'{self.settings.kafka.ack_timeout_s:g}s'
                     )
                 batches = await consumer.getmany(timeout_ms=200)
                 for records in batches.values():
@@ -371,9 +371,9 @@ class KeyRing:
             enable_auto_commit=False,
             auto_offset_reset='earliest',
             fetch_max_wait_ms=50,
-            request_timeout_ms=max(1000, int(self.settings.ack_timeout_s * 1000)),
+            request_timeout_ms=max(1000, int(self.settings.kafka.ack_timeout_s * 1000)),
         )
-        await asyncio.wait_for(consumer.start(), self.settings.ack_timeout_s)
+        await asyncio.wait_for(consumer.start(), self.settings.kafka.ack_timeout_s)
         try:
             counts = await partition_counts(self.settings, [topic])
             if not counts.get(topic):
@@ -399,16 +399,16 @@ async def ensure_key_topic(settings: Settings) -> None:
 
     topic = key_topic(settings)
     admin = AIOKafkaAdminClient(
-        **client_options(settings), request_timeout_ms=int(settings.ack_timeout_s * 1000)
+        **client_options(settings), request_timeout_ms=int(settings.kafka.ack_timeout_s * 1000)
     )
-    await asyncio.wait_for(admin.start(), settings.ack_timeout_s)
+    await asyncio.wait_for(admin.start(), settings.kafka.ack_timeout_s)
     try:
         if topic in set(await admin.list_topics()):
             return
         new = NewTopic(
             name=topic,
             num_partitions=1,
-            replication_factor=settings.replication_factor,
+            replication_factor=settings.topics.replication_factor,
             topic_configs=dict(KEY_TOPIC_CONFIGS),
         )
         try:
@@ -423,7 +423,7 @@ async def ensure_key_topic(settings: Settings) -> None:
                 )
             if code not in (0, 36):  # 36: another process made it first
                 raise StepStreamError(f'could not create the key topic {name}: error {code} {message or ""}')
-        for _ in range(max(1, int(settings.ack_timeout_s / 0.05))):
+        for _ in range(max(1, int(settings.kafka.ack_timeout_s / 0.05))):
             if topic in set(await admin.list_topics()):
                 break
             await asyncio.sleep(0.05)  # Apache Kafka creates topics asynchronously

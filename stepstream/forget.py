@@ -69,7 +69,7 @@ async def forget_conversation(
     report = await forget_conversation(settings, 'conv-1', reader=reader, media_store=store)
     ```
     """
-    if settings.erasure_key is None:
+    if settings.security.erasure_key is None:
         raise StepStreamError(
             'erasure is off (STEPSTREAM_ERASURE_KEY is unset): nothing of this log is sealed, so nothing '
             'can be forgotten without rewriting it'
@@ -139,10 +139,10 @@ async def _tombstone(settings: Settings, record_keys: list[bytes]) -> None:
     from stepstream.kafka_client import client_options
 
     producer = AIOKafkaProducer(**client_options(settings), acks='all', client_id='stepstream-forget')
-    await asyncio.wait_for(producer.start(), settings.ack_timeout_s)
+    await asyncio.wait_for(producer.start(), settings.kafka.ack_timeout_s)
     try:
         topic = key_topic(settings)
-        async with asyncio.timeout(settings.ack_timeout_s):
+        async with asyncio.timeout(settings.kafka.ack_timeout_s):
             sent = [await producer.send(topic, None, key=key) for key in record_keys]
             await asyncio.gather(*sent)
     finally:

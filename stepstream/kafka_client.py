@@ -51,19 +51,19 @@ def client_options(settings: Settings) -> dict[str, Any]:
     ```
     """
     options: dict[str, Any] = {
-        'bootstrap_servers': settings.bootstrap_servers,
-        'security_protocol': settings.security_protocol,
+        'bootstrap_servers': settings.kafka.bootstrap_servers,
+        'security_protocol': settings.kafka.security_protocol,
     }
-    if settings.uses_tls:
+    if settings.kafka.uses_tls:
         options['ssl_context'] = ssl_context(settings)
-    if settings.sasl_mechanism is not None:
-        options['sasl_mechanism'] = settings.sasl_mechanism
-        if settings.sasl_mechanism == 'OAUTHBEARER':
+    if settings.kafka.sasl_mechanism is not None:
+        options['sasl_mechanism'] = settings.kafka.sasl_mechanism
+        if settings.kafka.sasl_mechanism == 'OAUTHBEARER':
             options['sasl_oauth_token_provider'] = token_provider(settings)
         else:
-            assert settings.sasl_password is not None  # Settings refuses SASL without one
-            options['sasl_plain_username'] = settings.sasl_username
-            options['sasl_plain_password'] = settings.sasl_password.get_secret_value()
+            assert settings.kafka.sasl_password is not None  # Settings refuses SASL without one
+            options['sasl_plain_username'] = settings.kafka.sasl_username
+            options['sasl_plain_password'] = settings.kafka.sasl_password.get_secret_value()
     return options
 
 
@@ -72,25 +72,26 @@ def ssl_context(settings: Settings) -> ssl.SSLContext:
 
     Hostname checking stays on: a broker's certificate must name the address clients use.
     """
-    if settings.ssl_cafile:
-        _check_file(settings.ssl_cafile, 'ssl_cafile')
+    if settings.kafka.ssl_cafile:
+        _check_file(settings.kafka.ssl_cafile, 'ssl_cafile')
     try:
-        context = ssl.create_default_context(cafile=settings.ssl_cafile)
+        context = ssl.create_default_context(cafile=settings.kafka.ssl_cafile)
     except ssl.SSLError as exc:
         raise SecureConnectionError(
-            f'STEPSTREAM_SSL_CAFILE={settings.ssl_cafile!r} holds no CA certificate that can be loaded '
+            f'STEPSTREAM_SSL_CAFILE={settings.kafka.ssl_cafile!r} holds no CA certificate that can be loaded '
             f'({exc.reason or exc}): set it to a PEM file of the CA that signed the broker certificate'
         ) from None
-    if settings.ssl_certfile:
-        _check_file(settings.ssl_certfile, 'ssl_certfile')
-        if settings.ssl_keyfile:
-            _check_file(settings.ssl_keyfile, 'ssl_keyfile')
+    if settings.kafka.ssl_certfile:
+        _check_file(settings.kafka.ssl_certfile, 'ssl_certfile')
+        if settings.kafka.ssl_keyfile:
+            _check_file(settings.kafka.ssl_keyfile, 'ssl_keyfile')
         try:
-            context.load_cert_chain(settings.ssl_certfile, settings.ssl_keyfile)
+            context.load_cert_chain(settings.kafka.ssl_certfile, settings.kafka.ssl_keyfile)
         except ssl.SSLError as exc:
             raise SecureConnectionError(
-                f'the client certificate {settings.ssl_certfile} and its key '
-                f'{settings.ssl_keyfile or "(in the same file)"} cannot be loaded ({exc.reason or exc}): '
+                f'the client certificate {settings.kafka.ssl_certfile} and its key '
+                f'{settings.kafka.ssl_keyfile or "(in the same file)"} cannot be loaded '
+                f'({exc.reason or exc}): '
                 'set STEPSTREAM_SSL_CERTFILE and STEPSTREAM_SSL_KEYFILE to a PEM certificate and its '
                 'unencrypted private key'
             ) from None
@@ -108,12 +109,12 @@ def _check_file(path: str, field_name: str) -> None:
 
 
 def token_provider(settings: Settings) -> AbstractTokenProvider:
-    """The OAUTHBEARER token provider `settings.sasl_oauth_token_provider` names.
+    """The OAUTHBEARER token provider `settings.kafka.sasl_oauth_token_provider` names.
 
     `module:attribute` (or `module.attribute`) of an `aiokafka.abc.AbstractTokenProvider`
     instance, or of a class or factory that returns one when called with no arguments.
     """
-    spec = settings.sasl_oauth_token_provider or ''
+    spec = settings.kafka.sasl_oauth_token_provider or ''
     module_name, _, attribute = spec.partition(':') if ':' in spec else spec.rpartition('.')
     where = f'STEPSTREAM_SASL_OAUTH_TOKEN_PROVIDER={spec!r}'
     try:
@@ -131,19 +132,19 @@ def token_provider(settings: Settings) -> AbstractTokenProvider:
 
 def principal(settings: Settings) -> str:
     """Who these settings authenticate as, in words an error message can use."""
-    if settings.sasl_mechanism == 'OAUTHBEARER':
-        return f'the OAUTHBEARER principal of {settings.sasl_oauth_token_provider}'
-    if settings.sasl_mechanism is not None:
-        return f'SASL user {settings.sasl_username!r}'
-    if settings.ssl_certfile:
-        return f'the client certificate {settings.ssl_certfile}'
+    if settings.kafka.sasl_mechanism == 'OAUTHBEARER':
+        return f'the OAUTHBEARER principal of {settings.kafka.sasl_oauth_token_provider}'
+    if settings.kafka.sasl_mechanism is not None:
+        return f'SASL user {settings.kafka.sasl_username!r}'
+    if settings.kafka.ssl_certfile:
+        return f'the client certificate {settings.kafka.ssl_certfile}'
     return 'the anonymous principal (no SASL, no client certificate)'
 
 
 def access_denied(settings: Settings, doing: str, exc: BaseException, *, fix: str) -> AccessDenied:
     """The error for a principal the broker's ACLs refuse, saying what was refused and how to fix it."""
     return AccessDenied(
-        f'Kafka at {settings.bootstrap_servers} refused {principal(settings)} to {doing} '
+        f'Kafka at {settings.kafka.bootstrap_servers} refused {principal(settings)} to {doing} '
         f'({type(exc).__name__}): {fix}. docs/security.md lists the ACLs each stepstream role needs.'
     )
 
@@ -152,7 +153,8 @@ def unavailable(settings: Settings, what: str, exc: BaseException | None = None)
     """The error for a Kafka cluster that does not answer, naming the servers and the timeout."""
     cause = f': {exc!r}' if exc is not None else ''
     return StepStreamUnavailable(
-        f'Kafka at {settings.bootstrap_servers} {what} within {settings.ack_timeout_s:g}s{cause}. '
+        f'Kafka at {settings.kafka.bootstrap_servers} {what} within '
+        f'{settings.kafka.ack_timeout_s:g}s{cause}. '
         'Check that the broker is running and reachable (STEPSTREAM_BOOTSTRAP_SERVERS), '
         'or raise STEPSTREAM_ACK_TIMEOUT_S.'
     )
@@ -166,23 +168,28 @@ async def connection_error(settings: Settings, what: str, exc: BaseException) ->
     """
     if isinstance(exc, StepStreamError):
         return exc
-    probe_s = min(settings.ack_timeout_s, 3.0)
-    network = await _network_problem(settings.bootstrap_servers, probe_s)
+    probe_s = min(settings.kafka.ack_timeout_s, 3.0)
+    network = await _network_problem(settings.kafka.bootstrap_servers, probe_s)
     if network is not None:
         return StepStreamUnavailable(
-            f'Kafka at {settings.bootstrap_servers} {what}: {network}. Check STEPSTREAM_BOOTSTRAP_SERVERS '
+            f'Kafka at {settings.kafka.bootstrap_servers} {what}: {network}. Check '
+            'STEPSTREAM_BOOTSTRAP_SERVERS '
             '(`stepstream stack up` starts an embedded broker and points the CLI at it).'
         )
     # A TLS or SASL cause shows at once; a service that is silent to a Kafka request would hold
     # the diagnosis to its timeout, so after `probe_s` a plain ApiVersions probe decides that.
-    diagnosis = asyncio.ensure_future(asyncio.wait_for(_diagnose(settings), settings.ack_timeout_s))
+    diagnosis = asyncio.ensure_future(asyncio.wait_for(_diagnose(settings), settings.kafka.ack_timeout_s))
     try:
         done, _ = await asyncio.wait([diagnosis], timeout=probe_s)
-        if not (done and diagnosis.exception() is None and diagnosis.result()) and not settings.uses_tls:
+        if (
+            not (done and diagnosis.exception() is None and diagnosis.result())
+            and not settings.kafka.uses_tls
+        ):
             host, port = _first_server(settings)
             if not await _speaks_plain_kafka(host, port, probe_s):
                 return StepStreamUnavailable(
-                    f'Kafka at {settings.bootstrap_servers} {what}: the service on {host}:{port} accepts '
+                    f'Kafka at {settings.kafka.bootstrap_servers} {what}: the service on '
+                    f'{host}:{port} accepts '
                     'connections but does not answer a Kafka request, so it is not a Kafka broker (or '
                     'not a Kafka listener). Check STEPSTREAM_BOOTSTRAP_SERVERS.'
                 )
@@ -203,8 +210,8 @@ async def broker_answers(settings: Settings) -> bool:
     """
     options = client_options(settings)
     options.pop('bootstrap_servers')
-    timeout = min(settings.ack_timeout_s, 3.0)
-    for server in settings.bootstrap_servers.split(','):
+    timeout = min(settings.kafka.ack_timeout_s, 3.0)
+    for server in settings.kafka.bootstrap_servers.split(','):
         host, _, port = server.strip().rpartition(':')
         try:
             conn = await asyncio.wait_for(
@@ -279,7 +286,7 @@ async def _diagnose(settings: Settings) -> SecureConnectionError | None:
             host,
             port,
             client_id='stepstream-diagnosis',
-            request_timeout_ms=int(settings.ack_timeout_s * 1000),
+            request_timeout_ms=int(settings.kafka.ack_timeout_s * 1000),
             **options,
         )
         try:
@@ -294,8 +301,8 @@ async def _diagnose(settings: Settings) -> SecureConnectionError | None:
                 'or reissue the certificate with that name'
             )
         trusted = (
-            f'the CA in STEPSTREAM_SSL_CAFILE={settings.ssl_cafile}'
-            if settings.ssl_cafile
+            f'the CA in STEPSTREAM_SSL_CAFILE={settings.kafka.ssl_cafile}'
+            if settings.kafka.ssl_cafile
             else "the system's CAs"
         )
         return SecureConnectionError(
@@ -306,13 +313,13 @@ async def _diagnose(settings: Settings) -> SecureConnectionError | None:
         return _tls_refused(settings, where, err)
     except (SaslAuthenticationFailed, AuthenticationFailedError) as err:
         return SecureConnectionError(
-            f'{where} refused SASL {settings.sasl_mechanism} authentication as {principal(settings)} '
+            f'{where} refused SASL {settings.kafka.sasl_mechanism} authentication as {principal(settings)} '
             f'({err}). Check STEPSTREAM_SASL_USERNAME and STEPSTREAM_SASL_PASSWORD '
             '(or STEPSTREAM_SASL_PASSWORD_FILE), and that the user exists for this mechanism'
         )
     except UnsupportedSaslMechanismError as err:
         return SecureConnectionError(
-            f'{where} does not offer SASL {settings.sasl_mechanism} on this listener ({err}). '
+            f'{where} does not offer SASL {settings.kafka.sasl_mechanism} on this listener ({err}). '
             'Set STEPSTREAM_SASL_MECHANISM to one the listener enables'
         )
     except (KafkaError, OSError, TimeoutError) as err:
@@ -321,21 +328,22 @@ async def _diagnose(settings: Settings) -> SecureConnectionError | None:
             return _tls_refused(settings, where, tls_error)
         if isinstance(err, ConnectionRefusedError | TimeoutError):
             return None  # down or slow, not refused: the plain "unavailable" error says so
-        if not settings.uses_tls and await _speaks_tls(host, port, settings.ack_timeout_s):
-            wanted = 'SASL_SSL' if settings.security_protocol == 'SASL_PLAINTEXT' else 'SSL or SASL_SSL'
+        if not settings.kafka.uses_tls and await _speaks_tls(host, port, settings.kafka.ack_timeout_s):
+            wanted = 'SASL_SSL' if settings.kafka.security_protocol == 'SASL_PLAINTEXT' else 'SSL or SASL_SSL'
             return SecureConnectionError(
-                f'{where} speaks TLS, but STEPSTREAM_SECURITY_PROTOCOL is {settings.security_protocol}: '
+                f'{where} speaks TLS, but STEPSTREAM_SECURITY_PROTOCOL is '
+                f'{settings.kafka.security_protocol}: '
                 f'set it to {wanted} (and STEPSTREAM_SSL_CAFILE if a private CA signed the broker)'
             )
-        if settings.uses_tls and await _speaks_plain_kafka(host, port, settings.ack_timeout_s):
-            plain = 'SASL_PLAINTEXT' if settings.security_protocol == 'SASL_SSL' else 'PLAINTEXT'
+        if settings.kafka.uses_tls and await _speaks_plain_kafka(host, port, settings.kafka.ack_timeout_s):
+            plain = 'SASL_PLAINTEXT' if settings.kafka.security_protocol == 'SASL_SSL' else 'PLAINTEXT'
             return SecureConnectionError(
                 f'{where} does not speak TLS on this listener, but STEPSTREAM_SECURITY_PROTOCOL is '
-                f'{settings.security_protocol}: use the TLS listener (STEPSTREAM_BOOTSTRAP_SERVERS) or '
+                f'{settings.kafka.security_protocol}: use the TLS listener (STEPSTREAM_BOOTSTRAP_SERVERS) or '
                 f'set the protocol to {plain}'
             )
-        if settings.security_protocol == 'PLAINTEXT' and await _speaks_plain_kafka(
-            host, port, settings.ack_timeout_s
+        if settings.kafka.security_protocol == 'PLAINTEXT' and await _speaks_plain_kafka(
+            host, port, settings.kafka.ack_timeout_s
         ):
             return SecureConnectionError(
                 f'{where} closed the connection before answering ({err!r}); a listener that requires '
@@ -348,10 +356,10 @@ async def _diagnose(settings: Settings) -> SecureConnectionError | None:
 def _tls_refused(settings: Settings, where: str, err: ssl.SSLError) -> SecureConnectionError:
     reason = (err.reason or str(err)).upper()
     if 'WRONG_VERSION_NUMBER' in reason or 'RECORD_LAYER' in reason or 'UNEXPECTED_EOF' in reason:
-        plain = 'SASL_PLAINTEXT' if settings.security_protocol == 'SASL_SSL' else 'PLAINTEXT'
+        plain = 'SASL_PLAINTEXT' if settings.kafka.security_protocol == 'SASL_SSL' else 'PLAINTEXT'
         return SecureConnectionError(
             f'{where} does not speak TLS on this listener ({err.reason or err}), but '
-            f'STEPSTREAM_SECURITY_PROTOCOL is {settings.security_protocol}: use the TLS listener '
+            f'STEPSTREAM_SECURITY_PROTOCOL is {settings.kafka.security_protocol}: use the TLS listener '
             f'(STEPSTREAM_BOOTSTRAP_SERVERS) or set the protocol to {plain}'
         )
     # The alerts a broker sends for a missing or untrusted client certificate (Java sends BAD_CERTIFICATE
@@ -363,7 +371,7 @@ def _tls_refused(settings: Settings, where: str, err: ssl.SSLError) -> SecureCon
         'UNKNOWN_CA',
         'CERTIFICATE_UNKNOWN',
     )
-    if not settings.ssl_certfile and any(word in reason for word in refused):
+    if not settings.kafka.ssl_certfile and any(word in reason for word in refused):
         return SecureConnectionError(
             f'{where} requires a client certificate (mutual TLS) and none was sent '
             f'({err.reason or err}). Set STEPSTREAM_SSL_CERTFILE (and STEPSTREAM_SSL_KEYFILE) to a '
@@ -371,7 +379,7 @@ def _tls_refused(settings: Settings, where: str, err: ssl.SSLError) -> SecureCon
         )
     if any(word in reason for word in refused):
         return SecureConnectionError(
-            f'{where} refused the client certificate STEPSTREAM_SSL_CERTFILE={settings.ssl_certfile} '
+            f'{where} refused the client certificate STEPSTREAM_SSL_CERTFILE={settings.kafka.ssl_certfile} '
             f'({err.reason or err}): the broker does not trust the CA that signed it'
         )
     return SecureConnectionError(f'{where}: the TLS handshake failed ({err.reason or err})')
@@ -416,6 +424,6 @@ async def _speaks_plain_kafka(host: str, port: int, timeout: float) -> bool:
 
 
 def _first_server(settings: Settings) -> tuple[str, int]:
-    first = settings.bootstrap_servers.split(',')[0].strip()
+    first = settings.kafka.bootstrap_servers.split(',')[0].strip()
     host, _, port = first.rpartition(':')
     return (host.strip('[]') or first), int(port or 9092)

@@ -27,14 +27,14 @@ def client_options(settings: Settings) -> ClientConfig:
     trusted roots (obstore's `root_certificate`), so certificate checking always stays on.
 
     ```python
-    store = S3Store(bucket, endpoint=settings.s3_endpoint, client_options=client_options(settings))
+    store = S3Store(bucket, endpoint=settings.media.s3_endpoint, client_options=client_options(settings))
     ```
     """
     options: ClientConfig = {}
-    if (settings.s3_endpoint or '').startswith('http://'):
+    if (settings.media.s3_endpoint or '').startswith('http://'):
         options['allow_http'] = True
-    if settings.s3_cafile:
-        options['root_certificate'] = _read_ca(settings.s3_cafile)
+    if settings.media.s3_cafile:
+        options['root_certificate'] = _read_ca(settings.media.s3_cafile)
     return options
 
 

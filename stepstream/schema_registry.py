@@ -36,7 +36,7 @@ MAX_UNKNOWN_IDS = 4096
 
 
 class SchemaRegistry:
-    """The registry at `settings.schema_registry_url`, with the ids and schemas learnt from it cached.
+    """The registry at `schema_registry_url`, with the ids and schemas learnt from it cached.
 
     ```python
     async with SchemaRegistry(settings) as registry:
@@ -47,7 +47,7 @@ class SchemaRegistry:
 
     def __init__(self, settings: Settings) -> None:
         """Configure the client; nothing connects before the first request."""
-        if settings.schema_registry_url is None:
+        if settings.registry.schema_registry_url is None:
             raise StepStreamError(f'no schema registry is configured: set {_SETTING}')
         try:
             import httpx
@@ -56,21 +56,27 @@ class SchemaRegistry:
                 f'{_SETTING} is set, and talking to a schema registry needs httpx: '
                 "pip install 'stepstream[registry]'"
             ) from None
-        self.url = settings.schema_registry_url.rstrip('/')
+        self.url = settings.registry.schema_registry_url.rstrip('/')
         auth = None
-        if settings.schema_registry_username is not None and settings.schema_registry_password is not None:
+        if (
+            settings.registry.schema_registry_username is not None
+            and settings.registry.schema_registry_password is not None
+        ):
             auth = httpx.BasicAuth(
-                settings.schema_registry_username, settings.schema_registry_password.get_secret_value()
+                settings.registry.schema_registry_username,
+                settings.registry.schema_registry_password.get_secret_value(),
             )
         verify: ssl.SSLContext | bool = True
-        if settings.schema_registry_cafile:
+        if settings.registry.schema_registry_cafile:
             verify = ssl.create_default_context()
-            verify.load_verify_locations(cafile=settings.schema_registry_cafile)  # besides the system's CAs
+            verify.load_verify_locations(
+                cafile=settings.registry.schema_registry_cafile
+            )  # besides the system's CAs
         self._client = httpx.AsyncClient(
             base_url=self.url,
             auth=auth,
             verify=verify,
-            timeout=settings.ack_timeout_s,
+            timeout=settings.kafka.ack_timeout_s,
             headers={'Accept': f'{_CONTENT_TYPE}, application/json', 'Content-Type': _CONTENT_TYPE},
         )
         self._httpx = httpx

@@ -66,17 +66,17 @@ async def ensure_topics(settings: Settings, *, create: bool = True, dlq: bool = 
     """
     admin = await _admin(settings, 'could not connect to create or check topics')
     try:
-        log_topics = [settings.step_events_topic, settings.tool_effects_topic]
+        log_topics = [settings.topics.step_events_topic, settings.topics.tool_effects_topic]
         existing = set(await admin.list_topics())
         if create:
-            wanted = [*log_topics, settings.dlq_topic] if dlq else log_topics
+            wanted = [*log_topics, settings.topics.dlq_topic] if dlq else log_topics
             missing = [t for t in wanted if t not in existing]
             if missing:
                 await _create(admin, settings, missing)
         counts = await _partition_counts(admin, log_topics)
         # Apache Kafka creates topics asynchronously: a topic just created can be missing from the
         # next metadata answer for a moment, so look again until it shows (or the timeout).
-        deadline = asyncio.get_running_loop().time() + settings.ack_timeout_s
+        deadline = asyncio.get_running_loop().time() + settings.kafka.ack_timeout_s
         while create and not all(counts.get(t) for t in log_topics):
             if asyncio.get_running_loop().time() > deadline:
                 break
@@ -88,7 +88,7 @@ async def ensure_topics(settings: Settings, *, create: bool = True, dlq: bool = 
     missing_topics = [t for t in log_topics if not counts.get(t)]
     if missing_topics:
         raise StepStreamError(
-            f'topics {missing_topics} do not exist on {settings.bootstrap_servers}, or this principal '
+            f'topics {missing_topics} do not exist on {settings.kafka.bootstrap_servers}, or this principal '
             'may not describe them; create them with `stepstream topics ensure` (an admin principal) '
             'or allow creation'
         )
@@ -99,19 +99,21 @@ async def ensure_topics(settings: Settings, *, create: bool = True, dlq: bool = 
         )
     cluster_id = described.get('cluster_id')
     cluster = (
-        cluster_id if isinstance(cluster_id, str) and cluster_id else f'servers:{settings.bootstrap_servers}'
+        cluster_id
+        if isinstance(cluster_id, str) and cluster_id
+        else f'servers:{settings.kafka.bootstrap_servers}'
     )
-    return TopicLayout(partitions=counts[settings.step_events_topic], cluster=cluster)
+    return TopicLayout(partitions=counts[settings.topics.step_events_topic], cluster=cluster)
 
 
 async def _admin(settings: Settings, failing: str) -> AIOKafkaAdminClient:
     """A started admin client (close it), or the connection error that says `failing` and why."""
     admin = AIOKafkaAdminClient(
         **client_options(settings),
-        request_timeout_ms=int(settings.ack_timeout_s * 1000),
+        request_timeout_ms=int(settings.kafka.ack_timeout_s * 1000),
     )
     try:
-        await asyncio.wait_for(admin.start(), settings.ack_timeout_s)
+        await asyncio.wait_for(admin.start(), settings.kafka.ack_timeout_s)
     except (KafkaError, OSError, TimeoutError) as exc:
         await admin.close()
         raise await connection_error(settings, failing, exc) from exc
@@ -122,8 +124,8 @@ async def _create(admin: AIOKafkaAdminClient, settings: Settings, topics: list[s
     new = [
         NewTopic(
             name=topic,
-            num_partitions=settings.partitions,
-            replication_factor=settings.replication_factor,
+            num_partitions=settings.topics.partitions,
+            replication_factor=settings.topics.replication_factor,
             topic_configs=dict(LOG_TOPIC_CONFIGS),
         )
         for topic in topics
@@ -195,11 +197,11 @@ async def started_consumer(settings: Settings, **options: Any) -> AIOKafkaConsum
     consumer = AIOKafkaConsumer(
         **client_options(settings),
         enable_auto_commit=False,
-        request_timeout_ms=max(1000, int(settings.ack_timeout_s * 1000)),
+        request_timeout_ms=max(1000, int(settings.kafka.ack_timeout_s * 1000)),
         **options,
     )
     try:
-        await asyncio.wait_for(consumer.start(), settings.ack_timeout_s)
+        await asyncio.wait_for(consumer.start(), settings.kafka.ack_timeout_s)
     except (KafkaError, OSError, TimeoutError) as exc:
         await consumer.stop()
         raise await connection_error(settings, 'did not accept a consumer connection', exc) from exc
@@ -224,7 +226,7 @@ async def log_end_offsets(
         for tp, offset in partitions.items():
             consumer.seek(tp, min(offset, listed[tp]))
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + min(settings.ack_timeout_s, 3.0)
+        deadline = loop.time() + min(settings.kafka.ack_timeout_s, 3.0)
         while loop.time() < deadline and any(consumer.highwater(tp) is None for tp in partitions):
             await consumer.getmany(timeout_ms=100)
         return {
@@ -246,17 +248,17 @@ async def supports_idempotence(settings: Settings) -> bool:
 
     client = AIOKafkaClient(
         **client_options(settings),
-        request_timeout_ms=int(settings.ack_timeout_s * 1000),
+        request_timeout_ms=int(settings.kafka.ack_timeout_s * 1000),
     )
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + settings.ack_timeout_s
+    deadline = loop.time() + settings.kafka.ack_timeout_s
     try:
-        await asyncio.wait_for(client.bootstrap(), settings.ack_timeout_s)
+        await asyncio.wait_for(client.bootstrap(), settings.kafka.ack_timeout_s)
         node = next(iter(client.cluster.brokers())).nodeId
         while True:
             response = await asyncio.wait_for(
                 client.send(node, InitProducerIdRequest(None, 60_000)),
-                settings.ack_timeout_s,
+                settings.kafka.ack_timeout_s,
             )
             if response.error_code == 0:
                 return True

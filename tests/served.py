@@ -222,11 +222,11 @@ async def crash_in_tool(log: EventLog, run_id: str, *, conversation_id: str) -> 
 
 async def _poison(settings: Settings) -> dict[TopicPartition, int]:
     """A record that is no stepstream record; the position just past it."""
-    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers)
     await producer.start()
     try:
         sent = await producer.send_and_wait(
-            settings.step_events_topic, b'not an avro record', key=b'poison-run'
+            settings.topics.step_events_topic, b'not an avro record', key=b'poison-run'
         )
     finally:
         await producer.stop()

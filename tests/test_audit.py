@@ -58,11 +58,11 @@ Log = dict[tuple[str, int], list[Message]]
 
 
 def topic_of(settings: Settings, role: str) -> str:
-    return settings.step_events_topic if role == 'step_events' else settings.tool_effects_topic
+    return settings.topics.step_events_topic if role == 'step_events' else settings.topics.tool_effects_topic
 
 
 async def read_log(settings: Settings) -> Log:
-    topics = [settings.step_events_topic, settings.tool_effects_topic]
+    topics = [settings.topics.step_events_topic, settings.topics.tool_effects_topic]
     counts = await partition_counts(settings, topics)
     consumer = AIOKafkaConsumer(**client_options(settings), enable_auto_commit=False)
     await consumer.start()
@@ -312,7 +312,7 @@ async def test_a_checkpoint_goes_to_s3_and_a_trimmed_log_reads_trimmed(
         settings, tmp_path / 'unused', 'audit', 'checkpoint', '--out', str(checkpoint), '--s3'
     )
     assert code == 0, err
-    key = out.strip().splitlines()[-1].split(f's3://{settings.s3_bucket}/', 1)[1]
+    key = out.strip().splitlines()[-1].split(f's3://{settings.media.s3_bucket}/', 1)[1]
     assert key.startswith('audit/checkpoints/')
     stored = await obstore.get_async(S3MediaStore.from_settings(settings).object_store, key)
     assert bytes(await stored.bytes_async()).decode() == checkpoint.read_text()

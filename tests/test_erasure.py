@@ -67,7 +67,9 @@ def object_keys(store: S3MediaStore, prefix: str) -> set[str]:
 async def raw_values(settings: Settings, *topics: str) -> list[bytes]:
     """Every record value on `topics`, as an outside consumer reads them (to the end)."""
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.bootstrap_servers, auto_offset_reset='earliest', enable_auto_commit=False
+        bootstrap_servers=settings.kafka.bootstrap_servers,
+        auto_offset_reset='earliest',
+        enable_auto_commit=False,
     )
     await consumer.start()
     try:
@@ -101,7 +103,7 @@ async def test_forget_erases_content_and_media_everywhere_but_keeps_the_trail(
     store, prefix = store_for(settings)
     secret = f'SECRET-{uuid.uuid4().hex}'
     shared_output = f'{secret} ' + 'medical record line\n' * 2000  # offloaded: above the threshold
-    group = f'{settings.topic_prefix}.erasure'
+    group = f'{settings.topics.topic_prefix}.erasure'
     checkpoints = Checkpoints.from_settings(settings, group=group, interval_s=3600)
 
     async with (
@@ -126,7 +128,9 @@ async def test_forget_erases_content_and_media_everywhere_but_keeps_the_trail(
 
         # Sealed on the way out: the raw log and the bucket hold no plaintext, and the two
         # conversations' copies of one payload are two objects whose names are not its hash.
-        for value in await raw_values(settings, settings.step_events_topic, settings.tool_effects_topic):
+        for value in await raw_values(
+            settings, settings.topics.step_events_topic, settings.topics.tool_effects_topic
+        ):
             assert secret.encode() not in value
         objects = object_keys(store, prefix)
         assert len(objects) == 2
@@ -240,15 +244,15 @@ async def produce_and_destroy_a_key(settings: Settings) -> bytes:
     """A key record and its tombstone on the key topic; returns the record key."""
     from stepstream.erasure import ConversationKey, ensure_key_topic, parse_kek
 
-    assert settings.erasure_key is not None
+    assert settings.security.erasure_key is not None
     await ensure_key_topic(settings)
     key = ConversationKey.new('conv-compaction')
-    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers, acks='all')
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers, acks='all')
     await producer.start()
     try:
         await producer.send_and_wait(
             key_topic(settings),
-            key.wrap(parse_kek(settings.erasure_key.get_secret_value())),
+            key.wrap(parse_kek(settings.security.erasure_key.get_secret_value())),
             key=key.record_key(),
         )
         await producer.send_and_wait(key_topic(settings), None, key=key.record_key())
@@ -273,7 +277,11 @@ async def test_a_conversation_key_leaves_the_producers_metadata_covering_the_log
         await client.force_metadata_update()
         known = {
             topic: client.cluster.partitions_for_topic(topic)
-            for topic in (key_topic(settings), settings.step_events_topic, settings.tool_effects_topic)
+            for topic in (
+                key_topic(settings),
+                settings.topics.step_events_topic,
+                settings.topics.tool_effects_topic,
+            )
         }
         assert all(known.values()), known
 
@@ -294,7 +302,7 @@ async def test_kafka_compaction_removes_a_destroyed_key_record(settings: Setting
     settings = sealed_settings(settings)
     # The active segment is never cleaned: the topic rolls segments every second here (10 minutes
     # by default), and a record now and then makes the tombstone leave the active segment.
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap_servers)
     await admin.start()
     try:
         configs = {**KEY_TOPIC_CONFIGS, 'segment.ms': '1000'}
@@ -303,7 +311,7 @@ async def test_kafka_compaction_removes_a_destroyed_key_record(settings: Setting
         await admin.close()
     await produce_and_destroy_a_key(settings)
     admin_topic = key_topic(settings)
-    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers, acks='all')
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers, acks='all')
     await producer.start()
     try:
         deadline = asyncio.get_running_loop().time() + 240

@@ -73,16 +73,16 @@ assert 195_000 < len(TOOL_OUTPUT.encode()) < 210_000
 def raw_store(settings: Settings, **overrides: Any) -> S3Store:
     """An obstore client on the stack's bucket, to look at and tamper with objects directly."""
     config: dict[str, Any] = {
-        'endpoint': settings.s3_endpoint,
-        'region': settings.s3_region,
-        'access_key_id': settings.s3_access_key_id,
-        'secret_access_key': settings.s3_secret_access_key.get_secret_value()
-        if settings.s3_secret_access_key
+        'endpoint': settings.media.s3_endpoint,
+        'region': settings.media.s3_region,
+        'access_key_id': settings.media.s3_access_key_id,
+        'secret_access_key': settings.media.s3_secret_access_key.get_secret_value()
+        if settings.media.s3_secret_access_key
         else None,
         **overrides,
     }
     return S3Store(
-        config.pop('bucket', settings.s3_bucket),
+        config.pop('bucket', settings.media.s3_bucket),
         client_options={'allow_http': True},
         retry_config={'max_retries': 0, 'retry_timeout': timedelta(seconds=2)},
         **config,
@@ -254,8 +254,8 @@ async def test_s3_wrong_credentials_fail_naming_endpoint_and_bucket(stack: Embed
         with pytest.raises(MediaUnavailable) as caught:
             await call
         message = str(caught.value)
-        assert settings.s3_endpoint is not None and settings.s3_endpoint in message
-        assert repr(settings.s3_bucket) in message
+        assert settings.media.s3_endpoint is not None and settings.media.s3_endpoint in message
+        assert repr(settings.media.s3_bucket) in message
         assert 'access was denied' in message and 'STEPSTREAM_S3_SECRET_ACCESS_KEY' in message
 
 
@@ -280,8 +280,8 @@ async def test_s3_stopped_fails_clearly_and_recovers(tmp_path: Path) -> None:
             with pytest.raises(MediaUnavailable) as caught:
                 await call
             message = str(caught.value)
-            assert own.settings.s3_endpoint is not None and own.settings.s3_endpoint in message
-            assert repr(own.settings.s3_bucket) in message
+            assert own.settings.media.s3_endpoint is not None and own.settings.media.s3_endpoint in message
+            assert repr(own.settings.media.s3_bucket) in message
             assert 'could not be reached' in message and 'STEPSTREAM_S3_ENDPOINT' in message
         with pytest.raises(MediaUnavailable):
             await externalize_media(history, store)

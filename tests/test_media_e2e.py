@@ -48,9 +48,9 @@ def isolated_store(settings: Settings) -> tuple[S3MediaStore, str]:
 
 async def raw_sizes(settings: Settings) -> list[int]:
     consumer = AIOKafkaConsumer(
-        settings.step_events_topic,
-        settings.tool_effects_topic,
-        bootstrap_servers=settings.bootstrap_servers,
+        settings.topics.step_events_topic,
+        settings.topics.tool_effects_topic,
+        bootstrap_servers=settings.kafka.bootstrap_servers,
         auto_offset_reset='earliest',
         enable_auto_commit=False,
     )
@@ -158,8 +158,8 @@ async def test_s3_down_at_a_snapshot_fails_the_run_without_dangling_records(tmp_
             await asyncio_to_thread(stack.stop_s3)
             with pytest.raises(MediaUnavailable) as failure:
                 await agent.run('export everything')
-            assert settings.s3_endpoint is not None and settings.s3_endpoint in str(failure.value)
-            assert settings.s3_bucket in str(failure.value)
+            assert settings.media.s3_endpoint is not None and settings.media.s3_endpoint in str(failure.value)
+            assert settings.media.s3_bucket in str(failure.value)
             await projector.wait_for(await log.flush())
             reader = projector.reader()
             run = await reader.get_run('s3-down')

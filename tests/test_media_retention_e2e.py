@@ -94,7 +94,7 @@ async def _index_scenario(
         partitions=PARTITIONS,
     )
     store = S3MediaStore.from_settings(settings, key_prefix=f'idx-{uuid.uuid4().hex[:8]}')
-    group = f'{settings.topic_prefix}.members'
+    group = f'{settings.topics.topic_prefix}.members'
     checkpoints = Checkpoints.from_settings(settings, group=group, interval_s=3600)
     async with (
         EventLog(settings) as log,

@@ -57,8 +57,8 @@ def tls_settings(https_stack: EmbeddedStack) -> Settings:
 
 async def logged_values(settings: Settings) -> list[bytes]:
     consumer = AIOKafkaConsumer(
-        settings.step_events_topic,
-        bootstrap_servers=settings.bootstrap_servers,
+        settings.topics.step_events_topic,
+        bootstrap_servers=settings.kafka.bootstrap_servers,
         auto_offset_reset='earliest',
         enable_auto_commit=False,
     )
@@ -78,8 +78,10 @@ async def test_agent_to_log_to_projection_with_media_and_checkpoints_over_https(
     tls_settings: Settings, tmp_path: Path
 ) -> None:
     settings = tls_settings
-    assert settings.s3_endpoint is not None and settings.s3_endpoint.startswith('https://')
-    checkpoints = Checkpoints.from_settings(settings, group=f'{settings.topic_prefix}.tls', interval_s=3600)
+    assert settings.media.s3_endpoint is not None and settings.media.s3_endpoint.startswith('https://')
+    checkpoints = Checkpoints.from_settings(
+        settings, group=f'{settings.topics.topic_prefix}.tls', interval_s=3600
+    )
     async with (
         EventLog(settings) as log,  # its start lists the bucket over HTTPS
         Projector(settings, db_path=tmp_path / 'projection') as projector,
@@ -103,7 +105,7 @@ async def test_agent_to_log_to_projection_with_media_and_checkpoints_over_https(
     assert values and all(TOOL_OUTPUT.encode() not in value for value in values)
     assert any(b'media+sha256://' in value for value in values)
     assert uploaded
-    listed = [c.key for p in range(settings.partitions) for c in await checkpoints.list(p)]
+    listed = [c.key for p in range(settings.topics.partitions) for c in await checkpoints.list(p)]
     assert sorted(listed) == sorted(c.key for c in uploaded)
 
 
@@ -122,9 +124,9 @@ async def test_an_untrusted_certificate_fails_at_start_naming_the_ca_setting(
 
 
 async def test_plain_http_against_the_https_endpoint_says_to_use_https(tls_settings: Settings) -> None:
-    assert tls_settings.s3_endpoint is not None
+    assert tls_settings.media.s3_endpoint is not None
     settings = tls_settings.replace(
-        s3_endpoint=tls_settings.s3_endpoint.replace('https://', 'http://'), s3_cafile=None
+        s3_endpoint=tls_settings.media.s3_endpoint.replace('https://', 'http://'), s3_cafile=None
     )
     with pytest.raises(MediaUnavailable) as err:
         await S3MediaStore.from_settings(settings).check()

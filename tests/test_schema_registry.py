@@ -192,7 +192,7 @@ async def test_registry_mode_writes_what_confluent_kafkas_avro_deserializer_read
         await run_agents(log, 'outside')
         position = await log.flush()
     # One look-up per schema (not found in a fresh registry: registered), for all the records.
-    prefix = registry_settings.topic_prefix
+    prefix = registry_settings.topics.topic_prefix
     assert sorted(gate.requests) == [
         f'POST /subjects/{prefix}.step-events-value',
         f'POST /subjects/{prefix}.step-events-value/versions',
@@ -245,9 +245,9 @@ async def test_kcat_reads_the_registry_format(registry_settings: Settings) -> No
     async with EventLog(registry_settings) as log:
         await run_agents(log, 'kcat')
         position = await log.flush()
-    topic = registry_settings.step_events_topic
-    command = ['kcat', '-C', '-b', registry_settings.bootstrap_servers, '-t', topic, '-e', '-q']
-    command += ['-s', 'value=avro', '-r', registry_settings.schema_registry_url or '', '-f', '%s\n']
+    topic = registry_settings.topics.step_events_topic
+    command = ['kcat', '-C', '-b', registry_settings.kafka.bootstrap_servers, '-t', topic, '-e', '-q']
+    command += ['-s', 'value=avro', '-r', registry_settings.registry.schema_registry_url or '', '-f', '%s\n']
     output = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True).stdout
     values = [json.loads(line) for line in output.splitlines() if line.strip()]
     assert len(values) == sum(n for tp, n in position.items() if tp.topic == topic)
@@ -335,12 +335,13 @@ async def test_confluent_records_that_cannot_be_read_go_to_the_dlq(
     registry_settings: Settings, db_path: Path
 ) -> None:
     settings = registry_settings
-    topic = settings.step_events_topic
+    topic = settings.topics.step_events_topic
     async with SchemaRegistry(settings) as registry:
         step_event_id = await registry.id_of(subject_of(topic), STEP_EVENT_SCHEMA)
         foreign = {'type': 'record', 'name': 'Other', 'fields': [{'name': 'x', 'type': 'long'}]}
         response = await registry._client.post(
-            f'/subjects/{settings.topic_prefix}.foreign-value/versions', json={'schema': json.dumps(foreign)}
+            f'/subjects/{settings.topics.topic_prefix}.foreign-value/versions',
+            json={'schema': json.dumps(foreign)},
         )
         foreign_id = response.json()['id']
     good = to_confluent(encode(event('h', 0, 'run_started')), step_event_id)
@@ -351,8 +352,8 @@ async def test_confluent_records_that_cannot_be_read_go_to_the_dlq(
         good,
     ]
     await ensure_topics(settings)
-    partition = murmur2_partition(b'h', settings.partitions)
-    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
+    partition = murmur2_partition(b'h', settings.topics.partitions)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers)
     await producer.start()
     try:
         for value in values:
@@ -538,7 +539,7 @@ async def run_agents(log: EventLog, conversation: str) -> None:
 
 async def read_raw(settings: Settings, position: Position) -> dict[tuple[str, int, int], bytes]:
     """Every value up to `position`, as it is in the log, by (topic, partition, offset)."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka.bootstrap_servers, enable_auto_commit=False)
     await consumer.start()
     found: dict[tuple[str, int, int], bytes] = {}
     try:
@@ -565,11 +566,11 @@ def read_with_confluent_kafka(settings: Settings, position: Position) -> dict[tu
     from confluent_kafka.schema_registry.avro import AvroDeserializer
     from confluent_kafka.serialization import StringDeserializer
 
-    client = SchemaRegistryClient({'url': settings.schema_registry_url})
+    client = SchemaRegistryClient({'url': settings.registry.schema_registry_url})
     consumer = DeserializingConsumer(
         {
-            'bootstrap.servers': settings.bootstrap_servers,
-            'group.id': f'{settings.topic_prefix}.outside',
+            'bootstrap.servers': settings.kafka.bootstrap_servers,
+            'group.id': f'{settings.topics.topic_prefix}.outside',
             'enable.auto.commit': False,
             'key.deserializer': StringDeserializer('utf_8'),
             'value.deserializer': AvroDeserializer(client),
@@ -606,7 +607,9 @@ def as_avro_dict(record: LogRecord) -> dict[str, Any]:
 
 async def dlq_details(settings: Settings, count: int) -> list[str]:
     consumer = AIOKafkaConsumer(
-        settings.dlq_topic, bootstrap_servers=settings.bootstrap_servers, auto_offset_reset='earliest'
+        settings.topics.dlq_topic,
+        bootstrap_servers=settings.kafka.bootstrap_servers,
+        auto_offset_reset='earliest',
     )
     await consumer.start()
     details: list[str] = []

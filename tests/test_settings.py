@@ -44,9 +44,9 @@ def test_env_round_trip() -> None:
 def test_defaults_without_environment() -> None:
     settings = Settings.from_env({})
     assert settings == Settings()
-    assert settings.step_events_topic == 'stepstream.step-events'
-    assert settings.tool_effects_topic == 'stepstream.tool-effects'
-    assert settings.dlq_topic == 'stepstream.dlq'
+    assert settings.topics.step_events_topic == 'stepstream.step-events'
+    assert settings.topics.tool_effects_topic == 'stepstream.tool-effects'
+    assert settings.topics.dlq_topic == 'stepstream.dlq'
 
 
 def test_bad_values_name_the_variable() -> None:
@@ -65,9 +65,9 @@ def test_flags_override_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     Settings.add_arguments(parser)
     args = parser.parse_args(['--topic-prefix', 'from-flag', '--media-threshold-bytes', '4096'])
     settings = Settings.from_args(args)
-    assert settings.topic_prefix == 'from-flag'
-    assert settings.media_threshold_bytes == 4096
-    assert settings.s3_bucket == 'env-bucket'
+    assert settings.topics.topic_prefix == 'from-flag'
+    assert settings.media.media_threshold_bytes == 4096
+    assert settings.media.s3_bucket == 'env-bucket'
 
 
 def test_security_settings_round_trip_and_hide_the_password(tmp_path: Path) -> None:
@@ -81,9 +81,12 @@ def test_security_settings_round_trip_and_hide_the_password(tmp_path: Path) -> N
         'STEPSTREAM_SSL_CAFILE': '/etc/kafka/ca.pem',
     }
     settings = Settings.from_env(env)
-    assert settings.security_protocol == 'SASL_SSL' and settings.sasl_mechanism == 'SCRAM-SHA-512'
-    assert settings.sasl_password is not None and settings.sasl_password.get_secret_value() == 's3cr3t'
-    assert 's3cr3t' not in repr(settings) and 's3cr3t' not in str(settings.sasl_password)
+    assert settings.kafka.security_protocol == 'SASL_SSL' and settings.kafka.sasl_mechanism == 'SCRAM-SHA-512'
+    assert (
+        settings.kafka.sasl_password is not None
+        and settings.kafka.sasl_password.get_secret_value() == 's3cr3t'
+    )
+    assert 's3cr3t' not in repr(settings) and 's3cr3t' not in str(settings.kafka.sasl_password)
     # A child process is handed the secret itself, and reads back the same settings.
     assert settings.to_env()['STEPSTREAM_SASL_PASSWORD'] == 's3cr3t'
     assert Settings.from_env(settings.to_env()) == settings
@@ -172,8 +175,8 @@ def test_registry_settings_round_trip_and_hide_the_password(tmp_path: Path) -> N
         'STEPSTREAM_SCHEMA_REGISTRY_CAFILE': '/etc/registry/ca.pem',
     }
     settings = Settings.from_env(env)
-    assert settings.schema_registry_password is not None
-    assert settings.schema_registry_password.get_secret_value() == 'api-secret'
+    assert settings.registry.schema_registry_password is not None
+    assert settings.registry.schema_registry_password.get_secret_value() == 'api-secret'
     assert 'api-secret' not in repr(settings)
     assert Settings.from_env(settings.to_env()) == settings
     parser = argparse.ArgumentParser()

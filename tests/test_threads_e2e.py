@@ -152,7 +152,7 @@ async def test_the_logs_loop_keeps_a_worker_run_alive_and_ends_it_on_close(
     assert isinstance(await running, StepStreamError)  # its next record found the log closed
     position = log.position
     by_run = await records_by_run(settings, position)
-    kinds = [kind_of(record) for record in by_run['open', settings.step_events_topic]]
+    kinds = [kind_of(record) for record in by_run['open', settings.topics.step_events_topic]]
     assert 'run_heartbeat' in kinds and kinds[-1] == 'run_cancelled', kinds
     async with Projector(settings, db_path=db_path) as projector:
         await projector.wait_for(position)

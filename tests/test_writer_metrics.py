@@ -52,10 +52,10 @@ async def _records_by_topic(settings: Settings) -> dict[str, int]:
     try:
         held = {}
         for label, topic in (
-            ('step-events', settings.step_events_topic),
-            ('tool-effects', settings.tool_effects_topic),
+            ('step-events', settings.topics.step_events_topic),
+            ('tool-effects', settings.topics.tool_effects_topic),
         ):
-            partitions = [TopicPartition(topic, p) for p in range(settings.partitions)]
+            partitions = [TopicPartition(topic, p) for p in range(settings.topics.partitions)]
             held[label] = sum((await consumer.end_offsets(partitions)).values())
         return held
     finally:

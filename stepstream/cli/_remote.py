@@ -40,8 +40,8 @@ class Answer:
 
 def service_url(stack_dir: str, settings: Settings) -> str | None:
     """The read service a view should ask, or None to read the projection here."""
-    if settings.serve_url is not None:
-        return settings.serve_url
+    if settings.serve.serve_url is not None:
+        return settings.serve.serve_url
     from stepstream.cli.stack import running_stack
     from stepstream.errors import UsageError
 
@@ -63,8 +63,8 @@ def ask(url: str, view: str, query: dict[str, str], settings: Settings) -> Answe
     connection_type = http.client.HTTPSConnection if parts.scheme == 'https' else http.client.HTTPConnection
     connection = connection_type(parts.netloc, timeout=CONNECT_TIMEOUT_S)
     headers = {'Accept': 'text/plain'}
-    if settings.serve_token is not None:
-        headers['Authorization'] = f'Bearer {settings.serve_token.get_secret_value()}'
+    if settings.serve.serve_token is not None:
+        headers['Authorization'] = f'Bearer {settings.serve.serve_token.get_secret_value()}'
     path = f'{parts.path.rstrip("/")}/api/console/{urllib.parse.quote(view)}'
     run_id = query.pop('run_id', None)
     if run_id is not None:  # a view of one run: its own path, as the API's other run reads

@@ -97,7 +97,7 @@ async def projector_service(args: argparse.Namespace, settings: Settings) -> int
     from stepstream.projector import Checkpoints, GroupMember, Projector
     from stepstream.service_log import BrokerLossLog
 
-    loss = BrokerLossLog(settings.bootstrap_servers)
+    loss = BrokerLossLog(settings.kafka.bootstrap_servers)
     for handler in logging.getLogger().handlers:
         handler.addFilter(loss)
     stop = asyncio.Event()
@@ -136,7 +136,7 @@ async def projector_service(args: argparse.Namespace, settings: Settings) -> int
         max_snapshots_per_run=args.max_snapshots_per_run,
     ) as projector:
         of_group = f' (member of {args.group})' if args.group else ''
-        print(f'projector: {settings.bootstrap_servers} -> {projector.db_path}{of_group}', flush=True)
+        print(f'projector: {settings.kafka.bootstrap_servers} -> {projector.db_path}{of_group}', flush=True)
         probes = _probe_server(args, projector)
         stopping = asyncio.create_task(stop.wait())
         running = asyncio.create_task(projector.join())
