@@ -61,7 +61,7 @@ from stepstream.producer._run import RunWriter, _usage_of
 from stepstream.producer._run import SnapshotSaved as SnapshotSaved
 from stepstream.producer._snapshots import SnapshotWriter
 from stepstream.schemas import StepEvent, ToolEffectTransition
-from stepstream.settings import SETTING_NAMES, Settings
+from stepstream.settings import SETTING_NAMES, MediaSettings, Settings
 from stepstream.signing import Signer
 
 logger = logging.getLogger('stepstream.producer')
@@ -140,8 +140,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
             )
         threshold = self.threshold_bytes
         limit = getattr(self.log, 'max_record_bytes', None)
-        if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold <= 0:
-            raise ValueError(f'media_threshold_bytes must be a positive int, got {threshold!r}')
+        MediaSettings.check_threshold(threshold, 'media_threshold_bytes')
         if limit is not None and threshold >= limit:
             raise ValueError(
                 f'media_threshold_bytes ({threshold}) must stay below the record limit ({limit}): '
@@ -160,7 +159,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         if self.media_store is not None:
             return self.media_store
         if self._default_store is None:
-            self._default_store = S3MediaStore.from_settings(self.log.settings)
+            self._default_store = S3MediaStore.from_settings(self.log.settings.media)
         return self._default_store
 
     @classmethod

@@ -144,7 +144,7 @@ class EventLog:
         self.liveness = Liveness(self, settings.liveness.heartbeat_interval_s)
         """The open runs of this process, kept alive on the log by heartbeats."""
         self._framing = Framing(settings)
-        self._sender = Sender(settings, self._framing)
+        self._sender = Sender(settings.kafka, settings.topics, self._framing)
         self._accumulator = Accumulator(linger_ms, lambda queued: self._hand_batches(queued))
         """Hands over through `_hand_batches`, looked up at each hand-over (bench.handovers wraps it)."""
         self._crossing = Crossing(self._accumulator)
@@ -216,7 +216,7 @@ class EventLog:
             self.enable_idempotence = await supports_idempotence(self.settings)
         # aiokafka binds a producer to the running loop, so it is made here, not in __init__.
         producer = AIOKafkaProducer(
-            **client_options(self.settings),
+            **client_options(self.settings.kafka),
             acks='all',
             linger_ms=0,  # the log lingers itself, and sends at once at a durability point
             compression_type=self.compression_type,
@@ -240,7 +240,9 @@ class EventLog:
                     await producer.client.add_topic(topic)
         except (KafkaError, OSError, TimeoutError) as exc:
             await producer.stop()
-            raise await connection_error(self.settings, 'did not accept a producer connection', exc) from exc
+            raise await connection_error(
+                self.settings.kafka, 'did not accept a producer connection', exc
+            ) from exc
         try:
             await self._check_media_store()
             if self.sealer is not None and self.create_topics:
@@ -275,7 +277,7 @@ class EventLog:
             async with asyncio.timeout(self.settings.kafka.ack_timeout_s):
                 await producer.send_and_wait(key_topic(self.settings), value, key=key)
         except (KafkaError, TimeoutError) as exc:
-            error = unavailable(self.settings, 'did not acknowledge a conversation key', exc)
+            error = unavailable(self.settings.kafka, 'did not acknowledge a conversation key', exc)
             failed(error)
             raise error from exc
 
@@ -292,7 +294,7 @@ class EventLog:
             s.s3_endpoint is not None or s.s3_access_key_id is not None or s.s3_bucket != defaults.s3_bucket
         )
         try:
-            await S3MediaStore.from_settings(self.settings).check()
+            await S3MediaStore.from_settings(self.settings.media).check()
         except MediaUnavailable as exc:
             if configured:
                 raise
@@ -429,7 +431,7 @@ class EventLog:
                 if isinstance(exc, StepStreamError):  # the log closed before the record reached it
                     raise exc
                 if exc is not None:
-                    raise unavailable(self.settings, 'rejected a record', exc) from exc
+                    raise unavailable(self.settings.kafka, 'rejected a record', exc) from exc
         except StepStreamError as error:  # counted once, by what the caller gets (not a cancellation)
             failed(error)
             raise
@@ -459,7 +461,7 @@ class EventLog:
             error: StepStreamError = (
                 SchemaRegistryError(str(self._framing.failure))
                 if self._framing.failure is not None
-                else unavailable(self.settings, f'did not take {waiting} record(s){waited}')
+                else unavailable(self.settings.kafka, f'did not take {waiting} record(s){waited}')
             )
             failed(error)
             raise error from None

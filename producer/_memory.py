@@ -264,7 +264,9 @@ class InMemoryLog:
             await all_done(waiters, limit)
             if not all(waiter.done() for waiter in waiters):
                 others = sum(len(turn) for loop, turn in list(self._turns.items()) if loop is not here)
-                raise unavailable(self.settings, f'did not acknowledge {len(self._held) + others} record(s)')
+                raise unavailable(
+                    self.settings.kafka, f'did not acknowledge {len(self._held) + others} record(s)'
+                )
         await asyncio.sleep(0)  # acknowledgements scheduled for this loop turn
         with self._lock:
             return dict(self._written)

@@ -96,9 +96,9 @@ async def await_acks(settings: Settings, acks: Iterable[Ack], timeout: float | N
         await all_done(pending, limit)
         not_done = sum(not a.done() for a in pending)
         if not_done:
-            raise unavailable(settings, f'did not acknowledge {not_done} record(s)')
+            raise unavailable(settings.kafka, f'did not acknowledge {not_done} record(s)')
     if any(ack.cancelled() for ack in acks):
-        raise unavailable(settings, 'did not acknowledge a cancelled send')
+        raise unavailable(settings.kafka, 'did not acknowledge a cancelled send')
 
 
 async def all_done(futures: Sequence[asyncio.Future[Any]], timeout: float) -> None:

@@ -26,7 +26,7 @@ from stepstream.kafka_client import AUTHORIZATION_ERRORS, access_denied
 from stepstream.producer._framing import Framing
 from stepstream.producer._protocol import Ack
 from stepstream.schemas import UNCHAINED_KINDS, LogRecord, StepEvent
-from stepstream.settings import Settings
+from stepstream.settings import KafkaSettings, TopicSettings
 from stepstream.telemetry import ack_latency, records_appended
 from stepstream.topics import Position
 
@@ -88,8 +88,9 @@ class Kept:
 class Sender:
     """Hands records to one producer, keeps and resends the ones the broker did not take."""
 
-    def __init__(self, settings: Settings, framing: Framing) -> None:
-        self.settings = settings
+    def __init__(self, kafka: KafkaSettings, topics: TopicSettings, framing: Framing) -> None:
+        self.kafka = kafka
+        self.topics = topics
         self.framing = framing
         self.producer: AIOKafkaProducer | None = None
         """Set while the log is started: aiokafka binds a producer to the running loop."""
@@ -147,7 +148,7 @@ class Sender:
         if lost:
             logger.warning(
                 'stepstream: Kafka at %s did not take %d record(s) before the log closed%s (run_id: seqs) %s',
-                self.settings.kafka.bootstrap_servers,
+                self.kafka.bootstrap_servers,
                 sum(len(seqs) for seqs in lost.values()),
                 why,
                 lost,
@@ -195,9 +196,9 @@ class Sender:
 
     def no_write(self, exc: BaseException | None) -> StepStreamError:
         assert exc is not None
-        topics = f'{self.settings.topics.step_events_topic} and {self.settings.topics.tool_effects_topic}'
+        topics = f'{self.topics.step_events_topic} and {self.topics.tool_effects_topic}'
         return access_denied(
-            self.settings,
+            self.kafka,
             f'write to {topics}',
             exc,
             fix=f'grant it WRITE on {topics} (the producer ACL), or use the producer principal',
@@ -215,7 +216,7 @@ class Sender:
             try:
                 if deadline:
                     # asyncio.timeout, not wait_for: no extra task per record on the hot path.
-                    async with asyncio.timeout(self.settings.kafka.ack_timeout_s):
+                    async with asyncio.timeout(self.kafka.ack_timeout_s):
                         sent = await self.send(out, functools.partial(self._handed, out, ack))
                 else:
                     sent = await self.send(out, functools.partial(self._handed, out, ack))
@@ -300,7 +301,7 @@ class Sender:
     async def _resend_run(self, run_id: str) -> None:
         sent: list[Ack] = []
         try:
-            async with asyncio.timeout(self.settings.kafka.ack_timeout_s):
+            async with asyncio.timeout(self.kafka.ack_timeout_s):
                 for entry in list(self.kept.get(run_id, ())):
                     if entry.resending is not None and not entry.resending.done():
                         sent.append(entry.resending)  # still on its way from an earlier pass

@@ -36,7 +36,7 @@ def make_consumer(
     stored offsets at its beginning.
     """
     return AIOKafkaConsumer(
-        **client_options(settings),
+        **client_options(settings.kafka),
         group_id=group_id,
         client_id='stepstream-projector',
         enable_auto_commit=False,
@@ -69,7 +69,7 @@ async def connect(
     except (KafkaError, OSError, TimeoutError) as exc:
         await consumer.stop()
         await dead_letters.stop()
-        raise await connection_error(settings, 'did not accept the projector', exc) from exc
+        raise await connection_error(settings.kafka, 'did not accept the projector', exc) from exc
 
 
 async def take_partitions(
@@ -99,7 +99,7 @@ def may_not_read(
         joined = ' and '.join(topics)
         what, grant = f'read {joined}', f'READ on {joined}'
     fix = f'grant it {grant} (the projector ACL), or use the projector principal'
-    return access_denied(settings, what, exc, fix=fix)
+    return access_denied(settings.kafka, what, exc, fix=fix)
 
 
 async def end_position(consumer: AIOKafkaConsumer) -> Position:

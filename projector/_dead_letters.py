@@ -108,7 +108,7 @@ class DeadLetterSender:
     async def start(self) -> None:
         """Connect the DLQ producer (`acks=all`)."""
         producer = AIOKafkaProducer(
-            **client_options(self.settings), acks='all', client_id='stepstream-projector-dlq'
+            **client_options(self.settings.kafka), acks='all', client_id='stepstream-projector-dlq'
         )
         try:
             await asyncio.wait_for(producer.start(), self.settings.kafka.ack_timeout_s)
@@ -135,7 +135,7 @@ class DeadLetterSender:
                 return True
             except AUTHORIZATION_ERRORS as exc:
                 raise access_denied(
-                    self.settings,
+                    self.settings.kafka,
                     f'write dead letters to {self.settings.topics.dlq_topic}',
                     exc,
                     fix=f'grant it WRITE on {self.settings.topics.dlq_topic} (the projector ACL)',
@@ -174,7 +174,7 @@ class DeadLetterSender:
         except AUTHORIZATION_ERRORS:
             raise
         except (KafkaError, TimeoutError) as exc:
-            raise unavailable(self.settings, 'did not acknowledge dead-lettered records', exc) from exc
+            raise unavailable(self.settings.kafka, 'did not acknowledge dead-lettered records', exc) from exc
 
 
 def dlq_envelope(letter: Rejection, topic: str) -> bytes:

@@ -139,7 +139,7 @@ class Projector:
         self.session_timeout_ms = member.session_timeout_ms if member is not None else SESSION_TIMEOUT_MS
         given = member.membership if member is not None else None
         self.membership = given if given is not None else Membership()
-        self.media_store: MediaStore = media_store or S3MediaStore.from_settings(settings)
+        self.media_store: MediaStore = media_store or S3MediaStore.from_settings(settings.media)
         self.keys = KeyRing(settings) if settings.security.erasure_key is not None else None
         """Erasure on: the conversation keys its readers open sealed content with, in memory only."""
         self._topics = (settings.topics.step_events_topic, settings.topics.tool_effects_topic)

@@ -92,7 +92,7 @@ class ProjectionReader:
     ) -> ProjectionReader:
         """Open a projection that projectors (maybe in other processes) are writing.
 
-        Give `media_store` (e.g. `S3MediaStore.from_settings(settings)`) to read snapshots whose
+        Give `media_store` (e.g. `S3MediaStore.from_settings(settings.media)`) to read snapshots whose
         large payloads were offloaded, and `keys` (`KeyRing(settings)`) when erasure is on.
         """
         root = check_projection(path, create=False)
@@ -120,7 +120,9 @@ class ProjectionReader:
         keys = KeyRing(settings) if settings.security.erasure_key is not None else None
         reader = cls.open(
             settings.projection.db_path,
-            media_store=media_store if media_store is not None else S3MediaStore.from_settings(settings),
+            media_store=media_store
+            if media_store is not None
+            else S3MediaStore.from_settings(settings.media),
             stale_after_s=settings.liveness.stale_after_s,
             keys=keys,
         )

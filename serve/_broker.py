@@ -66,7 +66,7 @@ async def dead_letters(settings: Settings, limit: int = 50) -> DeadLetters:
 def _consumer(settings: Settings) -> AIOKafkaConsumer:
     timeout_ms = int(settings.kafka.ack_timeout_s * 1000)
     return AIOKafkaConsumer(
-        **client_options(settings),
+        **client_options(settings.kafka),
         enable_auto_commit=False,
         request_timeout_ms=max(timeout_ms, 5000),
         client_id='stepstream-serve',

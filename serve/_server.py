@@ -59,7 +59,7 @@ def app_for(
     lists from every member; `observer` (its projector's) joins the service's `/metrics` and
     answers `/healthz` and `/readyz`.
     """
-    store = media_store if media_store is not None else S3MediaStore.from_settings(settings)
+    store = media_store if media_store is not None else S3MediaStore.from_settings(settings.media)
     owned = reader is None
     reader = reader if reader is not None else ProjectionReader.from_settings(settings, media_store=store)
     token = settings.serve.serve_token.get_secret_value() if settings.serve.serve_token is not None else None

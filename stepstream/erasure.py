@@ -367,7 +367,7 @@ class KeyRing:
         topic = key_topic(self.settings)
         await ensure_key_topic(self.settings)
         consumer = AIOKafkaConsumer(
-            **client_options(self.settings),
+            **client_options(self.settings.kafka),
             enable_auto_commit=False,
             auto_offset_reset='earliest',
             fetch_max_wait_ms=50,
@@ -399,7 +399,7 @@ async def ensure_key_topic(settings: Settings) -> None:
 
     topic = key_topic(settings)
     admin = AIOKafkaAdminClient(
-        **client_options(settings), request_timeout_ms=int(settings.kafka.ack_timeout_s * 1000)
+        **client_options(settings.kafka), request_timeout_ms=int(settings.kafka.ack_timeout_s * 1000)
     )
     await asyncio.wait_for(admin.start(), settings.kafka.ack_timeout_s)
     try:

@@ -138,7 +138,7 @@ async def _tombstone(settings: Settings, record_keys: list[bytes]) -> None:
 
     from stepstream.kafka_client import client_options
 
-    producer = AIOKafkaProducer(**client_options(settings), acks='all', client_id='stepstream-forget')
+    producer = AIOKafkaProducer(**client_options(settings.kafka), acks='all', client_id='stepstream-forget')
     await asyncio.wait_for(producer.start(), settings.kafka.ack_timeout_s)
     try:
         topic = key_topic(settings)

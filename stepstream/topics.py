@@ -109,14 +109,14 @@ async def ensure_topics(settings: Settings, *, create: bool = True, dlq: bool = 
 async def _admin(settings: Settings, failing: str) -> AIOKafkaAdminClient:
     """A started admin client (close it), or the connection error that says `failing` and why."""
     admin = AIOKafkaAdminClient(
-        **client_options(settings),
+        **client_options(settings.kafka),
         request_timeout_ms=int(settings.kafka.ack_timeout_s * 1000),
     )
     try:
         await asyncio.wait_for(admin.start(), settings.kafka.ack_timeout_s)
     except (KafkaError, OSError, TimeoutError) as exc:
         await admin.close()
-        raise await connection_error(settings, failing, exc) from exc
+        raise await connection_error(settings.kafka, failing, exc) from exc
     return admin
 
 
@@ -146,7 +146,7 @@ async def _create(admin: AIOKafkaAdminClient, settings: Settings, topics: list[s
 
 def _may_not_create(settings: Settings, topics: list[str], exc: BaseException) -> StepStreamError:
     return access_denied(
-        settings,
+        settings.kafka,
         f'create the missing topics {topics}',
         exc,
         fix='run `stepstream topics ensure` once with an admin principal (one allowed to create '
@@ -191,11 +191,11 @@ def murmur2_partition(key: bytes, partitions: int) -> int:
 async def started_consumer(settings: Settings, **options: Any) -> AIOKafkaConsumer:
     """A started consumer without a group (stop it), or the connection error that says why not.
 
-    `options` are aiokafka's, over `client_options(settings)`, no auto-commit and a request
+    `options` are aiokafka's, over `client_options(settings.kafka)`, no auto-commit and a request
     timeout of `ack_timeout_s`.
     """
     consumer = AIOKafkaConsumer(
-        **client_options(settings),
+        **client_options(settings.kafka),
         enable_auto_commit=False,
         request_timeout_ms=max(1000, int(settings.kafka.ack_timeout_s * 1000)),
         **options,
@@ -204,7 +204,7 @@ async def started_consumer(settings: Settings, **options: Any) -> AIOKafkaConsum
         await asyncio.wait_for(consumer.start(), settings.kafka.ack_timeout_s)
     except (KafkaError, OSError, TimeoutError) as exc:
         await consumer.stop()
-        raise await connection_error(settings, 'did not accept a consumer connection', exc) from exc
+        raise await connection_error(settings.kafka, 'did not accept a consumer connection', exc) from exc
     return consumer
 
 
@@ -247,7 +247,7 @@ async def supports_idempotence(settings: Settings) -> bool:
     from aiokafka.protocol.transaction import InitProducerIdRequest
 
     client = AIOKafkaClient(
-        **client_options(settings),
+        **client_options(settings.kafka),
         request_timeout_ms=int(settings.kafka.ack_timeout_s * 1000),
     )
     loop = asyncio.get_running_loop()

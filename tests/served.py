@@ -244,7 +244,7 @@ async def served_projection(settings: Settings, db_path: Path) -> AsyncIterator[
         [orchestrator] = await reader.list_runs(agent_name='orchestrator')
         delegates = [r.run_id for r in await reader.list_runs(parent_run_id=orchestrator.run_id)]
         [image_run] = await reader.list_runs(agent_name='viewer')
-        opened = ProjectionReader.open(db_path, media_store=S3MediaStore.from_settings(settings))
+        opened = ProjectionReader.open(db_path, media_store=S3MediaStore.from_settings(settings.media))
         try:
             async with running(app_for(settings, reader=opened), port=0) as server:
                 yield Served(

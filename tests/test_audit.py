@@ -64,7 +64,7 @@ def topic_of(settings: Settings, role: str) -> str:
 async def read_log(settings: Settings) -> Log:
     topics = [settings.topics.step_events_topic, settings.topics.tool_effects_topic]
     counts = await partition_counts(settings, topics)
-    consumer = AIOKafkaConsumer(**client_options(settings), enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(**client_options(settings.kafka), enable_auto_commit=False)
     await consumer.start()
     try:
         log: Log = {}
@@ -92,7 +92,7 @@ async def copy_log(settings: Settings, log: Log) -> Settings:
     """The log written under a new topic prefix, each partition's records in the same order."""
     copy = settings.replace(topic_prefix=f'copy-{uuid.uuid4().hex[:10]}')
     await ensure_topics(copy)
-    producer = AIOKafkaProducer(**client_options(copy), acks='all', max_batch_size=1 << 20, linger_ms=5)
+    producer = AIOKafkaProducer(**client_options(copy.kafka), acks='all', max_batch_size=1 << 20, linger_ms=5)
     await producer.start()
     try:
         for (role, partition), messages in log.items():
@@ -124,7 +124,7 @@ def keys(tmp_path: Path) -> tuple[str, Path]:
 
 async def write_runs(settings: Settings) -> list[str]:
     """Signed, sealed runs: a delegating orchestrator, a worker with tool calls, plain answers."""
-    store = S3MediaStore.from_settings(settings)
+    store = S3MediaStore.from_settings(settings.media)
     run_ids: list[str] = []
     async with EventLog(settings) as log:
         from pydantic_ai import Agent
@@ -267,7 +267,7 @@ async def test_audit_names_every_tamper_and_verifies_an_untouched_copy(
     # Erasure destroys a conversation's key and rewrites no record: its runs still verify.
     async with Projector(settings, db_path=tmp_path / 'projection') as projector:
         await projector.catch_up()
-        store = S3MediaStore.from_settings(settings)
+        store = S3MediaStore.from_settings(settings.media)
         await forget_conversation(settings, 'conv-0', reader=projector.reader(), media_store=store)
     code, report = await verify(settings, tmp_path, public, '--checkpoint', str(checkpoint))
     assert code == 0, report
@@ -314,13 +314,13 @@ async def test_a_checkpoint_goes_to_s3_and_a_trimmed_log_reads_trimmed(
     assert code == 0, err
     key = out.strip().splitlines()[-1].split(f's3://{settings.media.s3_bucket}/', 1)[1]
     assert key.startswith('audit/checkpoints/')
-    stored = await obstore.get_async(S3MediaStore.from_settings(settings).object_store, key)
+    stored = await obstore.get_async(S3MediaStore.from_settings(settings.media).object_store, key)
     assert bytes(await stored.bytes_async()).decode() == checkpoint.read_text()
 
     log = await read_log(settings)
     where, messages = max(((w, m) for w, m in log.items() if w[0] == 'step_events'), key=lambda x: len(x[1]))
     cut = len(messages) // 2
-    admin = AIOKafkaAdminClient(**client_options(settings))
+    admin = AIOKafkaAdminClient(**client_options(settings.kafka))
     await admin.start()
     try:
         trimmed = TopicPartition(topic_of(settings, where[0]), where[1])

@@ -96,7 +96,7 @@ async def test_compose_kafka_with_its_certificates_users_and_acls_serves_every_r
         ssl_certfile=str(here.certs / 'operator-keystore.pem'),  # key and certificate
     )
     with running(apache_kafka.broker_command(java, lib, properties), log) as broker:
-        await until_answers(broker, client_options(operator), log, timeout=120)
+        await until_answers(broker, client_options(operator.kafka), log, timeout=120)
 
         # kafka-setup.sh as compose runs it: kafka-configs.sh is the broker's own ConfigCommand.
         tools = tmp_path / 'bin'

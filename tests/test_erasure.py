@@ -57,7 +57,7 @@ def sealed_settings(settings: Settings) -> Settings:
 
 def store_for(settings: Settings) -> tuple[S3MediaStore, str]:
     prefix = f'test-{uuid.uuid4().hex[:8]}/'
-    return S3MediaStore.from_settings(settings, key_prefix=prefix), prefix
+    return S3MediaStore.from_settings(settings.media, key_prefix=prefix), prefix
 
 
 def object_keys(store: S3MediaStore, prefix: str) -> set[str]:
@@ -330,7 +330,7 @@ async def test_the_cli_the_service_and_the_export_show_erased_content_as_erased(
     settings: Settings, tmp_path: Path
 ) -> None:
     settings = sealed_settings(settings)
-    store = S3MediaStore.from_settings(settings)  # the store the CLI and the service use
+    store = S3MediaStore.from_settings(settings.media)  # the store the CLI and the service use
     secret = f'SECRET-{uuid.uuid4().hex}'
     output = f'{secret} ' + 'x-ray finding\n' * 1000
     db_path = tmp_path / 'projection'

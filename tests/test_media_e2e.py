@@ -43,7 +43,7 @@ TOOL_OUTPUT = 'row,' * 50_000  # 200 KB
 
 def isolated_store(settings: Settings) -> tuple[S3MediaStore, str]:
     prefix = f'test-{uuid.uuid4().hex[:8]}/'
-    return S3MediaStore.from_settings(settings, key_prefix=prefix), prefix
+    return S3MediaStore.from_settings(settings.media, key_prefix=prefix), prefix
 
 
 async def raw_sizes(settings: Settings) -> list[int]:
@@ -247,7 +247,7 @@ async def test_a_run_that_succeeds_without_persistence_succeeds_with_it(
 
 def presigned_urls(settings: Settings) -> PublicUrlResolver:
     """Presigned GET URLs on the stack's bucket: what a model provider fetches from a private bucket."""
-    bucket = S3MediaStore.from_settings(settings).object_store
+    bucket = S3MediaStore.from_settings(settings.media).object_store
 
     async def resolve(uri: str, ctx: MediaContext, key: str) -> str:
         return await obstore.sign_async(bucket, 'GET', key, timedelta(minutes=10))
@@ -261,7 +261,7 @@ async def test_the_model_fetches_large_media_from_s3_and_the_log_keeps_the_bytes
     """MediaExternalizer on SeaweedFS: the model receives a URL, fetches the image by it, and the
     run's persisted history (shared store, one object) still continues with the image's bytes."""
     prefix = f'test-{uuid.uuid4().hex[:8]}/'
-    store = S3MediaStore.from_settings(settings, key_prefix=prefix, public_url=presigned_urls(settings))
+    store = S3MediaStore.from_settings(settings.media, key_prefix=prefix, public_url=presigned_urls(settings))
     fetched: list[bytes] = []
 
     async def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:

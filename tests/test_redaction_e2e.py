@@ -39,7 +39,7 @@ async def test_no_secret_reaches_anything_stepstream_writes(
     settings: Settings, tmp_path: Path, erasure: bool
 ) -> None:
     settings = sealed_settings(settings) if erasure else settings.replace(media_threshold_bytes=4096)
-    store = S3MediaStore.from_settings(settings)  # the store the CLI and the service use
+    store = S3MediaStore.from_settings(settings.media)  # the store the CLI and the service use
     tag = uuid.uuid4().hex
     secrets = {
         'under a key': f'key-{tag}',

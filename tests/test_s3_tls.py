@@ -23,6 +23,7 @@ from stepstream.media import S3MediaStore
 from stepstream.producer import EventLog, StepPersistence
 from stepstream.projector import Checkpoints, Projector, continue_run
 from stepstream.s3_client import client_options
+from stepstream.settings import MediaSettings
 
 from agents import calls_then_answers
 from certificates import TestCA
@@ -129,17 +130,17 @@ async def test_plain_http_against_the_https_endpoint_says_to_use_https(tls_setti
         s3_endpoint=tls_settings.media.s3_endpoint.replace('https://', 'http://'), s3_cafile=None
     )
     with pytest.raises(MediaUnavailable) as err:
-        await S3MediaStore.from_settings(settings).check()
+        await S3MediaStore.from_settings(settings.media).check()
     assert 'speaks HTTPS' in str(err.value) and 'use https:// in STEPSTREAM_S3_ENDPOINT' in str(err.value)
 
 
 def test_the_ca_file_is_checked_when_the_client_is_built(tmp_path: Path) -> None:
     endpoint = 'https://s3.example.com'
     with pytest.raises(MediaUnavailable, match=r"STEPSTREAM_S3_CAFILE='.*missing.pem' cannot be read"):
-        client_options(Settings(s3_endpoint=endpoint, s3_cafile=str(tmp_path / 'missing.pem')))
+        client_options(MediaSettings(s3_endpoint=endpoint, s3_cafile=str(tmp_path / 'missing.pem')))
     (tmp_path / 'not-a-ca.pem').write_text('hello')
     with pytest.raises(MediaUnavailable, match='holds no PEM certificate'):
-        client_options(Settings(s3_endpoint=endpoint, s3_cafile=str(tmp_path / 'not-a-ca.pem')))
+        client_options(MediaSettings(s3_endpoint=endpoint, s3_cafile=str(tmp_path / 'not-a-ca.pem')))
 
 
 def test_a_ca_file_with_a_plain_http_endpoint_is_refused() -> None:

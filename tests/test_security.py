@@ -113,7 +113,7 @@ async def test_the_whole_path_runs_over_sasl_ssl_with_scram_and_least_privilege(
     await run_a_librarian(producer, projector, tmp_path / 'projection')
 
     # The projector's rights also cover dead-lettering a poison record and committing its group.
-    raw = AIOKafkaProducer(**client_options(producer))
+    raw = AIOKafkaProducer(**client_options(producer.kafka))
     await raw.start()
     try:
         poison = await raw.send_and_wait(granted.topics.step_events_topic, b'not a record', key=b'run-x')
@@ -130,7 +130,7 @@ async def test_the_whole_path_runs_over_sasl_ssl_with_scram_and_least_privilege(
     consumer = AIOKafkaConsumer(
         granted.topics.step_events_topic,
         granted.topics.dlq_topic,
-        **client_options(analyst),
+        **client_options(analyst.kafka),
         group_id='analytics.audit',
         auto_offset_reset='earliest',
     )

@@ -9,6 +9,7 @@ import pytest
 from pydantic import SecretStr
 
 from stepstream import Settings
+from stepstream.settings import KafkaSettings
 
 pytestmark = [pytest.mark.fast, pytest.mark.once]
 
@@ -131,20 +132,20 @@ def test_one_place_builds_every_kafka_client_s_options(tmp_path: Path) -> None:
 
     from stepstream.kafka_client import client_options
 
-    plain = client_options(Settings())
+    plain = client_options(KafkaSettings())
     assert plain == {'bootstrap_servers': '127.0.0.1:9092', 'security_protocol': 'PLAINTEXT'}
     scram = client_options(
-        Settings(
+        KafkaSettings(
             security_protocol='SASL_SSL',
             sasl_mechanism='SCRAM-SHA-256',
             sasl_username='u',
-            sasl_password=SecretStr('p'),
+            sasl_password=SecretStr('p'),  # type: ignore[arg-type]
         )
     )
     assert scram['sasl_plain_username'] == 'u' and scram['sasl_plain_password'] == 'p'
     assert scram['ssl_context'].check_hostname  # hostname verification stays on
     oauth = client_options(
-        Settings(
+        KafkaSettings(
             security_protocol='SASL_SSL',
             sasl_mechanism='OAUTHBEARER',
             sasl_oauth_token_provider='secure_kafka:ProducerToken',
@@ -162,7 +163,7 @@ def test_a_ca_file_that_is_missing_or_not_a_certificate_names_the_variable(tmp_p
     for cafile, cause in [(tmp_path / 'missing.pem', 'cannot be read'), (garbage, 'holds no CA certificate')]:
         settings = Settings(security_protocol='SSL', ssl_cafile=str(cafile))
         with pytest.raises(SecureConnectionError, match=f'STEPSTREAM_SSL_CAFILE=.*{cause}'):
-            client_options(settings)
+            client_options(settings.kafka)
 
 
 def test_registry_settings_round_trip_and_hide_the_password(tmp_path: Path) -> None:

@@ -59,7 +59,7 @@ async def _step_records(settings: Settings, run_id: str) -> list[tuple[StepEvent
     partition = TopicPartition(
         settings.topics.step_events_topic, murmur2_partition(run_id.encode(), settings.topics.partitions)
     )
-    consumer = AIOKafkaConsumer(**client_options(settings), enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(**client_options(settings.kafka), enable_auto_commit=False)
     await consumer.start()
     try:
         consumer.assign([partition])
@@ -172,7 +172,7 @@ async def test_spans_metrics_and_trace_ids_under_an_sdk(
         for p in sdk.points('stepstream.projector.dead_lettered')
         if p.attributes['stepstream.reason'] == 'not_a_record'
     )
-    producer = AIOKafkaProducer(**client_options(settings))
+    producer = AIOKafkaProducer(**client_options(settings.kafka))
     await producer.start()
     try:
         sent = await producer.send_and_wait(

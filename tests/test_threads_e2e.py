@@ -193,7 +193,7 @@ async def records_by_run(
     settings: Settings, position: dict[TopicPartition, int]
 ) -> dict[tuple[str, str], list[LogRecord]]:
     """Every record up to `position`, per run and topic, in the order its partition holds them."""
-    consumer = AIOKafkaConsumer(**client_options(settings), enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(**client_options(settings.kafka), enable_auto_commit=False)
     await consumer.start()
     try:
         consumer.assign(list(position))

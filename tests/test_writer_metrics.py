@@ -47,7 +47,7 @@ WRITER = {name: spec for name, spec in CATALOGUE.items() if spec.source == 'writ
 
 async def _records_by_topic(settings: Settings) -> dict[str, int]:
     """The records each log topic holds (its end offsets: the test's topics are its own)."""
-    consumer = AIOKafkaConsumer(**client_options(settings), enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(**client_options(settings.kafka), enable_auto_commit=False)
     await consumer.start()
     try:
         held = {}

@@ -98,7 +98,7 @@ async def _forget(args: argparse.Namespace, settings: Settings) -> int:
 
     async with open_reader(settings) as reader:
         report = await forget_conversation(
-            settings, args.conversation, reader=reader, media_store=S3MediaStore.from_settings(settings)
+            settings, args.conversation, reader=reader, media_store=S3MediaStore.from_settings(settings.media)
         )
     if not report.keys_destroyed and not report.runs:
         raise NotFound(
@@ -211,7 +211,7 @@ async def _sweep_media(args: argparse.Namespace, settings: Settings, reader: Pro
         applied = await _applied(reader, settings, layout.partitions)
     report = await sweep_media(
         reader,
-        S3MediaStore.from_settings(settings),
+        S3MediaStore.from_settings(settings.media),
         grace=timedelta(hours=args.grace_hours),
         dry_run=args.dry_run,
     )

@@ -143,7 +143,7 @@ async def projector_service(args: argparse.Namespace, settings: Settings) -> int
         while not (stopping.done() or running.done()):
             await asyncio.wait([stopping, running], timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
             if loss.pending:
-                loss.checked(await broker_answers(settings))
+                loss.checked(await broker_answers(settings.kafka))
         if running.done():  # the loop ended without being asked to: it failed, and leaving the
             stopping.cancel()  # `async with` raises its error, which main() prints (exit code 1)
             return EXIT_FAILED

@@ -393,7 +393,7 @@ class EmbeddedStack:
     def _wait_s3(self, deadline: float) -> None:
         assert self._ports is not None
         log = self._bucket_access(LOG_BUCKET) if self._durable else None
-        options = client_options(self._build_settings())  # as every S3 client of these settings
+        options = client_options(self._build_settings().media)  # as every S3 client of these settings
         probe = _seaweedfs.ready_probe(self._ports.s3, options, self._bucket_access(self._bucket), log)
         self._wait(S3, probe, deadline)
 

@@ -84,12 +84,22 @@ class MediaSettings:
 
     def __post_init__(self) -> None:
         as_secret(self, 's3_secret_access_key')
-        positive(self, 'media_threshold_bytes')
+        MediaSettings.check_threshold(self.media_threshold_bytes, name('media_threshold_bytes'))
         if self.s3_cafile and (self.s3_endpoint or '').startswith('http://'):
             raise ValueError(
                 f'{name("s3_cafile")} is set but {name("s3_endpoint")} is {self.s3_endpoint}, '
                 'which is not TLS: use an https:// endpoint, or drop the CA file'
             )
+
+    @staticmethod
+    def check_threshold(value: object, what: str) -> None:
+        """Refuse a media threshold that is not a positive int, naming `what`: the one check of it.
+
+        The setting's, and that of the parts that take a threshold directly (`offload_media`,
+        `StepPersistence(media_threshold_bytes=...)`, `MediaExternalizer`).
+        """
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f'{what} must be a positive int, got {value!r}')
 
 
 @dataclass(frozen=True, kw_only=True)
