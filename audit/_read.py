@@ -152,12 +152,12 @@ async def read_partitions(
     partition number of that run.
     """
     topics = (settings.topics.step_events_topic, settings.topics.tool_effects_topic)
-    counts = await partition_counts(settings, list(topics))
+    counts = await partition_counts(settings.kafka, list(topics))
     if not counts:
         return
     partitions = max(counts.values())
     consumer = await started_consumer(
-        settings,
+        settings.kafka,
         auto_offset_reset='earliest',
         fetch_max_wait_ms=50,  # a partition's last fetch must not wait out the default 500 ms
         fetch_max_bytes=32 * 1024 * 1024,
@@ -191,7 +191,7 @@ async def _read_partition(
     role = {tp: TOPIC_NAMES[0 if tp.topic == step_events else 1] for tp in tps}
     starts = await consumer.beginning_offsets(tps)
     listed = await consumer.end_offsets(tps)  # Tansu's can be short: `log_end_offsets` reads past it
-    ends = await log_end_offsets(settings, {(tp.topic, tp.partition): listed[tp] for tp in tps})
+    ends = await log_end_offsets(settings.kafka, {(tp.topic, tp.partition): listed[tp] for tp in tps})
     read = PartitionRead(partition=tps[0].partition)
     remaining: dict[TopicPartition, int] = {}
     resumed: dict[TopicPartition, tuple[int, int, str]] = {}

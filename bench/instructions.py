@@ -106,7 +106,7 @@ class RawLog:
         """Wait for the futures (`await_acks`)."""
         from stepstream.producer._protocol import await_acks
 
-        await await_acks(self.settings, acks, timeout)
+        await await_acks(self.settings.kafka, acks, timeout)
 
     async def flush(self, *, timeout: float | None = None) -> Any:
         """aiokafka's flush."""

@@ -213,7 +213,7 @@ class EventLog:
         layout = await ensure_topics(self.settings, create=self.create_topics, dlq=False)
         self._partition_count = layout.partitions
         if self.enable_idempotence is None:
-            self.enable_idempotence = await supports_idempotence(self.settings)
+            self.enable_idempotence = await supports_idempotence(self.settings.kafka)
         # aiokafka binds a producer to the running loop, so it is made here, not in __init__.
         producer = AIOKafkaProducer(
             **client_options(self.settings.kafka),
@@ -275,7 +275,7 @@ class EventLog:
         assert producer is not None
         try:
             async with asyncio.timeout(self.settings.kafka.ack_timeout_s):
-                await producer.send_and_wait(key_topic(self.settings), value, key=key)
+                await producer.send_and_wait(key_topic(self.settings.topics), value, key=key)
         except (KafkaError, TimeoutError) as exc:
             error = unavailable(self.settings.kafka, 'did not acknowledge a conversation key', exc)
             failed(error)
@@ -383,7 +383,9 @@ class EventLog:
             raise sender.denied
         key = record.run_id.encode()
         partition = self.partitioner(key, self._partition_count)
-        out = Outgoing(record, value, self.headers(record), key, topic_of(record, self.settings), partition)
+        out = Outgoing(
+            record, value, self.headers(record), key, topic_of(record, self.settings.topics), partition
+        )
         if asyncio.get_running_loop() is not self._loop:
             return self._crossing.append(out)  # refused when the log's loop no longer runs
         if self.linger_ms <= 0:
@@ -414,7 +416,7 @@ class EventLog:
             caller = self._crossing.wait_from_here(acks)
         try:  # free unless it raises (Python 3.11): a durability point pays nothing for the count
             try:
-                await await_acks(self.settings, acks, timeout)
+                await await_acks(self.settings.kafka, acks, timeout)
             except StepStreamUnavailable as missing:
                 if self._framing.failure is not None:  # the records wait for their schema id, not the broker
                     raise SchemaRegistryError(str(self._framing.failure)) from missing

@@ -111,7 +111,7 @@ class InMemoryLog:
         """
         route = self._routes.get((type(record), record.run_id))
         if route is None:
-            topic, key = topic_of(record, self.settings), record.run_id.encode()
+            topic, key = topic_of(record, self.settings.topics), record.run_id.encode()
             route = (
                 topic,
                 TopicPartition(topic, murmur2_partition(key, self.settings.topics.partitions)),
@@ -238,7 +238,7 @@ class InMemoryLog:
             waiter: asyncio.Future[None] = loop.create_future()  # the turn is this loop's: it ends later
             self._turn_waiters.setdefault(loop, []).append(waiter)
             await waiter
-        await await_acks(self.settings, acks, timeout)  # at once when all are done; the rules' checks
+        await await_acks(self.settings.kafka, acks, timeout)  # at once when all are done; the rules' checks
 
     async def flush(self, *, timeout: float | None = None) -> Position:
         """Wait until every record stored so far, by any loop, is acknowledged; the position written.

@@ -211,13 +211,14 @@ class Projector:
             retain_ended_us=self.shards.retain_ended_us,
         )
         self._wire = WireFormats(self.settings)
+        kafka = self.settings.kafka
         consumer = make_consumer(
-            self.settings,
+            kafka,
             group_id=self.group_id,
             membership=self.membership,
             session_timeout_ms=self.session_timeout_ms,
         )
-        await connect(self.settings, consumer, self.dead_letters, send_dead_letters=self.send_dead_letters)
+        await connect(kafka, consumer, self.dead_letters, send_dead_letters=self.send_dead_letters)
         self._consumer = consumer
         self._assignment.attach(consumer, layout)
         if self.group is None:
@@ -231,7 +232,7 @@ class Projector:
                 self._consumer = None
                 await consumer.stop()
                 await self.dead_letters.stop()
-                raise may_not_read(self.settings, self.group_id, self._topics, exc) from exc
+                raise may_not_read(self.settings.kafka, self.group_id, self._topics, exc) from exc
         else:
             consumer.subscribe(list(self._topics), listener=self._assignment.listener())
         self._stopping = False
@@ -276,7 +277,7 @@ class Projector:
                 await asyncio.wait_for(self.group_offsets.commit(self._consumer), timeout)
         # A member's shards are revoked (and closed) as its consumer leaves the group; with the
         # broker gone, `close()` closes them all the same.
-        await disconnect(self.settings, self._consumer, self.dead_letters)
+        await disconnect(self.settings.kafka, self._consumer, self.dead_letters)
         self._consumer = None
         wire, self._wire = self._wire, None
         if wire is not None:
@@ -392,7 +393,7 @@ class Projector:
         except asyncio.CancelledError:
             raise
         except AUTHORIZATION_ERRORS as exc:
-            failure = may_not_read(self.settings, self.group_id, self._topics, exc)
+            failure = may_not_read(self.settings.kafka, self.group_id, self._topics, exc)
             log.error('projector stopped: %s', failure)
             await self._position.fail(failure)
             raise failure from exc

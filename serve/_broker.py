@@ -21,7 +21,7 @@ from stepstream.kafka_client import client_options
 from stepstream.projector import DeadLetterHeaders
 from stepstream.readmodel import ProjectionReader
 from stepstream.serve._models import DeadLetter, DeadLetters, PartitionLag, Status
-from stepstream.settings import Settings
+from stepstream.settings import KafkaSettings, Settings
 from stepstream.topics import log_end_offsets, partition_counts
 
 
@@ -63,10 +63,10 @@ async def dead_letters(settings: Settings, limit: int = 50) -> DeadLetters:
         )
 
 
-def _consumer(settings: Settings) -> AIOKafkaConsumer:
-    timeout_ms = int(settings.kafka.ack_timeout_s * 1000)
+def _consumer(kafka: KafkaSettings) -> AIOKafkaConsumer:
+    timeout_ms = int(kafka.ack_timeout_s * 1000)
     return AIOKafkaConsumer(
-        **client_options(settings.kafka),
+        **client_options(kafka),
         enable_auto_commit=False,
         request_timeout_ms=max(timeout_ms, 5000),
         client_id='stepstream-serve',
@@ -75,7 +75,7 @@ def _consumer(settings: Settings) -> AIOKafkaConsumer:
 
 async def _partitions(settings: Settings, *topics: str) -> list[TopicPartition]:
     """The topics' partitions (none for a topic that does not exist), from the cluster now."""
-    counts = await partition_counts(settings, list(topics))
+    counts = await partition_counts(settings.kafka, list(topics))
     return [TopicPartition(topic, p) for topic in topics for p in range(counts.get(topic, 0))]
 
 
@@ -83,13 +83,13 @@ async def _log_ends(settings: Settings, applied: Mapping[tuple[str, int], int]) 
     """The end offset of every partition of both log topics (as `stepstream status` takes it)."""
     tps = await _partitions(settings, settings.topics.step_events_topic, settings.topics.tool_effects_topic)
     ends = await log_end_offsets(
-        settings, {(tp.topic, tp.partition): applied.get((tp.topic, tp.partition), 0) for tp in tps}
+        settings.kafka, {(tp.topic, tp.partition): applied.get((tp.topic, tp.partition), 0) for tp in tps}
     )
     return {TopicPartition(topic, partition): end for (topic, partition), end in ends.items()}
 
 
 async def _read_dlq(settings: Settings, limit: int) -> DeadLetters:
-    consumer = _consumer(settings)
+    consumer = _consumer(settings.kafka)
     try:  # stopped even when it cannot start (a broker that refuses): no unclosed consumer
         await consumer.start()
         tps = await _partitions(settings, settings.topics.dlq_topic)

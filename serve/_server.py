@@ -18,7 +18,7 @@ from stepstream.readmodel import ProjectionReader
 from stepstream.serve._app import create_app
 from stepstream.serve._group import Peers
 from stepstream.serve._source import Source
-from stepstream.settings import Settings
+from stepstream.settings import ServeSettings, Settings
 
 DEFAULT_HOST = '127.0.0.1'
 DEFAULT_PORT = 8321
@@ -34,9 +34,9 @@ def is_loopback(host: str) -> bool:
         return False  # a host name: it may resolve to anything
 
 
-def check_binding(host: str, settings: Settings) -> None:
+def check_binding(host: str, serve: ServeSettings) -> None:
     """Refuse to serve beyond loopback without a token: the projection holds every prompt and tool result."""
-    if not is_loopback(host) and settings.serve.serve_token is None:
+    if not is_loopback(host) and serve.serve_token is None:
         raise UsageError(
             f'serving on {host} (not loopback) needs a bearer token: set STEPSTREAM_SERVE_TOKEN '
             '(or STEPSTREAM_SERVE_TOKEN_FILE, a file holding it); clients then send '

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from aiokafka import AIOKafkaConsumer
 
     from stepstream.schemas import SnapshotDelta
-    from stepstream.settings import Settings
+    from stepstream.settings import Settings, TopicSettings
 
 KEY_BYTES = 32
 """AES-256: the size of a data key and of the key-encryption key."""
@@ -71,9 +71,9 @@ class ContentErased(StepStreamError):
     """The content asked for was erased (`stepstream forget`): its key no longer exists."""
 
 
-def key_topic(settings: Settings) -> str:
+def key_topic(topics: TopicSettings) -> str:
     """The compacted topic of the conversation keys: `{prefix}.conversation-keys`."""
-    return f'{settings.topics.topic_prefix}.conversation-keys'
+    return f'{topics.topic_prefix}.conversation-keys'
 
 
 def new_kek() -> str:
@@ -274,7 +274,7 @@ class KeyRing:
     """
 
     def __init__(self, settings: Settings) -> None:
-        """Read `key_topic(settings)` with the KEK `settings.security.erasure_key`."""
+        """Read `key_topic(settings.topics)` with the KEK `settings.security.erasure_key`."""
         if settings.security.erasure_key is None:
             raise ValueError('a KeyRing needs STEPSTREAM_ERASURE_KEY (erasure is off without it)')
         self.settings = settings
@@ -335,8 +335,8 @@ class KeyRing:
             while [tp for tp in partitions if await consumer.position(tp) < ends[tp]]:
                 if loop.time() > deadline:
                     raise StepStreamError(
-                        f'the key topic {key_topic(self.settings)} did not deliver up to its end within '
-                        f'{self.settings.kafka.ack_timeout_s:g}s'
+                        f'the key topic {key_topic(self.settings.topics)} did not deliver up to its end '
+                        f'within {self.settings.kafka.ack_timeout_s:g}s'
                     )
                 batches = await consumer.getmany(timeout_ms=200)
                 for records in batches.values():
@@ -364,7 +364,7 @@ class KeyRing:
         from stepstream.kafka_client import client_options
         from stepstream.topics import partition_counts
 
-        topic = key_topic(self.settings)
+        topic = key_topic(self.settings.topics)
         await ensure_key_topic(self.settings)
         consumer = AIOKafkaConsumer(
             **client_options(self.settings.kafka),
@@ -375,7 +375,7 @@ class KeyRing:
         )
         await asyncio.wait_for(consumer.start(), self.settings.kafka.ack_timeout_s)
         try:
-            counts = await partition_counts(self.settings, [topic])
+            counts = await partition_counts(self.settings.kafka, [topic])
             if not counts.get(topic):
                 raise StepStreamError(f'the key topic {topic} has no partitions this client can see')
             partitions = range(counts[topic])
@@ -397,7 +397,7 @@ async def ensure_key_topic(settings: Settings) -> None:
     from stepstream.kafka_client import client_options
     from stepstream.topics import topic_errors
 
-    topic = key_topic(settings)
+    topic = key_topic(settings.topics)
     admin = AIOKafkaAdminClient(
         **client_options(settings.kafka), request_timeout_ms=int(settings.kafka.ack_timeout_s * 1000)
     )

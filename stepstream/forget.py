@@ -141,7 +141,7 @@ async def _tombstone(settings: Settings, record_keys: list[bytes]) -> None:
     producer = AIOKafkaProducer(**client_options(settings.kafka), acks='all', client_id='stepstream-forget')
     await asyncio.wait_for(producer.start(), settings.kafka.ack_timeout_s)
     try:
-        topic = key_topic(settings)
+        topic = key_topic(settings.topics)
         async with asyncio.timeout(settings.kafka.ack_timeout_s):
             sent = [await producer.send(topic, None, key=key) for key in record_keys]
             await asyncio.gather(*sent)

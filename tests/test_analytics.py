@@ -240,7 +240,7 @@ async def test_every_query_in_analytics_md_answers_on_a_real_export(
     )
     assert code == 0, stderr
     home = murmur2_partition(unknown['run_id'].encode(), settings.topics.partitions)
-    ends = await log_end_offsets(settings, {(settings.topics.tool_effects_topic, home): 0})
+    ends = await log_end_offsets(settings.kafka, {(settings.topics.tool_effects_topic, home): 0})
     await projector.wait_for(
         {TopicPartition(topic, partition): end for (topic, partition), end in ends.items()}
     )
@@ -379,7 +379,7 @@ async def test_an_export_since_an_earlier_one_adds_each_event_once_and_each_runs
     )
     assert code == 0, stderr
     home = murmur2_partition(publisher.run_id.encode(), settings.topics.partitions)
-    ends = await log_end_offsets(settings, {(settings.topics.tool_effects_topic, home): 0})
+    ends = await log_end_offsets(settings.kafka, {(settings.topics.tool_effects_topic, home): 0})
     await projector.wait_for({TopicPartition(t, p): end for (t, p), end in ends.items()})
     assert (await reader.get_tool_effect(publisher.run_id, effect.tool_call_id)).status == 'resolved'  # type: ignore[union-attr]
 

@@ -63,13 +63,13 @@ def topic_of(settings: Settings, role: str) -> str:
 
 async def read_log(settings: Settings) -> Log:
     topics = [settings.topics.step_events_topic, settings.topics.tool_effects_topic]
-    counts = await partition_counts(settings, topics)
+    counts = await partition_counts(settings.kafka, topics)
     consumer = AIOKafkaConsumer(**client_options(settings.kafka), enable_auto_commit=False)
     await consumer.start()
     try:
         log: Log = {}
         parts = [TopicPartition(t, p) for t in topics for p in range(counts[t])]
-        ends = await log_end_offsets(settings, {(tp.topic, tp.partition): 0 for tp in parts})
+        ends = await log_end_offsets(settings.kafka, {(tp.topic, tp.partition): 0 for tp in parts})
         consumer.assign(parts)
         await consumer.seek_to_beginning(*parts)
         for tp in parts:

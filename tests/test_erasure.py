@@ -73,7 +73,7 @@ async def raw_values(settings: Settings, *topics: str) -> list[bytes]:
     )
     await consumer.start()
     try:
-        counts = await partition_counts(settings, list(topics))
+        counts = await partition_counts(settings.kafka, list(topics))
         parts = [TopicPartition(t, p) for t in topics for p in range(counts[t])]
         consumer.assign(parts)
         ends = await consumer.end_offsets(parts)
@@ -251,11 +251,11 @@ async def produce_and_destroy_a_key(settings: Settings) -> bytes:
     await producer.start()
     try:
         await producer.send_and_wait(
-            key_topic(settings),
+            key_topic(settings.topics),
             key.wrap(parse_kek(settings.security.erasure_key.get_secret_value())),
             key=key.record_key(),
         )
-        await producer.send_and_wait(key_topic(settings), None, key=key.record_key())
+        await producer.send_and_wait(key_topic(settings.topics), None, key=key.record_key())
     finally:
         await producer.stop()
     return key.record_key()
@@ -278,7 +278,7 @@ async def test_a_conversation_key_leaves_the_producers_metadata_covering_the_log
         known = {
             topic: client.cluster.partitions_for_topic(topic)
             for topic in (
-                key_topic(settings),
+                key_topic(settings.topics),
                 settings.topics.step_events_topic,
                 settings.topics.tool_effects_topic,
             )
@@ -292,7 +292,7 @@ async def test_tansu_keeps_a_destroyed_key_record(settings: Settings) -> None:
     wrapped key stays on the topic after its tombstone (why the KEK wraps every key)."""
     settings = sealed_settings(settings)
     record_key = await produce_and_destroy_a_key(settings)
-    values = await raw_values(settings, key_topic(settings))
+    values = await raw_values(settings, key_topic(settings.topics))
     assert any(b'conv-compaction' in v for v in values)  # still there: only the KEK protects it
     assert record_key
 
@@ -306,11 +306,11 @@ async def test_kafka_compaction_removes_a_destroyed_key_record(settings: Setting
     await admin.start()
     try:
         configs = {**KEY_TOPIC_CONFIGS, 'segment.ms': '1000'}
-        await admin.create_topics([NewTopic(key_topic(settings), 1, 1, topic_configs=configs)])
+        await admin.create_topics([NewTopic(key_topic(settings.topics), 1, 1, topic_configs=configs)])
     finally:
         await admin.close()
     await produce_and_destroy_a_key(settings)
-    admin_topic = key_topic(settings)
+    admin_topic = key_topic(settings.topics)
     producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers, acks='all')
     await producer.start()
     try:

@@ -171,7 +171,7 @@ async def test_a_projector_process_counts_what_the_log_holds(
         applied = {(settings.topics.step_events_topic, p): 0 for p in range(settings.topics.partitions)} | {
             (settings.topics.tool_effects_topic, p): 0 for p in range(settings.topics.partitions)
         }
-        ends = await log_end_offsets(settings, applied)
+        ends = await log_end_offsets(settings.kafka, applied)
         written = sum(ends.values())
 
         async def settled() -> Samples:

@@ -123,7 +123,7 @@ async def _status(args: argparse.Namespace, settings: Settings) -> int:
         for topic in (settings.topics.step_events_topic, settings.topics.tool_effects_topic)
         for p in range(layout.partitions)
     }
-    ends = await log_end_offsets(settings, applied)
+    ends = await log_end_offsets(settings.kafka, applied)
     print(status_json(status, applied, ends) if args.json else status_text(status, applied, ends, settings))
     lag = sum(max(ends[tp] - offset, 0) for tp, offset in applied.items())
     if args.max_lag is not None and lag > args.max_lag:
@@ -189,7 +189,7 @@ async def _topics(args: argparse.Namespace, settings: Settings) -> int:
         from stepstream.erasure import ensure_key_topic, key_topic
 
         await ensure_key_topic(settings)
-        print(f'{key_topic(settings)}: compacted, the conversation keys')
+        print(f'{key_topic(settings.topics)}: compacted, the conversation keys')
     return EXIT_OK
 
 

@@ -194,7 +194,7 @@ async def _sweep_media(args: argparse.Namespace, settings: Settings, reader: Pro
 
     layout = await ensure_topics(settings, create=False)
     applied = await _applied(reader, settings, layout.partitions)
-    ends = await log_end_offsets(settings, applied)
+    ends = await log_end_offsets(settings.kafka, applied)
     deadline = asyncio.get_running_loop().time() + args.catch_up_timeout
     while any(applied[tp] < end for tp, end in ends.items()):
         if asyncio.get_running_loop().time() > deadline:

@@ -196,7 +196,7 @@ async def _serve(args: argparse.Namespace, settings: Settings) -> int:
             f"stepstream serve needs its extra: pip install 'stepstream[serve]' ({exc})"
         ) from None
 
-    check_binding(args.host, settings)
+    check_binding(args.host, settings.serve)
     if args.group is not None:
         return await _serve_member(args, settings)
     async with running(app_for(settings), host=args.host, port=args.port) as served:
