@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -206,3 +207,57 @@ def test_a_registry_setup_that_cannot_work_is_refused_naming_the_variable(
 ) -> None:
     with pytest.raises(ValueError, match=message):
         Settings(**fields)  # type: ignore[arg-type]
+
+
+def test_each_setting_lives_in_one_section_and_flat_names_are_routed_there() -> None:
+    from stepstream.settings import SECTION_OF, SECTIONS, SETTING_NAMES, MediaSettings, ProjectionSettings
+
+    settings = Settings(db_path='/var/lib/proj', s3_bucket='media', partitions=3)
+    assert settings.projection == ProjectionSettings(db_path='/var/lib/proj')
+    assert settings.media.s3_bucket == 'media' and settings.topics.partitions == 3
+    assert not hasattr(settings, 'db_path')  # one name per value: the section's
+    # Every setting is one section's field, and the loader knows each by its flat name.
+    assert len(SECTION_OF) == len(SETTING_NAMES) == sum(len(dataclasses.fields(c)) for c in SECTIONS.values())
+    # A section given whole, and flat names over it; replace takes either.
+    given = Settings(media=MediaSettings(s3_bucket='b'), media_threshold_bytes=10)
+    assert given.media == MediaSettings(s3_bucket='b', media_threshold_bytes=10)
+    assert (
+        given.replace(db_path='/p').projection.db_path == '/p'
+        and given.replace(db_path='/p').media == given.media
+    )
+    assert dataclasses.replace(settings, topic_prefix='x').topics.step_events_topic == 'x.step-events'
+    with pytest.raises(TypeError, match="'media_threshold'"):
+        Settings(media_threshold=1)
+    with pytest.raises(TypeError, match='takes a MediaSettings'):
+        Settings(media=ProjectionSettings())
+
+
+def test_a_section_checks_its_own_fields_naming_the_variable_and_flag() -> None:
+    from stepstream.settings import LivenessSettings, MediaSettings, TopicSettings
+
+    with pytest.raises(
+        ValueError, match=r'STEPSTREAM_MEDIA_THRESHOLD_BYTES \(--media-threshold-bytes\) must be a pos'
+    ):
+        MediaSettings(media_threshold_bytes=0)
+    with pytest.raises(ValueError, match=r'STEPSTREAM_PARTITIONS \(--partitions\) must be positive'):
+        TopicSettings(partitions=0)
+    with pytest.raises(
+        ValueError, match=r'STEPSTREAM_STALE_AFTER_S \(--stale-after-s\) must not be negative'
+    ):
+        LivenessSettings(stale_after_s=-1)
+    with pytest.raises(ValueError, match=r'STEPSTREAM_ACK_TIMEOUT_S \(--ack-timeout-s\) must be positive'):
+        Settings.from_env({'STEPSTREAM_ACK_TIMEOUT_S': '0'})
+
+
+def test_the_media_threshold_has_one_default_and_one_check() -> None:
+    from stepstream.media import DEFAULT_THRESHOLD_BYTES
+    from stepstream.settings import MediaSettings
+
+    assert (
+        DEFAULT_THRESHOLD_BYTES
+        == MediaSettings().media_threshold_bytes
+        == Settings().media.media_threshold_bytes
+    )
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ValueError, match='threshold_bytes must be a positive int'):
+            MediaSettings.check_threshold(bad, 'threshold_bytes')

@@ -2,7 +2,7 @@
 
 `Settings` is the one loader of the environment (`STEPSTREAM_<FIELD>`) and the command line
 (`--<field>`); it builds one section per concern, each checking its own fields, and each part takes
-the section(s) it uses (docs/decisions/0054-settings-in-sections.md):
+the section(s) it uses (docs/decisions/0055-settings-in-sections.md):
 
 | section | class | settings |
 |---|---|---|
