@@ -101,7 +101,11 @@ class Registry:
     """Resolves Confluent-framed records' schema ids through the registry, once per id."""
 
     def __init__(self, settings: Settings) -> None:
-        self.registry = SchemaRegistry(settings) if settings.registry.schema_registry_url else None
+        self.registry = (
+            SchemaRegistry(settings.registry, timeout_s=settings.kafka.ack_timeout_s)
+            if settings.registry.schema_registry_url
+            else None
+        )
         self.versions: dict[int, SchemaVersion | str] = {}
 
     async def single_object(self, value: bytes) -> bytes | str:

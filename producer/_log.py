@@ -143,7 +143,7 @@ class EventLog:
         self.end_runs_on_sigterm = end_runs_on_sigterm
         self.liveness = Liveness(self, settings.liveness.heartbeat_interval_s)
         """The open runs of this process, kept alive on the log by heartbeats."""
-        self._framing = Framing(settings)
+        self._framing = Framing(settings.registry, settings.kafka.ack_timeout_s)
         self._sender = Sender(settings.kafka, settings.topics, self._framing)
         self._accumulator = Accumulator(linger_ms, lambda queued: self._hand_batches(queued))
         """Hands over through `_hand_batches`, looked up at each hand-over (bench.handovers wraps it)."""

@@ -58,6 +58,7 @@ from stepstream.schemas import (
     subject_of,
     to_confluent,
 )
+from stepstream.settings import RegistrySettings
 from stepstream.topics import Position, ensure_topics, murmur2_partition
 
 from agents import answers, calls_then_answers
@@ -122,7 +123,7 @@ async def test_a_version_that_breaks_the_rules_is_refused_by_the_registry(
     schema['fields'].append({'name': 'operator_team', 'type': 'string'})  # no default
     (tmp_path / f'tool_effect_transition.v{newest.version + 1}.avsc').write_text(json.dumps(schema))
     history = load_schema_versions(tmp_path)['tool_effect_transition']
-    async with SchemaRegistry(Settings(schema_registry_url=registry_url)) as registry:
+    async with SchemaRegistry(RegistrySettings(schema_registry_url=registry_url), timeout_s=10) as registry:
         with pytest.raises(
             SchemaRegistryError, match=rf'refused tool_effect_transition.v{newest.version + 1}'
         ):
@@ -135,7 +136,7 @@ async def test_a_producer_is_told_when_the_registry_refuses_its_schema(registry_
     settings = Settings(schema_registry_url=registry_url)
     other = {'type': 'record', 'name': 'StepEvent', 'namespace': 'io.stepstream'}
     other['fields'] = [{'name': 'only_this', 'type': 'string'}]
-    async with SchemaRegistry(settings) as registry:
+    async with SchemaRegistry(settings.registry, timeout_s=settings.kafka.ack_timeout_s) as registry:
         await registry._client.put(f'/config/{subject}', json={'compatibility': 'FULL_TRANSITIVE'})
         await registry._client.post(f'/subjects/{subject}/versions', json={'schema': json.dumps(other)})
         with pytest.raises(SchemaRegistryError, match=r'refused step_event v\d+ .* as incompatible') as no:
@@ -165,16 +166,18 @@ security:
             schema_registry_password='s3cret-pw',  # type: ignore[arg-type]
             schema_registry_cafile=str(ca.cafile),
         )
-        async with SchemaRegistry(settings) as registry:
+        async with SchemaRegistry(settings.registry, timeout_s=settings.kafka.ack_timeout_s) as registry:
             schema_id = await registry.id_of('secure.step-events-value', STEP_EVENT_SCHEMA)
-        async with SchemaRegistry(settings) as registry:  # a reader: nothing cached
+        async with SchemaRegistry(
+            settings.registry, timeout_s=settings.kafka.ack_timeout_s
+        ) as registry:  # a reader: nothing cached
             assert await registry.version_of(schema_id) is STEP_EVENT_SCHEMA
         wrong = settings.replace(schema_registry_password='wrong')
-        async with SchemaRegistry(wrong) as registry:
+        async with SchemaRegistry(wrong.registry, timeout_s=wrong.kafka.ack_timeout_s) as registry:
             with pytest.raises(SchemaRegistryError, match=r'\(401\).*STEPSTREAM_SCHEMA_REGISTRY_PASSWORD'):
                 await registry.version_of(schema_id)
         untrusting = settings.replace(schema_registry_cafile=None)
-        async with SchemaRegistry(untrusting) as registry:
+        async with SchemaRegistry(untrusting.registry, timeout_s=untrusting.kafka.ack_timeout_s) as registry:
             with pytest.raises(SchemaRegistryError, match=r'not trusted.*STEPSTREAM_SCHEMA_REGISTRY_CAFILE'):
                 await registry.version_of(schema_id)
     assert 's3cret-pw' not in repr(settings)
@@ -202,7 +205,9 @@ async def test_registry_mode_writes_what_confluent_kafkas_avro_deserializer_read
     assert sum(position.values()) > 20
     raw = await read_raw(registry_settings, position)
     decoded: dict[tuple[str, int, int], LogRecord] = {}
-    async with SchemaRegistry(registry_settings) as registry:
+    async with SchemaRegistry(
+        registry_settings.registry, timeout_s=registry_settings.kafka.ack_timeout_s
+    ) as registry:
         for where, value in raw.items():
             schema_id = confluent_schema_id(value)
             assert schema_id is not None, value[:10]
@@ -336,7 +341,7 @@ async def test_confluent_records_that_cannot_be_read_go_to_the_dlq(
 ) -> None:
     settings = registry_settings
     topic = settings.topics.step_events_topic
-    async with SchemaRegistry(settings) as registry:
+    async with SchemaRegistry(settings.registry, timeout_s=settings.kafka.ack_timeout_s) as registry:
         step_event_id = await registry.id_of(subject_of(topic), STEP_EVENT_SCHEMA)
         foreign = {'type': 'record', 'name': 'Other', 'fields': [{'name': 'x', 'type': 'long'}]}
         response = await registry._client.post(

@@ -225,7 +225,7 @@ def test_each_setting_lives_in_one_section_and_flat_names_are_routed_there() -> 
         given.replace(db_path='/p').projection.db_path == '/p'
         and given.replace(db_path='/p').media == given.media
     )
-    assert dataclasses.replace(settings, topic_prefix='x').topics.step_events_topic == 'x.step-events'
+    assert dataclasses.replace(settings, topic_prefix='x').topics.step_events_topic == 'x.step-events'  # type: ignore[call-arg]
     with pytest.raises(TypeError, match="'media_threshold'"):
         Settings(media_threshold=1)
     with pytest.raises(TypeError, match='takes a MediaSettings'):

@@ -204,7 +204,7 @@ async def _schemas(args: argparse.Namespace, settings: Settings) -> int:
         settings.topics.step_events_topic: STEP_EVENT_SCHEMA,
         settings.topics.tool_effects_topic: TOOL_EFFECT_SCHEMA,
     }
-    async with SchemaRegistry(settings) as registry:
+    async with SchemaRegistry(settings.registry, timeout_s=settings.kafka.ack_timeout_s) as registry:
         for topic, newest in topics.items():
             subject = subject_of(topic)
             ids = await registry.register_history(subject, versions[newest.name], args.compatibility)
