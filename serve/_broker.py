@@ -73,15 +73,17 @@ def _consumer(kafka: KafkaSettings) -> AIOKafkaConsumer:
     )
 
 
-async def _partitions(settings: Settings, *topics: str) -> list[TopicPartition]:
+async def _partitions(kafka: KafkaSettings, *topics: str) -> list[TopicPartition]:
     """The topics' partitions (none for a topic that does not exist), from the cluster now."""
-    counts = await partition_counts(settings.kafka, list(topics))
+    counts = await partition_counts(kafka, list(topics))
     return [TopicPartition(topic, p) for topic in topics for p in range(counts.get(topic, 0))]
 
 
 async def _log_ends(settings: Settings, applied: Mapping[tuple[str, int], int]) -> dict[TopicPartition, int]:
     """The end offset of every partition of both log topics (as `stepstream status` takes it)."""
-    tps = await _partitions(settings, settings.topics.step_events_topic, settings.topics.tool_effects_topic)
+    tps = await _partitions(
+        settings.kafka, settings.topics.step_events_topic, settings.topics.tool_effects_topic
+    )
     ends = await log_end_offsets(
         settings.kafka, {(tp.topic, tp.partition): applied.get((tp.topic, tp.partition), 0) for tp in tps}
     )
@@ -92,7 +94,7 @@ async def _read_dlq(settings: Settings, limit: int) -> DeadLetters:
     consumer = _consumer(settings.kafka)
     try:  # stopped even when it cannot start (a broker that refuses): no unclosed consumer
         await consumer.start()
-        tps = await _partitions(settings, settings.topics.dlq_topic)
+        tps = await _partitions(settings.kafka, settings.topics.dlq_topic)
         if not tps:
             return DeadLetters(entries=[], total=0, error=None)
         starts = await consumer.beginning_offsets(tps)

@@ -22,7 +22,7 @@ from stepstream.kafka_client import (
     connection_error,
     unavailable,
 )
-from stepstream.settings import KafkaSettings, Settings
+from stepstream.settings import KafkaSettings, Settings, TopicSettings
 
 __all__ = [
     'LOG_TOPIC_CONFIGS',
@@ -72,7 +72,7 @@ async def ensure_topics(settings: Settings, *, create: bool = True, dlq: bool = 
             wanted = [*log_topics, settings.topics.dlq_topic] if dlq else log_topics
             missing = [t for t in wanted if t not in existing]
             if missing:
-                await _create(admin, settings, missing)
+                await _create(admin, settings.kafka, settings.topics, missing)
         counts = await _partition_counts(admin, log_topics)
         # Apache Kafka creates topics asynchronously: a topic just created can be missing from the
         # next metadata answer for a moment, so look again until it shows (or the timeout).
@@ -120,12 +120,14 @@ async def _admin(kafka: KafkaSettings, failing: str) -> AIOKafkaAdminClient:
     return admin
 
 
-async def _create(admin: AIOKafkaAdminClient, settings: Settings, topics: list[str]) -> None:
+async def _create(
+    admin: AIOKafkaAdminClient, kafka: KafkaSettings, layout: TopicSettings, topics: list[str]
+) -> None:
     new = [
         NewTopic(
             name=topic,
-            num_partitions=settings.topics.partitions,
-            replication_factor=settings.topics.replication_factor,
+            num_partitions=layout.partitions,
+            replication_factor=layout.replication_factor,
             topic_configs=dict(LOG_TOPIC_CONFIGS),
         )
         for topic in topics
@@ -135,11 +137,11 @@ async def _create(admin: AIOKafkaAdminClient, settings: Settings, topics: list[s
     except TopicAlreadyExistsError:
         return
     except AUTHORIZATION_ERRORS as exc:
-        raise _may_not_create(settings.kafka, topics, exc) from exc
+        raise _may_not_create(kafka, topics, exc) from exc
     for topic, code, message in topic_errors(response):
         # 36 = TOPIC_ALREADY_EXISTS: another process created it first, which is fine.
         if code in (29, 31):  # TOPIC_/CLUSTER_AUTHORIZATION_FAILED: no CREATE for this principal
-            raise _may_not_create(settings.kafka, topics, for_code(code)())
+            raise _may_not_create(kafka, topics, for_code(code)())
         if code not in (0, 36):
             raise StepStreamError(f'could not create topic {topic!r}: error {code} {message or ""}'.strip())
 
