@@ -236,16 +236,23 @@ def test_a_section_checks_its_own_fields_naming_the_variable_and_flag() -> None:
     from stepstream.settings import LivenessSettings, MediaSettings, TopicSettings
 
     with pytest.raises(
-        ValueError, match=r'STEPSTREAM_MEDIA_THRESHOLD_BYTES \(--media-threshold-bytes\) must be a pos'
+        ValueError,
+        match=r'media_threshold_bytes must be a positive int, got 0 \(set by STEPSTREAM_MEDIA_THRESHOLD',
     ):
         MediaSettings(media_threshold_bytes=0)
-    with pytest.raises(ValueError, match=r'STEPSTREAM_PARTITIONS \(--partitions\) must be positive'):
+    with pytest.raises(
+        ValueError,
+        match=r'partitions must be positive, got 0 \(set by STEPSTREAM_PARTITIONS \(--partitions\)\)',
+    ):
         TopicSettings(partitions=0)
     with pytest.raises(
-        ValueError, match=r'STEPSTREAM_STALE_AFTER_S \(--stale-after-s\) must not be negative'
+        ValueError, match=r'stale_after_s must not be negative, got -1 \(set by STEPSTREAM_STALE_AFTER_S'
     ):
         LivenessSettings(stale_after_s=-1)
-    with pytest.raises(ValueError, match=r'STEPSTREAM_ACK_TIMEOUT_S \(--ack-timeout-s\) must be positive'):
+    with pytest.raises(
+        ValueError,
+        match=r'ack_timeout_s must be positive, got 0.0 \(set by STEPSTREAM_ACK_TIMEOUT_S \(--ack-timeout-s',
+    ):
         Settings.from_env({'STEPSTREAM_ACK_TIMEOUT_S': '0'})
 
 

@@ -16,7 +16,6 @@ the section(s) it uses (docs/decisions/0055-settings-in-sections.md):
 | `serve` | `ServeSettings` | `serve_token`, `serve_url`, `trace_url`, `operator` |
 """
 
-from stepstream.secret import SecretStr
 from stepstream.settings._kafka import SASL_MECHANISMS, SECURITY_PROTOCOLS, KafkaSettings, RegistrySettings
 from stepstream.settings._names import ENV_PREFIX, FILE_SUFFIX
 from stepstream.settings._sections import (
@@ -43,7 +42,6 @@ __all__ = [
     'MediaSettings',
     'ProjectionSettings',
     'RegistrySettings',
-    'SecretStr',
     'SecuritySettings',
     'ServeSettings',
     'Settings',

@@ -35,12 +35,17 @@ def as_secret(section: object, *secrets: str) -> None:
             object.__setattr__(section, field_name, SecretStr(value.get_secret_value()))
 
 
+def set_by(field_name: str) -> str:
+    """What an error about a field appends: the variable and the flag that set it."""
+    return f' (set by {name(field_name)})'
+
+
 def positive(section: object, *field_names: str) -> None:
     """Refuse a field of `section` that is not a positive number, naming its variable and flag."""
     for field_name in field_names:
         value = getattr(section, field_name)
         if not value > 0:
-            raise ValueError(f'{name(field_name)} must be positive, got {value}')
+            raise ValueError(f'{field_name} must be positive, got {value}{set_by(field_name)}')
 
 
 def not_negative(section: object, *field_names: str) -> None:
@@ -48,7 +53,7 @@ def not_negative(section: object, *field_names: str) -> None:
     for field_name in field_names:
         value = getattr(section, field_name)
         if value < 0:
-            raise ValueError(f'{name(field_name)} must not be negative, got {value}')
+            raise ValueError(f'{field_name} must not be negative, got {value}{set_by(field_name)}')
 
 
 def http_url(field_name: str, url: str | None) -> None:

@@ -20,6 +20,7 @@ from stepstream.settings._names import (
     name,
     not_negative,
     positive,
+    set_by,
 )
 
 _TOPIC_CHARS = frozenset('abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-')
@@ -39,8 +40,8 @@ class TopicSettings:
     def __post_init__(self) -> None:
         if not self.topic_prefix or any(c not in _TOPIC_CHARS for c in self.topic_prefix):
             raise ValueError(
-                f'{name("topic_prefix")}: {self.topic_prefix!r} is not a valid Kafka topic prefix: '
-                'use letters, digits, ".", "_" and "-"'
+                f'topic_prefix {self.topic_prefix!r} is not a valid Kafka topic prefix'
+                f'{set_by("topic_prefix")}: use letters, digits, ".", "_" and "-"'
             )
         positive(self, 'partitions')
 
@@ -84,7 +85,9 @@ class MediaSettings:
 
     def __post_init__(self) -> None:
         as_secret(self, 's3_secret_access_key')
-        MediaSettings.check_threshold(self.media_threshold_bytes, name('media_threshold_bytes'))
+        MediaSettings.check_threshold(
+            self.media_threshold_bytes, 'media_threshold_bytes', set_by('media_threshold_bytes')
+        )
         if self.s3_cafile and (self.s3_endpoint or '').startswith('http://'):
             raise ValueError(
                 f'{name("s3_cafile")} is set but {name("s3_endpoint")} is {self.s3_endpoint}, '
@@ -92,14 +95,14 @@ class MediaSettings:
             )
 
     @staticmethod
-    def check_threshold(value: object, what: str) -> None:
+    def check_threshold(value: object, what: str, where: str = '') -> None:
         """Refuse a media threshold that is not a positive int, naming `what`: the one check of it.
 
         The setting's, and that of the parts that take a threshold directly (`offload_media`,
         `StepPersistence(media_threshold_bytes=...)`, `MediaExternalizer`).
         """
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(f'{what} must be a positive int, got {value!r}')
+            raise ValueError(f'{what} must be a positive int, got {value!r}{where}')
 
 
 @dataclass(frozen=True, kw_only=True)
