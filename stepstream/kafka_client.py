@@ -90,8 +90,7 @@ def ssl_context(kafka: KafkaSettings) -> ssl.SSLContext:
         except ssl.SSLError as exc:
             raise SecureConnectionError(
                 f'the client certificate {kafka.ssl_certfile} and its key '
-                f'{kafka.ssl_keyfile or "(in the same file)"} cannot be loaded '
-                f'({exc.reason or exc}): '
+                f'{kafka.ssl_keyfile or "(in the same file)"} cannot be loaded ({exc.reason or exc}): '
                 'set STEPSTREAM_SSL_CERTFILE and STEPSTREAM_SSL_KEYFILE to a PEM certificate and its '
                 'unencrypted private key'
             ) from None
@@ -153,8 +152,7 @@ def unavailable(kafka: KafkaSettings, what: str, exc: BaseException | None = Non
     """The error for a Kafka cluster that does not answer, naming the servers and the timeout."""
     cause = f': {exc!r}' if exc is not None else ''
     return StepStreamUnavailable(
-        f'Kafka at {kafka.bootstrap_servers} {what} within '
-        f'{kafka.ack_timeout_s:g}s{cause}. '
+        f'Kafka at {kafka.bootstrap_servers} {what} within {kafka.ack_timeout_s:g}s{cause}. '
         'Check that the broker is running and reachable (STEPSTREAM_BOOTSTRAP_SERVERS), '
         'or raise STEPSTREAM_ACK_TIMEOUT_S.'
     )
@@ -172,8 +170,7 @@ async def connection_error(kafka: KafkaSettings, what: str, exc: BaseException) 
     network = await _network_problem(kafka.bootstrap_servers, probe_s)
     if network is not None:
         return StepStreamUnavailable(
-            f'Kafka at {kafka.bootstrap_servers} {what}: {network}. Check '
-            'STEPSTREAM_BOOTSTRAP_SERVERS '
+            f'Kafka at {kafka.bootstrap_servers} {what}: {network}. Check STEPSTREAM_BOOTSTRAP_SERVERS '
             '(`stepstream stack up` starts an embedded broker and points the CLI at it).'
         )
     # A TLS or SASL cause shows at once; a service that is silent to a Kafka request would hold
@@ -185,8 +182,7 @@ async def connection_error(kafka: KafkaSettings, what: str, exc: BaseException) 
             host, port = _first_server(kafka)
             if not await _speaks_plain_kafka(host, port, probe_s):
                 return StepStreamUnavailable(
-                    f'Kafka at {kafka.bootstrap_servers} {what}: the service on '
-                    f'{host}:{port} accepts '
+                    f'Kafka at {kafka.bootstrap_servers} {what}: the service on {host}:{port} accepts '
                     'connections but does not answer a Kafka request, so it is not a Kafka broker (or '
                     'not a Kafka listener). Check STEPSTREAM_BOOTSTRAP_SERVERS.'
                 )
@@ -326,8 +322,7 @@ async def _diagnose(kafka: KafkaSettings) -> SecureConnectionError | None:
         if not kafka.uses_tls and await _speaks_tls(host, port, kafka.ack_timeout_s):
             wanted = 'SASL_SSL' if kafka.security_protocol == 'SASL_PLAINTEXT' else 'SSL or SASL_SSL'
             return SecureConnectionError(
-                f'{where} speaks TLS, but STEPSTREAM_SECURITY_PROTOCOL is '
-                f'{kafka.security_protocol}: '
+                f'{where} speaks TLS, but STEPSTREAM_SECURITY_PROTOCOL is {kafka.security_protocol}: '
                 f'set it to {wanted} (and STEPSTREAM_SSL_CAFILE if a private CA signed the broker)'
             )
         if kafka.uses_tls and await _speaks_plain_kafka(host, port, kafka.ack_timeout_s):
