@@ -79,16 +79,18 @@ def export_filesystem(out: str, settings: Settings) -> tuple[pafs.FileSystem, st
 
     if not out.startswith('s3://'):
         return pafs.LocalFileSystem(), out
-    endpoint = settings.s3_endpoint
+    endpoint = settings.media.s3_endpoint
     scheme = 'https'
     if endpoint is not None and '://' in endpoint:
         scheme, endpoint = endpoint.split('://', 1)
     s3 = pafs.S3FileSystem(
-        access_key=settings.s3_access_key_id,
+        access_key=settings.media.s3_access_key_id,
         secret_key=(
-            settings.s3_secret_access_key.get_secret_value() if settings.s3_secret_access_key else None
+            settings.media.s3_secret_access_key.get_secret_value()
+            if settings.media.s3_secret_access_key
+            else None
         ),
-        region=settings.s3_region,
+        region=settings.media.s3_region,
         endpoint_override=endpoint,
         scheme=scheme,
         force_virtual_addressing=False,

@@ -181,6 +181,6 @@ async def put_checkpoint_s3(settings: Settings, checkpoint: Checkpoint) -> str:
     from stepstream.media import S3MediaStore
 
     name = f'{S3_PREFIX}{checkpoint.taken_at.replace(":", "").replace("+00:00", "Z")}.json'
-    store = S3MediaStore.from_settings(settings)
+    store = S3MediaStore.from_settings(settings.media)
     await obstore.put_async(store.object_store, name, checkpoint.to_json().encode(), mode='create')
     return name

@@ -101,7 +101,11 @@ class Registry:
     """Resolves Confluent-framed records' schema ids through the registry, once per id."""
 
     def __init__(self, settings: Settings) -> None:
-        self.registry = SchemaRegistry(settings) if settings.schema_registry_url else None
+        self.registry = (
+            SchemaRegistry(settings.registry, timeout_s=settings.kafka.ack_timeout_s)
+            if settings.registry.schema_registry_url
+            else None
+        )
         self.versions: dict[int, SchemaVersion | str] = {}
 
     async def single_object(self, value: bytes) -> bytes | str:
@@ -151,13 +155,13 @@ async def read_partitions(
     digest resumes from the checkpoint's first mark it still holds. With `only`, just the
     partition number of that run.
     """
-    topics = (settings.step_events_topic, settings.tool_effects_topic)
-    counts = await partition_counts(settings, list(topics))
+    topics = (settings.topics.step_events_topic, settings.topics.tool_effects_topic)
+    counts = await partition_counts(settings.kafka, list(topics))
     if not counts:
         return
     partitions = max(counts.values())
     consumer = await started_consumer(
-        settings,
+        settings.kafka,
         auto_offset_reset='earliest',
         fetch_max_wait_ms=50,  # a partition's last fetch must not wait out the default 500 ms
         fetch_max_bytes=32 * 1024 * 1024,
@@ -187,11 +191,11 @@ async def _read_partition(
     partitions: int,
     expected: Mapping[tuple[str, int], Expected],
 ) -> PartitionRead:
-    step_events = settings.step_events_topic
+    step_events = settings.topics.step_events_topic
     role = {tp: TOPIC_NAMES[0 if tp.topic == step_events else 1] for tp in tps}
     starts = await consumer.beginning_offsets(tps)
     listed = await consumer.end_offsets(tps)  # Tansu's can be short: `log_end_offsets` reads past it
-    ends = await log_end_offsets(settings, {(tp.topic, tp.partition): listed[tp] for tp in tps})
+    ends = await log_end_offsets(settings.kafka, {(tp.topic, tp.partition): listed[tp] for tp in tps})
     read = PartitionRead(partition=tps[0].partition)
     remaining: dict[TopicPartition, int] = {}
     resumed: dict[TopicPartition, tuple[int, int, str]] = {}
@@ -209,7 +213,7 @@ async def _read_partition(
         consumer.seek(tp, starts[tp])
     consumer.resume(*remaining)
     while remaining:
-        batches = await consumer.getmany(*remaining, timeout_ms=int(settings.ack_timeout_s * 1000))
+        batches = await consumer.getmany(*remaining, timeout_ms=int(settings.kafka.ack_timeout_s * 1000))
         if not batches:
             raise TimeoutError(f'the log did not hand over its records up to its end: {remaining}')
         for tp, messages in batches.items():

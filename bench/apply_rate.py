@@ -55,7 +55,7 @@ HEADER = 10
 def workload(total: int) -> tuple[Settings, list[SourceRecord]]:
     """About `total` records of 50-step runs, placed in partitions and offsets as Kafka would."""
     settings = Settings(topic_prefix='bench')
-    topics = {settings.step_events_topic: EVENTS, settings.tool_effects_topic: EFFECTS}
+    topics = {settings.topics.step_events_topic: EVENTS, settings.topics.tool_effects_topic: EFFECTS}
     offsets: dict[tuple[int, int], int] = {}
     records = []
     for wire in many_runs(settings, 'apply', total, 50):
@@ -115,7 +115,9 @@ def apply_rate(
 ) -> tuple[float, float]:
     """Records/s staged and committed into a fresh RocksDB, `batch` records per transaction:
     per wall-clock second and per CPU second."""
-    applier = applier_type((settings.step_events_topic, settings.tool_effects_topic), partitions=PARTITIONS)
+    applier = applier_type(
+        (settings.topics.step_events_topic, settings.topics.tool_effects_topic), partitions=PARTITIONS
+    )
     with tempfile.TemporaryDirectory() as path:
         db = open_target(path, applier_type)
         try:

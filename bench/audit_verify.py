@@ -150,7 +150,10 @@ async def fill(settings: Settings, total: int, signer: Signer | None, sign_every
     template, trail = chained_template(settings, run_id(PREFIX, 0), STEPS_PER_RUN, signer, sign_every)
     runs = -(-total // len(template))
     producer = AIOKafkaProducer(
-        bootstrap_servers=settings.bootstrap_servers, acks='all', linger_ms=20, max_batch_size=256 * 1024
+        bootstrap_servers=settings.kafka.bootstrap_servers,
+        acks='all',
+        linger_ms=20,
+        max_batch_size=256 * 1024,
     )
     await producer.start()
     position: Position = {}

@@ -90,7 +90,7 @@ async def fresh_topics(settings: Settings, tag: str) -> Settings:
 
 def log_partitions(settings: Settings, count: int) -> list[TopicPartition]:
     """Every partition of both log topics."""
-    topics = (settings.step_events_topic, settings.tool_effects_topic)
+    topics = (settings.topics.step_events_topic, settings.topics.tool_effects_topic)
     return [TopicPartition(t, p) for t in topics for p in range(count)]
 
 
@@ -101,7 +101,7 @@ async def read_topics(settings: Settings, position: Position) -> list[ConsumerRe
     last batch + 1, so the end it reports misses the rest of that batch (see
     docs/benchmarks/history/2026-11-30-recorded-run.md, "Broker findings").
     """
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka.bootstrap_servers, enable_auto_commit=False)
     await consumer.start()
     try:
         remaining = {tp: end for tp, end in position.items() if end > 0}
@@ -128,7 +128,7 @@ async def stored_bytes(settings: Settings, position: Position) -> int:
     request through aiokafka's client, not its consumer, which would decompress them) and
     only their sizes are summed.
     """
-    client = AIOKafkaClient(bootstrap_servers=settings.bootstrap_servers)
+    client = AIOKafkaClient(bootstrap_servers=settings.kafka.bootstrap_servers)
     await client.bootstrap()
     try:
         for topic in {tp.topic for tp in position}:

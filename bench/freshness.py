@@ -146,7 +146,7 @@ async def bare_reader(settings: Settings) -> AsyncIterator[Callable[[RecordMetad
     Yields `fetched(meta)`, which returns once the record acknowledged with `meta` was fetched.
     """
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False, fetch_max_wait_ms=50
+        bootstrap_servers=settings.kafka.bootstrap_servers, enable_auto_commit=False, fetch_max_wait_ms=50
     )
     seen: dict[TopicPartition, int] = {}
     progress = asyncio.Condition()
@@ -166,7 +166,7 @@ async def bare_reader(settings: Settings) -> AsyncIterator[Callable[[RecordMetad
 
     await consumer.start()
     try:
-        partitions = log_partitions(settings, settings.partitions)
+        partitions = log_partitions(settings, settings.topics.partitions)
         consumer.assign(partitions)
         await consumer.seek_to_beginning(*partitions)
         reader = asyncio.create_task(consume())
@@ -192,7 +192,7 @@ async def raw_ceiling(
     run_settings = fresh(settings, 'w4-raw')
     await ensure_topics(run_settings)
     producer = AIOKafkaProducer(
-        bootstrap_servers=run_settings.bootstrap_servers, acks='all', linger_ms=linger_ms
+        bootstrap_servers=run_settings.kafka.bootstrap_servers, acks='all', linger_ms=linger_ms
     )
 
     async def append(record: LogRecord) -> Ack:

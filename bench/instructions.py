@@ -77,7 +77,7 @@ class RawLog:
         from stepstream.topics import ensure_topics
 
         await ensure_topics(self.settings)
-        self.producer = AIOKafkaProducer(bootstrap_servers=self.settings.bootstrap_servers, acks='all')
+        self.producer = AIOKafkaProducer(bootstrap_servers=self.settings.kafka.bootstrap_servers, acks='all')
         await self.producer.start()
 
     async def stop(self) -> None:
@@ -106,7 +106,7 @@ class RawLog:
         """Wait for the futures (`await_acks`)."""
         from stepstream.producer._protocol import await_acks
 
-        await await_acks(self.settings, acks, timeout)
+        await await_acks(self.settings.kafka, acks, timeout)
 
     async def flush(self, *, timeout: float | None = None) -> Any:
         """aiokafka's flush."""
@@ -192,7 +192,7 @@ async def count(trees: dict[str, Path], kafka: bool) -> None:
         if kafka:
             from stepstream.embedded import EmbeddedStack
 
-            bootstrap = (await stack.enter_async_context(EmbeddedStack())).settings.bootstrap_servers
+            bootstrap = (await stack.enter_async_context(EmbeddedStack())).settings.kafka.bootstrap_servers
         paths = {name: f'{installed_layout(tree)}{os.pathsep}{HERE}' for name, tree in trees.items()}
         loop = asyncio.get_running_loop()
         with ThreadPoolExecutor(2) as pool:  # two processes at once, one core each

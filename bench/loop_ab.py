@@ -54,11 +54,11 @@ async def ceiling(settings: Settings, expected: int) -> dict[str, float]:
     """Consume every record and decode each body with fastavro, nothing else."""
     writers = {s.fingerprint: s.parsed for s in (STEP_EVENT_SCHEMA, TOOL_EFFECT_SCHEMA)}
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False, fetch_max_wait_ms=50
+        bootstrap_servers=settings.kafka.bootstrap_servers, enable_auto_commit=False, fetch_max_wait_ms=50
     )
     await consumer.start()
     try:
-        partitions = log_partitions(settings, settings.partitions)
+        partitions = log_partitions(settings, settings.topics.partitions)
         consumer.assign(partitions)
         await consumer.seek_to_beginning(*partitions)
         count = 0

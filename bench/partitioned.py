@@ -115,7 +115,7 @@ def _reached(applied: dict[Any, int], position: Position) -> bool:
 
 async def members(settings: Settings, count: int, position: Position, workdir: Path) -> dict[str, Any]:
     """`count` members in one directory apply the whole log; wall time and CPU per member."""
-    group = f'{settings.topic_prefix}.m{count}'
+    group = f'{settings.topics.topic_prefix}.m{count}'
     path = Path(tempfile.mkdtemp(prefix=f'members{count}-', dir=workdir))
     crew = [_Member(settings, group, path, 0) for _ in range(count)]
     for member in crew:
@@ -150,7 +150,7 @@ async def failover(
 ) -> dict[str, Any]:
     """Kill one of two members (each with its own directory) and time until its partitions are
     owned again (and caught up)."""
-    group = f'{settings.topic_prefix}.f{int(checkpoints)}'
+    group = f'{settings.topics.topic_prefix}.f{int(checkpoints)}'
     interval = 1.0 if checkpoints else 0.0
     owned_again, caught_up = [], []
     host = 0
@@ -163,7 +163,7 @@ async def failover(
     crew = [new_member(), new_member()]
     for member in crew:
         await member.start()
-    await _until(lambda: sorted(p for m in crew for p in m.owned) == list(range(settings.partitions)))
+    await _until(lambda: sorted(p for m in crew for p in m.owned) == list(range(settings.topics.partitions)))
     if checkpoints:  # let every shard be checkpointed once
         await asyncio.sleep(interval * 4)
     for _ in range(trials):

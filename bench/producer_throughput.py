@@ -44,7 +44,7 @@ async def raw_aiokafka(settings: Settings, plans: list[list[Planned]]) -> dict[s
     """Ceiling: the same bytes through a bare producer, no per-record work but the send."""
     wires = [to_wire(p.record, settings) for plan in plans for p in plan]
     producer = AIOKafkaProducer(
-        bootstrap_servers=settings.bootstrap_servers, acks='all', linger_ms=EVENTLOG_LINGER_MS
+        bootstrap_servers=settings.kafka.bootstrap_servers, acks='all', linger_ms=EVENTLOG_LINGER_MS
     )
     await producer.start()
     try:
@@ -84,7 +84,7 @@ async def raw_concurrent(
     """
     queue = list(reversed([[(to_wire(p.record, settings), p.durable) for p in plan] for plan in plans]))
     producer = AIOKafkaProducer(
-        bootstrap_servers=settings.bootstrap_servers,
+        bootstrap_servers=settings.kafka.bootstrap_servers,
         acks='all',
         linger_ms=linger_ms,
         compression_type=compression,
@@ -174,7 +174,7 @@ async def agent_runs(settings: Settings) -> dict[str, Any]:
 
 async def ack_round_trip(settings: Settings, count: int = 300) -> dict[str, Any]:
     """One record at a time: what a durability point costs at least, on this broker."""
-    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers, acks='all', linger_ms=0)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers, acks='all', linger_ms=0)
     await producer.start()
     try:
         wire = to_wire(plan_run(run_id('rtt', 0), 1)[0].record, settings)

@@ -43,7 +43,10 @@ async def fill(settings: Settings, total: int) -> tuple[list[Wire], Position, di
     """Produce about `total` records; returns a sample (for the ceilings), the end written, the rate."""
     await ensure_topics(settings)
     producer = AIOKafkaProducer(
-        bootstrap_servers=settings.bootstrap_servers, acks='all', linger_ms=20, max_batch_size=256 * 1024
+        bootstrap_servers=settings.kafka.bootstrap_servers,
+        acks='all',
+        linger_ms=20,
+        max_batch_size=256 * 1024,
     )
     await producer.start()
     sample: list[Wire] = []
@@ -88,11 +91,11 @@ def _advance(position: Position, acked: list[RecordMetadata]) -> None:
 
 async def raw_consume(settings: Settings, expected: int) -> dict[str, Any]:
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False, fetch_max_wait_ms=50
+        bootstrap_servers=settings.kafka.bootstrap_servers, enable_auto_commit=False, fetch_max_wait_ms=50
     )
     await consumer.start()
     try:
-        partitions = log_partitions(settings, settings.partitions)
+        partitions = log_partitions(settings, settings.topics.partitions)
         consumer.assign(partitions)
         await consumer.seek_to_beginning(*partitions)
         count = 0

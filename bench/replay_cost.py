@@ -63,9 +63,10 @@ async def record(runs: int, steps: int, path: str) -> tuple[Shard, list[str]]:
     run_ids = [f'bench-{(await agent.run("go")).run_id}' for _ in range(runs)]
     await log.flush()
     settings = log.settings
-    topics = {settings.step_events_topic: EVENTS, settings.tool_effects_topic: EFFECTS}
+    topics = {settings.topics.step_events_topic: EVENTS, settings.topics.tool_effects_topic: EFFECTS}
     applier = Applier(
-        (settings.step_events_topic, settings.tool_effects_topic), partitions=settings.partitions
+        (settings.topics.step_events_topic, settings.topics.tool_effects_topic),
+        partitions=settings.topics.partitions,
     )
     shard = Shard.open(path, create=True)
     sources = [SourceRecord(topics[r.topic], r.partition, r.offset, r.key, r.value) for r in log.records]

@@ -43,7 +43,7 @@ def main() -> None:
     parser.add_argument('--rounds', type=int, default=5)
     args = parser.parse_args()
     settings, records = workload(args.records)
-    topics = (settings.step_events_topic, settings.tool_effects_topic)
+    topics = (settings.topics.step_events_topic, settings.topics.tool_effects_topic)
     off, on = [], []
     for n in range(args.rounds):
         order = [(off, None), (on, 10_000 * 86_400_000_000)]

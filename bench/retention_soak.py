@@ -96,7 +96,7 @@ async def soak(days: int, runs_per_hour: int, steps: int, workdir: Path) -> dict
     try:
         settings = stack.settings
         prefix = f'soak-{os.getpid()}'
-        store = S3MediaStore.from_settings(settings, key_prefix=prefix)
+        store = S3MediaStore.from_settings(settings.media, key_prefix=prefix)
         shared_uri = await store.put(b'shared system prompt. ' * 200)
         projections = []
         for name, retain in (('keep-all', None), ('retain-1d', DAY_US)):

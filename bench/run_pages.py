@@ -84,8 +84,10 @@ OUTPUT_BYTES = 'stepstream runs --json output size (bytes, not ms)'
 def build(root: Path, runs: int) -> None:
     """A projection of about `runs` runs under `root`, one shard per partition."""
     settings = Settings(topic_prefix='pages')
-    topics = {settings.step_events_topic: EVENTS, settings.tool_effects_topic: EFFECTS}
-    applier = Applier((settings.step_events_topic, settings.tool_effects_topic), partitions=PARTITIONS)
+    topics = {settings.topics.step_events_topic: EVENTS, settings.topics.tool_effects_topic: EFFECTS}
+    applier = Applier(
+        (settings.topics.step_events_topic, settings.topics.tool_effects_topic), partitions=PARTITIONS
+    )
     shards = {p: Shard.open(root / str(p), create=True) for p in range(PARTITIONS)}
     pending: dict[int, list[SourceRecord]] = {p: [] for p in range(PARTITIONS)}
     offsets: dict[tuple[int, int], int] = {}

@@ -47,8 +47,10 @@ def crashed(settings: Settings, count: int) -> list[Any]:
 def build(root: Path, runs: int, in_doubt: int) -> None:
     """The projection: `runs` completed runs and `in_doubt` crashed ones, three shards."""
     settings = Settings(topic_prefix='scrape')
-    topics = {settings.step_events_topic: EVENTS, settings.tool_effects_topic: EFFECTS}
-    applier = Applier((settings.step_events_topic, settings.tool_effects_topic), partitions=PARTITIONS)
+    topics = {settings.topics.step_events_topic: EVENTS, settings.topics.tool_effects_topic: EFFECTS}
+    applier = Applier(
+        (settings.topics.step_events_topic, settings.topics.tool_effects_topic), partitions=PARTITIONS
+    )
     shards = {p: Shard.open(root / str(p), create=True) for p in range(PARTITIONS)}
     pending: dict[int, list[SourceRecord]] = {p: [] for p in range(PARTITIONS)}
     offsets: dict[tuple[int, int], int] = {}

@@ -43,7 +43,7 @@ from stepstream.schemas import encode
 async def raw(settings: Settings, plans: list[list[Planned]]) -> float:
     """CPU seconds per record: aiokafka `send` per record, a wait at each durability point."""
     wires = [[(to_wire(p.record, settings), p.durable) for p in plan] for plan in plans]
-    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers, acks='all', linger_ms=0)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers, acks='all', linger_ms=0)
     await producer.start()
     try:
         first = wires[0][0][0]

@@ -154,7 +154,8 @@ class Wire:
 
 def to_wire(record: LogRecord, settings: Settings) -> Wire:
     """What `EventLog.append` puts on the wire for `record` (no traceparent: no trace here)."""
-    return Wire(topic_of(record, settings), record.run_id.encode(), encode(record), record_headers(record))
+    topic = topic_of(record, settings.topics)
+    return Wire(topic, record.run_id.encode(), encode(record), record_headers(record))
 
 
 def many_runs(settings: Settings, prefix: str, total: int, steps: int) -> Iterator[Wire]:

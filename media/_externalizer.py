@@ -40,6 +40,7 @@ from pydantic_ai.tools import AgentDepsT, RunContext
 from stepstream.errors import MediaUnavailable
 from stepstream.media._types import MediaContext, MediaStore, media_uri_off_loop
 from stepstream.media._walker import DEFAULT_THRESHOLD_BYTES
+from stepstream.settings import MediaSettings
 
 __all__ = ['MediaExternalizer']
 
@@ -51,7 +52,7 @@ class MediaExternalizer(AbstractCapability[AgentDepsT]):
     """Send large `BinaryContent` to the model as a public URL of the media store (off by default).
 
     ```python
-    store = S3MediaStore.from_settings(settings, public_url=make_static_public_url('https://cdn.example.com'))
+    store = S3MediaStore.from_settings(settings.media, public_url=make_static_public_url('https://cdn.example.com'))
     agent = Agent(model, capabilities=[StepPersistence(log=log, media_store=store), MediaExternalizer(store)])
     await agent.run(['what is in this picture?', BinaryContent(png, media_type='image/png')])
     # the model receives ImageUrl('https://cdn.example.com/<sha256>.bin', media_type='image/png')
@@ -86,9 +87,7 @@ class MediaExternalizer(AbstractCapability[AgentDepsT]):
     _warned: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        threshold = self.threshold_bytes
-        if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold <= 0:
-            raise ValueError(f'threshold_bytes must be a positive int, got {threshold!r}')
+        MediaSettings.check_threshold(self.threshold_bytes, 'threshold_bytes')
         if not isinstance(self.store, MediaStore):
             raise TypeError(
                 f'MediaExternalizer(store=...) needs a MediaStore, got {type(self.store).__name__}'

@@ -36,7 +36,7 @@ from stepstream.media._types import (
 if TYPE_CHECKING:
     from obstore.store import ClientConfig, RetryConfig
 
-    from stepstream.settings import Settings
+    from stepstream.settings import MediaSettings
 
 __all__ = ['S3MediaStore']
 
@@ -88,7 +88,7 @@ class S3MediaStore:
     defaults of 3 retries within 15 s and a 5 s connect timeout).
 
     ```python
-    store = S3MediaStore.from_settings(Settings.from_env())
+    store = S3MediaStore.from_settings(Settings.from_env().media)
     uri = await store.put(png, MediaContext(media_type='image/png'))
     ```
     """
@@ -133,29 +133,29 @@ class S3MediaStore:
     @classmethod
     def from_settings(
         cls,
-        settings: Settings,
+        media: MediaSettings,
         *,
         key_prefix: str = '',
         public_url: PublicUrlResolver | None = None,
         key_strategy: KeyStrategy | None = None,
     ) -> S3MediaStore:
-        """The store the `STEPSTREAM_S3_*` settings describe, shared by producer, reader and CLI."""
+        """The store the `STEPSTREAM_S3_*` settings (`settings.media`) describe: producer, reader, CLI."""
         from stepstream.s3_client import client_options
 
         return cls(
-            bucket=settings.s3_bucket,
-            endpoint=settings.s3_endpoint,
-            region=settings.s3_region,
-            access_key_id=settings.s3_access_key_id,
+            bucket=media.s3_bucket,
+            endpoint=media.s3_endpoint,
+            region=media.s3_region,
+            access_key_id=media.s3_access_key_id,
             secret_access_key=(
-                settings.s3_secret_access_key.get_secret_value()
-                if settings.s3_secret_access_key is not None
+                media.s3_secret_access_key.get_secret_value()
+                if media.s3_secret_access_key is not None
                 else None
             ),
             key_prefix=key_prefix,
             public_url=public_url,
             key_strategy=key_strategy,
-            client_options=client_options(settings),
+            client_options=client_options(media),
         )
 
     def __repr__(self) -> str:

@@ -46,6 +46,7 @@ from stepstream.media._types import (
     MediaStore,
     media_uri_for,
 )
+from stepstream.settings import MediaSettings
 from stepstream.telemetry import media_offloaded_bytes, media_offloads
 
 LinkFor = Callable[[str, str], Awaitable[str]]
@@ -62,8 +63,9 @@ __all__ = [
     'restore_media',
 ]
 
-DEFAULT_THRESHOLD_BYTES = 64 * 1024
-"""Payloads of at least this many bytes (UTF-8 for text) move to the media store."""
+DEFAULT_THRESHOLD_BYTES: int = MediaSettings.media_threshold_bytes
+"""Payloads of at least this many bytes (UTF-8 for text) move to the media store: the default of
+the `media_threshold_bytes` setting (`STEPSTREAM_MEDIA_THRESHOLD_BYTES`), defined there only."""
 
 _MAX_CONCURRENT = 16
 """Store calls in flight per walker call: enough to overlap round trips, few enough for any S3."""
@@ -134,8 +136,7 @@ async def offload_media(
     # `back` equals what the JSON round trip of `messages` itself gives
     ```
     """
-    if isinstance(threshold_bytes, bool) or not isinstance(threshold_bytes, int) or threshold_bytes <= 0:
-        raise ValueError(f'threshold_bytes must be a positive int, got {threshold_bytes!r}')
+    MediaSettings.check_threshold(threshold_bytes, 'threshold_bytes')
     externalizer = _Externalizer(threshold_bytes, seal)
     lean = await asyncio.to_thread(externalizer.messages, messages)
     media = sorted({uri for uri, _ in externalizer.uploads})
@@ -249,7 +250,7 @@ class _Externalizer:
     """Walks values bottom-up; returns each lean value with the size of its JSON (an estimate)."""
 
     def __init__(self, threshold_bytes: int, seal: Callable[[bytes], bytes] | None = None) -> None:
-        self.threshold = threshold_bytes
+        self.threshold_bytes = threshold_bytes
         self.uploads: dict[_Key, bytes] = {}
         self.seal = seal
         self._sealed: dict[bytes, bytes] = {}
@@ -274,9 +275,9 @@ class _Externalizer:
         return REFERENCE_PREFIX + uri
 
     def text(self, value: str) -> tuple[str, int]:
-        if len(value) * 4 >= self.threshold:  # below that no encoding can reach the threshold
+        if len(value) * 4 >= self.threshold_bytes:  # below that no encoding can reach the threshold
             data = value.encode('utf-8', _UTF8_ERRORS)
-            if len(data) >= self.threshold:
+            if len(data) >= self.threshold_bytes:
                 return self._reference(data, TEXT_MEDIA_TYPE), 80
         if value.startswith(REFERENCE_PREFIX):
             value = REFERENCE_PREFIX + value
@@ -326,7 +327,7 @@ class _Externalizer:
 
     def binary(self, content: BinaryContent) -> tuple[BinaryContent, int]:
         data = content.data
-        if len(data) >= self.threshold:
+        if len(data) >= self.threshold_bytes:
             lean = self._reference(data, content.media_type).encode()
         elif data.startswith(_PREFIX_BYTES):
             lean = _PREFIX_BYTES + data
@@ -338,10 +339,10 @@ class _Externalizer:
 
     def _maybe_json(self, lean: Any, size: int, free_form: bool) -> tuple[Any, int]:
         """A free-form list or dict still at or above the threshold moves as one JSON payload."""
-        if not free_form or size < self.threshold or not _plain(lean):
+        if not free_form or size < self.threshold_bytes or not _plain(lean):
             return lean, size
         data = json.dumps(lean, ensure_ascii=False, separators=(',', ':')).encode('utf-8', _UTF8_ERRORS)
-        if len(data) < self.threshold:
+        if len(data) < self.threshold_bytes:
             return lean, len(data)
         data = self._stored(data)
         uri = media_uri_for(data)

@@ -57,7 +57,7 @@ class _Batch:
         self.topic = topic
         self.partition = partition
         self.builder = builder
-        self.step_events = topic == sender.settings.step_events_topic
+        self.step_events = topic == sender.topics.step_events_topic
         self.entries: list[Entry] = []
         self.sent_at = 0.0
 
@@ -190,7 +190,7 @@ class _HandOver:
         sender = self.sender
         try:
             # One deadline for the hand-over's records (asyncio.timeout: no task, one timer).
-            async with asyncio.timeout(sender.settings.ack_timeout_s):
+            async with asyncio.timeout(sender.kafka.ack_timeout_s):
                 for _i, out, ack in self.singles:
                     await sender.hand(out, ack, deadline=False)
                     self.handed += 1
@@ -208,7 +208,7 @@ class _HandOver:
         assert producer is not None
         try:
             # One deadline for the hand-over's batches (asyncio.timeout: no task, one timer).
-            async with asyncio.timeout(self.sender.settings.ack_timeout_s):
+            async with asyncio.timeout(self.sender.kafka.ack_timeout_s):
                 for batch in self.batches:
                     future = await producer.send_batch(batch.builder, batch.topic, partition=batch.partition)
                     batch.sent(future)

@@ -88,5 +88,5 @@ def run_writer(bound: Bound, ctx: RunContext[Any], store: MediaStore | None) -> 
         snapshots=SnapshotWriter(store, bound.threshold_bytes, redaction),
         operations=weakref.ref(bound),
         redaction=redaction,
-        signer=Signer.from_secret(key) if (key := log.settings.signing_key) is not None else None,
+        signer=Signer.from_secret(key) if (key := log.settings.security.signing_key) is not None else None,
     )

@@ -140,7 +140,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         """The media threshold in effect: `media_threshold_bytes`, else the log's settings."""
         if self.media_threshold_bytes is not None:
             return self.media_threshold_bytes
-        return self.log.settings.media_threshold_bytes
+        return self.log.settings.media.media_threshold_bytes
 
     def _media(self) -> MediaStore:
         """`media_store`, else the S3 bucket of the log's settings (`DefaultMedia`)."""

@@ -1,7 +1,7 @@
 """`Framing`: how a record's bytes leave, as the serializer wrote them or in the registry's framing.
 
 By default a record leaves as its serializer wrote it (Avro single-object encoding). In registry
-mode (`settings.schema_registry_url`) the log reframes it in the Confluent wire format, its
+mode (`settings.registry.schema_registry_url`) the log reframes it in the Confluent wire format, its
 schema's id asked of the registry once per process.
 """
 
@@ -12,24 +12,26 @@ import asyncio
 from stepstream.errors import SchemaRegistryError, StepStreamError
 from stepstream.schema_registry import SchemaRegistry
 from stepstream.schemas import LogRecord, schema_of, subject_of, to_confluent
-from stepstream.settings import Settings
+from stepstream.settings import RegistrySettings
 
 
 class Framing:
     """The registry framing of one log: no `registry` outside registry mode (records leave as written)."""
 
-    __slots__ = ('failure', 'registry', 'settings')
+    __slots__ = ('failure', 'registry', 'registry_settings', 'timeout_s')
 
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
+    def __init__(self, registry: RegistrySettings, timeout_s: float) -> None:
+        self.registry_settings = registry
+        self.timeout_s = timeout_s
+        """`ack_timeout_s`: the registry client's timeout; asking it for a schema id waits half of it."""
         self.registry: SchemaRegistry | None = None
         """Set in registry mode (`schema_registry_url`) once started: records leave framed for it."""
         self.failure: SchemaRegistryError | None = None
         """Why the registry last failed to give a schema id; None once it gives one."""
 
     def start(self) -> None:
-        if self.settings.schema_registry_url is not None:
-            self.registry = SchemaRegistry(self.settings)
+        if self.registry_settings.schema_registry_url is not None:
+            self.registry = SchemaRegistry(self.registry_settings, timeout_s=self.timeout_s)
 
     async def close(self) -> None:
         registry, self.registry = self.registry, None
@@ -48,7 +50,7 @@ class Framing:
         if schema_id is None:
             try:
                 # Within the send's own timeout, so that a registry that hangs is named as the cause.
-                async with asyncio.timeout(self.settings.ack_timeout_s / 2):
+                async with asyncio.timeout(self.timeout_s / 2):
                     schema_id = await self.registry.id_of(subject, schema)
             except (SchemaRegistryError, TimeoutError) as exc:
                 self.failure = SchemaRegistryError(
@@ -68,5 +70,5 @@ class Framing:
         assert self.registry is not None
         return (
             f'the schema registry at {self.registry.url} did not answer within '
-            f'{self.settings.ack_timeout_s / 2:g}s: check STEPSTREAM_SCHEMA_REGISTRY_URL'
+            f'{self.timeout_s / 2:g}s: check STEPSTREAM_SCHEMA_REGISTRY_URL'
         )

@@ -123,13 +123,14 @@ class EventLog:
         id, and the kind, schema and trace headers. Media are not the log's business: the
         capability's snapshot writer moves large values before a record reaches the log, and its
         options check the S3 bucket they choose as the log starts (`start_checks`).
-        While a run is open the log keeps it alive on the log (`settings.heartbeat_interval_s`);
+        While a run is open the log keeps it alive on the log (`settings.liveness.heartbeat_interval_s`);
         `close` ends the runs still open as `cancelled`, and so does SIGTERM when
         `end_runs_on_sigterm` and nothing else handles that signal (docs/decisions/0026).
         """
-        if settings.media_threshold_bytes >= max_record_bytes:
+        if settings.media.media_threshold_bytes >= max_record_bytes:
             raise ValueError(
-                f'media_threshold_bytes ({settings.media_threshold_bytes}) must stay below the record limit '
+                f'media_threshold_bytes ({settings.media.media_threshold_bytes}) must stay below '
+                'the record limit '
                 f'({max_record_bytes}): payloads under the threshold stay inline in records'
             )
         self.settings = settings
@@ -144,10 +145,10 @@ class EventLog:
         self.compression_type = compression_type
         self.enable_idempotence = enable_idempotence
         self.end_runs_on_sigterm = end_runs_on_sigterm
-        self.liveness = Liveness(self, settings.heartbeat_interval_s)
+        self.liveness = Liveness(self, settings.liveness.heartbeat_interval_s)
         """The open runs of this process, kept alive on the log by heartbeats."""
-        self._framing = Framing(settings)
-        self._sender = Sender(settings, self._framing)
+        self._framing = Framing(settings.registry, settings.kafka.ack_timeout_s)
+        self._sender = Sender(settings.kafka, settings.topics, self._framing)
         self._accumulator = Accumulator(linger_ms, lambda queued: self._hand_batches(queued))
         """Hands over through `_hand_batches`, looked up at each hand-over (bench.handovers wraps it)."""
         self._crossing = Crossing(self._accumulator)
@@ -159,11 +160,11 @@ class EventLog:
         """The start under way, which callers on every thread wait for (`start`)."""
         self._partition_count = 0
         self.sealer: Sealer | None = None
-        """Set when erasure is on (`settings.erasure_key`): seals snapshot content (decision 0033)."""
-        if settings.erasure_key is not None:
+        """Set when erasure is on (`security.erasure_key`): seals snapshot content (decision 0033)."""
+        if settings.security.erasure_key is not None:
             from stepstream.producer._sealing import Sealer  # not at import: erasure is optional
 
-            self.sealer = Sealer(settings.erasure_key.get_secret_value(), self._send_key)
+            self.sealer = Sealer(settings.security.erasure_key.get_secret_value(), self._send_key)
 
     def check_at_start(self, check: StartCheck) -> None:
         """Run `check` as this log starts, once connected (a failure fails the start); once per check.
@@ -226,7 +227,7 @@ class EventLog:
         layout = await ensure_topics(self.settings, create=self.create_topics, dlq=False)
         self._partition_count = layout.partitions
         if self.enable_idempotence is None:
-            self.enable_idempotence = await supports_idempotence(self.settings)
+            self.enable_idempotence = await supports_idempotence(self.settings.kafka)
         # aiokafka binds a producer to the running loop, so it is made here, not in __init__.
         producer = await connect(
             self.settings,
@@ -259,11 +260,11 @@ class EventLog:
     async def _send_key(self, key: bytes, value: bytes) -> None:
         """Append a conversation key record to the key topic and wait for the broker (erasure on)."""
         if (loop := self._elsewhere()) is not None:
-            await run_on(loop, self._send_key(key, value), 2 * self.settings.ack_timeout_s)
+            await run_on(loop, self._send_key(key, value), 2 * self.settings.kafka.ack_timeout_s)
             return
         if self._sender.producer is None:
             await self.start()
-        await self._sender.send_key(key_topic(self.settings), key, value)
+        await self._sender.send_key(key_topic(self.settings.topics), key, value)
 
     async def close(self) -> None:
         """Flush what is buffered (best effort within the timeout) and disconnect.
@@ -275,7 +276,7 @@ class EventLog:
         that loop is no longer running, nothing can be sent or stopped: the warning says so.
         """
         if (loop := self._elsewhere()) is not None and loop.is_running():
-            await run_on(loop, self.close(), 6 * self.settings.ack_timeout_s)
+            await run_on(loop, self.close(), 6 * self.settings.kafka.ack_timeout_s)
             return
         unwatch_sigterm(self)
         if loop is not None:  # its loop no longer runs: nothing can be sent or stopped
@@ -285,20 +286,22 @@ class EventLog:
             return
         self._crossing.take_posted()  # records other loops appended before the close
         if self._started:
-            await self.liveness.close_runs(CLOSED_WHILE_OPEN, timeout_s=self.settings.ack_timeout_s)
+            await self.liveness.close_runs(CLOSED_WHILE_OPEN, timeout_s=self.settings.kafka.ack_timeout_s)
         await self.liveness.stop()
         self._crossing.take_posted()  # the ends of runs on other loops
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._accumulator.hand_over(settled=True), self.settings.ack_timeout_s)
+            await asyncio.wait_for(
+                self._accumulator.hand_over(settled=True), self.settings.kafka.ack_timeout_s
+            )
         self._accumulator.stop()
         self._crossing.stop()
-        await self._sender.stop_resending(self.settings.ack_timeout_s)
+        await self._sender.stop_resending(self.settings.kafka.ack_timeout_s)
         producer = self._sender.detach()
         self._started = False
         await self._framing.close()
         if producer is not None:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(producer.stop(), self.settings.ack_timeout_s)
+                await asyncio.wait_for(producer.stop(), self.settings.kafka.ack_timeout_s)
         self._sender.warn_lost([out.record for out, _ack in self._accumulator.queued], '')
 
     async def __aenter__(self) -> Self:
@@ -344,7 +347,9 @@ class EventLog:
             raise sender.denied
         key = record.run_id.encode()
         partition = self.partitioner(key, self._partition_count)
-        out = Outgoing(record, value, self.headers(record), key, topic_of(record, self.settings), partition)
+        out = Outgoing(
+            record, value, self.headers(record), key, topic_of(record, self.settings.topics), partition
+        )
         if asyncio.get_running_loop() is not self._loop:
             return self._crossing.append(out)  # refused when the log's loop no longer runs
         if self.linger_ms <= 0:
@@ -375,14 +380,14 @@ class EventLog:
             caller = self._crossing.wait_from_here(acks)
         try:  # free unless it raises (Python 3.11): a durability point pays nothing for the count
             try:
-                await await_acks(self.settings, acks, timeout)
+                await await_acks(self.settings.kafka, acks, timeout)
             except StepStreamUnavailable as missing:
                 if self._framing.failure is not None:  # the records wait for their schema id, not the broker
                     raise SchemaRegistryError(str(self._framing.failure)) from missing
                 if self._crossing.untaken and (loop := self._elsewhere()) is not None:
                     if not loop.is_running():  # it stopped while the records were on their way
                         raise loop_gone(loop) from missing
-                    waited = self.settings.ack_timeout_s if timeout is None else timeout
+                    waited = self.settings.kafka.ack_timeout_s if timeout is None else timeout
                     raise loop_blocked(waited) from missing  # its loop never took them
                 raise
             for ack in acks:
@@ -392,7 +397,7 @@ class EventLog:
                 if isinstance(exc, StepStreamError):  # the log closed before the record reached it
                     raise exc
                 if exc is not None:
-                    raise unavailable(self.settings, 'rejected a record', exc) from exc
+                    raise unavailable(self.settings.kafka, 'rejected a record', exc) from exc
         except StepStreamError as error:  # counted once, by what the caller gets (not a cancellation)
             failed(error)
             raise
@@ -405,10 +410,10 @@ class EventLog:
 
         A record the broker did not take at first is being sent again: it is waited for too.
         Pass the result to `Projector.wait_for` to read your own writes. `timeout` defaults to
-        `settings.ack_timeout_s`; after a broker outage, give the producer longer to reconnect.
+        `settings.kafka.ack_timeout_s`; after a broker outage, give the producer longer to reconnect.
         Raises `StepStreamUnavailable` when the records are not all taken in time.
         """
-        limit = self.settings.ack_timeout_s if timeout is None else timeout
+        limit = self.settings.kafka.ack_timeout_s if timeout is None else timeout
         if (loop := self._elsewhere()) is not None:
             return await run_on(loop, self.flush(timeout=timeout), 2 * limit)
         self._crossing.take_posted()  # records other loops appended, not queued yet

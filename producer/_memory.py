@@ -4,7 +4,7 @@ It keeps the rules a Kafka log has and the capability relies on: records of a ru
 order in one partition number of each topic; a record is refused before it is sent exactly as
 `EventLog` refuses it; an acknowledgement resolves only after the record is stored, and not at
 all while acknowledgements are held (`hold_acks`), so a durability point waits, and fails with
-`StepStreamUnavailable` after `settings.ack_timeout_s`, as it does when a broker is away.
+`StepStreamUnavailable` after `settings.kafka.ack_timeout_s`, as it does when a broker is away.
 
 Like `EventLog`, it serves every thread and event loop at once (decision 0052): records are stored
 in one order under a lock, each loop's records of one turn are acknowledged by that loop at the
@@ -91,7 +91,7 @@ class InMemoryLog:
         """Flushes waiting for the held acknowledgements (`release_acks`)."""
         self._watchers: list[asyncio.Future[None]] = []
         """Resolved when the next record is stored (`wait_for_record`)."""
-        self.liveness = Liveness(self, self.settings.heartbeat_interval_s, bind_on_first_open=True)
+        self.liveness = Liveness(self, self.settings.liveness.heartbeat_interval_s, bind_on_first_open=True)
         """Heartbeats of the open runs, as `EventLog` sends them (`beat(now=...)` runs one pass)."""
         self.sealer: Sealer | None = None
         """Erasure's sealer when a test sets one (`EventLog` makes one when erasure is on)."""
@@ -111,8 +111,12 @@ class InMemoryLog:
         """
         route = self._routes.get((type(record), record.run_id))
         if route is None:
-            topic, key = topic_of(record, self.settings), record.run_id.encode()
-            route = (topic, TopicPartition(topic, murmur2_partition(key, self.settings.partitions)), key)
+            topic, key = topic_of(record, self.settings.topics), record.run_id.encode()
+            route = (
+                topic,
+                TopicPartition(topic, murmur2_partition(key, self.settings.topics.partitions)),
+                key,
+            )
             self._routes[type(record), record.run_id] = route
         topic, tp, key = route
         headers = record_headers(record)
@@ -234,7 +238,7 @@ class InMemoryLog:
             waiter: asyncio.Future[None] = loop.create_future()  # the turn is this loop's: it ends later
             self._turn_waiters.setdefault(loop, []).append(waiter)
             await waiter
-        await await_acks(self.settings, acks, timeout)  # at once when all are done; the rules' checks
+        await await_acks(self.settings.kafka, acks, timeout)  # at once when all are done; the rules' checks
 
     async def flush(self, *, timeout: float | None = None) -> Position:
         """Wait until every record stored so far, by any loop, is acknowledged; the position written.
@@ -256,11 +260,13 @@ class InMemoryLog:
                 else:  # its loop stopped: stored and taken, acknowledged to its writer when it runs again
                     self._taken(turn)
         if waiters:
-            limit = self.settings.ack_timeout_s if timeout is None else timeout
+            limit = self.settings.kafka.ack_timeout_s if timeout is None else timeout
             await all_done(waiters, limit)
             if not all(waiter.done() for waiter in waiters):
                 others = sum(len(turn) for loop, turn in list(self._turns.items()) if loop is not here)
-                raise unavailable(self.settings, f'did not acknowledge {len(self._held) + others} record(s)')
+                raise unavailable(
+                    self.settings.kafka, f'did not acknowledge {len(self._held) + others} record(s)'
+                )
         await asyncio.sleep(0)  # acknowledgements scheduled for this loop turn
         with self._lock:
             return dict(self._written)
@@ -270,5 +276,5 @@ class InMemoryLog:
 
         From any loop: a run open on another thread's loop appends its end there.
         """
-        await self.liveness.close_runs(CLOSED_WHILE_OPEN, timeout_s=self.settings.ack_timeout_s)
+        await self.liveness.close_runs(CLOSED_WHILE_OPEN, timeout_s=self.settings.kafka.ack_timeout_s)
         await self.liveness.stop()

@@ -19,7 +19,7 @@ from stepstream.ids import check_run_id
 from stepstream.media import S3MediaStore
 from stepstream.producer._log import EventLog
 from stepstream.producer._protocol import StepLog
-from stepstream.settings import Settings
+from stepstream.settings import MediaSettings, Settings
 
 logger = logging.getLogger('stepstream.producer')
 
@@ -43,8 +43,8 @@ def check_options(
             f'StepPersistence(log=...) needs an EventLog (or another StepLog), got {type(log).__name__}'
         )
     limit = getattr(log, 'max_record_bytes', None)
-    if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold <= 0:
-        raise ValueError(f'media_threshold_bytes must be a positive int, got {threshold!r}')
+    MediaSettings.check_threshold(threshold, 'media_threshold_bytes')
+    assert isinstance(threshold, int)
     if limit is not None and threshold >= limit:
         raise ValueError(
             f'media_threshold_bytes ({threshold}) must stay below the record limit ({limit}): '
@@ -83,7 +83,7 @@ async def check_media_store(settings: Settings) -> None:
     machine without S3 only get a warning, since a run without payloads above the threshold never
     needs the store.
     """
-    s, defaults = settings, Settings()
+    s, defaults = settings.media, MediaSettings()
     configured = (
         s.s3_endpoint is not None or s.s3_access_key_id is not None or s.s3_bucket != defaults.s3_bucket
     )
@@ -106,5 +106,5 @@ class DefaultMedia:
     def store(self, settings: Settings) -> S3MediaStore:
         """The settings' S3 store, made at the first use (never in workflow code under an engine)."""
         if self.made is None:
-            self.made = S3MediaStore.from_settings(settings)
+            self.made = S3MediaStore.from_settings(settings.media)
         return self.made

@@ -28,7 +28,7 @@ from stepstream.ids import OTHER_ID_FIELDS, RUN_ID_FIELDS, check_record_ids
 from stepstream.kafka_client import unavailable
 from stepstream.producer._liveness import Liveness
 from stepstream.schemas import LogRecord, StepEvent, encode, schema_of
-from stepstream.settings import Settings
+from stepstream.settings import KafkaSettings, Settings, TopicSettings
 from stepstream.topics import Position
 
 if TYPE_CHECKING:
@@ -83,7 +83,7 @@ class StepLog(Protocol):
         ...
 
 
-async def await_acks(settings: Settings, acks: Iterable[Ack], timeout: float | None = None) -> None:
+async def await_acks(kafka: KafkaSettings, acks: Iterable[Ack], timeout: float | None = None) -> None:
     """Wait for `acks` within `timeout` (default `ack_timeout_s`), the rule every `StepLog` keeps.
 
     Raises `StepStreamUnavailable` for acknowledgements still missing at the deadline or
@@ -92,13 +92,13 @@ async def await_acks(settings: Settings, acks: Iterable[Ack], timeout: float | N
     acks = acks if isinstance(acks, list) else list(acks)
     pending = [a for a in acks if not a.done()]
     if pending:
-        limit = settings.ack_timeout_s if timeout is None else timeout
+        limit = kafka.ack_timeout_s if timeout is None else timeout
         await all_done(pending, limit)
         not_done = sum(not a.done() for a in pending)
         if not_done:
-            raise unavailable(settings, f'did not acknowledge {not_done} record(s)')
+            raise unavailable(kafka, f'did not acknowledge {not_done} record(s)')
     if any(ack.cancelled() for ack in acks):
-        raise unavailable(settings, 'did not acknowledge a cancelled send')
+        raise unavailable(kafka, 'did not acknowledge a cancelled send')
 
 
 async def all_done(futures: Sequence[asyncio.Future[Any]], timeout: float) -> None:
@@ -284,9 +284,9 @@ _PASSED_IDS: set[tuple[Any, ...]] = set()
 """Id tuples `check_record_ids` passed: the same values pass again."""
 
 
-def topic_of(record: LogRecord, settings: Settings) -> str:
+def topic_of(record: LogRecord, topics: TopicSettings) -> str:
     """Step events and tool-effect transitions go to their own topics."""
-    return settings.step_events_topic if isinstance(record, StepEvent) else settings.tool_effects_topic
+    return topics.step_events_topic if isinstance(record, StepEvent) else topics.tool_effects_topic
 
 
 def record_headers(record: LogRecord) -> list[tuple[str, bytes]]:

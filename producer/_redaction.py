@@ -128,9 +128,9 @@ class Redaction:
     @classmethod
     def from_settings(cls, settings: Any) -> Redaction:
         """The policy of `STEPSTREAM_REDACTION` (`default` or `off`), `_KEYS` and `_HASH_KEY`."""
-        hash_key = settings.redaction_hash_key
+        hash_key = settings.security.redaction_hash_key
         secret = hash_key.get_secret_value() if hash_key is not None else None
-        return _from_settings(settings.redaction, settings.redaction_keys, secret)
+        return _from_settings(settings.security.redaction, settings.security.redaction_keys, secret)
 
     def extend(
         self, *, keys: Iterable[str] = (), patterns: Iterable[str] = (), redactor: Redactor | None = None

@@ -29,7 +29,7 @@ from stepstream.kafka_client import AUTHORIZATION_ERRORS, access_denied, client_
 from stepstream.producer._framing import Framing
 from stepstream.producer._protocol import Ack
 from stepstream.schemas import UNCHAINED_KINDS, LogRecord, StepEvent
-from stepstream.settings import Settings
+from stepstream.settings import KafkaSettings, Settings, TopicSettings
 from stepstream.telemetry import ack_latency, failed, records_appended
 from stepstream.topics import Position, unavailable
 
@@ -91,8 +91,9 @@ class Kept:
 class Sender:
     """Hands records to one producer, keeps and resends the ones the broker did not take."""
 
-    def __init__(self, settings: Settings, framing: Framing) -> None:
-        self.settings = settings
+    def __init__(self, kafka: KafkaSettings, topics: TopicSettings, framing: Framing) -> None:
+        self.kafka = kafka
+        self.topics = topics
         self.framing = framing
         self.producer: AIOKafkaProducer | None = None
         """Set while the log is started: aiokafka binds a producer to the running loop."""
@@ -138,10 +139,10 @@ class Sender:
         producer = self.producer
         assert producer is not None
         try:
-            async with asyncio.timeout(self.settings.ack_timeout_s):
+            async with asyncio.timeout(self.kafka.ack_timeout_s):
                 await producer.send_and_wait(topic, value, key=key)
         except (KafkaError, TimeoutError) as exc:
-            error = unavailable(self.settings, 'did not acknowledge a conversation key', exc)
+            error = unavailable(self.kafka, 'did not acknowledge a conversation key', exc)
             failed(error)
             raise error from exc
 
@@ -154,7 +155,7 @@ class Sender:
         if self.framing.failure is not None:
             return SchemaRegistryError(str(self.framing.failure))
         waited = '' if timeout is None else f' (waited {timeout:g}s)'
-        return unavailable(self.settings, f'did not take {self.waiting()} record(s){waited}')
+        return unavailable(self.kafka, f'did not take {self.waiting()} record(s){waited}')
 
     def unsent(self) -> list[LogRecord]:
         """Records handed over and not acknowledged, then records kept for a resend."""
@@ -173,7 +174,7 @@ class Sender:
         if lost:
             logger.warning(
                 'stepstream: Kafka at %s did not take %d record(s) before the log closed%s (run_id: seqs) %s',
-                self.settings.bootstrap_servers,
+                self.kafka.bootstrap_servers,
                 sum(len(seqs) for seqs in lost.values()),
                 why,
                 lost,
@@ -221,9 +222,9 @@ class Sender:
 
     def no_write(self, exc: BaseException | None) -> StepStreamError:
         assert exc is not None
-        topics = f'{self.settings.step_events_topic} and {self.settings.tool_effects_topic}'
+        topics = f'{self.topics.step_events_topic} and {self.topics.tool_effects_topic}'
         return access_denied(
-            self.settings,
+            self.kafka,
             f'write to {topics}',
             exc,
             fix=f'grant it WRITE on {topics} (the producer ACL), or use the producer principal',
@@ -241,7 +242,7 @@ class Sender:
             try:
                 if deadline:
                     # asyncio.timeout, not wait_for: no extra task per record on the hot path.
-                    async with asyncio.timeout(self.settings.ack_timeout_s):
+                    async with asyncio.timeout(self.kafka.ack_timeout_s):
                         sent = await self.send(out, functools.partial(self._handed, out, ack))
                 else:
                     sent = await self.send(out, functools.partial(self._handed, out, ack))
@@ -326,7 +327,7 @@ class Sender:
     async def _resend_run(self, run_id: str) -> None:
         sent: list[Ack] = []
         try:
-            async with asyncio.timeout(self.settings.ack_timeout_s):
+            async with asyncio.timeout(self.kafka.ack_timeout_s):
                 for entry in list(self.kept.get(run_id, ())):
                     if entry.resending is not None and not entry.resending.done():
                         sent.append(entry.resending)  # still on its way from an earlier pass
@@ -385,26 +386,26 @@ async def connect(
     `connection_error` says of it (a refused password, an untrusted CA, nothing listening).
     """
     producer = AIOKafkaProducer(
-        **client_options(settings),
+        **client_options(settings.kafka),
         acks='all',
         linger_ms=0,  # the log lingers itself, and sends at once at a durability point
         compression_type=compression_type,
         enable_idempotence=enable_idempotence,
         max_request_size=max_record_bytes + 64 * 1024,
-        request_timeout_ms=max(1000, int(settings.ack_timeout_s * 1000)),
+        request_timeout_ms=max(1000, int(settings.kafka.ack_timeout_s * 1000)),
         client_id='stepstream-producer',
     )
     try:
-        await asyncio.wait_for(producer.start(), settings.ack_timeout_s)
+        await asyncio.wait_for(producer.start(), settings.kafka.ack_timeout_s)
         # aiokafka's metadata covers every topic until the producer first sends to a topic it
         # did not know when it started (the key topic, made later); from then on it covers only
         # the topics named that way. A batch waiting for a topic that fell out had no leader,
         # and failed with NotLeaderForPartitionError when it expired (decision 0040). Naming
         # the log's own topics now keeps them in.
-        async with asyncio.timeout(settings.ack_timeout_s):
-            for topic in (settings.step_events_topic, settings.tool_effects_topic):
+        async with asyncio.timeout(settings.kafka.ack_timeout_s):
+            for topic in (settings.topics.step_events_topic, settings.topics.tool_effects_topic):
                 await producer.client.add_topic(topic)
     except (KafkaError, OSError, TimeoutError) as exc:
         await producer.stop()
-        raise await connection_error(settings, 'did not accept a producer connection', exc) from exc
+        raise await connection_error(settings.kafka, 'did not accept a producer connection', exc) from exc
     return producer

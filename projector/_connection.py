@@ -21,14 +21,14 @@ from stepstream.kafka_client import access_denied, client_options, connection_er
 from stepstream.projector._assignment import Assignment
 from stepstream.projector._dead_letters import DeadLetterSender
 from stepstream.projector._membership import Membership, membership_assignor
-from stepstream.settings import Settings
+from stepstream.settings import KafkaSettings
 from stepstream.topics import Position
 
 log = logging.getLogger('stepstream.projector')
 
 
 def make_consumer(
-    settings: Settings, *, group_id: str, membership: Membership, session_timeout_ms: int
+    kafka: KafkaSettings, *, group_id: str, membership: Membership, session_timeout_ms: int
 ) -> AIOKafkaConsumer:
     """The projector's consumer of both log topics, not yet started.
 
@@ -36,13 +36,13 @@ def make_consumer(
     stored offsets at its beginning.
     """
     return AIOKafkaConsumer(
-        **client_options(settings),
+        **client_options(kafka),
         group_id=group_id,
         client_id='stepstream-projector',
         enable_auto_commit=False,
         auto_offset_reset='earliest',
         fetch_max_wait_ms=50,
-        request_timeout_ms=max(5000, int(settings.ack_timeout_s * 1000)),
+        request_timeout_ms=max(5000, int(kafka.ack_timeout_s * 1000)),
         # Range assignment gives a member the same partition numbers of both topics, which
         # are co-partitioned by run_id: one member owns every record of a shard. Ours also
         # shares the members' endpoints. One assignor only: aiokafka (through 0.14) sends a
@@ -55,7 +55,11 @@ def make_consumer(
 
 
 async def connect(
-    settings: Settings, consumer: AIOKafkaConsumer, dead_letters: DeadLetterSender, *, send_dead_letters: bool
+    kafka: KafkaSettings,
+    consumer: AIOKafkaConsumer,
+    dead_letters: DeadLetterSender,
+    *,
+    send_dead_letters: bool,
 ) -> None:
     """Start `consumer`, and the DLQ's producer when it sends dead letters.
 
@@ -63,13 +67,13 @@ async def connect(
     raised as the error that says how to reach it.
     """
     try:
-        await asyncio.wait_for(consumer.start(), settings.ack_timeout_s)
+        await asyncio.wait_for(consumer.start(), kafka.ack_timeout_s)
         if send_dead_letters:
             await dead_letters.start()
     except (KafkaError, OSError, TimeoutError) as exc:
         await consumer.stop()
         await dead_letters.stop()
-        raise await connection_error(settings, 'did not accept the projector', exc) from exc
+        raise await connection_error(kafka, 'did not accept the projector', exc) from exc
 
 
 async def take_partitions(
@@ -90,7 +94,7 @@ async def take_partitions(
 
 
 def may_not_read(
-    settings: Settings, group_id: str, topics: tuple[str, str], exc: BaseException
+    kafka: KafkaSettings, group_id: str, topics: tuple[str, str], exc: BaseException
 ) -> StepStreamError:
     """The error for a principal without the projector's READ rights (on its group or topics)."""
     if isinstance(exc, GroupAuthorizationFailedError):
@@ -99,7 +103,7 @@ def may_not_read(
         joined = ' and '.join(topics)
         what, grant = f'read {joined}', f'READ on {joined}'
     fix = f'grant it {grant} (the projector ACL), or use the projector principal'
-    return access_denied(settings, what, exc, fix=fix)
+    return access_denied(kafka, what, exc, fix=fix)
 
 
 async def end_position(consumer: AIOKafkaConsumer) -> Position:
@@ -112,7 +116,7 @@ async def end_position(consumer: AIOKafkaConsumer) -> Position:
 
 
 async def disconnect(
-    settings: Settings, consumer: AIOKafkaConsumer | None, dead_letters: DeadLetterSender
+    kafka: KafkaSettings, consumer: AIOKafkaConsumer | None, dead_letters: DeadLetterSender
 ) -> None:
     """Stop the consumer (a member leaves its group) and the DLQ's producer.
 
@@ -124,7 +128,7 @@ async def disconnect(
         stopping.insert(0, stop_consumer(consumer))
     for client in stopping:
         try:
-            await asyncio.wait_for(client, settings.ack_timeout_s)
+            await asyncio.wait_for(client, kafka.ack_timeout_s)
         except TimeoutError:
             log.warning('the broker did not answer while the projector disconnected; stopping anyway')
 

@@ -20,7 +20,7 @@ from aiokafka.errors import KafkaError, MessageSizeTooLargeError
 
 from stepstream.kafka_client import AUTHORIZATION_ERRORS, access_denied, client_options
 from stepstream.projector._apply import Rejection
-from stepstream.settings import Settings
+from stepstream.settings import KafkaSettings
 from stepstream.storage import dumps
 from stepstream.topics import unavailable
 
@@ -89,29 +89,30 @@ class DeadLetterHeaders:
 
 
 class DeadLetterSender:
-    """Sends dead letters to `settings.dlq_topic`, each with its reason and source coordinates.
+    """Sends dead letters to `dlq_topic` (`settings.topics.dlq_topic`), with reason and source coordinates.
 
     ```python
-    sender = DeadLetterSender(settings, topics=(events_topic, effects_topic))
+    sender = DeadLetterSender(settings.kafka, settings.topics.dlq_topic, topics=(events_topic, effects_topic))
     await sender.start()
     if await sender.send(outcome.dead, stopping=lambda: False):
         txn.commit()
     ```
     """
 
-    def __init__(self, settings: Settings, *, topics: tuple[str, str]) -> None:
+    def __init__(self, kafka: KafkaSettings, dlq_topic: str, *, topics: tuple[str, str]) -> None:
         """`topics` are the step-events and tool-effects topic names (a letter's source topic index)."""
-        self.settings = settings
+        self.kafka = kafka
+        self.dlq_topic = dlq_topic
         self.topics = topics
         self._producer: AIOKafkaProducer | None = None
 
     async def start(self) -> None:
         """Connect the DLQ producer (`acks=all`)."""
         producer = AIOKafkaProducer(
-            **client_options(self.settings), acks='all', client_id='stepstream-projector-dlq'
+            **client_options(self.kafka), acks='all', client_id='stepstream-projector-dlq'
         )
         try:
-            await asyncio.wait_for(producer.start(), self.settings.ack_timeout_s)
+            await asyncio.wait_for(producer.start(), self.kafka.ack_timeout_s)
         except BaseException:
             await producer.stop()
             raise
@@ -135,10 +136,10 @@ class DeadLetterSender:
                 return True
             except AUTHORIZATION_ERRORS as exc:
                 raise access_denied(
-                    self.settings,
-                    f'write dead letters to {self.settings.dlq_topic}',
+                    self.kafka,
+                    f'write dead letters to {self.dlq_topic}',
                     exc,
-                    fix=f'grant it WRITE on {self.settings.dlq_topic} (the projector ACL)',
+                    fix=f'grant it WRITE on {self.dlq_topic} (the projector ACL)',
                 ) from exc
             except (KafkaError, TimeoutError, OSError) as exc:
                 if stopping():
@@ -159,20 +160,20 @@ class DeadLetterSender:
                 key, value = None, dlq_envelope(letter, topic)
                 why = replace(why, envelope=True)
             try:
-                ack = await self._producer.send(self.settings.dlq_topic, value, key=key, headers=why.encode())
+                ack = await self._producer.send(self.dlq_topic, value, key=key, headers=why.encode())
             except MessageSizeTooLargeError:  # the DLQ's own limit is below ours: send the envelope
                 ack = await self._producer.send(
-                    self.settings.dlq_topic,
+                    self.dlq_topic,
                     dlq_envelope(letter, topic),
                     headers=replace(why, envelope=True).encode(),
                 )
             acks.append(ack)
         try:
-            await asyncio.wait_for(asyncio.gather(*acks), self.settings.ack_timeout_s)
+            await asyncio.wait_for(asyncio.gather(*acks), self.kafka.ack_timeout_s)
         except AUTHORIZATION_ERRORS:
             raise
         except (KafkaError, TimeoutError) as exc:
-            raise unavailable(self.settings, 'did not acknowledge dead-lettered records', exc) from exc
+            raise unavailable(self.kafka, 'did not acknowledge dead-lettered records', exc) from exc
 
 
 def dlq_envelope(letter: Rejection, topic: str) -> bytes:

@@ -74,7 +74,7 @@ class ProjectorParts:
         A rebuild (not `live`) does not show up in lag tooling: it commits nothing to the consumer group.
         """
         return (
-            self.dead_letters or DeadLetterSender(settings, topics=topics),
+            self.dead_letters or DeadLetterSender(settings.kafka, settings.topics.dlq_topic, topics=topics),
             self.group_offsets or GroupOffsets(enabled=live),
             self.metrics or ApplyMetrics(),
         )

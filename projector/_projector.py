@@ -96,7 +96,8 @@ class Projector:
         group = member.group if member is not None else None
         checkpoints = member.checkpoints if member is not None else None
         self.settings = settings
-        self.db_path = check_projection(db_path if db_path is not None else settings.db_path, create=True)
+        path = db_path if db_path is not None else settings.projection.db_path
+        self.db_path = check_projection(path, create=True)
         self.shards = ShardSet(
             self.db_path,
             settings,
@@ -108,7 +109,7 @@ class Projector:
         """The shards this projector holds (assign, revoke, restore: `ShardSet`)."""
         self.member = member
         self.group = group
-        self.group_id = group or f'{settings.topic_prefix}.projector'
+        self.group_id = group or f'{settings.topics.topic_prefix}.projector'
         self.create_topics = create_topics
         self.max_batch_records = max_batch_records
         self.poll_timeout_ms = poll_timeout_ms
@@ -118,10 +119,10 @@ class Projector:
         self.session_timeout_ms = member.session_timeout_ms if member is not None else SESSION_TIMEOUT_MS
         given = member.membership if member is not None else None
         self.membership = given if given is not None else Membership()
-        self.media_store: MediaStore = media_store or S3MediaStore.from_settings(settings)
-        self.keys = KeyRing(settings) if settings.erasure_key is not None else None
+        self.media_store: MediaStore = media_store or S3MediaStore.from_settings(settings.media)
+        self.keys = KeyRing(settings) if settings.security.erasure_key is not None else None
         """Erasure on: the conversation keys its readers open sealed content with, in memory only."""
-        self._topics = (settings.step_events_topic, settings.tool_effects_topic)
+        self._topics = (settings.topics.step_events_topic, settings.topics.tool_effects_topic)
         made = (parts or ProjectorParts()).made(settings, self._topics, live=rebuilding is None)
         self.dead_letters, self.group_offsets, self.metrics = made
         self._position = AppliedPosition()
@@ -189,13 +190,14 @@ class Projector:
         for partition in self.shards.partitions:
             self.shards.claim(self.shards[partition], layout)
         self._pipeline.start(self.settings, layout)
+        kafka = self.settings.kafka
         consumer = make_consumer(
-            self.settings,
+            kafka,
             group_id=self.group_id,
             membership=self.membership,
             session_timeout_ms=self.session_timeout_ms,
         )
-        await connect(self.settings, consumer, self.dead_letters, send_dead_letters=self.send_dead_letters)
+        await connect(kafka, consumer, self.dead_letters, send_dead_letters=self.send_dead_letters)
         self._consumer = consumer
         self._assignment.attach(consumer, layout)
         if self.group is None:
@@ -209,7 +211,7 @@ class Projector:
                 self._consumer = None
                 await consumer.stop()
                 await self.dead_letters.stop()
-                raise may_not_read(self.settings, self.group_id, self._topics, exc) from exc
+                raise may_not_read(self.settings.kafka, self.group_id, self._topics, exc) from exc
         else:
             consumer.subscribe(list(self._topics), listener=self._assignment.listener())
         self._stopping = False
@@ -243,10 +245,11 @@ class Projector:
         if self._consumer is not None and self.group_offsets.pending:
             # The last second's offsets too, so lag tooling reads the position the projector left at.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.group_offsets.commit(self._consumer), self.settings.ack_timeout_s)
+                timeout = self.settings.kafka.ack_timeout_s
+                await asyncio.wait_for(self.group_offsets.commit(self._consumer), timeout)
         # A member's shards are revoked (and closed) as its consumer leaves the group; with the
         # broker gone, `close()` closes them all the same.
-        await disconnect(self.settings, self._consumer, self.dead_letters)
+        await disconnect(self.settings.kafka, self._consumer, self.dead_letters)
         self._consumer = None
         await self._pipeline.close()
         self.shards.flush()
@@ -302,7 +305,7 @@ class Projector:
             partitions=partitions,
             media_store=self.media_store,
             keys=self.keys,
-            stale_after_s=self.settings.stale_after_s,
+            stale_after_s=self.settings.liveness.stale_after_s,
             scope=(lambda: membership.own) if membership.endpoint is not None else None,
         )
 
@@ -356,7 +359,7 @@ class Projector:
         except asyncio.CancelledError:
             raise
         except AUTHORIZATION_ERRORS as exc:
-            failure = may_not_read(self.settings, self.group_id, self._topics, exc)
+            failure = may_not_read(self.settings.kafka, self.group_id, self._topics, exc)
             log.error('projector stopped: %s', failure)
             await self._position.fail(failure)
             raise failure from exc

@@ -55,10 +55,11 @@ async def rebuild(
             )
         max_snapshots_per_run = identity.max_snapshots_per_run
         retain = identity.retain_ended_us
-        if settings.retain_ended_us is not None and settings.retain_ended_us != retain:
+        if settings.projection.retain_ended_us is not None and settings.projection.retain_ended_us != retain:
             raise UsageError(
                 f'--like {like} has the retention policy retain_ended_us={retain}, but '
-                f'STEPSTREAM_RETAIN_ENDED_DAYS={settings.retain_ended_days} was given: give one or the other'
+                f'STEPSTREAM_RETAIN_ENDED_DAYS={settings.projection.retain_ended_days} was given: '
+                'give one or the other'
             )
         settings = settings.replace(retain_ended_days=None if retain is None else retain / 86_400_000_000)
     target = check_projection(into, create=True)

@@ -34,7 +34,11 @@ class WireFormats:
 
     def __init__(self, settings: Settings) -> None:
         """A registry client when `settings` name one; without, Confluent records are unreadable."""
-        self.registry = SchemaRegistry(settings) if settings.schema_registry_url else None
+        self.registry = (
+            SchemaRegistry(settings.registry, timeout_s=settings.kafka.ack_timeout_s)
+            if settings.registry.schema_registry_url
+            else None
+        )
 
     async def close(self) -> None:
         """Close the registry client."""

@@ -118,7 +118,7 @@ class ProjectionReader:
     ) -> ProjectionReader:
         """Open a projection that projectors (maybe in other processes) are writing.
 
-        Give `media_store` (e.g. `S3MediaStore.from_settings(settings)`) to read snapshots whose
+        Give `media_store` (e.g. `S3MediaStore.from_settings(settings.media)`) to read snapshots whose
         large payloads were offloaded, and `keys` (`KeyRing(settings)`) when erasure is on.
         """
         root = check_projection(path, create=False)
@@ -134,20 +134,22 @@ class ProjectionReader:
 
     @classmethod
     def from_settings(cls, settings: Settings, *, media_store: MediaStore | None = None) -> ProjectionReader:
-        """The projection at `settings.db_path`, as every reader outside its projector opens it.
+        """The projection at `settings.projection.db_path`, as every reader outside its projector opens it.
 
         Its media store is the settings' S3 bucket (or `media_store`), stale runs are judged by
-        `settings.stale_after_s`, and with erasure on it reads the conversation keys itself (a
+        `settings.liveness.stale_after_s`, and with erasure on it reads the conversation keys itself (a
         `KeyRing` it closes with the reader). Close it with `aclose`, or use it as
         `async with ProjectionReader.from_settings(settings) as reader:`.
         """
         from stepstream.media import S3MediaStore
 
-        keys = KeyRing(settings) if settings.erasure_key is not None else None
+        keys = KeyRing(settings) if settings.security.erasure_key is not None else None
         reader = cls.open(
-            settings.db_path,
-            media_store=media_store if media_store is not None else S3MediaStore.from_settings(settings),
-            stale_after_s=settings.stale_after_s,
+            settings.projection.db_path,
+            media_store=media_store
+            if media_store is not None
+            else S3MediaStore.from_settings(settings.media),
+            stale_after_s=settings.liveness.stale_after_s,
             keys=keys,
         )
         reader._owned_keys = keys

@@ -28,7 +28,7 @@ class _NoMediaStore:
     def _missing(self, uri: str) -> StepStreamError:
         return StepStreamError(
             f'this snapshot refers to offloaded media ({uri}) but the reader has no media store: '
-            'open it with media_store=S3MediaStore.from_settings(settings)'
+            'open it with media_store=S3MediaStore.from_settings(settings.media)'
         )
 
     async def put(self, data: bytes, ctx: MediaContext = NO_CONTEXT) -> str:

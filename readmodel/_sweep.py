@@ -83,7 +83,7 @@ async def sweep_media(
 
     ```python
     async with ProjectionReader.from_settings(settings) as reader:
-        report = await sweep_media(reader, S3MediaStore.from_settings(settings))
+        report = await sweep_media(reader, S3MediaStore.from_settings(settings.media))
     ```
     """
     if grace <= store.refresh_after:

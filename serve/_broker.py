@@ -21,7 +21,7 @@ from stepstream.kafka_client import client_options
 from stepstream.projector import DeadLetterHeaders
 from stepstream.readmodel import ProjectionReader
 from stepstream.serve._models import DeadLetter, DeadLetters, PartitionLag, Status
-from stepstream.settings import Settings
+from stepstream.settings import KafkaSettings, Settings
 from stepstream.topics import log_end_offsets, partition_counts
 
 
@@ -32,9 +32,9 @@ async def status_with_lag(settings: Settings, reader: ProjectionReader) -> Statu
     ends: dict[TopicPartition, int] = {}
     error = None
     try:
-        ends = await asyncio.wait_for(_log_ends(settings, applied), settings.ack_timeout_s * 2)
+        ends = await asyncio.wait_for(_log_ends(settings, applied), settings.kafka.ack_timeout_s * 2)
     except (KafkaError, OSError, TimeoutError, StepStreamError) as exc:
-        error = f'the broker at {settings.bootstrap_servers} did not give end offsets: {exc!r}'
+        error = f'the broker at {settings.kafka.bootstrap_servers} did not give end offsets: {exc!r}'
     keys = sorted({*applied, *((tp.topic, tp.partition) for tp in ends)})
     partitions = []
     for topic, partition in keys:
@@ -56,41 +56,45 @@ async def status_with_lag(settings: Settings, reader: ProjectionReader) -> Statu
 async def dead_letters(settings: Settings, limit: int = 50) -> DeadLetters:
     """The newest `limit` records of the DLQ topic, newest first, read by a short-lived consumer."""
     try:
-        return await asyncio.wait_for(_read_dlq(settings, limit), settings.ack_timeout_s * 2)
+        return await asyncio.wait_for(_read_dlq(settings, limit), settings.kafka.ack_timeout_s * 2)
     except (KafkaError, OSError, TimeoutError) as exc:
-        return DeadLetters(entries=[], total=0, error=f'{settings.dlq_topic} could not be read: {exc!r}')
+        return DeadLetters(
+            entries=[], total=0, error=f'{settings.topics.dlq_topic} could not be read: {exc!r}'
+        )
 
 
-def _consumer(settings: Settings) -> AIOKafkaConsumer:
-    timeout_ms = int(settings.ack_timeout_s * 1000)
+def _consumer(kafka: KafkaSettings) -> AIOKafkaConsumer:
+    timeout_ms = int(kafka.ack_timeout_s * 1000)
     return AIOKafkaConsumer(
-        **client_options(settings),
+        **client_options(kafka),
         enable_auto_commit=False,
         request_timeout_ms=max(timeout_ms, 5000),
         client_id='stepstream-serve',
     )
 
 
-async def _partitions(settings: Settings, *topics: str) -> list[TopicPartition]:
+async def _partitions(kafka: KafkaSettings, *topics: str) -> list[TopicPartition]:
     """The topics' partitions (none for a topic that does not exist), from the cluster now."""
-    counts = await partition_counts(settings, list(topics))
+    counts = await partition_counts(kafka, list(topics))
     return [TopicPartition(topic, p) for topic in topics for p in range(counts.get(topic, 0))]
 
 
 async def _log_ends(settings: Settings, applied: Mapping[tuple[str, int], int]) -> dict[TopicPartition, int]:
     """The end offset of every partition of both log topics (as `stepstream status` takes it)."""
-    tps = await _partitions(settings, settings.step_events_topic, settings.tool_effects_topic)
+    tps = await _partitions(
+        settings.kafka, settings.topics.step_events_topic, settings.topics.tool_effects_topic
+    )
     ends = await log_end_offsets(
-        settings, {(tp.topic, tp.partition): applied.get((tp.topic, tp.partition), 0) for tp in tps}
+        settings.kafka, {(tp.topic, tp.partition): applied.get((tp.topic, tp.partition), 0) for tp in tps}
     )
     return {TopicPartition(topic, partition): end for (topic, partition), end in ends.items()}
 
 
 async def _read_dlq(settings: Settings, limit: int) -> DeadLetters:
-    consumer = _consumer(settings)
+    consumer = _consumer(settings.kafka)
     try:  # stopped even when it cannot start (a broker that refuses): no unclosed consumer
         await consumer.start()
-        tps = await _partitions(settings, settings.dlq_topic)
+        tps = await _partitions(settings.kafka, settings.topics.dlq_topic)
         if not tps:
             return DeadLetters(entries=[], total=0, error=None)
         starts = await consumer.beginning_offsets(tps)

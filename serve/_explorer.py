@@ -205,7 +205,7 @@ async def run(request: Request, run_id: str) -> Response:
         siblings=siblings,
         forks=[r for r in siblings if r.metadata.get(FORKED_FROM) == run_id],
         events=events,
-        trace_url=source.settings.trace_url,
+        trace_url=source.settings.serve.trace_url,
         effects=by_call,
         totals=totals(record, now),
         spans=waterfall(record, events, by_call, io, now),

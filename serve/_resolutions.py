@@ -53,7 +53,7 @@ class Resolutions:
             effect,
             resolution=resolution,
             note=note,
-            operator=operator or self.settings.operator_name,
+            operator=operator or self.settings.serve.operator_name,
             writer_id=resolver_id('serve'),
             force=force,
         )
@@ -101,7 +101,7 @@ class Resolutions:
         every 50 ms (each ask catches up with the primary).
         """
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.settings.ack_timeout_s
+        deadline = loop.time() + self.settings.kafka.ack_timeout_s
         while True:
             effect = await self.reader.get_tool_effect(record.run_id, record.tool_call_id)
             if effect is not None and any(

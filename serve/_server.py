@@ -18,7 +18,7 @@ from stepstream.readmodel import ProjectionReader
 from stepstream.serve._app import create_app
 from stepstream.serve._group import Peers
 from stepstream.serve._source import Source
-from stepstream.settings import Settings
+from stepstream.settings import ServeSettings, Settings
 
 DEFAULT_HOST = '127.0.0.1'
 DEFAULT_PORT = 8321
@@ -34,9 +34,9 @@ def is_loopback(host: str) -> bool:
         return False  # a host name: it may resolve to anything
 
 
-def check_binding(host: str, settings: Settings) -> None:
+def check_binding(host: str, serve: ServeSettings) -> None:
     """Refuse to serve beyond loopback without a token: the projection holds every prompt and tool result."""
-    if not is_loopback(host) and settings.serve_token is None:
+    if not is_loopback(host) and serve.serve_token is None:
         raise UsageError(
             f'serving on {host} (not loopback) needs a bearer token: set STEPSTREAM_SERVE_TOKEN '
             '(or STEPSTREAM_SERVE_TOKEN_FILE, a file holding it); clients then send '
@@ -51,7 +51,7 @@ def app_for(
     membership: Membership | None = None,
     observer: ProjectorObserver | None = None,
 ) -> FastAPI:
-    """The service over `settings.db_path` (or over `reader`), with the settings' media store and token.
+    """The service over `projection.db_path` (or over `reader`), with the settings' media store and token.
 
     A reader passed in stays the caller's to close; one opened here closes with the application.
     With `membership` (a group member's, see `GroupMember.membership`), the service answers for
@@ -59,13 +59,13 @@ def app_for(
     lists from every member; `observer` (its projector's) joins the service's `/metrics` and
     answers `/healthz` and `/readyz`.
     """
-    store = media_store if media_store is not None else S3MediaStore.from_settings(settings)
+    store = media_store if media_store is not None else S3MediaStore.from_settings(settings.media)
     owned = reader is None
     reader = reader if reader is not None else ProjectionReader.from_settings(settings, media_store=store)
-    token = settings.serve_token.get_secret_value() if settings.serve_token is not None else None
+    token = settings.serve.serve_token.get_secret_value() if settings.serve.serve_token is not None else None
     peers = None
     if membership is not None:
-        peers = Peers(membership, token=token, timeout_s=settings.ack_timeout_s * 3)
+        peers = Peers(membership, token=token, timeout_s=settings.kafka.ack_timeout_s * 3)
     source = Source(settings, reader, store, peers=peers)
     return create_app(source, token=token, on_close=reader.aclose if owned else None, observer=observer)
 

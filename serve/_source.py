@@ -83,7 +83,9 @@ class Source:
         self.reader = reader
         self.media_store = media_store
         self.peers = peers
-        if settings.erasure_key is not None:  # erasure on: sealed content and media open with the keys
+        if (
+            settings.security.erasure_key is not None
+        ):  # erasure on: sealed content and media open with the keys
             if reader.keys is None:
                 raise UsageError(
                     'erasure is on (STEPSTREAM_ERASURE_KEY) but the reader has no conversation keys: '

@@ -37,13 +37,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from stepstream.errors import StepStreamError
-from stepstream.settings import parse_kek
+from stepstream.kek import parse_kek
 
 if TYPE_CHECKING:
     from aiokafka import AIOKafkaConsumer
 
     from stepstream.schemas import SnapshotDelta
-    from stepstream.settings import Settings
+    from stepstream.settings import Settings, TopicSettings
 
 KEY_BYTES = 32
 """AES-256: the size of a data key and of the key-encryption key."""
@@ -71,9 +71,9 @@ class ContentErased(StepStreamError):
     """The content asked for was erased (`stepstream forget`): its key no longer exists."""
 
 
-def key_topic(settings: Settings) -> str:
+def key_topic(topics: TopicSettings) -> str:
     """The compacted topic of the conversation keys: `{prefix}.conversation-keys`."""
-    return f'{settings.topic_prefix}.conversation-keys'
+    return f'{topics.topic_prefix}.conversation-keys'
 
 
 def new_kek() -> str:
@@ -274,11 +274,11 @@ class KeyRing:
     """
 
     def __init__(self, settings: Settings) -> None:
-        """Read `key_topic(settings)` with the KEK `settings.erasure_key`."""
-        if settings.erasure_key is None:
+        """Read `key_topic(settings.topics)` with the KEK `settings.security.erasure_key`."""
+        if settings.security.erasure_key is None:
             raise ValueError('a KeyRing needs STEPSTREAM_ERASURE_KEY (erasure is off without it)')
         self.settings = settings
-        self._kek = parse_kek(settings.erasure_key.get_secret_value())
+        self._kek = parse_kek(settings.security.erasure_key.get_secret_value())
         self._keys: dict[str, ConversationKey] = {}
         self.erased: set[str] = set()
         """Key ids this ring saw tombstoned (compaction later drops tombstones too)."""
@@ -331,12 +331,12 @@ class KeyRing:
                         self._apply(record.key, record.value)
                 ends = {tp: max(end, consumer.highwater(tp) or 0) for tp, end in ends.items()}
             loop = asyncio.get_running_loop()
-            deadline = loop.time() + self.settings.ack_timeout_s
+            deadline = loop.time() + self.settings.kafka.ack_timeout_s
             while [tp for tp in partitions if await consumer.position(tp) < ends[tp]]:
                 if loop.time() > deadline:
                     raise StepStreamError(
-                        f'the key topic {key_topic(self.settings)} did not deliver up to its end within '
-                        f'{self.settings.ack_timeout_s:g}s'
+                        f'the key topic {key_topic(self.settings.topics)} did not deliver up to its end '
+                        f'within {self.settings.kafka.ack_timeout_s:g}s'
                     )
                 batches = await consumer.getmany(timeout_ms=200)
                 for records in batches.values():
@@ -364,18 +364,18 @@ class KeyRing:
         from stepstream.kafka_client import client_options
         from stepstream.topics import partition_counts
 
-        topic = key_topic(self.settings)
+        topic = key_topic(self.settings.topics)
         await ensure_key_topic(self.settings)
         consumer = AIOKafkaConsumer(
-            **client_options(self.settings),
+            **client_options(self.settings.kafka),
             enable_auto_commit=False,
             auto_offset_reset='earliest',
             fetch_max_wait_ms=50,
-            request_timeout_ms=max(1000, int(self.settings.ack_timeout_s * 1000)),
+            request_timeout_ms=max(1000, int(self.settings.kafka.ack_timeout_s * 1000)),
         )
-        await asyncio.wait_for(consumer.start(), self.settings.ack_timeout_s)
+        await asyncio.wait_for(consumer.start(), self.settings.kafka.ack_timeout_s)
         try:
-            counts = await partition_counts(self.settings, [topic])
+            counts = await partition_counts(self.settings.kafka, [topic])
             if not counts.get(topic):
                 raise StepStreamError(f'the key topic {topic} has no partitions this client can see')
             partitions = range(counts[topic])
@@ -397,18 +397,18 @@ async def ensure_key_topic(settings: Settings) -> None:
     from stepstream.kafka_client import client_options
     from stepstream.topics import topic_errors
 
-    topic = key_topic(settings)
+    topic = key_topic(settings.topics)
     admin = AIOKafkaAdminClient(
-        **client_options(settings), request_timeout_ms=int(settings.ack_timeout_s * 1000)
+        **client_options(settings.kafka), request_timeout_ms=int(settings.kafka.ack_timeout_s * 1000)
     )
-    await asyncio.wait_for(admin.start(), settings.ack_timeout_s)
+    await asyncio.wait_for(admin.start(), settings.kafka.ack_timeout_s)
     try:
         if topic in set(await admin.list_topics()):
             return
         new = NewTopic(
             name=topic,
             num_partitions=1,
-            replication_factor=settings.replication_factor,
+            replication_factor=settings.topics.replication_factor,
             topic_configs=dict(KEY_TOPIC_CONFIGS),
         )
         try:
@@ -423,7 +423,7 @@ async def ensure_key_topic(settings: Settings) -> None:
                 )
             if code not in (0, 36):  # 36: another process made it first
                 raise StepStreamError(f'could not create the key topic {name}: error {code} {message or ""}')
-        for _ in range(max(1, int(settings.ack_timeout_s / 0.05))):
+        for _ in range(max(1, int(settings.kafka.ack_timeout_s / 0.05))):
             if topic in set(await admin.list_topics()):
                 break
             await asyncio.sleep(0.05)  # Apache Kafka creates topics asynchronously

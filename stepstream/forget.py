@@ -27,7 +27,7 @@ from stepstream.media import NO_CONTEXT, MediaNotFound, snapshot_media
 if TYPE_CHECKING:
     from stepstream.media import MediaStore
     from stepstream.readmodel import ProjectionReader
-    from stepstream.settings import Settings
+    from stepstream.settings import KafkaSettings, Settings
 
 
 @dataclass(kw_only=True)
@@ -69,7 +69,7 @@ async def forget_conversation(
     report = await forget_conversation(settings, 'conv-1', reader=reader, media_store=store)
     ```
     """
-    if settings.erasure_key is None:
+    if settings.security.erasure_key is None:
         raise StepStreamError(
             'erasure is off (STEPSTREAM_ERASURE_KEY is unset): nothing of this log is sealed, so nothing '
             'can be forgotten without rewriting it'
@@ -79,7 +79,7 @@ async def forget_conversation(
     async with KeyRing(settings) as keys:
         await keys.refresh(thorough=True)  # every key of the conversation, or one would survive
         doomed = keys.of_conversation(conversation_id)
-        await _tombstone(settings, [k.record_key() for k in doomed])
+        await _tombstone(settings.kafka, key_topic(settings.topics), [k.record_key() for k in doomed])
         report.keys_destroyed = sorted(k.key_id for k in doomed)
     destroyed = set(report.keys_destroyed)
     for uri in sorted(uris):
@@ -130,7 +130,7 @@ async def _delete_sealed(store: MediaStore, uri: str, key_ids: set[str]) -> str 
     return None
 
 
-async def _tombstone(settings: Settings, record_keys: list[bytes]) -> None:
+async def _tombstone(kafka: KafkaSettings, topic: str, record_keys: list[bytes]) -> None:
     """Append a tombstone for each key record and wait until the broker acknowledged them all."""
     if not record_keys:
         return
@@ -138,11 +138,10 @@ async def _tombstone(settings: Settings, record_keys: list[bytes]) -> None:
 
     from stepstream.kafka_client import client_options
 
-    producer = AIOKafkaProducer(**client_options(settings), acks='all', client_id='stepstream-forget')
-    await asyncio.wait_for(producer.start(), settings.ack_timeout_s)
+    producer = AIOKafkaProducer(**client_options(kafka), acks='all', client_id='stepstream-forget')
+    await asyncio.wait_for(producer.start(), kafka.ack_timeout_s)
     try:
-        topic = key_topic(settings)
-        async with asyncio.timeout(settings.ack_timeout_s):
+        async with asyncio.timeout(kafka.ack_timeout_s):
             sent = [await producer.send(topic, None, key=key) for key in record_keys]
             await asyncio.gather(*sent)
     finally:

@@ -1,7 +1,7 @@
 """How every Kafka client stepstream makes connects: the one place TLS and SASL options are built.
 
 The producer (`EventLog`), the projector's consumer and DLQ producer, the admin client that
-creates topics, and the CLI all pass `client_options(settings)` to aiokafka, so a security
+creates topics, and the CLI all pass `client_options(kafka)` to aiokafka, so a security
 setting reaches all of them or none.
 
 aiokafka reports a client that cannot bootstrap as `Unable to bootstrap from [...]` and logs the
@@ -33,7 +33,7 @@ from aiokafka.errors import (
 from aiokafka.protocol.metadata import MetadataRequest
 
 from stepstream.errors import AccessDenied, SecureConnectionError, StepStreamError, StepStreamUnavailable
-from stepstream.settings import Settings
+from stepstream.settings import KafkaSettings
 
 AUTHORIZATION_ERRORS = (
     TopicAuthorizationFailedError,
@@ -43,54 +43,54 @@ AUTHORIZATION_ERRORS = (
 """What a broker with an authorizer answers a principal that lacks an ACL."""
 
 
-def client_options(settings: Settings) -> dict[str, Any]:
+def client_options(kafka: KafkaSettings) -> dict[str, Any]:
     """The keyword arguments every aiokafka client stepstream makes is built with.
 
     ```python
-    consumer = AIOKafkaConsumer(group_id='analytics', **client_options(settings))
+    consumer = AIOKafkaConsumer(group_id='analytics', **client_options(kafka))
     ```
     """
     options: dict[str, Any] = {
-        'bootstrap_servers': settings.bootstrap_servers,
-        'security_protocol': settings.security_protocol,
+        'bootstrap_servers': kafka.bootstrap_servers,
+        'security_protocol': kafka.security_protocol,
     }
-    if settings.uses_tls:
-        options['ssl_context'] = ssl_context(settings)
-    if settings.sasl_mechanism is not None:
-        options['sasl_mechanism'] = settings.sasl_mechanism
-        if settings.sasl_mechanism == 'OAUTHBEARER':
-            options['sasl_oauth_token_provider'] = token_provider(settings)
+    if kafka.uses_tls:
+        options['ssl_context'] = ssl_context(kafka)
+    if kafka.sasl_mechanism is not None:
+        options['sasl_mechanism'] = kafka.sasl_mechanism
+        if kafka.sasl_mechanism == 'OAUTHBEARER':
+            options['sasl_oauth_token_provider'] = token_provider(kafka)
         else:
-            assert settings.sasl_password is not None  # Settings refuses SASL without one
-            options['sasl_plain_username'] = settings.sasl_username
-            options['sasl_plain_password'] = settings.sasl_password.get_secret_value()
+            assert kafka.sasl_password is not None  # Settings refuses SASL without one
+            options['sasl_plain_username'] = kafka.sasl_username
+            options['sasl_plain_password'] = kafka.sasl_password.get_secret_value()
     return options
 
 
-def ssl_context(settings: Settings) -> ssl.SSLContext:
+def ssl_context(kafka: KafkaSettings) -> ssl.SSLContext:
     """A TLS client context: the CA file (else the system's CAs), the client certificate if any.
 
     Hostname checking stays on: a broker's certificate must name the address clients use.
     """
-    if settings.ssl_cafile:
-        _check_file(settings.ssl_cafile, 'ssl_cafile')
+    if kafka.ssl_cafile:
+        _check_file(kafka.ssl_cafile, 'ssl_cafile')
     try:
-        context = ssl.create_default_context(cafile=settings.ssl_cafile)
+        context = ssl.create_default_context(cafile=kafka.ssl_cafile)
     except ssl.SSLError as exc:
         raise SecureConnectionError(
-            f'STEPSTREAM_SSL_CAFILE={settings.ssl_cafile!r} holds no CA certificate that can be loaded '
+            f'STEPSTREAM_SSL_CAFILE={kafka.ssl_cafile!r} holds no CA certificate that can be loaded '
             f'({exc.reason or exc}): set it to a PEM file of the CA that signed the broker certificate'
         ) from None
-    if settings.ssl_certfile:
-        _check_file(settings.ssl_certfile, 'ssl_certfile')
-        if settings.ssl_keyfile:
-            _check_file(settings.ssl_keyfile, 'ssl_keyfile')
+    if kafka.ssl_certfile:
+        _check_file(kafka.ssl_certfile, 'ssl_certfile')
+        if kafka.ssl_keyfile:
+            _check_file(kafka.ssl_keyfile, 'ssl_keyfile')
         try:
-            context.load_cert_chain(settings.ssl_certfile, settings.ssl_keyfile)
+            context.load_cert_chain(kafka.ssl_certfile, kafka.ssl_keyfile)
         except ssl.SSLError as exc:
             raise SecureConnectionError(
-                f'the client certificate {settings.ssl_certfile} and its key '
-                f'{settings.ssl_keyfile or "(in the same file)"} cannot be loaded ({exc.reason or exc}): '
+                f'the client certificate {kafka.ssl_certfile} and its key '
+                f'{kafka.ssl_keyfile or "(in the same file)"} cannot be loaded ({exc.reason or exc}): '
                 'set STEPSTREAM_SSL_CERTFILE and STEPSTREAM_SSL_KEYFILE to a PEM certificate and its '
                 'unencrypted private key'
             ) from None
@@ -107,13 +107,13 @@ def _check_file(path: str, field_name: str) -> None:
         ) from None
 
 
-def token_provider(settings: Settings) -> AbstractTokenProvider:
-    """The OAUTHBEARER token provider `settings.sasl_oauth_token_provider` names.
+def token_provider(kafka: KafkaSettings) -> AbstractTokenProvider:
+    """The OAUTHBEARER token provider `kafka.sasl_oauth_token_provider` names.
 
     `module:attribute` (or `module.attribute`) of an `aiokafka.abc.AbstractTokenProvider`
     instance, or of a class or factory that returns one when called with no arguments.
     """
-    spec = settings.sasl_oauth_token_provider or ''
+    spec = kafka.sasl_oauth_token_provider or ''
     module_name, _, attribute = spec.partition(':') if ':' in spec else spec.rpartition('.')
     where = f'STEPSTREAM_SASL_OAUTH_TOKEN_PROVIDER={spec!r}'
     try:
@@ -129,36 +129,36 @@ def token_provider(settings: Settings) -> AbstractTokenProvider:
     return provider
 
 
-def principal(settings: Settings) -> str:
+def principal(kafka: KafkaSettings) -> str:
     """Who these settings authenticate as, in words an error message can use."""
-    if settings.sasl_mechanism == 'OAUTHBEARER':
-        return f'the OAUTHBEARER principal of {settings.sasl_oauth_token_provider}'
-    if settings.sasl_mechanism is not None:
-        return f'SASL user {settings.sasl_username!r}'
-    if settings.ssl_certfile:
-        return f'the client certificate {settings.ssl_certfile}'
+    if kafka.sasl_mechanism == 'OAUTHBEARER':
+        return f'the OAUTHBEARER principal of {kafka.sasl_oauth_token_provider}'
+    if kafka.sasl_mechanism is not None:
+        return f'SASL user {kafka.sasl_username!r}'
+    if kafka.ssl_certfile:
+        return f'the client certificate {kafka.ssl_certfile}'
     return 'the anonymous principal (no SASL, no client certificate)'
 
 
-def access_denied(settings: Settings, doing: str, exc: BaseException, *, fix: str) -> AccessDenied:
+def access_denied(kafka: KafkaSettings, doing: str, exc: BaseException, *, fix: str) -> AccessDenied:
     """The error for a principal the broker's ACLs refuse, saying what was refused and how to fix it."""
     return AccessDenied(
-        f'Kafka at {settings.bootstrap_servers} refused {principal(settings)} to {doing} '
+        f'Kafka at {kafka.bootstrap_servers} refused {principal(kafka)} to {doing} '
         f'({type(exc).__name__}): {fix}. docs/security.md lists the ACLs each stepstream role needs.'
     )
 
 
-def unavailable(settings: Settings, what: str, exc: BaseException | None = None) -> StepStreamUnavailable:
+def unavailable(kafka: KafkaSettings, what: str, exc: BaseException | None = None) -> StepStreamUnavailable:
     """The error for a Kafka cluster that does not answer, naming the servers and the timeout."""
     cause = f': {exc!r}' if exc is not None else ''
     return StepStreamUnavailable(
-        f'Kafka at {settings.bootstrap_servers} {what} within {settings.ack_timeout_s:g}s{cause}. '
+        f'Kafka at {kafka.bootstrap_servers} {what} within {kafka.ack_timeout_s:g}s{cause}. '
         'Check that the broker is running and reachable (STEPSTREAM_BOOTSTRAP_SERVERS), '
         'or raise STEPSTREAM_ACK_TIMEOUT_S.'
     )
 
 
-async def connection_error(settings: Settings, what: str, exc: BaseException) -> StepStreamError:
+async def connection_error(kafka: KafkaSettings, what: str, exc: BaseException) -> StepStreamError:
     """The error to raise when a client could not start: the TLS or SASL cause if there is one.
 
     Asks the first bootstrap server again on one connection (bounded by the timeout) to learn
@@ -166,23 +166,23 @@ async def connection_error(settings: Settings, what: str, exc: BaseException) ->
     """
     if isinstance(exc, StepStreamError):
         return exc
-    probe_s = min(settings.ack_timeout_s, 3.0)
-    network = await _network_problem(settings.bootstrap_servers, probe_s)
+    probe_s = min(kafka.ack_timeout_s, 3.0)
+    network = await _network_problem(kafka.bootstrap_servers, probe_s)
     if network is not None:
         return StepStreamUnavailable(
-            f'Kafka at {settings.bootstrap_servers} {what}: {network}. Check STEPSTREAM_BOOTSTRAP_SERVERS '
+            f'Kafka at {kafka.bootstrap_servers} {what}: {network}. Check STEPSTREAM_BOOTSTRAP_SERVERS '
             '(`stepstream stack up` starts an embedded broker and points the CLI at it).'
         )
     # A TLS or SASL cause shows at once; a service that is silent to a Kafka request would hold
     # the diagnosis to its timeout, so after `probe_s` a plain ApiVersions probe decides that.
-    diagnosis = asyncio.ensure_future(asyncio.wait_for(_diagnose(settings), settings.ack_timeout_s))
+    diagnosis = asyncio.ensure_future(asyncio.wait_for(_diagnose(kafka), kafka.ack_timeout_s))
     try:
         done, _ = await asyncio.wait([diagnosis], timeout=probe_s)
-        if not (done and diagnosis.exception() is None and diagnosis.result()) and not settings.uses_tls:
-            host, port = _first_server(settings)
+        if not (done and diagnosis.exception() is None and diagnosis.result()) and not kafka.uses_tls:
+            host, port = _first_server(kafka)
             if not await _speaks_plain_kafka(host, port, probe_s):
                 return StepStreamUnavailable(
-                    f'Kafka at {settings.bootstrap_servers} {what}: the service on {host}:{port} accepts '
+                    f'Kafka at {kafka.bootstrap_servers} {what}: the service on {host}:{port} accepts '
                     'connections but does not answer a Kafka request, so it is not a Kafka broker (or '
                     'not a Kafka listener). Check STEPSTREAM_BOOTSTRAP_SERVERS.'
                 )
@@ -192,19 +192,19 @@ async def connection_error(settings: Settings, what: str, exc: BaseException) ->
             cause = None
     finally:
         diagnosis.cancel()
-    return cause or unavailable(settings, what, exc)
+    return cause or unavailable(kafka, what, exc)
 
 
-async def broker_answers(settings: Settings) -> bool:
+async def broker_answers(kafka: KafkaSettings) -> bool:
     """Whether a bootstrap server completes a connection as these settings make it (TLS, SASL).
 
     One connection with no retries and no log lines: the projector service asks it to notice a
     lost broker coming back.
     """
-    options = client_options(settings)
+    options = client_options(kafka)
     options.pop('bootstrap_servers')
-    timeout = min(settings.ack_timeout_s, 3.0)
-    for server in settings.bootstrap_servers.split(','):
+    timeout = min(kafka.ack_timeout_s, 3.0)
+    for server in kafka.bootstrap_servers.split(','):
         host, _, port = server.strip().rpartition(':')
         try:
             conn = await asyncio.wait_for(
@@ -269,17 +269,17 @@ async def _server_problem(server: str, timeout_s: float) -> str | None:
     return None
 
 
-async def _diagnose(settings: Settings) -> SecureConnectionError | None:
-    host, port = _first_server(settings)
+async def _diagnose(kafka: KafkaSettings) -> SecureConnectionError | None:
+    host, port = _first_server(kafka)
     where = f'Kafka at {host}:{port}'
-    options = client_options(settings)
+    options = client_options(kafka)
     options.pop('bootstrap_servers')
     try:
         conn = await create_conn(
             host,
             port,
             client_id='stepstream-diagnosis',
-            request_timeout_ms=int(settings.ack_timeout_s * 1000),
+            request_timeout_ms=int(kafka.ack_timeout_s * 1000),
             **options,
         )
         try:
@@ -294,48 +294,46 @@ async def _diagnose(settings: Settings) -> SecureConnectionError | None:
                 'or reissue the certificate with that name'
             )
         trusted = (
-            f'the CA in STEPSTREAM_SSL_CAFILE={settings.ssl_cafile}'
-            if settings.ssl_cafile
-            else "the system's CAs"
+            f'the CA in STEPSTREAM_SSL_CAFILE={kafka.ssl_cafile}' if kafka.ssl_cafile else "the system's CAs"
         )
         return SecureConnectionError(
             f"{where}: the broker's TLS certificate is not trusted by {trusted} ({err.verify_message}). "
             'Set STEPSTREAM_SSL_CAFILE to the PEM file of the CA that signed the broker certificate'
         )
     except ssl.SSLError as err:
-        return _tls_refused(settings, where, err)
+        return _tls_refused(kafka, where, err)
     except (SaslAuthenticationFailed, AuthenticationFailedError) as err:
         return SecureConnectionError(
-            f'{where} refused SASL {settings.sasl_mechanism} authentication as {principal(settings)} '
+            f'{where} refused SASL {kafka.sasl_mechanism} authentication as {principal(kafka)} '
             f'({err}). Check STEPSTREAM_SASL_USERNAME and STEPSTREAM_SASL_PASSWORD '
             '(or STEPSTREAM_SASL_PASSWORD_FILE), and that the user exists for this mechanism'
         )
     except UnsupportedSaslMechanismError as err:
         return SecureConnectionError(
-            f'{where} does not offer SASL {settings.sasl_mechanism} on this listener ({err}). '
+            f'{where} does not offer SASL {kafka.sasl_mechanism} on this listener ({err}). '
             'Set STEPSTREAM_SASL_MECHANISM to one the listener enables'
         )
     except (KafkaError, OSError, TimeoutError) as err:
         tls_error = _ssl_cause(err)
         if tls_error is not None:
-            return _tls_refused(settings, where, tls_error)
+            return _tls_refused(kafka, where, tls_error)
         if isinstance(err, ConnectionRefusedError | TimeoutError):
             return None  # down or slow, not refused: the plain "unavailable" error says so
-        if not settings.uses_tls and await _speaks_tls(host, port, settings.ack_timeout_s):
-            wanted = 'SASL_SSL' if settings.security_protocol == 'SASL_PLAINTEXT' else 'SSL or SASL_SSL'
+        if not kafka.uses_tls and await _speaks_tls(host, port, kafka.ack_timeout_s):
+            wanted = 'SASL_SSL' if kafka.security_protocol == 'SASL_PLAINTEXT' else 'SSL or SASL_SSL'
             return SecureConnectionError(
-                f'{where} speaks TLS, but STEPSTREAM_SECURITY_PROTOCOL is {settings.security_protocol}: '
+                f'{where} speaks TLS, but STEPSTREAM_SECURITY_PROTOCOL is {kafka.security_protocol}: '
                 f'set it to {wanted} (and STEPSTREAM_SSL_CAFILE if a private CA signed the broker)'
             )
-        if settings.uses_tls and await _speaks_plain_kafka(host, port, settings.ack_timeout_s):
-            plain = 'SASL_PLAINTEXT' if settings.security_protocol == 'SASL_SSL' else 'PLAINTEXT'
+        if kafka.uses_tls and await _speaks_plain_kafka(host, port, kafka.ack_timeout_s):
+            plain = 'SASL_PLAINTEXT' if kafka.security_protocol == 'SASL_SSL' else 'PLAINTEXT'
             return SecureConnectionError(
                 f'{where} does not speak TLS on this listener, but STEPSTREAM_SECURITY_PROTOCOL is '
-                f'{settings.security_protocol}: use the TLS listener (STEPSTREAM_BOOTSTRAP_SERVERS) or '
+                f'{kafka.security_protocol}: use the TLS listener (STEPSTREAM_BOOTSTRAP_SERVERS) or '
                 f'set the protocol to {plain}'
             )
-        if settings.security_protocol == 'PLAINTEXT' and await _speaks_plain_kafka(
-            host, port, settings.ack_timeout_s
+        if kafka.security_protocol == 'PLAINTEXT' and await _speaks_plain_kafka(
+            host, port, kafka.ack_timeout_s
         ):
             return SecureConnectionError(
                 f'{where} closed the connection before answering ({err!r}); a listener that requires '
@@ -345,13 +343,13 @@ async def _diagnose(settings: Settings) -> SecureConnectionError | None:
     return None
 
 
-def _tls_refused(settings: Settings, where: str, err: ssl.SSLError) -> SecureConnectionError:
+def _tls_refused(kafka: KafkaSettings, where: str, err: ssl.SSLError) -> SecureConnectionError:
     reason = (err.reason or str(err)).upper()
     if 'WRONG_VERSION_NUMBER' in reason or 'RECORD_LAYER' in reason or 'UNEXPECTED_EOF' in reason:
-        plain = 'SASL_PLAINTEXT' if settings.security_protocol == 'SASL_SSL' else 'PLAINTEXT'
+        plain = 'SASL_PLAINTEXT' if kafka.security_protocol == 'SASL_SSL' else 'PLAINTEXT'
         return SecureConnectionError(
             f'{where} does not speak TLS on this listener ({err.reason or err}), but '
-            f'STEPSTREAM_SECURITY_PROTOCOL is {settings.security_protocol}: use the TLS listener '
+            f'STEPSTREAM_SECURITY_PROTOCOL is {kafka.security_protocol}: use the TLS listener '
             f'(STEPSTREAM_BOOTSTRAP_SERVERS) or set the protocol to {plain}'
         )
     # The alerts a broker sends for a missing or untrusted client certificate (Java sends BAD_CERTIFICATE
@@ -363,7 +361,7 @@ def _tls_refused(settings: Settings, where: str, err: ssl.SSLError) -> SecureCon
         'UNKNOWN_CA',
         'CERTIFICATE_UNKNOWN',
     )
-    if not settings.ssl_certfile and any(word in reason for word in refused):
+    if not kafka.ssl_certfile and any(word in reason for word in refused):
         return SecureConnectionError(
             f'{where} requires a client certificate (mutual TLS) and none was sent '
             f'({err.reason or err}). Set STEPSTREAM_SSL_CERTFILE (and STEPSTREAM_SSL_KEYFILE) to a '
@@ -371,7 +369,7 @@ def _tls_refused(settings: Settings, where: str, err: ssl.SSLError) -> SecureCon
         )
     if any(word in reason for word in refused):
         return SecureConnectionError(
-            f'{where} refused the client certificate STEPSTREAM_SSL_CERTFILE={settings.ssl_certfile} '
+            f'{where} refused the client certificate STEPSTREAM_SSL_CERTFILE={kafka.ssl_certfile} '
             f'({err.reason or err}): the broker does not trust the CA that signed it'
         )
     return SecureConnectionError(f'{where}: the TLS handshake failed ({err.reason or err})')
@@ -415,7 +413,7 @@ async def _speaks_plain_kafka(host: str, port: int, timeout: float) -> bool:
     return True
 
 
-def _first_server(settings: Settings) -> tuple[str, int]:
-    first = settings.bootstrap_servers.split(',')[0].strip()
+def _first_server(kafka: KafkaSettings) -> tuple[str, int]:
+    first = kafka.bootstrap_servers.split(',')[0].strip()
     host, _, port = first.rpartition(':')
     return (host.strip('[]') or first), int(port or 9092)

@@ -23,7 +23,7 @@ from urllib.parse import quote
 
 from stepstream.errors import SchemaError, SchemaRegistryError, StepStreamError
 from stepstream.schemas import SchemaVersion, version_of_schema
-from stepstream.settings import Settings
+from stepstream.settings import RegistrySettings
 
 if TYPE_CHECKING:
     import httpx
@@ -36,18 +36,18 @@ MAX_UNKNOWN_IDS = 4096
 
 
 class SchemaRegistry:
-    """The registry at `settings.schema_registry_url`, with the ids and schemas learnt from it cached.
+    """The registry at `schema_registry_url`, with the ids and schemas learnt from it cached.
 
     ```python
-    async with SchemaRegistry(settings) as registry:
+    async with SchemaRegistry(settings.registry, timeout_s=settings.kafka.ack_timeout_s) as registry:
         schema_id = await registry.id_of('stepstream.step-events-value', STEP_EVENT_SCHEMA)
         version = await registry.version_of(schema_id)   # STEP_EVENT_SCHEMA
     ```
     """
 
-    def __init__(self, settings: Settings) -> None:
-        """Configure the client; nothing connects before the first request."""
-        if settings.schema_registry_url is None:
+    def __init__(self, registry: RegistrySettings, *, timeout_s: float) -> None:
+        """Configure the client (each request waits up to `timeout_s`); nothing connects before the first."""
+        if registry.schema_registry_url is None:
             raise StepStreamError(f'no schema registry is configured: set {_SETTING}')
         try:
             import httpx
@@ -56,21 +56,22 @@ class SchemaRegistry:
                 f'{_SETTING} is set, and talking to a schema registry needs httpx: '
                 "pip install 'stepstream[registry]'"
             ) from None
-        self.url = settings.schema_registry_url.rstrip('/')
+        self.url = registry.schema_registry_url.rstrip('/')
         auth = None
-        if settings.schema_registry_username is not None and settings.schema_registry_password is not None:
+        if registry.schema_registry_username is not None and registry.schema_registry_password is not None:
             auth = httpx.BasicAuth(
-                settings.schema_registry_username, settings.schema_registry_password.get_secret_value()
+                registry.schema_registry_username,
+                registry.schema_registry_password.get_secret_value(),
             )
         verify: ssl.SSLContext | bool = True
-        if settings.schema_registry_cafile:
+        if registry.schema_registry_cafile:
             verify = ssl.create_default_context()
-            verify.load_verify_locations(cafile=settings.schema_registry_cafile)  # besides the system's CAs
+            verify.load_verify_locations(cafile=registry.schema_registry_cafile)  # besides the system's CAs
         self._client = httpx.AsyncClient(
             base_url=self.url,
             auth=auth,
             verify=verify,
-            timeout=settings.ack_timeout_s,
+            timeout=timeout_s,
             headers={'Accept': f'{_CONTENT_TYPE}, application/json', 'Content-Type': _CONTENT_TYPE},
         )
         self._httpx = httpx

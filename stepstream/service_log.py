@@ -23,7 +23,7 @@ class BrokerLossLog(logging.Filter):
     lost, and one line says so until it answers again.
 
     ```python
-    handler.addFilter(loss := BrokerLossLog(settings.bootstrap_servers))
+    handler.addFilter(loss := BrokerLossLog(settings.kafka.bootstrap_servers))
     ...
     if loss.pending:
         loss.checked(await broker_answers(settings))

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-    from stepstream.settings import SecretStr
+    from stepstream.secret import SecretStr
 
 SIGNED_KIND = 'chain_signed'
 """The step event kind of a signed chain head: not part of the run's trail (it takes no `seq`)."""

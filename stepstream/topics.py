@@ -22,7 +22,7 @@ from stepstream.kafka_client import (
     connection_error,
     unavailable,
 )
-from stepstream.settings import Settings
+from stepstream.settings import KafkaSettings, Settings, TopicSettings
 
 __all__ = [
     'LOG_TOPIC_CONFIGS',
@@ -64,19 +64,19 @@ async def ensure_topics(settings: Settings, *, create: bool = True, dlq: bool = 
     producer passes `dlq=False`: it never writes the DLQ, and a least-privilege producer
     principal may not even see it.
     """
-    admin = await _admin(settings, 'could not connect to create or check topics')
+    admin = await _admin(settings.kafka, 'could not connect to create or check topics')
     try:
-        log_topics = [settings.step_events_topic, settings.tool_effects_topic]
+        log_topics = [settings.topics.step_events_topic, settings.topics.tool_effects_topic]
         existing = set(await admin.list_topics())
         if create:
-            wanted = [*log_topics, settings.dlq_topic] if dlq else log_topics
+            wanted = [*log_topics, settings.topics.dlq_topic] if dlq else log_topics
             missing = [t for t in wanted if t not in existing]
             if missing:
-                await _create(admin, settings, missing)
+                await _create(admin, settings.kafka, settings.topics, missing)
         counts = await _partition_counts(admin, log_topics)
         # Apache Kafka creates topics asynchronously: a topic just created can be missing from the
         # next metadata answer for a moment, so look again until it shows (or the timeout).
-        deadline = asyncio.get_running_loop().time() + settings.ack_timeout_s
+        deadline = asyncio.get_running_loop().time() + settings.kafka.ack_timeout_s
         while create and not all(counts.get(t) for t in log_topics):
             if asyncio.get_running_loop().time() > deadline:
                 break
@@ -88,7 +88,7 @@ async def ensure_topics(settings: Settings, *, create: bool = True, dlq: bool = 
     missing_topics = [t for t in log_topics if not counts.get(t)]
     if missing_topics:
         raise StepStreamError(
-            f'topics {missing_topics} do not exist on {settings.bootstrap_servers}, or this principal '
+            f'topics {missing_topics} do not exist on {settings.kafka.bootstrap_servers}, or this principal '
             'may not describe them; create them with `stepstream topics ensure` (an admin principal) '
             'or allow creation'
         )
@@ -99,31 +99,35 @@ async def ensure_topics(settings: Settings, *, create: bool = True, dlq: bool = 
         )
     cluster_id = described.get('cluster_id')
     cluster = (
-        cluster_id if isinstance(cluster_id, str) and cluster_id else f'servers:{settings.bootstrap_servers}'
+        cluster_id
+        if isinstance(cluster_id, str) and cluster_id
+        else f'servers:{settings.kafka.bootstrap_servers}'
     )
-    return TopicLayout(partitions=counts[settings.step_events_topic], cluster=cluster)
+    return TopicLayout(partitions=counts[settings.topics.step_events_topic], cluster=cluster)
 
 
-async def _admin(settings: Settings, failing: str) -> AIOKafkaAdminClient:
+async def _admin(kafka: KafkaSettings, failing: str) -> AIOKafkaAdminClient:
     """A started admin client (close it), or the connection error that says `failing` and why."""
     admin = AIOKafkaAdminClient(
-        **client_options(settings),
-        request_timeout_ms=int(settings.ack_timeout_s * 1000),
+        **client_options(kafka),
+        request_timeout_ms=int(kafka.ack_timeout_s * 1000),
     )
     try:
-        await asyncio.wait_for(admin.start(), settings.ack_timeout_s)
+        await asyncio.wait_for(admin.start(), kafka.ack_timeout_s)
     except (KafkaError, OSError, TimeoutError) as exc:
         await admin.close()
-        raise await connection_error(settings, failing, exc) from exc
+        raise await connection_error(kafka, failing, exc) from exc
     return admin
 
 
-async def _create(admin: AIOKafkaAdminClient, settings: Settings, topics: list[str]) -> None:
+async def _create(
+    admin: AIOKafkaAdminClient, kafka: KafkaSettings, layout: TopicSettings, topics: list[str]
+) -> None:
     new = [
         NewTopic(
             name=topic,
-            num_partitions=settings.partitions,
-            replication_factor=settings.replication_factor,
+            num_partitions=layout.partitions,
+            replication_factor=layout.replication_factor,
             topic_configs=dict(LOG_TOPIC_CONFIGS),
         )
         for topic in topics
@@ -133,18 +137,18 @@ async def _create(admin: AIOKafkaAdminClient, settings: Settings, topics: list[s
     except TopicAlreadyExistsError:
         return
     except AUTHORIZATION_ERRORS as exc:
-        raise _may_not_create(settings, topics, exc) from exc
+        raise _may_not_create(kafka, topics, exc) from exc
     for topic, code, message in topic_errors(response):
         # 36 = TOPIC_ALREADY_EXISTS: another process created it first, which is fine.
         if code in (29, 31):  # TOPIC_/CLUSTER_AUTHORIZATION_FAILED: no CREATE for this principal
-            raise _may_not_create(settings, topics, for_code(code)())
+            raise _may_not_create(kafka, topics, for_code(code)())
         if code not in (0, 36):
             raise StepStreamError(f'could not create topic {topic!r}: error {code} {message or ""}'.strip())
 
 
-def _may_not_create(settings: Settings, topics: list[str], exc: BaseException) -> StepStreamError:
+def _may_not_create(kafka: KafkaSettings, topics: list[str], exc: BaseException) -> StepStreamError:
     return access_denied(
-        settings,
+        kafka,
         f'create the missing topics {topics}',
         exc,
         fix='run `stepstream topics ensure` once with an admin principal (one allowed to create '
@@ -158,9 +162,9 @@ def topic_errors(response: object) -> list[tuple[str, int, str | None]]:
     return [(row[0], row[1], row[2] if len(row) > 2 else None) for row in rows]
 
 
-async def partition_counts(settings: Settings, topics: list[str]) -> dict[str, int]:
+async def partition_counts(kafka: KafkaSettings, topics: list[str]) -> dict[str, int]:
     """Each topic's partition count, asked of the cluster now; a missing topic is left out."""
-    admin = await _admin(settings, 'could not connect to describe topics')
+    admin = await _admin(kafka, 'could not connect to describe topics')
     try:
         return await _partition_counts(admin, topics)
     finally:
@@ -186,28 +190,28 @@ def murmur2_partition(key: bytes, partitions: int) -> int:
     return (murmur2(key) & 0x7FFFFFFF) % partitions
 
 
-async def started_consumer(settings: Settings, **options: Any) -> AIOKafkaConsumer:
+async def started_consumer(kafka: KafkaSettings, **options: Any) -> AIOKafkaConsumer:
     """A started consumer without a group (stop it), or the connection error that says why not.
 
-    `options` are aiokafka's, over `client_options(settings)`, no auto-commit and a request
+    `options` are aiokafka's, over `client_options(kafka)`, no auto-commit and a request
     timeout of `ack_timeout_s`.
     """
     consumer = AIOKafkaConsumer(
-        **client_options(settings),
+        **client_options(kafka),
         enable_auto_commit=False,
-        request_timeout_ms=max(1000, int(settings.ack_timeout_s * 1000)),
+        request_timeout_ms=max(1000, int(kafka.ack_timeout_s * 1000)),
         **options,
     )
     try:
-        await asyncio.wait_for(consumer.start(), settings.ack_timeout_s)
+        await asyncio.wait_for(consumer.start(), kafka.ack_timeout_s)
     except (KafkaError, OSError, TimeoutError) as exc:
         await consumer.stop()
-        raise await connection_error(settings, 'did not accept a consumer connection', exc) from exc
+        raise await connection_error(kafka, 'did not accept a consumer connection', exc) from exc
     return consumer
 
 
 async def log_end_offsets(
-    settings: Settings, applied: Mapping[tuple[str, int], int]
+    kafka: KafkaSettings, applied: Mapping[tuple[str, int], int]
 ) -> dict[tuple[str, int], int]:
     """The end of each partition in `applied`: the largest of what ListOffsets and a fetch report.
 
@@ -215,7 +219,7 @@ async def log_end_offsets(
     true high watermark; the applied offset is a floor too (the projector read that far).
     """
     consumer = await started_consumer(
-        settings, auto_offset_reset='latest', fetch_max_wait_ms=50, max_partition_fetch_bytes=64 * 1024
+        kafka, auto_offset_reset='latest', fetch_max_wait_ms=50, max_partition_fetch_bytes=64 * 1024
     )
     try:
         partitions = {TopicPartition(topic, p): offset for (topic, p), offset in applied.items()}
@@ -224,7 +228,7 @@ async def log_end_offsets(
         for tp, offset in partitions.items():
             consumer.seek(tp, min(offset, listed[tp]))
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + min(settings.ack_timeout_s, 3.0)
+        deadline = loop.time() + min(kafka.ack_timeout_s, 3.0)
         while loop.time() < deadline and any(consumer.highwater(tp) is None for tp in partitions):
             await consumer.getmany(timeout_ms=100)
         return {
@@ -235,7 +239,7 @@ async def log_end_offsets(
         await consumer.stop()
 
 
-async def supports_idempotence(settings: Settings) -> bool:
+async def supports_idempotence(kafka: KafkaSettings) -> bool:
     """Whether the cluster grants producer ids (InitProducerId), so idempotent producing works.
 
     Asked with the standard request rather than inferred from the broker's name or version:
@@ -245,18 +249,18 @@ async def supports_idempotence(settings: Settings) -> bool:
     from aiokafka.protocol.transaction import InitProducerIdRequest
 
     client = AIOKafkaClient(
-        **client_options(settings),
-        request_timeout_ms=int(settings.ack_timeout_s * 1000),
+        **client_options(kafka),
+        request_timeout_ms=int(kafka.ack_timeout_s * 1000),
     )
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + settings.ack_timeout_s
+    deadline = loop.time() + kafka.ack_timeout_s
     try:
-        await asyncio.wait_for(client.bootstrap(), settings.ack_timeout_s)
+        await asyncio.wait_for(client.bootstrap(), kafka.ack_timeout_s)
         node = next(iter(client.cluster.brokers())).nodeId
         while True:
             response = await asyncio.wait_for(
                 client.send(node, InitProducerIdRequest(None, 60_000)),
-                settings.ack_timeout_s,
+                kafka.ack_timeout_s,
             )
             if response.error_code == 0:
                 return True

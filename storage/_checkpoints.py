@@ -111,8 +111,8 @@ class Checkpoints:
     def from_settings(cls, settings: Settings, *, group: str, interval_s: float = 60.0) -> Checkpoints:
         """Checkpoints in the bucket the `STEPSTREAM_S3_*` settings name."""
         return cls(
-            S3MediaStore.from_settings(settings),
-            topic_prefix=settings.topic_prefix,
+            S3MediaStore.from_settings(settings.media),
+            topic_prefix=settings.topics.topic_prefix,
             group=group,
             interval_s=interval_s,
         )

@@ -88,7 +88,7 @@ class ShardSet:
         self.group = group
         self.rebuilding = rebuilding
         self.max_snapshots_per_run = max_snapshots_per_run
-        self.retain_ended_us = settings.retain_ended_us
+        self.retain_ended_us = settings.projection.retain_ended_us
         """The retention policy (`Settings.retain_ended_days`): the one asked for, or the shards'."""
         self.checkpoints = checkpoints
         self.lock = asyncio.Lock()
@@ -137,7 +137,7 @@ class ShardSet:
             return shard
         identity = Identity(
             format=Identity.FORMAT,
-            topic_prefix=self.settings.topic_prefix,
+            topic_prefix=self.settings.topics.topic_prefix,
             cluster=layout.cluster,
             max_snapshots_per_run=self._options_from_shards(),
             retain_ended_us=self.retain_ended_us,
@@ -198,16 +198,16 @@ class ShardSet:
                 f'{where} holds a projection made by another stepstream version ({found}); this one reads '
                 f'format {Identity.FORMAT}. Rebuild it with `stepstream rebuild --into NEW_DIR`'
             )
-        if stored.topic_prefix != self.settings.topic_prefix:
+        if stored.topic_prefix != self.settings.topics.topic_prefix:
             raise ProjectionMismatch(
                 f'{self.root} was built from the topics {stored.topic_prefix}.*, '
-                f'not {self.settings.topic_prefix}.*: set STEPSTREAM_TOPIC_PREFIX (--topic-prefix) '
+                f'not {self.settings.topics.topic_prefix}.*: set STEPSTREAM_TOPIC_PREFIX (--topic-prefix) '
                 'to match, or use another --db-path'
             )
         if stored.cluster != layout.cluster:
             raise ProjectionMismatch(
                 f'{self.root} was built from Kafka cluster {stored.cluster!r}, '
-                f'but {self.settings.bootstrap_servers} is cluster {layout.cluster!r}: point '
+                f'but {self.settings.kafka.bootstrap_servers} is cluster {layout.cluster!r}: point '
                 'STEPSTREAM_BOOTSTRAP_SERVERS at the cluster it was built from, or use another --db-path'
             )
         if stored.partitions != layout.partitions or stored.partition != shard.partition:

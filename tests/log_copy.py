@@ -22,8 +22,10 @@ async def copy_log(
     `keep` leaves a record out when it says False; `stamp` gives a record's new timestamp (ms).
     """
     await ensure_topics(copy)
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, auto_offset_reset='earliest')
-    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=settings.kafka.bootstrap_servers, auto_offset_reset='earliest'
+    )
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers)
     await consumer.start()
     await producer.start()
     written: Position = {}
@@ -34,8 +36,8 @@ async def copy_log(
         remaining = set(end)
         while remaining:
             for tp, batch in (await consumer.getmany(timeout_ms=1000)).items():
-                effects = tp.topic == settings.tool_effects_topic
-                topic = copy.tool_effects_topic if effects else copy.step_events_topic
+                effects = tp.topic == settings.topics.tool_effects_topic
+                topic = copy.topics.tool_effects_topic if effects else copy.topics.step_events_topic
                 for m in batch:
                     if m.offset >= end[tp] or (keep is not None and not keep(tp, m)):
                         continue

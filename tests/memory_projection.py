@@ -23,9 +23,13 @@ class MemoryProjection:
         self.log = log
         self.shard = MemoryShard()
         self.applier = Applier(
-            (settings.step_events_topic, settings.tool_effects_topic), partitions=settings.partitions
+            (settings.topics.step_events_topic, settings.topics.tool_effects_topic),
+            partitions=settings.topics.partitions,
         )
-        self._topics = {settings.step_events_topic: EVENTS, settings.tool_effects_topic: EFFECTS}
+        self._topics = {
+            settings.topics.step_events_topic: EVENTS,
+            settings.topics.tool_effects_topic: EFFECTS,
+        }
         self._applied = 0
         self.dead: list[Rejection] = []
         """Every record the rules dead-lettered, in order."""

@@ -223,11 +223,11 @@ async def crash_in_tool(log: EventLog, run_id: str, *, conversation_id: str) -> 
 
 async def _poison(settings: Settings) -> dict[TopicPartition, int]:
     """A record that is no stepstream record; the position just past it."""
-    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers)
     await producer.start()
     try:
         sent = await producer.send_and_wait(
-            settings.step_events_topic, b'not an avro record', key=b'poison-run'
+            settings.topics.step_events_topic, b'not an avro record', key=b'poison-run'
         )
     finally:
         await producer.stop()
@@ -245,7 +245,7 @@ async def served_projection(settings: Settings, db_path: Path) -> AsyncIterator[
         [orchestrator] = await reader.list_runs(agent_name='orchestrator')
         delegates = [r.run_id for r in await reader.list_runs(parent_run_id=orchestrator.run_id)]
         [image_run] = await reader.list_runs(agent_name='viewer')
-        opened = ProjectionReader.open(db_path, media_store=S3MediaStore.from_settings(settings))
+        opened = ProjectionReader.open(db_path, media_store=S3MediaStore.from_settings(settings.media))
         try:
             async with running(app_for(settings, reader=opened), port=0) as server:
                 yield Served(

@@ -240,8 +240,8 @@ async def test_every_query_in_analytics_md_answers_on_a_real_export(
         'not on the blog',
     )
     assert code == 0, stderr
-    home = murmur2_partition(unknown['run_id'].encode(), settings.partitions)
-    ends = await log_end_offsets(settings, {(settings.tool_effects_topic, home): 0})
+    home = murmur2_partition(unknown['run_id'].encode(), settings.topics.partitions)
+    ends = await log_end_offsets(settings.kafka, {(settings.topics.tool_effects_topic, home): 0})
     await projector.wait_for(
         {TopicPartition(topic, partition): end for (topic, partition), end in ends.items()}
     )
@@ -257,7 +257,7 @@ async def test_the_export_goes_to_s3_with_hive_paths_and_reads_the_topics_too(
 ) -> None:
     await write_runs(event_log)
     await projector.wait_for(await event_log.flush())
-    target = f's3://{settings.s3_bucket}/exports/{settings.topic_prefix}'
+    target = f's3://{settings.media.s3_bucket}/exports/{settings.topics.topic_prefix}'
     code, from_projection, stderr = await cli(settings, db_path, 'export', '--out', target)
     assert code == 0, stderr
     fs, base = export_filesystem(target, settings)
@@ -379,8 +379,8 @@ async def test_an_export_since_an_earlier_one_adds_each_event_once_and_each_runs
         'it went out',
     )
     assert code == 0, stderr
-    home = murmur2_partition(publisher.run_id.encode(), settings.partitions)
-    ends = await log_end_offsets(settings, {(settings.tool_effects_topic, home): 0})
+    home = murmur2_partition(publisher.run_id.encode(), settings.topics.partitions)
+    ends = await log_end_offsets(settings.kafka, {(settings.topics.tool_effects_topic, home): 0})
     await projector.wait_for({TopicPartition(t, p): end for (t, p), end in ends.items()})
     assert (await reader.get_tool_effect(publisher.run_id, effect.tool_call_id)).status == 'resolved'  # type: ignore[union-attr]
 

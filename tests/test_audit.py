@@ -59,18 +59,18 @@ Log = dict[tuple[str, int], list[Message]]
 
 
 def topic_of(settings: Settings, role: str) -> str:
-    return settings.step_events_topic if role == 'step_events' else settings.tool_effects_topic
+    return settings.topics.step_events_topic if role == 'step_events' else settings.topics.tool_effects_topic
 
 
 async def read_log(settings: Settings) -> Log:
-    topics = [settings.step_events_topic, settings.tool_effects_topic]
-    counts = await partition_counts(settings, topics)
-    consumer = AIOKafkaConsumer(**client_options(settings), enable_auto_commit=False)
+    topics = [settings.topics.step_events_topic, settings.topics.tool_effects_topic]
+    counts = await partition_counts(settings.kafka, topics)
+    consumer = AIOKafkaConsumer(**client_options(settings.kafka), enable_auto_commit=False)
     await consumer.start()
     try:
         log: Log = {}
         parts = [TopicPartition(t, p) for t in topics for p in range(counts[t])]
-        ends = await log_end_offsets(settings, {(tp.topic, tp.partition): 0 for tp in parts})
+        ends = await log_end_offsets(settings.kafka, {(tp.topic, tp.partition): 0 for tp in parts})
         consumer.assign(parts)
         await consumer.seek_to_beginning(*parts)
         for tp in parts:
@@ -93,7 +93,7 @@ async def copy_log(settings: Settings, log: Log) -> Settings:
     """The log written under a new topic prefix, each partition's records in the same order."""
     copy = settings.replace(topic_prefix=f'copy-{uuid.uuid4().hex[:10]}')
     await ensure_topics(copy)
-    producer = AIOKafkaProducer(**client_options(copy), acks='all', max_batch_size=1 << 20, linger_ms=5)
+    producer = AIOKafkaProducer(**client_options(copy.kafka), acks='all', max_batch_size=1 << 20, linger_ms=5)
     await producer.start()
     try:
         for (role, partition), messages in log.items():
@@ -125,7 +125,7 @@ def keys(tmp_path: Path) -> tuple[str, Path]:
 
 async def write_runs(settings: Settings) -> list[str]:
     """Signed, sealed runs: a delegating orchestrator, a worker with tool calls, plain answers."""
-    store = S3MediaStore.from_settings(settings)
+    store = S3MediaStore.from_settings(settings.media)
     run_ids: list[str] = []
     async with EventLog(settings) as log:
         from pydantic_ai import Agent
@@ -315,15 +315,15 @@ async def test_a_checkpoint_goes_to_s3_and_a_trimmed_log_reads_trimmed(
         settings, tmp_path / 'unused', 'audit', 'checkpoint', '--out', str(checkpoint), '--s3'
     )
     assert code == 0, err
-    key = out.strip().splitlines()[-1].split(f's3://{settings.s3_bucket}/', 1)[1]
+    key = out.strip().splitlines()[-1].split(f's3://{settings.media.s3_bucket}/', 1)[1]
     assert key.startswith('audit/checkpoints/')
-    stored = await obstore.get_async(S3MediaStore.from_settings(settings).object_store, key)
+    stored = await obstore.get_async(S3MediaStore.from_settings(settings.media).object_store, key)
     assert bytes(await stored.bytes_async()).decode() == checkpoint.read_text()
 
     log = await read_log(settings)
     where, messages = max(((w, m) for w, m in log.items() if w[0] == 'step_events'), key=lambda x: len(x[1]))
     cut = len(messages) // 2
-    admin = AIOKafkaAdminClient(**client_options(settings))
+    admin = AIOKafkaAdminClient(**client_options(settings.kafka))
     await admin.start()
     try:
         trimmed = TopicPartition(topic_of(settings, where[0]), where[1])

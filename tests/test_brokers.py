@@ -32,7 +32,7 @@ async def test_the_event_log_is_idempotent_where_the_broker_allows_it(settings: 
     async with EventLog(settings) as log:
         # Apache Kafka grants producer ids; Tansu refuses InitProducerId, so the log goes without.
         assert log.enable_idempotence is (BROKER == 'kafka')
-    assert await supports_idempotence(settings) is (BROKER == 'kafka')
+    assert await supports_idempotence(settings.kafka) is (BROKER == 'kafka')
 
 
 def batch(value: bytes, producer_id: int = -1, epoch: int = -1, sequence: int = -1) -> bytes:
@@ -45,8 +45,8 @@ def batch(value: bytes, producer_id: int = -1, epoch: int = -1, sequence: int = 
 async def test_a_resent_batch_is_written_once_only_by_an_idempotent_producer(settings: Settings) -> None:
     """A retry resends the very same batch: the broker drops it only when it carries a producer id."""
     await ensure_topics(settings)
-    topic = settings.step_events_topic
-    client = AIOKafkaClient(bootstrap_servers=settings.bootstrap_servers)
+    topic = settings.topics.step_events_topic
+    client = AIOKafkaClient(bootstrap_servers=settings.kafka.bootstrap_servers)
     await client.bootstrap()
     try:
         await client._metadata_update(client.cluster, [topic])
@@ -77,7 +77,9 @@ async def test_a_resent_batch_is_written_once_only_by_an_idempotent_producer(set
     finally:
         await client.close()
 
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, auto_offset_reset='earliest')
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=settings.kafka.bootstrap_servers, auto_offset_reset='earliest'
+    )
     await consumer.start()
     try:
         consumer.assign([TopicPartition(topic, 0)])
@@ -138,14 +140,14 @@ async def test_a_confluent_kafka_consumer_group_reads_the_topics(settings: Setti
     def consume() -> tuple[list[StepEvent], list[int]]:
         consumer = Consumer(
             {
-                'bootstrap.servers': settings.bootstrap_servers,
-                'group.id': f'{settings.topic_prefix}.analytics',
+                'bootstrap.servers': settings.kafka.bootstrap_servers,
+                'group.id': f'{settings.topics.topic_prefix}.analytics',
                 'auto.offset.reset': 'earliest',
                 'enable.auto.commit': False,
             }
         )
         try:
-            consumer.subscribe([settings.step_events_topic])
+            consumer.subscribe([settings.topics.step_events_topic])
             seen: list[StepEvent] = []
             for _ in range(120):
                 message = consumer.poll(1.0)

@@ -537,8 +537,8 @@ async def test_one_log_many_concurrent_runs_keep_per_run_order(
 async def test_from_spec_uses_a_shared_log(settings: Settings, broker_projector: Projector) -> None:
     projector = broker_projector
     spec = {
-        'bootstrap_servers': settings.bootstrap_servers,
-        'topic_prefix': settings.topic_prefix,
+        'bootstrap_servers': settings.kafka.bootstrap_servers,
+        'topic_prefix': settings.topics.topic_prefix,
         'agent_name': 's',
     }
     capability = StepPersistence.from_spec(**spec)
@@ -559,8 +559,8 @@ async def test_from_spec_uses_a_shared_log(settings: Settings, broker_projector:
 async def test_specs_for_different_principals_get_different_shared_logs(settings: Settings) -> None:
     """A log connects as one SASL user: two users of one cluster must not share its connection."""
     spec = {
-        'bootstrap_servers': settings.bootstrap_servers,
-        'topic_prefix': settings.topic_prefix,
+        'bootstrap_servers': settings.kafka.bootstrap_servers,
+        'topic_prefix': settings.topics.topic_prefix,
         'security_protocol': 'SASL_PLAINTEXT',
         'sasl_mechanism': 'SCRAM-SHA-512',
         'sasl_password': 'secret',
@@ -570,10 +570,14 @@ async def test_specs_for_different_principals_get_different_shared_logs(settings
         bob = StepPersistence.from_spec(**spec, sasl_username='bob').log
         assert alice is not bob
         assert isinstance(alice, EventLog) and isinstance(bob, EventLog)
-        assert (alice.settings.sasl_username, bob.settings.sasl_username) == ('alice', 'bob')
+        assert (alice.settings.kafka.sasl_username, bob.settings.kafka.sasl_username) == ('alice', 'bob')
         assert StepPersistence.from_spec(**spec, sasl_username='alice', agent_name='other').log is alice
         slower = StepPersistence.from_spec(**spec, sasl_username='alice', ack_timeout_s=60.0).log
-        assert slower is not alice and isinstance(slower, EventLog) and slower.settings.ack_timeout_s == 60.0
+        assert (
+            slower is not alice
+            and isinstance(slower, EventLog)
+            and slower.settings.kafka.ack_timeout_s == 60.0
+        )
     finally:
         await EventLog.close_shared()
 

@@ -75,7 +75,10 @@ async def test_a_run_appends_its_trail_in_seq_order_on_one_partition(store: Disk
     records = [r for r in log.records if r.record.run_id == 'r1']
     assert [r.record.seq for r in records] == list(range(len(records)))
     assert len({r.partition for r in records}) == 1
-    assert {r.topic for r in records} == {log.settings.step_events_topic, log.settings.tool_effects_topic}
+    assert {r.topic for r in records} == {
+        log.settings.topics.step_events_topic,
+        log.settings.topics.tool_effects_topic,
+    }
     kinds = [r.record.kind if isinstance(r.record, StepEvent) else r.record.status for r in records]
     assert kinds[0] == 'run_started' and kinds[-1] == 'run_completed'
     assert kinds.index('started') < kinds.index('tool_call_started') < kinds.index('completed')

@@ -128,7 +128,7 @@ async def test_views_tables_and_json(
     code, out, _ = await cli(settings, db_path, 'topics', 'ensure')
     assert (
         code == 0
-        and f'{settings.step_events_topic}, {settings.tool_effects_topic}' in out
+        and f'{settings.topics.step_events_topic}, {settings.topics.tool_effects_topic}' in out
         and '3 partitions' in out
     )
     code, out, _ = await cli(settings, db_path, 'status')
@@ -138,7 +138,9 @@ async def test_views_tables_and_json(
     status = json.loads(out)
     assert code == 0 and status['total_lag'] == 0 and status['dead_lettered'] == 0
     assert {(p['topic'], p['partition']) for p in status['partitions']} == {
-        (t, p) for t in (settings.step_events_topic, settings.tool_effects_topic) for p in range(3)
+        (t, p)
+        for t in (settings.topics.step_events_topic, settings.topics.tool_effects_topic)
+        for p in range(3)
     }
     assert all(p['end'] == p['applied'] for p in status['partitions'])
 

@@ -83,8 +83,8 @@ async def test_the_secret_key_is_never_a_flag(tmp_path: Path) -> None:
     secret = tmp_path / 'secret'
     secret.write_text('from-a-file\n')
     from_env = Settings.from_env({'STEPSTREAM_S3_SECRET_ACCESS_KEY_FILE': str(secret)})
-    assert from_env.s3_secret_access_key is not None
-    assert from_env.s3_secret_access_key.get_secret_value() == 'from-a-file'
+    assert from_env.media.s3_secret_access_key is not None
+    assert from_env.media.s3_secret_access_key.get_secret_value() == 'from-a-file'
     assert 'from-a-file' not in repr(from_env)
     with pytest.raises(ValueError, match=r'STEPSTREAM_S3_SECRET_ACCESS_KEY_FILE=.* cannot be read'):
         Settings.from_env({'STEPSTREAM_S3_SECRET_ACCESS_KEY_FILE': str(tmp_path / 'missing')})

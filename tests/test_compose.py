@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import dataclasses
 import re
 import shlex
 from pathlib import Path
@@ -24,7 +23,7 @@ import pytest
 from stepstream.cli._main import _parser
 from stepstream.cli._services import projector_service
 from stepstream.embedded.apache_kafka import BROKER_SETTINGS, KAFKA_VERSION, POM
-from stepstream.settings import ENV_PREFIX, Settings
+from stepstream.settings import ENV_PREFIX, SETTING_NAMES, Settings
 
 from secure_kafka import acl_rules, documented_acl_rules
 
@@ -120,7 +119,7 @@ def test_kafka_runs_what_the_tests_run(compose: dict[str, Any]) -> None:
 def test_projector_env_is_settings(compose: dict[str, Any]) -> None:
     services = compose['services']
     env = env_of(services['projector'])
-    known = {f'{ENV_PREFIX}{f.name.upper()}' for f in dataclasses.fields(Settings)}
+    known = {f'{ENV_PREFIX}{name.upper()}' for name in SETTING_NAMES}
     assert set(env) <= known, f'unknown to Settings: {set(env) - known}'
     assert {
         'STEPSTREAM_BOOTSTRAP_SERVERS',
@@ -139,26 +138,30 @@ def test_projector_env_is_settings(compose: dict[str, Any]) -> None:
     # Kafka: the compose service, on the listener advertised to the compose network.
     kafka_env = env_of(services['kafka'])
     advertised = [item.split('://')[1] for item in kafka_env['KAFKA_ADVERTISED_LISTENERS'].split(',')]
-    for server in settings.bootstrap_servers.split(','):
+    for server in settings.kafka.bootstrap_servers.split(','):
         host, _ = server.rsplit(':', 1)
         assert host == 'kafka' and server in advertised
 
     # S3: the MinIO service's API port, its root credentials and the bucket minio-init creates.
-    assert settings.s3_endpoint is not None
-    endpoint = urlsplit(settings.s3_endpoint)
+    assert settings.media.s3_endpoint is not None
+    endpoint = urlsplit(settings.media.s3_endpoint)
     assert endpoint.hostname == 'minio' and endpoint.port == 9000
     assert f'{endpoint.port}:9000' in services['minio']['ports']
     minio_env = env_of(services['minio'])
-    assert settings.s3_access_key_id == minio_env['MINIO_ROOT_USER']
-    assert settings.s3_secret_access_key is not None
-    assert settings.s3_secret_access_key.get_secret_value() == minio_env['MINIO_ROOT_PASSWORD']
+    assert settings.media.s3_access_key_id == minio_env['MINIO_ROOT_USER']
+    assert settings.media.s3_secret_access_key is not None
+    assert settings.media.s3_secret_access_key.get_secret_value() == minio_env['MINIO_ROOT_PASSWORD']
     init = command_text(services['minio-init'])
-    assert f'/{settings.s3_bucket}' in init and 'mc mb' in init and f' {settings.s3_endpoint} ' in init
+    assert (
+        f'/{settings.media.s3_bucket}' in init
+        and 'mc mb' in init
+        and f' {settings.media.s3_endpoint} ' in init
+    )
     assert minio_env['MINIO_ROOT_USER'] in init and minio_env['MINIO_ROOT_PASSWORD'] in init
 
     # The projection lives on a volume, not in the container's writable layer.
     mounts = [m.split(':')[1] for m in services['projector']['volumes']]
-    assert any(Path(settings.db_path).is_relative_to(m) for m in mounts)
+    assert any(Path(settings.projection.db_path).is_relative_to(m) for m in mounts)
 
 
 def projector_args(compose: dict[str, Any]) -> argparse.Namespace:
@@ -197,18 +200,22 @@ def test_readme_shows_how_to_reach_it_from_the_host(compose: dict[str, Any]) -> 
         shlex.split(line)[1].split('=', 1) for line in readme.splitlines() if line.startswith('export ')
     )
     settings = Settings.from_env(environ=exports)
-    assert settings.bootstrap_servers == 'localhost:9092'
+    assert settings.kafka.bootstrap_servers == 'localhost:9092'
     projector = Settings.from_env(environ=env_of(compose['services']['projector']))
-    assert (settings.s3_bucket, settings.s3_access_key_id, settings.s3_secret_access_key) == (
-        projector.s3_bucket,
-        projector.s3_access_key_id,
-        projector.s3_secret_access_key,
+    assert (
+        settings.media.s3_bucket,
+        settings.media.s3_access_key_id,
+        settings.media.s3_secret_access_key,
+    ) == (
+        projector.media.s3_bucket,
+        projector.media.s3_access_key_id,
+        projector.media.s3_secret_access_key,
     )
-    assert settings.s3_endpoint == 'https://localhost:9000'
-    assert settings.s3_cafile == settings.ssl_cafile == 'compose-ca.pem'
-    assert (settings.security_protocol, settings.sasl_mechanism) == ('SASL_SSL', 'SCRAM-SHA-512')
-    assert settings.sasl_username == 'producer'
-    password = settings.sasl_password.get_secret_value() if settings.sasl_password else None
+    assert settings.media.s3_endpoint == 'https://localhost:9000'
+    assert settings.media.s3_cafile == settings.kafka.ssl_cafile == 'compose-ca.pem'
+    assert (settings.kafka.security_protocol, settings.kafka.sasl_mechanism) == ('SASL_SSL', 'SCRAM-SHA-512')
+    assert settings.kafka.sasl_username == 'producer'
+    password = settings.kafka.sasl_password.get_secret_value() if settings.kafka.sasl_password else None
     assert password == scram_users(compose)['producer']
     assert "certs 'cat /certs/ca.pem' > compose-ca.pem" in readme
 
@@ -252,20 +259,20 @@ def test_no_listener_is_plaintext_and_clients_use_sasl_ssl_with_the_ca(compose: 
     users = scram_users(compose)
     assert set(users) >= {'admin', 'producer', 'projector'}
     for name, settings in clients(compose).items():
-        listener = listener_of[settings.bootstrap_servers]
-        assert protocols[listener] == settings.security_protocol == 'SASL_SSL', name
-        assert settings.sasl_mechanism in mechanisms
-        assert (
-            f'KAFKA_LISTENER_NAME_{listener}_{settings.sasl_mechanism.replace("-", "___")}_SASL_JAAS_CONFIG'
-            in kafka
+        listener = listener_of[settings.kafka.bootstrap_servers]
+        assert protocols[listener] == settings.kafka.security_protocol == 'SASL_SSL', name
+        mechanism = settings.kafka.sasl_mechanism
+        assert mechanism in mechanisms
+        assert f'KAFKA_LISTENER_NAME_{listener}_{mechanism.replace("-", "___")}_SASL_JAAS_CONFIG' in kafka
+        assert settings.kafka.ssl_cafile == ca, name
+        assert settings.kafka.sasl_password is not None
+        assert users[settings.kafka.sasl_username or ''] == settings.kafka.sasl_password.get_secret_value(), (
+            name
         )
-        assert settings.ssl_cafile == ca, name
-        assert settings.sasl_password is not None
-        assert users[settings.sasl_username or ''] == settings.sasl_password.get_secret_value(), name
-        if settings.s3_endpoint is not None:
-            assert settings.s3_endpoint.startswith('https://') and settings.s3_cafile == ca, name
-    assert clients(compose)['topics'].sasl_username == 'admin'  # the one role that creates topics
-    assert clients(compose)['projector'].sasl_username == 'projector'
+        if settings.media.s3_endpoint is not None:
+            assert settings.media.s3_endpoint.startswith('https://') and settings.media.s3_cafile == ca, name
+    assert clients(compose)['topics'].kafka.sasl_username == 'admin'  # the one role that creates topics
+    assert clients(compose)['projector'].kafka.sasl_username == 'projector'
 
 
 def test_the_acls_compose_grants_are_the_documented_ones() -> None:

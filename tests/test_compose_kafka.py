@@ -97,7 +97,7 @@ async def test_compose_kafka_with_its_certificates_users_and_acls_serves_every_r
         ssl_certfile=str(here.certs / 'operator-keystore.pem'),  # key and certificate
     )
     with running(apache_kafka.broker_command(java, lib, properties), log) as broker:
-        await until_answers(broker, client_options(operator), log, timeout=120)
+        await until_answers(broker, client_options(operator.kafka), log, timeout=120)
 
         # kafka-setup.sh as compose runs it: kafka-configs.sh is the broker's own ConfigCommand.
         tools = tmp_path / 'bin'
@@ -125,7 +125,7 @@ async def test_compose_kafka_with_its_certificates_users_and_acls_serves_every_r
             'ssl.key.location': str(here.certs / 'operator-keystore.pem'),
         }
         await asyncio.to_thread(
-            grant, operator.bootstrap_servers, granted, topic_prefix='stepstream', client=tls
+            grant, operator.kafka.bootstrap_servers, granted, topic_prefix='stepstream', client=tls
         )
 
         # The roles, with the settings compose gives its services and the README the host.
@@ -143,7 +143,7 @@ async def test_compose_kafka_with_its_certificates_users_and_acls_serves_every_r
         exports['STEPSTREAM_SSL_CAFILE'] = '/certs/ca.pem'  # the README's copy of the CA
         producer, admin = role(exports), role(env_of(services['topics']))
         projector = role(env_of(services['projector']))
-        assert producer.sasl_username == 'producer' and producer.security_protocol == 'SASL_SSL'
+        assert producer.kafka.sasl_username == 'producer' and producer.kafka.security_protocol == 'SASL_SSL'
 
         with pytest.raises(AccessDenied, match='stepstream topics ensure'):
             await ensure_topics(producer)

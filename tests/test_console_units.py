@@ -114,7 +114,7 @@ def test_only_the_views_own_answers_are_taken(
 ) -> None:
     Canned.status, Canned.body, Canned.headers_out, Canned.seen = status, body, headers, []
     query = ViewArgs(run_id='run/1 é', json=True).query()
-    assert _remote.ask(service, 'tree', query, Settings()) == expected
+    assert _remote.ask(service, 'tree', query, Settings().serve) == expected
     assert Canned.seen == ['/api/console/tree/run%2F1%20%C3%A9?json=true']
 
 
@@ -124,7 +124,7 @@ def test_a_service_that_is_not_there_is_read_around() -> None:
     with socket.socket() as probe:
         probe.bind(('127.0.0.1', 0))
         port = probe.getsockname()[1]
-    assert _remote.ask(f'http://127.0.0.1:{port}', 'runs', {}, Settings()) is None
+    assert _remote.ask(f'http://127.0.0.1:{port}', 'runs', {}, Settings().serve) is None
 
 
 def test_a_configured_service_is_asked_whatever_the_stack() -> None:

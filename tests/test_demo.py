@@ -52,7 +52,7 @@ async def main():
         librarian = Agent(TestModel(), capabilities=[StepPersistence(log=log, agent_name='librarian')])
         await librarian.run('find X', conversation_id='conv-1')
         await log.flush()
-        reader = ProjectionReader.open(settings.db_path)  # beside the stack's projector
+        reader = ProjectionReader.open(settings.projection.db_path)  # beside the stack's projector
         runs = []
         while not runs or runs[-1].status != 'completed':  # the stack's projector applies it
             runs = await reader.list_runs(conversation_id='conv-1')

@@ -32,16 +32,16 @@ linux_only = pytest.mark.skipif(sys.platform != 'linux', reason='reads /proc')
 
 
 def secret_of(settings: Settings) -> str | None:
-    secret = settings.s3_secret_access_key
+    secret = settings.media.s3_secret_access_key
     return secret.get_secret_value() if secret is not None else None
 
 
 def s3_store(settings: Settings, *, secret: str | None = None, key_id: str | None = None) -> S3Store:
     return S3Store(
-        settings.s3_bucket,
-        endpoint=settings.s3_endpoint,
-        region=settings.s3_region,
-        access_key_id=key_id or settings.s3_access_key_id,
+        settings.media.s3_bucket,
+        endpoint=settings.media.s3_endpoint,
+        region=settings.media.s3_region,
+        access_key_id=key_id or settings.media.s3_access_key_id,
         secret_access_key=secret or secret_of(settings),
         client_options={'allow_http': True},
         retry_config={'max_retries': 0},
@@ -152,17 +152,17 @@ def tcp_listeners(pid: int) -> list[tuple[str, int]]:
 
 async def test_settings_point_at_the_stack(stack: EmbeddedStack) -> None:
     s = stack.settings
-    assert s.bootstrap_servers.startswith('127.0.0.1:')
-    assert s.s3_endpoint is not None and s.s3_endpoint.startswith('http://127.0.0.1:')
-    assert s.s3_bucket == 'stepstream-media'
-    assert s.s3_access_key_id and s.s3_secret_access_key
-    assert Path(s.db_path).is_relative_to(stack.data_dir)  # nothing lands in the cwd
+    assert s.kafka.bootstrap_servers.startswith('127.0.0.1:')
+    assert s.media.s3_endpoint is not None and s.media.s3_endpoint.startswith('http://127.0.0.1:')
+    assert s.media.s3_bucket == 'stepstream-media'
+    assert s.media.s3_access_key_id and s.media.s3_secret_access_key
+    assert Path(s.projection.db_path).is_relative_to(stack.data_dir)  # nothing lands in the cwd
     assert Settings.from_env(environ=s.to_env()) == s  # a child process gets the same stack
     assert set(stack.pids) == {'broker', 's3'}
 
 
 async def test_kafka_metadata_and_round_trip(stack: EmbeddedStack) -> None:
-    bootstrap = stack.settings.bootstrap_servers
+    bootstrap = stack.settings.kafka.bootstrap_servers
     topic = f'embedded-{uuid.uuid4().hex[:12]}.round-trip'
     await list_topics(bootstrap)  # a metadata request
     offset = await produce(bootstrap, topic, b'hello')
@@ -216,12 +216,15 @@ async def test_second_stack_side_by_side_then_stop(stack: EmbeddedStack) -> None
         ticker.cancel()
         assert ticks > 10
         a, b = stack.settings, other.settings
-        assert (b.topic_prefix, b.partitions) == ('other', 2)  # overrides reach Settings
-        assert a.bootstrap_servers != b.bootstrap_servers and a.s3_endpoint != b.s3_endpoint
+        assert (b.topics.topic_prefix, b.topics.partitions) == ('other', 2)  # overrides reach Settings
+        assert (
+            a.kafka.bootstrap_servers != b.kafka.bootstrap_servers
+            and a.media.s3_endpoint != b.media.s3_endpoint
+        )
         assert other.data_dir != stack.data_dir
 
-        await produce(b.bootstrap_servers, 'side-by-side', b'other')
-        assert 'side-by-side' not in await list_topics(a.bootstrap_servers)
+        await produce(b.kafka.bootstrap_servers, 'side-by-side', b'other')
+        assert 'side-by-side' not in await list_topics(a.kafka.bootstrap_servers)
         await obstore.put_async(s3_store(b), 'only-here', b'x')
         with pytest.raises(FileNotFoundError):
             await obstore.head_async(s3_store(a), 'only-here')
@@ -237,9 +240,9 @@ async def test_second_stack_side_by_side_then_stop(stack: EmbeddedStack) -> None
         await asyncio.to_thread(other.stop_broker)
         assert set(other.pids) == {'s3'}
         with pytest.raises(KafkaConnectionError):
-            await list_topics(b.bootstrap_servers)
+            await list_topics(b.kafka.bootstrap_servers)
         await asyncio.to_thread(other.start_broker)
-        await list_topics(b.bootstrap_servers)  # same address; the memory log starts empty
+        await list_topics(b.kafka.bootstrap_servers)  # same address; the memory log starts empty
 
         pids = other.pids
         data_dir = other.data_dir
@@ -253,7 +256,7 @@ async def test_second_stack_side_by_side_then_stop(stack: EmbeddedStack) -> None
     with pytest.raises(EmbeddedStackError, match='not started'):
         _ = other.settings
     other.stop()  # idempotent
-    await list_topics(stack.settings.bootstrap_servers)  # the first stack is untouched
+    await list_topics(stack.settings.kafka.bootstrap_servers)  # the first stack is untouched
 
 
 async def test_durable_log_survives_a_restart(tmp_path: Path) -> None:
@@ -261,12 +264,12 @@ async def test_durable_log_survives_a_restart(tmp_path: Path) -> None:
     async with EmbeddedStack(data_dir, durable=True) as first:
         assert first.durable
         settings = first.settings
-        await produce(settings.bootstrap_servers, 'durable.log', b'before-restart')
+        await produce(settings.kafka.bootstrap_servers, 'durable.log', b'before-restart')
         await obstore.put_async(s3_store(settings), 'media-object', b'kept')
         with pytest.raises(EmbeddedStackError, match='in use by another EmbeddedStack'):
             EmbeddedStack(data_dir, durable=True).start()  # one SeaweedFS per directory
         await asyncio.to_thread(first.restart_broker)  # the broker alone reads the log back
-        assert await consume_from_start(first.settings.bootstrap_servers, 'durable.log', 1) == [
+        assert await consume_from_start(first.settings.kafka.bootstrap_servers, 'durable.log', 1) == [
             b'before-restart'
         ]
         first_pids = first.pids
@@ -274,7 +277,7 @@ async def test_durable_log_survives_a_restart(tmp_path: Path) -> None:
     assert (data_dir / BROKER_LOG).exists() and (data_dir / 'weed.log').exists()
 
     async with EmbeddedStack(data_dir, durable=True) as second:
-        bootstrap = second.settings.bootstrap_servers
+        bootstrap = second.settings.kafka.bootstrap_servers
         assert await consume_from_start(bootstrap, 'durable.log', 1) == [b'before-restart']
         blob = await obstore.get_async(s3_store(second.settings), 'media-object')
         assert bytes(await blob.bytes_async()) == b'kept'

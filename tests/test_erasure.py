@@ -52,7 +52,7 @@ def sealed_settings(settings: Settings) -> Settings:
 
 def store_for(settings: Settings) -> tuple[S3MediaStore, str]:
     prefix = f'test-{uuid.uuid4().hex[:8]}/'
-    return S3MediaStore.from_settings(settings, key_prefix=prefix), prefix
+    return S3MediaStore.from_settings(settings.media, key_prefix=prefix), prefix
 
 
 def object_keys(store: S3MediaStore, prefix: str) -> set[str]:
@@ -62,11 +62,13 @@ def object_keys(store: S3MediaStore, prefix: str) -> set[str]:
 async def raw_values(settings: Settings, *topics: str) -> list[bytes]:
     """Every record value on `topics`, as an outside consumer reads them (to the end)."""
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.bootstrap_servers, auto_offset_reset='earliest', enable_auto_commit=False
+        bootstrap_servers=settings.kafka.bootstrap_servers,
+        auto_offset_reset='earliest',
+        enable_auto_commit=False,
     )
     await consumer.start()
     try:
-        counts = await partition_counts(settings, list(topics))
+        counts = await partition_counts(settings.kafka, list(topics))
         parts = [TopicPartition(t, p) for t in topics for p in range(counts[t])]
         consumer.assign(parts)
         ends = await consumer.end_offsets(parts)
@@ -96,7 +98,7 @@ async def test_forget_erases_content_and_media_everywhere_but_keeps_the_trail(
     store, prefix = store_for(settings)
     secret = f'SECRET-{uuid.uuid4().hex}'
     shared_output = f'{secret} ' + 'medical record line\n' * 2000  # offloaded: above the threshold
-    group = f'{settings.topic_prefix}.erasure'
+    group = f'{settings.topics.topic_prefix}.erasure'
     checkpoints = Checkpoints.from_settings(settings, group=group, interval_s=3600)
 
     async with (
@@ -121,7 +123,9 @@ async def test_forget_erases_content_and_media_everywhere_but_keeps_the_trail(
 
         # Sealed on the way out: the raw log and the bucket hold no plaintext, and the two
         # conversations' copies of one payload are two objects whose names are not its hash.
-        for value in await raw_values(settings, settings.step_events_topic, settings.tool_effects_topic):
+        for value in await raw_values(
+            settings, settings.topics.step_events_topic, settings.topics.tool_effects_topic
+        ):
             assert secret.encode() not in value
         objects = object_keys(store, prefix)
         assert len(objects) == 2
@@ -235,18 +239,18 @@ async def produce_and_destroy_a_key(settings: Settings) -> bytes:
     """A key record and its tombstone on the key topic; returns the record key."""
     from stepstream.erasure import ConversationKey, ensure_key_topic, parse_kek
 
-    assert settings.erasure_key is not None
+    assert settings.security.erasure_key is not None
     await ensure_key_topic(settings)
     key = ConversationKey.new('conv-compaction')
-    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers, acks='all')
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers, acks='all')
     await producer.start()
     try:
         await producer.send_and_wait(
-            key_topic(settings),
-            key.wrap(parse_kek(settings.erasure_key.get_secret_value())),
+            key_topic(settings.topics),
+            key.wrap(parse_kek(settings.security.erasure_key.get_secret_value())),
             key=key.record_key(),
         )
-        await producer.send_and_wait(key_topic(settings), None, key=key.record_key())
+        await producer.send_and_wait(key_topic(settings.topics), None, key=key.record_key())
     finally:
         await producer.stop()
     return key.record_key()
@@ -268,7 +272,11 @@ async def test_a_conversation_key_leaves_the_producers_metadata_covering_the_log
         await client.force_metadata_update()
         known = {
             topic: client.cluster.partitions_for_topic(topic)
-            for topic in (key_topic(settings), settings.step_events_topic, settings.tool_effects_topic)
+            for topic in (
+                key_topic(settings.topics),
+                settings.topics.step_events_topic,
+                settings.topics.tool_effects_topic,
+            )
         }
         assert all(known.values()), known
 
@@ -279,7 +287,7 @@ async def test_tansu_keeps_a_destroyed_key_record(settings: Settings) -> None:
     wrapped key stays on the topic after its tombstone (why the KEK wraps every key)."""
     settings = sealed_settings(settings)
     record_key = await produce_and_destroy_a_key(settings)
-    values = await raw_values(settings, key_topic(settings))
+    values = await raw_values(settings, key_topic(settings.topics))
     assert any(b'conv-compaction' in v for v in values)  # still there: only the KEK protects it
     assert record_key
 
@@ -289,16 +297,16 @@ async def test_kafka_compaction_removes_a_destroyed_key_record(settings: Setting
     settings = sealed_settings(settings)
     # The active segment is never cleaned: the topic rolls segments every second here (10 minutes
     # by default), and a record now and then makes the tombstone leave the active segment.
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap_servers)
     await admin.start()
     try:
         configs = {**KEY_TOPIC_CONFIGS, 'segment.ms': '1000'}
-        await admin.create_topics([NewTopic(key_topic(settings), 1, 1, topic_configs=configs)])
+        await admin.create_topics([NewTopic(key_topic(settings.topics), 1, 1, topic_configs=configs)])
     finally:
         await admin.close()
     await produce_and_destroy_a_key(settings)
-    admin_topic = key_topic(settings)
-    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers, acks='all')
+    admin_topic = key_topic(settings.topics)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers, acks='all')
     await producer.start()
     try:
         deadline = asyncio.get_running_loop().time() + 240
@@ -317,7 +325,7 @@ async def test_the_cli_the_service_and_the_export_show_erased_content_as_erased(
     settings: Settings, tmp_path: Path
 ) -> None:
     settings = sealed_settings(settings)
-    store = S3MediaStore.from_settings(settings)  # the store the CLI and the service use
+    store = S3MediaStore.from_settings(settings.media)  # the store the CLI and the service use
     secret = f'SECRET-{uuid.uuid4().hex}'
     output = f'{secret} ' + 'x-ray finding\n' * 1000
     db_path = tmp_path / 'projection'

@@ -67,11 +67,13 @@ def test_the_key_encryption_key_setting_is_a_secret_checked_at_once() -> None:
     kek = new_kek()
     assert len(parse_kek(kek)) == 32
     settings = Settings.from_env({'STEPSTREAM_ERASURE_KEY': kek})
-    assert settings.erasure_key is not None and settings.erasure_key.get_secret_value() == kek
+    assert (
+        settings.security.erasure_key is not None and settings.security.erasure_key.get_secret_value() == kek
+    )
     assert kek not in repr(settings) and 'erasure_key' in SECRET_FIELDS  # never a flag, never shown
     with pytest.raises(ValueError, match='base64 of 32 random bytes'):
         Settings(erasure_key='too short')  # type: ignore[arg-type]
-    assert Settings().erasure_key is None  # off by default
+    assert Settings().security.erasure_key is None  # off by default
 
 
 def test_a_key_record_opens_only_with_the_kek_that_wrapped_it() -> None:

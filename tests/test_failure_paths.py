@@ -144,7 +144,7 @@ def resolution(run_id: str, note: str) -> ToolEffectTransition:
 
 async def read_log(settings: Settings, position: dict[TopicPartition, int]) -> list[object]:
     """Every record in the log up to `position`, decoded, in partition order."""
-    consumer = AIOKafkaConsumer(**client_options(settings), enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(**client_options(settings.kafka), enable_auto_commit=False)
     await consumer.start()
     try:
         consumer.assign(list(position))

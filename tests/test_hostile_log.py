@@ -55,7 +55,9 @@ async def owners(settings: Settings, run_ids: set[str]) -> dict[str, str]:
     from stepstream.schemas import decode
 
     consumer = AIOKafkaConsumer(
-        settings.step_events_topic, bootstrap_servers=settings.bootstrap_servers, auto_offset_reset='earliest'
+        settings.topics.step_events_topic,
+        bootstrap_servers=settings.kafka.bootstrap_servers,
+        auto_offset_reset='earliest',
     )
     await consumer.start()
     found: dict[str, str] = {}
@@ -87,7 +89,7 @@ class Attacker:
     def plan(self) -> list[tuple[str, str, bytes | None, bytes | None, int | None]]:
         """(expectation, topic, key, value, partition) of every hostile record, shuffled."""
         s, rng = self.settings, self.rng
-        events, effects = s.step_events_topic, s.tool_effects_topic
+        events, effects = s.topics.step_events_topic, s.topics.tool_effects_topic
         genuine = sorted(self.owners)
         plan: list[tuple[str, str, bytes | None, bytes | None, int | None]] = []
 
@@ -202,14 +204,14 @@ class Attacker:
     async def attack(self, stop: asyncio.Event) -> None:
         """Write every planned record, pausing now and then so genuine traffic interleaves."""
         producer = AIOKafkaProducer(
-            bootstrap_servers=self.settings.bootstrap_servers, max_request_size=4 * 1024 * 1024
+            bootstrap_servers=self.settings.kafka.bootstrap_servers, max_request_size=4 * 1024 * 1024
         )
         await producer.start()
         try:
             for n, (expectation, topic, key, value, partition) in enumerate(self.plan()):
-                home = murmur2_partition(key, self.settings.partitions) if key else 0
+                home = murmur2_partition(key, self.settings.topics.partitions) if key else 0
                 if partition == WRONG_PARTITION:
-                    partition = (home + 1) % self.settings.partitions
+                    partition = (home + 1) % self.settings.topics.partitions
                 elif partition is None:
                     partition = home
                 meta = await producer.send_and_wait(topic, value, key=key, partition=partition)
@@ -244,7 +246,9 @@ async def start_projector(settings: Settings, db_path: Path) -> asyncio.subproce
 async def dead_letters(settings: Settings, expected: int) -> dict[Coordinates, bytes]:
     """Source coordinates -> reason of every DLQ entry (repeats after a crash collapse)."""
     consumer = AIOKafkaConsumer(
-        settings.dlq_topic, bootstrap_servers=settings.bootstrap_servers, auto_offset_reset='earliest'
+        settings.topics.dlq_topic,
+        bootstrap_servers=settings.kafka.bootstrap_servers,
+        auto_offset_reset='earliest',
     )
     await consumer.start()
     found: dict[Coordinates, bytes] = {}
@@ -349,10 +353,10 @@ async def test_hostile_records_cannot_stop_split_or_change_the_projection(
     assert difference is None, str(difference)
 
     # Every genuine run is what a log without the hostile records gives.
-    clean = settings.replace(topic_prefix=settings.topic_prefix + '-clean')
+    clean = settings.replace(topic_prefix=settings.topics.topic_prefix + '-clean')
     hostile = attacker.refused | attacker.accepted
     await copy_genuine(
-        settings, clean, hostile, {tp: o for tp, o in end.items() if tp.topic != settings.dlq_topic}
+        settings, clean, hostile, {tp: o for tp, o in end.items() if tp.topic != settings.topics.dlq_topic}
     )
     await rebuild(clean, tmp_path / 'clean')
     live, reference = ProjectionReader.open(db_path), ProjectionReader.open(tmp_path / 'clean')

@@ -106,7 +106,7 @@ class Traffic:
 
 
 async def in_sync(cluster: KafkaCluster, settings: Settings, timeout: float = 120) -> None:
-    topics = [settings.step_events_topic, settings.tool_effects_topic]
+    topics = [settings.topics.step_events_topic, settings.topics.tool_effects_topic]
     await until(lambda: cluster.fully_in_sync(topics), 'the restarted broker to catch up', timeout, every=0.5)
 
 
@@ -134,7 +134,7 @@ async def test_three_brokers_killed_one_at_a_time_lose_no_acknowledged_record(
             recovery: dict[str, float] = {}
             for name in ('leader', 'controller'):
                 if name == 'leader':
-                    victim = await cluster.leader_of(settings.step_events_topic, 0)
+                    victim = await cluster.leader_of(settings.topics.step_events_topic, 0)
                 else:
                     victim = await cluster.controller()
                 traffic.phase = f'{name} ({victim}) down'

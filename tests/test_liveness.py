@@ -45,7 +45,8 @@ class Projection:
         self.settings = settings
         self.db = MemoryShard()
         self.applier = Applier(
-            (settings.step_events_topic, settings.tool_effects_topic), partitions=settings.partitions
+            (settings.topics.step_events_topic, settings.topics.tool_effects_topic),
+            partitions=settings.topics.partitions,
         )
         self.dead: list[str] = []
         self.offsets: dict[tuple[int, int], int] = {}
@@ -55,7 +56,7 @@ class Projection:
         for record in records:
             topic = EVENTS if isinstance(record, StepEvent) else EFFECTS
             key = record.run_id.encode()
-            partition = murmur2_partition(key, self.settings.partitions)
+            partition = murmur2_partition(key, self.settings.topics.partitions)
             offset = self.offsets.get((topic, partition), 0)
             self.offsets[(topic, partition)] = offset + 1
             sources.append(SourceRecord(topic, partition, offset, key, encode(record)))

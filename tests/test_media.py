@@ -73,16 +73,16 @@ assert 195_000 < len(TOOL_OUTPUT.encode()) < 210_000
 def raw_store(settings: Settings, **overrides: Any) -> S3Store:
     """An obstore client on the stack's bucket, to look at and tamper with objects directly."""
     config: dict[str, Any] = {
-        'endpoint': settings.s3_endpoint,
-        'region': settings.s3_region,
-        'access_key_id': settings.s3_access_key_id,
-        'secret_access_key': settings.s3_secret_access_key.get_secret_value()
-        if settings.s3_secret_access_key
+        'endpoint': settings.media.s3_endpoint,
+        'region': settings.media.s3_region,
+        'access_key_id': settings.media.s3_access_key_id,
+        'secret_access_key': settings.media.s3_secret_access_key.get_secret_value()
+        if settings.media.s3_secret_access_key
         else None,
         **overrides,
     }
     return S3Store(
-        config.pop('bucket', settings.s3_bucket),
+        config.pop('bucket', settings.media.s3_bucket),
         client_options={'allow_http': True},
         retry_config={'max_retries': 0, 'retry_timeout': timedelta(seconds=2)},
         **config,
@@ -96,7 +96,7 @@ def key_prefix() -> str:
 
 @pytest.fixture
 def s3(stack: EmbeddedStack, key_prefix: str) -> S3MediaStore:
-    return S3MediaStore.from_settings(stack.settings, key_prefix=key_prefix)
+    return S3MediaStore.from_settings(stack.settings.media, key_prefix=key_prefix)
 
 
 @pytest.fixture
@@ -247,22 +247,24 @@ async def test_s3_put_repairs_a_truncated_object(s3: S3MediaStore, raw: S3Store)
 @pytest.mark.broker
 async def test_s3_wrong_credentials_fail_naming_endpoint_and_bucket(stack: EmbeddedStack) -> None:
     settings = stack.settings.replace(s3_secret_access_key='not-the-secret')
-    store = S3MediaStore.from_settings(settings)
+    store = S3MediaStore.from_settings(settings.media)
     uri = media_uri_for(b'x')
     calls = (store.check(), store.put(b'x'), store.get(uri), store.exists(uri), store.get_metadata(uri))
     for call in calls:
         with pytest.raises(MediaUnavailable) as caught:
             await call
         message = str(caught.value)
-        assert settings.s3_endpoint is not None and settings.s3_endpoint in message
-        assert repr(settings.s3_bucket) in message
+        assert settings.media.s3_endpoint is not None and settings.media.s3_endpoint in message
+        assert repr(settings.media.s3_bucket) in message
         assert 'access was denied' in message and 'STEPSTREAM_S3_SECRET_ACCESS_KEY' in message
 
 
 @pytest.mark.broker
 async def test_s3_missing_bucket_fails_naming_it(stack: EmbeddedStack) -> None:
     # The embedded SeaweedFS, like AWS and MinIO, does not create a bucket on a PUT.
-    store = S3MediaStore.from_settings(stack.settings.replace(s3_bucket=f'missing-{uuid.uuid4().hex[:8]}'))
+    store = S3MediaStore.from_settings(
+        stack.settings.replace(s3_bucket=f'missing-{uuid.uuid4().hex[:8]}').media
+    )
     for call in (store.check(), store.get(media_uri_for(b'x')), store.put(b'x')):
         with pytest.raises(MediaUnavailable, match=r"bucket 'missing-.*does not exist.*STEPSTREAM_S3_BUCKET"):
             await call
@@ -271,7 +273,7 @@ async def test_s3_missing_bucket_fails_naming_it(stack: EmbeddedStack) -> None:
 @pytest.mark.broker
 async def test_s3_stopped_fails_clearly_and_recovers(tmp_path: Path) -> None:
     async with EmbeddedStack(tmp_path / 's') as own:
-        store = S3MediaStore.from_settings(own.settings)
+        store = S3MediaStore.from_settings(own.settings.media)
         uri = await store.put(b'before the outage')
         own.stop_s3()
         history = [ModelRequest(parts=[UserPromptPart(['look', BinaryImage(IMAGE, media_type='image/png')])])]
@@ -280,8 +282,8 @@ async def test_s3_stopped_fails_clearly_and_recovers(tmp_path: Path) -> None:
             with pytest.raises(MediaUnavailable) as caught:
                 await call
             message = str(caught.value)
-            assert own.settings.s3_endpoint is not None and own.settings.s3_endpoint in message
-            assert repr(own.settings.s3_bucket) in message
+            assert own.settings.media.s3_endpoint is not None and own.settings.media.s3_endpoint in message
+            assert repr(own.settings.media.s3_bucket) in message
             assert 'could not be reached' in message and 'STEPSTREAM_S3_ENDPOINT' in message
         with pytest.raises(MediaUnavailable):
             await externalize_media(history, store)
@@ -302,7 +304,9 @@ async def test_s3_key_strategy_and_public_urls(stack: EmbeddedStack, raw: S3Stor
         return f'{(ctx.media_type or "unknown").replace("/", "-")}/{parse_media_uri(uri)}'
 
     ctx = MediaContext(media_type='image/png')
-    store = S3MediaStore.from_settings(stack.settings, key_prefix=key_prefix + '/', key_strategy=by_type)
+    store = S3MediaStore.from_settings(
+        stack.settings.media, key_prefix=key_prefix + '/', key_strategy=by_type
+    )
     uri = await store.put(b'png bytes', ctx)
     key = f'{key_prefix}/image-png/{parse_media_uri(uri)}'
     assert keys_under(raw, key_prefix) == [key]
@@ -310,13 +314,15 @@ async def test_s3_key_strategy_and_public_urls(stack: EmbeddedStack, raw: S3Stor
     assert await store.public_url(uri, ctx) is None
 
     cdn = S3MediaStore.from_settings(
-        stack.settings, key_prefix=key_prefix, public_url=make_static_public_url('https://cdn.example/m/')
+        stack.settings.media,
+        key_prefix=key_prefix,
+        public_url=make_static_public_url('https://cdn.example/m/'),
     )
     assert await cdn.public_url(uri) == f'https://cdn.example/m/{key_prefix}/{parse_media_uri(uri)}.bin'
     mounted = make_static_public_url('https://cdn.example', key_prefix='bucket')
     assert await mounted(uri, ctx, 'a b.bin') == 'https://cdn.example/bucket/a%20b.bin'
 
-    presigned = S3MediaStore.from_settings(stack.settings, key_prefix=key_prefix, public_url=signed)
+    presigned = S3MediaStore.from_settings(stack.settings.media, key_prefix=key_prefix, public_url=signed)
     assert await presigned.public_url(uri, ctx) == f'https://signed.example/{presigned.key_for(uri)}?sig=1'
     assert seen == [(uri, ctx, presigned.key_for(uri))]
     with pytest.raises(ValueError, match='not a media URI'):

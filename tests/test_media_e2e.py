@@ -44,14 +44,14 @@ TOOL_OUTPUT = 'row,' * 50_000  # 200 KB
 
 def isolated_store(settings: Settings) -> tuple[S3MediaStore, str]:
     prefix = f'test-{uuid.uuid4().hex[:8]}/'
-    return S3MediaStore.from_settings(settings, key_prefix=prefix), prefix
+    return S3MediaStore.from_settings(settings.media, key_prefix=prefix), prefix
 
 
 async def raw_sizes(settings: Settings) -> list[int]:
     consumer = AIOKafkaConsumer(
-        settings.step_events_topic,
-        settings.tool_effects_topic,
-        bootstrap_servers=settings.bootstrap_servers,
+        settings.topics.step_events_topic,
+        settings.topics.tool_effects_topic,
+        bootstrap_servers=settings.kafka.bootstrap_servers,
         auto_offset_reset='earliest',
         enable_auto_commit=False,
     )
@@ -159,8 +159,8 @@ async def test_s3_down_at_a_snapshot_fails_the_run_without_dangling_records(tmp_
             await asyncio_to_thread(stack.stop_s3)
             with pytest.raises(MediaUnavailable) as failure:
                 await agent.run('export everything')
-            assert settings.s3_endpoint is not None and settings.s3_endpoint in str(failure.value)
-            assert settings.s3_bucket in str(failure.value)
+            assert settings.media.s3_endpoint is not None and settings.media.s3_endpoint in str(failure.value)
+            assert settings.media.s3_bucket in str(failure.value)
             await projector.wait_for(await log.flush())
             reader = ProjectionReader.of(projector)
             run = await reader.get_run('s3-down')
@@ -248,7 +248,7 @@ async def test_a_run_that_succeeds_without_persistence_succeeds_with_it(
 
 def presigned_urls(settings: Settings) -> PublicUrlResolver:
     """Presigned GET URLs on the stack's bucket: what a model provider fetches from a private bucket."""
-    bucket = S3MediaStore.from_settings(settings).object_store
+    bucket = S3MediaStore.from_settings(settings.media).object_store
 
     async def resolve(uri: str, ctx: MediaContext, key: str) -> str:
         return await obstore.sign_async(bucket, 'GET', key, timedelta(minutes=10))
@@ -262,7 +262,7 @@ async def test_the_model_fetches_large_media_from_s3_and_the_log_keeps_the_bytes
     """MediaExternalizer on SeaweedFS: the model receives a URL, fetches the image by it, and the
     run's persisted history (shared store, one object) still continues with the image's bytes."""
     prefix = f'test-{uuid.uuid4().hex[:8]}/'
-    store = S3MediaStore.from_settings(settings, key_prefix=prefix, public_url=presigned_urls(settings))
+    store = S3MediaStore.from_settings(settings.media, key_prefix=prefix, public_url=presigned_urls(settings))
     fetched: list[bytes] = []
 
     async def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:

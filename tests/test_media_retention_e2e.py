@@ -86,8 +86,8 @@ async def _index_scenario(
         erasure_key=new_kek() if erasure else None,
         partitions=PARTITIONS,
     )
-    store = S3MediaStore.from_settings(settings, key_prefix=f'idx-{uuid.uuid4().hex[:8]}')
-    group = f'{settings.topic_prefix}.members'
+    store = S3MediaStore.from_settings(settings.media, key_prefix=f'idx-{uuid.uuid4().hex[:8]}')
+    group = f'{settings.topics.topic_prefix}.members'
     checkpoints = Checkpoints.from_settings(settings, group=group, interval_s=3600)
     async with (
         EventLog(settings) as log,
@@ -175,7 +175,7 @@ async def test_a_sweep_never_deletes_what_a_kept_run_reads(
         partitions=PARTITIONS,
         erasure_key=new_kek() if erasure else None,
     )
-    store = S3MediaStore.from_settings(settings, key_prefix=f'sweep-{uuid.uuid4().hex[:8]}')
+    store = S3MediaStore.from_settings(settings.media, key_prefix=f'sweep-{uuid.uuid4().hex[:8]}')
     monkeypatch.setattr(capability, 'datetime', _Clock)
     monkeypatch.setattr(_Clock, 'shift', timedelta(0))
     old, kept, other = same_partition('photo', 3)
@@ -294,7 +294,7 @@ async def test_forget_deletes_every_sealed_payload_of_the_conversation_and_says_
 ) -> None:
     plain = settings.replace(media_threshold_bytes=1024, partitions=PARTITIONS)
     sealed = plain.replace(erasure_key=new_kek())
-    store = S3MediaStore.from_settings(sealed)  # the CLI's: the bucket's default key prefix
+    store = S3MediaStore.from_settings(sealed.media)  # the CLI's: the bucket's default key prefix
     baseline = await stored(store)  # what earlier tests left there
     async with EventLog(plain) as log:  # before erasure was turned on: plain media
         await camera_agent(log, store, 'before', OLD).run(

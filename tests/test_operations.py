@@ -82,10 +82,10 @@ async def run_agents(log: EventLog, count: int, prefix: str) -> None:
 
 async def send_garbage(settings: Settings) -> None:
     """A record without a key on the step events topic: the projector dead-letters it (`no_key`)."""
-    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers)
     await producer.start()
     try:
-        await producer.send_and_wait(settings.step_events_topic, b'not a record', partition=0)
+        await producer.send_and_wait(settings.topics.step_events_topic, b'not a record', partition=0)
     finally:
         await producer.stop()
 
@@ -170,10 +170,10 @@ async def test_a_projector_process_counts_what_the_log_holds(
         await run_until_waiting(event_log, 'ops-waiting')  # three calls deferred: none in doubt
         await send_garbage(settings)
         await crash_a_writer(settings, 'ops-crashed', client, url)
-        applied = {(settings.step_events_topic, p): 0 for p in range(settings.partitions)} | {
-            (settings.tool_effects_topic, p): 0 for p in range(settings.partitions)
+        applied = {(settings.topics.step_events_topic, p): 0 for p in range(settings.topics.partitions)} | {
+            (settings.topics.tool_effects_topic, p): 0 for p in range(settings.topics.partitions)
         }
-        ends = await log_end_offsets(settings, applied)
+        ends = await log_end_offsets(settings.kafka, applied)
         written = sum(ends.values())
 
         async def settled() -> Samples:
@@ -203,9 +203,9 @@ async def test_a_projector_process_counts_what_the_log_holds(
     assert value(samples, 'stepstream_effects_unresolved', state='in_flight') == 0
     assert value(samples, 'stepstream_effects_in_doubt_oldest_age_seconds') > 0
     # Alone, the projector was given every partition and holds each shard.
-    assert value(samples, 'stepstream_projector_partitions') == settings.partitions
-    assert value(samples, 'stepstream_projector_partitions_assigned') == settings.partitions
-    assert value(samples, 'stepstream_projector_shards_owned') == settings.partitions
+    assert value(samples, 'stepstream_projector_partitions') == settings.topics.partitions
+    assert value(samples, 'stepstream_projector_partitions_assigned') == settings.topics.partitions
+    assert value(samples, 'stepstream_projector_shards_owned') == settings.topics.partitions
     assert value(samples, 'stepstream_projector_shards_missing') == 0
     assert value(samples, 'stepstream_projector_ready') == 1
     assert value(samples, 'stepstream_projector_parked_records') == 0
@@ -218,7 +218,7 @@ async def test_a_member_is_ready_once_it_holds_its_shards_and_while_it_keeps_up(
     settings: Settings, event_log: EventLog, tmp_path: Path
 ) -> None:
     await ensure_topics(settings)
-    group = f'{settings.topic_prefix}-ops'
+    group = f'{settings.topics.topic_prefix}-ops'
     checkpoints = Checkpoints.from_settings(settings, group=group, interval_s=0.2)
     member = Projector(
         settings,
@@ -246,9 +246,9 @@ async def test_a_member_is_ready_once_it_holds_its_shards_and_while_it_keeps_up(
                     'the member to hold its shards',
                     holds=lambda r: r.status_code == 200,
                 )
-                assert ready.json()['owned'] == list(range(settings.partitions))
+                assert ready.json()['owned'] == list(range(settings.topics.partitions))
                 samples = await scrape(client, server.url)
-                assert value(samples, 'stepstream_projector_shards_owned') == settings.partitions
+                assert value(samples, 'stepstream_projector_shards_owned') == settings.topics.partitions
                 assert value(samples, 'stepstream_projector_ready') == 1
                 uploaded = await until(
                     lambda: scrape(client, server.url),
@@ -376,7 +376,7 @@ async def test_serve_as_a_member_answers_with_its_projectors_metrics_and_probes(
     member = Projector(
         settings,
         db_path=tmp_path / 'projection',
-        member=GroupMember(group=f'{settings.topic_prefix}-serve', session_timeout_ms=6000),
+        member=GroupMember(group=f'{settings.topics.topic_prefix}-serve', session_timeout_ms=6000),
     )
     async with HeldLock(member) as lock:
         await member.start()
@@ -404,7 +404,7 @@ async def test_serve_as_a_member_answers_with_its_projectors_metrics_and_probes(
             member.close()
 
     assert value(samples, 'stepstream_runs', status='completed') == 2
-    assert value(samples, 'stepstream_projector_shards_owned') == settings.partitions
+    assert value(samples, 'stepstream_projector_shards_owned') == settings.topics.partitions
     assert value(samples, 'stepstream_serve_requests_total', route='/api/runs', method='GET', code='200') == 1
     assert value(samples, 'stepstream_serve_requests_total', route='/readyz', method='GET', code='503') >= 1
 

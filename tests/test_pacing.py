@@ -122,11 +122,15 @@ async def restamped(settings: Settings, copy: Settings, end: Position) -> Positi
         settings,
         copy,
         end,
-        stamp=lambda tp, m: m.timestamp if tp.topic == settings.tool_effects_topic else m.timestamp - DAY_MS,
+        stamp=lambda tp, m: (
+            m.timestamp if tp.topic == settings.topics.tool_effects_topic else m.timestamp - DAY_MS
+        ),
     )
     assert written == {
         TopicPartition(
-            copy.tool_effects_topic if tp.topic == settings.tool_effects_topic else copy.step_events_topic,
+            copy.topics.tool_effects_topic
+            if tp.topic == settings.topics.tool_effects_topic
+            else copy.topics.step_events_topic,
             tp.partition,
         ): offset
         for tp, offset in end.items()
@@ -163,9 +167,9 @@ async def test_effects_stamped_after_every_step_event_are_held_then_applied_the_
 
         await agent.run(f'task {n}')
     end = await event_log.flush()
-    copy = settings.replace(topic_prefix=f'{settings.topic_prefix}-late')
+    copy = settings.replace(topic_prefix=f'{settings.topics.topic_prefix}-late')
     late_end = await restamped(settings, copy, end)
-    assert sum(o for tp, o in late_end.items() if tp.topic == copy.tool_effects_topic) > 0
+    assert sum(o for tp, o in late_end.items() if tp.topic == copy.topics.tool_effects_topic) > 0
 
     # A few records a round, so step events remain behind while the late effects are fetched.
     async with Projector(settings, db_path=tmp_path / 'own', max_batch_records=7) as own:

@@ -40,7 +40,7 @@ async def test_two_members_share_a_directory_and_hand_shards_over(
     shared = tmp_path / 'shared'
     await write_runs(event_log, 'before', 4)
     end = await event_log.flush()
-    group = f'{settings.topic_prefix}.members'
+    group = f'{settings.topics.topic_prefix}.members'
     a = Projector(settings, db_path=shared, member=GroupMember(group=group, session_timeout_ms=6000))
     b = Projector(settings, db_path=shared, member=GroupMember(group=group, session_timeout_ms=6000))
     async with a, b:
@@ -85,7 +85,7 @@ def _both(a: Projector, b: Projector, end: dict) -> bool:
 async def test_a_late_member_restores_shards_from_checkpoints(
     settings: Settings, event_log: EventLog, tmp_path: Path
 ) -> None:
-    group = f'{settings.topic_prefix}.restore'
+    group = f'{settings.topics.topic_prefix}.restore'
     checkpoints = Checkpoints.from_settings(settings, group=group, interval_s=3600)
     await write_runs(event_log, 'early', 4)
     end = await event_log.flush()
@@ -161,7 +161,7 @@ class RestoreAfterAStaleFetch(Checkpoints):
 async def test_a_batch_fetched_before_the_assignment_seek_is_fetched_again(
     settings: Settings, event_log: EventLog, tmp_path: Path
 ) -> None:
-    group = f'{settings.topic_prefix}.refetch'
+    group = f'{settings.topics.topic_prefix}.refetch'
     await write_runs(event_log, 'early', 3)
     early = await event_log.flush()
     checkpoints = Checkpoints.from_settings(settings, group=group, interval_s=3600)
@@ -206,7 +206,7 @@ async def test_a_member_joins_its_group_in_one_generation(
     first changes the member's protocols and starts another rebalance. Members that join together
     then rebalance over and over (the chaos test waited minutes for a first assignment)."""
     caplog.set_level(logging.INFO, logger='aiokafka.consumer.group_coordinator')
-    group = f'{settings.topic_prefix}.one-join'
+    group = f'{settings.topics.topic_prefix}.one-join'
     async with Projector(settings, db_path=tmp_path / 'alone', member=GroupMember(group=group)) as alone:
         await until(lambda: alone.partitions == [0, 1, 2], 'the only member to own every partition')
     joins = [r.getMessage() for r in caplog.records if r.getMessage().startswith('Joined group')]
@@ -332,7 +332,7 @@ class Member:
 async def test_members_killed_at_random_lose_nothing_and_restore_from_checkpoints(
     settings: Settings, event_log: EventLog, tmp_path: Path
 ) -> None:
-    group = f'{settings.topic_prefix}.chaos'
+    group = f'{settings.topics.topic_prefix}.chaos'
     rng = random.Random(12)
     generation = 0
 
@@ -424,7 +424,7 @@ async def test_a_member_that_cannot_open_its_shards_stops_with_the_reason(
     member = Projector(
         settings,
         db_path=tmp_path / 'proj',
-        member=GroupMember(group=f'{settings.topic_prefix}.strict'),
+        member=GroupMember(group=f'{settings.topics.topic_prefix}.strict'),
         max_snapshots_per_run=5,
     )
     with pytest.raises(ProjectionMismatch, match='max_snapshots_per_run=2, not 5'):
@@ -433,6 +433,6 @@ async def test_a_member_that_cannot_open_its_shards_stops_with_the_reason(
 
 
 def test_a_member_is_not_also_given_partitions(settings: Settings, tmp_path: Path) -> None:
-    member = GroupMember(group=f'{settings.topic_prefix}.both')
+    member = GroupMember(group=f'{settings.topics.topic_prefix}.both')
     with pytest.raises(UsageError, match='give member or partitions'):
         Projector(settings, db_path=tmp_path / 'p', member=member, rebuilding=Rebuilding(partitions=[0]))

@@ -34,7 +34,7 @@ async def read_all(settings: Settings, topic: str) -> list[object]:
     """Everything on `topic` right now, decoded, via a plain consumer."""
     consumer = AIOKafkaConsumer(
         topic,
-        bootstrap_servers=settings.bootstrap_servers,
+        bootstrap_servers=settings.kafka.bootstrap_servers,
         auto_offset_reset='earliest',
         enable_auto_commit=False,
     )
@@ -76,7 +76,9 @@ async def test_queued_records_leave_when_the_linger_ends_or_at_once_when_waited_
     async with EventLog(settings, linger_ms=200) as brief:
         ack = await brief.append(_event('brief', 0))
         await asyncio.wait_for(asyncio.shield(ack), 30)  # nobody calls for it: the linger sends it
-    events = [r for r in await read_all(settings, settings.step_events_topic) if isinstance(r, StepEvent)]
+    events = [
+        r for r in await read_all(settings, settings.topics.step_events_topic) if isinstance(r, StepEvent)
+    ]
     assert [(e.run_id, e.seq) for e in events if e.run_id == 'patient'] == [('patient', s) for s in range(5)]
     assert [(e.run_id, e.seq) for e in events if e.run_id == 'brief'] == [('brief', 0)]
 
@@ -187,7 +189,7 @@ async def test_started_is_acknowledged_before_the_tool_body_runs(
     @agent.tool
     async def charge_card(ctx: RunContext[None]) -> str:
         # Another reader of the log, while the side effect has not happened yet.
-        seen_in_body.extend(await read_all(settings, settings.tool_effects_topic))
+        seen_in_body.extend(await read_all(settings, settings.topics.tool_effects_topic))
         return 'charged'
 
     await agent.run('pay')
@@ -321,7 +323,7 @@ async def test_broker_down_at_a_durability_point_fails_the_run_before_the_tool(t
             stack.stop_broker()
             with pytest.raises(StepStreamUnavailable, match='did not acknowledge') as failure:
                 await agent.run('now the broker is gone')
-            assert stack.settings.bootstrap_servers in str(failure.value)
+            assert stack.settings.kafka.bootstrap_servers in str(failure.value)
             assert not body_ran.is_set()
 
 
@@ -336,7 +338,9 @@ async def test_records_carry_the_active_trace(settings: Settings, event_log: Eve
         await agent.run('hi')
     await event_log.flush()
     consumer = AIOKafkaConsumer(
-        settings.step_events_topic, bootstrap_servers=settings.bootstrap_servers, auto_offset_reset='earliest'
+        settings.topics.step_events_topic,
+        bootstrap_servers=settings.kafka.bootstrap_servers,
+        auto_offset_reset='earliest',
     )
     await consumer.start()
     try:

@@ -64,8 +64,10 @@ async def test_a_projection_refuses_other_topics_and_other_options(
         await orchestrate(event_log, 'conv-id')
         await projector.wait_for(await event_log.flush())
 
-    other = settings.replace(topic_prefix=settings.topic_prefix + '-other')
-    with pytest.raises(ProjectionMismatch, match=rf'built from the topics {settings.topic_prefix}\.\*'):
+    other = settings.replace(topic_prefix=settings.topics.topic_prefix + '-other')
+    with pytest.raises(
+        ProjectionMismatch, match=rf'built from the topics {settings.topics.topic_prefix}\.\*'
+    ):
         async with Projector(other, db_path=db_path):
             pass
     with pytest.raises(ProjectionMismatch, match='max_snapshots_per_run=2, not 5'):

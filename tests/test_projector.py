@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from datetime import UTC, datetime
 
 import pytest
@@ -41,7 +40,7 @@ def effect(run_id: str, seq: int, status: str, writer: str = 'w') -> ToolEffectT
 async def produce_raw(
     settings: Settings, topic: str, values: list[tuple[bytes | None, bytes]], partition: int
 ) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers)
     await producer.start()
     try:
         for k, v in values:
@@ -56,21 +55,23 @@ async def test_poison_records_go_to_the_dlq_and_the_partition_moves_on(
     good_before, good_after = encode(event('r1', 0, 'run_started')), encode(event('r1', 1))
     wrong_key = encode(event('r2', 0, 'run_started'))
     await ensure_topics(settings)
-    home = murmur2_partition(b'r1', settings.partitions)
+    home = murmur2_partition(b'r1', settings.topics.partitions)
     await produce_raw(
         settings,
-        settings.step_events_topic,
+        settings.topics.step_events_topic,
         [(b'r1', good_before), (b'r1', b'not avro at all'), (b'r1', wrong_key), (b'r1', good_after)],
         home,
     )
-    await projector.wait_for({TopicPartition(settings.step_events_topic, home): 4}, timeout=15)
+    await projector.wait_for({TopicPartition(settings.topics.step_events_topic, home): 4}, timeout=15)
     run = await ProjectionReader.of(projector).get_run('r1')
     assert run is not None and run.event_count == 2 and run.gaps == []
     assert await ProjectionReader.of(projector).get_run('r2') is None
     assert projector.dead_lettered == 2
 
     consumer = AIOKafkaConsumer(
-        settings.dlq_topic, bootstrap_servers=settings.bootstrap_servers, auto_offset_reset='earliest'
+        settings.topics.dlq_topic,
+        bootstrap_servers=settings.kafka.bootstrap_servers,
+        auto_offset_reset='earliest',
     )
     await consumer.start()
     try:
@@ -82,7 +83,7 @@ async def test_poison_records_go_to_the_dlq_and_the_partition_moves_on(
         await consumer.stop()
     headers = [dict(m.headers) for m in dead]
     assert [h['stepstream-source-offset'] for h in headers] == [b'1', b'2']
-    assert all(h['stepstream-source-topic'] == settings.step_events_topic.encode() for h in headers)
+    assert all(h['stepstream-source-topic'] == settings.topics.step_events_topic.encode() for h in headers)
     assert [h['stepstream-dlq-reason'] for h in headers] == [b'not_a_record', b'wrong_key']
     assert b'single-object' in headers[0]['stepstream-dlq-detail']
     assert b'is not its run_id' in headers[1]['stepstream-dlq-detail']
@@ -118,13 +119,13 @@ async def test_duplicates_and_cross_topic_order(settings: Settings, projector: P
 async def test_topics_are_idempotent_and_must_be_co_partitioned(settings: Settings) -> None:
     first = await ensure_topics(settings)
     again = await ensure_topics(settings)
-    assert first == again and first.partitions == settings.partitions
+    assert first == again and first.partitions == settings.topics.partitions
 
-    skewed = dataclasses.replace(settings, topic_prefix=settings.topic_prefix + '-skewed')
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
+    skewed = settings.replace(topic_prefix=settings.topics.topic_prefix + '-skewed')
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap_servers)
     await admin.start()
     try:
-        await admin.create_topics([NewTopic(skewed.tool_effects_topic, 1, 1)])
+        await admin.create_topics([NewTopic(skewed.topics.tool_effects_topic, 1, 1)])
     finally:
         await admin.close()
     with pytest.raises(StepStreamError, match='co-partitioned'):
@@ -163,8 +164,8 @@ async def test_two_writers_claiming_one_run_id_are_kept_apart(
 async def test_wait_for_times_out_naming_the_partitions_behind(
     settings: Settings, projector: Projector
 ) -> None:
-    behind = {TopicPartition(settings.step_events_topic, 1): 10**9}
-    with pytest.raises(TimeoutError, match=rf'{settings.step_events_topic}\[1\]'):
+    behind = {TopicPartition(settings.topics.step_events_topic, 1): 10**9}
+    with pytest.raises(TimeoutError, match=rf'{settings.topics.step_events_topic}\[1\]'):
         await projector.wait_for(behind, timeout=0.3)
 
 
@@ -184,7 +185,9 @@ async def test_group_offsets_are_committed_beside_the_apply_loop_and_on_stop(
         await projector.wait_for(second)  # within the second since the first commit: not committed yet
     ((tp, offset),) = second.items()
     await projector.stop()
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, group_id=projector.group_id)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=settings.kafka.bootstrap_servers, group_id=projector.group_id
+    )
     await consumer.start()
     try:
         assert await consumer.committed(tp) == offset == first[tp] + 1

@@ -40,7 +40,7 @@ async def test_no_secret_reaches_anything_stepstream_writes(
     settings: Settings, tmp_path: Path, erasure: bool
 ) -> None:
     settings = sealed_settings(settings) if erasure else settings.replace(media_threshold_bytes=4096)
-    store = S3MediaStore.from_settings(settings)  # the store the CLI and the service use
+    store = S3MediaStore.from_settings(settings.media)  # the store the CLI and the service use
     tag = uuid.uuid4().hex
     secrets = {
         'under a key': f'key-{tag}',
@@ -94,7 +94,9 @@ async def test_no_secret_reaches_anything_stepstream_writes(
             for what, secret in secrets.items():
                 assert secret.encode() not in data, f'{what} is in {where}'
 
-        for value in await raw_values(settings, settings.step_events_topic, settings.tool_effects_topic):
+        for value in await raw_values(
+            settings, settings.topics.step_events_topic, settings.topics.tool_effects_topic
+        ):
             clean('a record', value)
         events = await reader.list_events(run.run_id)
         objects = [uri for e in events if e.snapshot is not None for uri in e.snapshot.media or []]

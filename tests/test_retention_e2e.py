@@ -104,7 +104,7 @@ async def test_expired_runs_leave_the_projection_and_only_their_media_leaves_the
     settings = retaining
     # Every re-use of a payload uploads it again (its age restarts), so the race below needs
     # no hour of waiting; the sweep's grace must still exceed that refresh age.
-    store = S3MediaStore.from_settings(settings, key_prefix=f'test-{uuid.uuid4().hex[:8]}')
+    store = S3MediaStore.from_settings(settings.media, key_prefix=f'test-{uuid.uuid4().hex[:8]}')
     store.refresh_after = timedelta(0)
     monkeypatch.setattr(capability, 'datetime', _Clock)
     parent, old, child = same_partition('parent', 3)

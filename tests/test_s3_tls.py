@@ -24,6 +24,7 @@ from stepstream.producer import EventLog, StepPersistence
 from stepstream.projector import Projector
 from stepstream.readmodel import ProjectionReader, continue_run
 from stepstream.s3_client import client_options
+from stepstream.settings import MediaSettings
 from stepstream.storage import Checkpoints
 
 from agents import calls_then_answers
@@ -59,8 +60,8 @@ def tls_settings(https_stack: EmbeddedStack) -> Settings:
 
 async def logged_values(settings: Settings) -> list[bytes]:
     consumer = AIOKafkaConsumer(
-        settings.step_events_topic,
-        bootstrap_servers=settings.bootstrap_servers,
+        settings.topics.step_events_topic,
+        bootstrap_servers=settings.kafka.bootstrap_servers,
         auto_offset_reset='earliest',
         enable_auto_commit=False,
     )
@@ -80,8 +81,10 @@ async def test_agent_to_log_to_projection_with_media_and_checkpoints_over_https(
     tls_settings: Settings, tmp_path: Path
 ) -> None:
     settings = tls_settings
-    assert settings.s3_endpoint is not None and settings.s3_endpoint.startswith('https://')
-    checkpoints = Checkpoints.from_settings(settings, group=f'{settings.topic_prefix}.tls', interval_s=3600)
+    assert settings.media.s3_endpoint is not None and settings.media.s3_endpoint.startswith('https://')
+    checkpoints = Checkpoints.from_settings(
+        settings, group=f'{settings.topics.topic_prefix}.tls', interval_s=3600
+    )
     async with (
         EventLog(settings) as log,
         Projector(settings, db_path=tmp_path / 'projection') as projector,
@@ -107,7 +110,7 @@ async def test_agent_to_log_to_projection_with_media_and_checkpoints_over_https(
     assert values and all(TOOL_OUTPUT.encode() not in value for value in values)
     assert any(b'media+sha256://' in value for value in values)
     assert uploaded
-    listed = [c.key for p in range(settings.partitions) for c in await checkpoints.list(p)]
+    listed = [c.key for p in range(settings.topics.partitions) for c in await checkpoints.list(p)]
     assert sorted(listed) == sorted(c.key for c in uploaded)
 
 
@@ -128,22 +131,22 @@ async def test_an_untrusted_certificate_fails_at_start_naming_the_ca_setting(
 
 
 async def test_plain_http_against_the_https_endpoint_says_to_use_https(tls_settings: Settings) -> None:
-    assert tls_settings.s3_endpoint is not None
+    assert tls_settings.media.s3_endpoint is not None
     settings = tls_settings.replace(
-        s3_endpoint=tls_settings.s3_endpoint.replace('https://', 'http://'), s3_cafile=None
+        s3_endpoint=tls_settings.media.s3_endpoint.replace('https://', 'http://'), s3_cafile=None
     )
     with pytest.raises(MediaUnavailable) as err:
-        await S3MediaStore.from_settings(settings).check()
+        await S3MediaStore.from_settings(settings.media).check()
     assert 'speaks HTTPS' in str(err.value) and 'use https:// in STEPSTREAM_S3_ENDPOINT' in str(err.value)
 
 
 def test_the_ca_file_is_checked_when_the_client_is_built(tmp_path: Path) -> None:
     endpoint = 'https://s3.example.com'
     with pytest.raises(MediaUnavailable, match=r"STEPSTREAM_S3_CAFILE='.*missing.pem' cannot be read"):
-        client_options(Settings(s3_endpoint=endpoint, s3_cafile=str(tmp_path / 'missing.pem')))
+        client_options(MediaSettings(s3_endpoint=endpoint, s3_cafile=str(tmp_path / 'missing.pem')))
     (tmp_path / 'not-a-ca.pem').write_text('hello')
     with pytest.raises(MediaUnavailable, match='holds no PEM certificate'):
-        client_options(Settings(s3_endpoint=endpoint, s3_cafile=str(tmp_path / 'not-a-ca.pem')))
+        client_options(MediaSettings(s3_endpoint=endpoint, s3_cafile=str(tmp_path / 'not-a-ca.pem')))
 
 
 def test_a_ca_file_with_a_plain_http_endpoint_is_refused() -> None:

@@ -59,6 +59,7 @@ from stepstream.schemas import (
     subject_of,
     to_confluent,
 )
+from stepstream.settings import RegistrySettings
 from stepstream.topics import Position, ensure_topics, murmur2_partition
 
 from agents import answers, calls_then_answers
@@ -123,7 +124,7 @@ async def test_a_version_that_breaks_the_rules_is_refused_by_the_registry(
     schema['fields'].append({'name': 'operator_team', 'type': 'string'})  # no default
     (tmp_path / f'tool_effect_transition.v{newest.version + 1}.avsc').write_text(json.dumps(schema))
     history = load_schema_versions(tmp_path)['tool_effect_transition']
-    async with SchemaRegistry(Settings(schema_registry_url=registry_url)) as registry:
+    async with SchemaRegistry(RegistrySettings(schema_registry_url=registry_url), timeout_s=10) as registry:
         with pytest.raises(
             SchemaRegistryError, match=rf'refused tool_effect_transition.v{newest.version + 1}'
         ):
@@ -136,7 +137,7 @@ async def test_a_producer_is_told_when_the_registry_refuses_its_schema(registry_
     settings = Settings(schema_registry_url=registry_url)
     other = {'type': 'record', 'name': 'StepEvent', 'namespace': 'io.stepstream'}
     other['fields'] = [{'name': 'only_this', 'type': 'string'}]
-    async with SchemaRegistry(settings) as registry:
+    async with SchemaRegistry(settings.registry, timeout_s=settings.kafka.ack_timeout_s) as registry:
         await registry._client.put(f'/config/{subject}', json={'compatibility': 'FULL_TRANSITIVE'})
         await registry._client.post(f'/subjects/{subject}/versions', json={'schema': json.dumps(other)})
         with pytest.raises(SchemaRegistryError, match=r'refused step_event v\d+ .* as incompatible') as no:
@@ -166,16 +167,18 @@ security:
             schema_registry_password='s3cret-pw',  # type: ignore[arg-type]
             schema_registry_cafile=str(ca.cafile),
         )
-        async with SchemaRegistry(settings) as registry:
+        async with SchemaRegistry(settings.registry, timeout_s=settings.kafka.ack_timeout_s) as registry:
             schema_id = await registry.id_of('secure.step-events-value', STEP_EVENT_SCHEMA)
-        async with SchemaRegistry(settings) as registry:  # a reader: nothing cached
+        async with SchemaRegistry(
+            settings.registry, timeout_s=settings.kafka.ack_timeout_s
+        ) as registry:  # a reader: nothing cached
             assert await registry.version_of(schema_id) is STEP_EVENT_SCHEMA
         wrong = settings.replace(schema_registry_password='wrong')
-        async with SchemaRegistry(wrong) as registry:
+        async with SchemaRegistry(wrong.registry, timeout_s=wrong.kafka.ack_timeout_s) as registry:
             with pytest.raises(SchemaRegistryError, match=r'\(401\).*STEPSTREAM_SCHEMA_REGISTRY_PASSWORD'):
                 await registry.version_of(schema_id)
         untrusting = settings.replace(schema_registry_cafile=None)
-        async with SchemaRegistry(untrusting) as registry:
+        async with SchemaRegistry(untrusting.registry, timeout_s=untrusting.kafka.ack_timeout_s) as registry:
             with pytest.raises(SchemaRegistryError, match=r'not trusted.*STEPSTREAM_SCHEMA_REGISTRY_CAFILE'):
                 await registry.version_of(schema_id)
     assert 's3cret-pw' not in repr(settings)
@@ -193,7 +196,7 @@ async def test_registry_mode_writes_what_confluent_kafkas_avro_deserializer_read
         await run_agents(log, 'outside')
         position = await log.flush()
     # One look-up per schema (not found in a fresh registry: registered), for all the records.
-    prefix = registry_settings.topic_prefix
+    prefix = registry_settings.topics.topic_prefix
     assert sorted(gate.requests) == [
         f'POST /subjects/{prefix}.step-events-value',
         f'POST /subjects/{prefix}.step-events-value/versions',
@@ -203,7 +206,9 @@ async def test_registry_mode_writes_what_confluent_kafkas_avro_deserializer_read
     assert sum(position.values()) > 20
     raw = await read_raw(registry_settings, position)
     decoded: dict[tuple[str, int, int], LogRecord] = {}
-    async with SchemaRegistry(registry_settings) as registry:
+    async with SchemaRegistry(
+        registry_settings.registry, timeout_s=registry_settings.kafka.ack_timeout_s
+    ) as registry:
         for where, value in raw.items():
             schema_id = confluent_schema_id(value)
             assert schema_id is not None, value[:10]
@@ -246,9 +251,9 @@ async def test_kcat_reads_the_registry_format(registry_settings: Settings) -> No
     async with EventLog(registry_settings) as log:
         await run_agents(log, 'kcat')
         position = await log.flush()
-    topic = registry_settings.step_events_topic
-    command = ['kcat', '-C', '-b', registry_settings.bootstrap_servers, '-t', topic, '-e', '-q']
-    command += ['-s', 'value=avro', '-r', registry_settings.schema_registry_url or '', '-f', '%s\n']
+    topic = registry_settings.topics.step_events_topic
+    command = ['kcat', '-C', '-b', registry_settings.kafka.bootstrap_servers, '-t', topic, '-e', '-q']
+    command += ['-s', 'value=avro', '-r', registry_settings.registry.schema_registry_url or '', '-f', '%s\n']
     output = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True).stdout
     values = [json.loads(line) for line in output.splitlines() if line.strip()]
     assert len(values) == sum(n for tp, n in position.items() if tp.topic == topic)
@@ -336,12 +341,13 @@ async def test_confluent_records_that_cannot_be_read_go_to_the_dlq(
     registry_settings: Settings, db_path: Path
 ) -> None:
     settings = registry_settings
-    topic = settings.step_events_topic
-    async with SchemaRegistry(settings) as registry:
+    topic = settings.topics.step_events_topic
+    async with SchemaRegistry(settings.registry, timeout_s=settings.kafka.ack_timeout_s) as registry:
         step_event_id = await registry.id_of(subject_of(topic), STEP_EVENT_SCHEMA)
         foreign = {'type': 'record', 'name': 'Other', 'fields': [{'name': 'x', 'type': 'long'}]}
         response = await registry._client.post(
-            f'/subjects/{settings.topic_prefix}.foreign-value/versions', json={'schema': json.dumps(foreign)}
+            f'/subjects/{settings.topics.topic_prefix}.foreign-value/versions',
+            json={'schema': json.dumps(foreign)},
         )
         foreign_id = response.json()['id']
     good = to_confluent(encode(event('h', 0, 'run_started')), step_event_id)
@@ -352,8 +358,8 @@ async def test_confluent_records_that_cannot_be_read_go_to_the_dlq(
         good,
     ]
     await ensure_topics(settings)
-    partition = murmur2_partition(b'h', settings.partitions)
-    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
+    partition = murmur2_partition(b'h', settings.topics.partitions)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers)
     await producer.start()
     try:
         for value in values:
@@ -544,7 +550,7 @@ async def run_agents(log: EventLog, conversation: str) -> None:
 
 async def read_raw(settings: Settings, position: Position) -> dict[tuple[str, int, int], bytes]:
     """Every value up to `position`, as it is in the log, by (topic, partition, offset)."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka.bootstrap_servers, enable_auto_commit=False)
     await consumer.start()
     found: dict[tuple[str, int, int], bytes] = {}
     try:
@@ -571,11 +577,11 @@ def read_with_confluent_kafka(settings: Settings, position: Position) -> dict[tu
     from confluent_kafka.schema_registry.avro import AvroDeserializer
     from confluent_kafka.serialization import StringDeserializer
 
-    client = SchemaRegistryClient({'url': settings.schema_registry_url})
+    client = SchemaRegistryClient({'url': settings.registry.schema_registry_url})
     consumer = DeserializingConsumer(
         {
-            'bootstrap.servers': settings.bootstrap_servers,
-            'group.id': f'{settings.topic_prefix}.outside',
+            'bootstrap.servers': settings.kafka.bootstrap_servers,
+            'group.id': f'{settings.topics.topic_prefix}.outside',
             'enable.auto.commit': False,
             'key.deserializer': StringDeserializer('utf_8'),
             'value.deserializer': AvroDeserializer(client),
@@ -612,7 +618,9 @@ def as_avro_dict(record: LogRecord) -> dict[str, Any]:
 
 async def dlq_details(settings: Settings, count: int) -> list[str]:
     consumer = AIOKafkaConsumer(
-        settings.dlq_topic, bootstrap_servers=settings.bootstrap_servers, auto_offset_reset='earliest'
+        settings.topics.dlq_topic,
+        bootstrap_servers=settings.kafka.bootstrap_servers,
+        auto_offset_reset='earliest',
     )
     await consumer.start()
     details: list[str] = []

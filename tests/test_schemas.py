@@ -370,9 +370,9 @@ async def test_outside_consumer_decodes_with_only_the_avsc_files(
         by_fingerprint[fp] = parse_schema(raw, named_schemas={})
 
     consumer = AIOKafkaConsumer(
-        settings.step_events_topic,
-        settings.tool_effects_topic,
-        bootstrap_servers=settings.bootstrap_servers,
+        settings.topics.step_events_topic,
+        settings.topics.tool_effects_topic,
+        bootstrap_servers=settings.kafka.bootstrap_servers,
         auto_offset_reset='earliest',
         enable_auto_commit=False,
     )

@@ -50,7 +50,7 @@ async def granted(secure: SecureKafka, settings: Settings) -> Settings:
     """The test's settings, with the documented ACLs granted for its topic prefix."""
     rules = list(documented_acl_rules())
     assert {r.principal for r in rules} == {'User:admin', 'User:producer', 'User:projector', 'User:analyst'}
-    await asyncio.to_thread(grant, secure.admin_bootstrap, rules, topic_prefix=settings.topic_prefix)
+    await asyncio.to_thread(grant, secure.admin_bootstrap, rules, topic_prefix=settings.topics.topic_prefix)
     return settings
 
 
@@ -114,31 +114,31 @@ async def test_the_whole_path_runs_over_sasl_ssl_with_scram_and_least_privilege(
     await run_a_librarian(producer, projector, tmp_path / 'projection')
 
     # The projector's rights also cover dead-lettering a poison record and committing its group.
-    raw = AIOKafkaProducer(**client_options(producer))
+    raw = AIOKafkaProducer(**client_options(producer.kafka))
     await raw.start()
     try:
-        poison = await raw.send_and_wait(granted.step_events_topic, b'not a record', key=b'run-x')
+        poison = await raw.send_and_wait(granted.topics.step_events_topic, b'not a record', key=b'run-x')
     finally:
         await raw.stop()
     async with Projector(projector, db_path=tmp_path / 'projection') as running:
         await running.wait_for({poison.topic_partition: poison.offset + 1})
         assert running.dead_lettered == 1
-    committed = await group_offsets(secure, f'{granted.topic_prefix}.projector')
+    committed = await group_offsets(secure, f'{granted.topics.topic_prefix}.projector')
     assert committed, 'the projector committed no group offsets'
 
     # The read-only principal reads the log and the DLQ in an `analytics.` group.
     analyst = scram(secure, granted, 'analyst')
     consumer = AIOKafkaConsumer(
-        granted.step_events_topic,
-        granted.dlq_topic,
-        **client_options(analyst),
+        granted.topics.step_events_topic,
+        granted.topics.dlq_topic,
+        **client_options(analyst.kafka),
         group_id='analytics.audit',
         auto_offset_reset='earliest',
     )
     await consumer.start()
     try:
         seen: set[str] = set()
-        while seen != {granted.step_events_topic, granted.dlq_topic}:
+        while seen != {granted.topics.step_events_topic, granted.topics.dlq_topic}:
             batches = await consumer.getmany(timeout_ms=1000)
             seen |= {tp.topic for tp in batches}
     finally:

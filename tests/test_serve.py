@@ -170,7 +170,7 @@ async def test_unresolved_conflicts_dlq_and_status(served: Served, api: httpx.As
     assert (letter['reason'], letter['key'], letter['source_topic']) == (
         'not_a_record',
         'poison-run',
-        served.settings.step_events_topic,
+        served.settings.topics.step_events_topic,
     )
 
     await served.settle()
@@ -180,7 +180,7 @@ async def test_unresolved_conflicts_dlq_and_status(served: Served, api: httpx.As
     topics = {(p['topic'], p['partition']) for p in status['partitions']}
     assert topics == {
         (t, p)
-        for t in (served.settings.step_events_topic, served.settings.tool_effects_topic)
+        for t in (served.settings.topics.step_events_topic, served.settings.topics.tool_effects_topic)
         for p in range(3)
     }
     assert all(p['lag'] == 0 and p['end'] == p['applied'] for p in status['partitions'])
@@ -270,7 +270,7 @@ def test_serving_beyond_loopback_needs_a_token(
     assert 'STEPSTREAM_SERVE_TOKEN' in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(['serve', '--serve-token', 'x'])  # a secret is never a flag
-    assert Settings.from_env({'STEPSTREAM_SERVE_TOKEN': 't'}).serve_token is not None
+    assert Settings.from_env({'STEPSTREAM_SERVE_TOKEN': 't'}).serve.serve_token is not None
 
 
 @pytest.mark.broker

@@ -69,7 +69,7 @@ async def test_any_member_answers_for_the_whole_group(
     for i in range(4):
         await crash_in_tool(event_log, f'crash-{i}', conversation_id=f'conv-crash-{i}')
     end = await event_log.flush()
-    group = f'{settings.topic_prefix}.serve'
+    group = f'{settings.topics.topic_prefix}.serve'
 
     async with (
         Projector(settings, db_path=tmp_path / 'everything') as everything,
@@ -229,7 +229,7 @@ async def test_a_member_that_left_is_answered_for_by_the_others(
     for i in range(3):
         await orchestrate(event_log, f'leave-{i}')
     end = await event_log.flush()
-    group = f'{settings.topic_prefix}.leave'
+    group = f'{settings.topics.topic_prefix}.leave'
     async with (
         member(settings, group, tmp_path / 'a') as a,
         httpx.AsyncClient(timeout=30) as http,
@@ -265,7 +265,7 @@ async def test_the_serve_command_joins_a_group(
     for i in range(3):
         await orchestrate(event_log, f'cli-{i}')
     await event_log.flush()
-    group = f'{settings.topic_prefix}.cli'
+    group = f'{settings.topics.topic_prefix}.cli'
     env = {**os.environ, **settings.to_env(), 'STEPSTREAM_DB_PATH': str(tmp_path / 'child')}
     child = await asyncio.create_subprocess_exec(
         sys.executable, '-m', 'stepstream.cli', 'serve', '--group', group, '--port', '0',

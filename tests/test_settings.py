@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 import pytest
 from pydantic import SecretStr
 
 from stepstream import Settings
+from stepstream.settings import KafkaSettings
 
 pytestmark = [pytest.mark.fast, pytest.mark.once]
 
@@ -44,9 +46,9 @@ def test_env_round_trip() -> None:
 def test_defaults_without_environment() -> None:
     settings = Settings.from_env({})
     assert settings == Settings()
-    assert settings.step_events_topic == 'stepstream.step-events'
-    assert settings.tool_effects_topic == 'stepstream.tool-effects'
-    assert settings.dlq_topic == 'stepstream.dlq'
+    assert settings.topics.step_events_topic == 'stepstream.step-events'
+    assert settings.topics.tool_effects_topic == 'stepstream.tool-effects'
+    assert settings.topics.dlq_topic == 'stepstream.dlq'
 
 
 def test_bad_values_name_the_variable() -> None:
@@ -65,9 +67,9 @@ def test_flags_override_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     Settings.add_arguments(parser)
     args = parser.parse_args(['--topic-prefix', 'from-flag', '--media-threshold-bytes', '4096'])
     settings = Settings.from_args(args)
-    assert settings.topic_prefix == 'from-flag'
-    assert settings.media_threshold_bytes == 4096
-    assert settings.s3_bucket == 'env-bucket'
+    assert settings.topics.topic_prefix == 'from-flag'
+    assert settings.media.media_threshold_bytes == 4096
+    assert settings.media.s3_bucket == 'env-bucket'
 
 
 def test_security_settings_round_trip_and_hide_the_password(tmp_path: Path) -> None:
@@ -81,9 +83,12 @@ def test_security_settings_round_trip_and_hide_the_password(tmp_path: Path) -> N
         'STEPSTREAM_SSL_CAFILE': '/etc/kafka/ca.pem',
     }
     settings = Settings.from_env(env)
-    assert settings.security_protocol == 'SASL_SSL' and settings.sasl_mechanism == 'SCRAM-SHA-512'
-    assert settings.sasl_password is not None and settings.sasl_password.get_secret_value() == 's3cr3t'
-    assert 's3cr3t' not in repr(settings) and 's3cr3t' not in str(settings.sasl_password)
+    assert settings.kafka.security_protocol == 'SASL_SSL' and settings.kafka.sasl_mechanism == 'SCRAM-SHA-512'
+    assert (
+        settings.kafka.sasl_password is not None
+        and settings.kafka.sasl_password.get_secret_value() == 's3cr3t'
+    )
+    assert 's3cr3t' not in repr(settings) and 's3cr3t' not in str(settings.kafka.sasl_password)
     # A child process is handed the secret itself, and reads back the same settings.
     assert settings.to_env()['STEPSTREAM_SASL_PASSWORD'] == 's3cr3t'
     assert Settings.from_env(settings.to_env()) == settings
@@ -128,20 +133,20 @@ def test_one_place_builds_every_kafka_client_s_options(tmp_path: Path) -> None:
 
     from stepstream.kafka_client import client_options
 
-    plain = client_options(Settings())
+    plain = client_options(KafkaSettings())
     assert plain == {'bootstrap_servers': '127.0.0.1:9092', 'security_protocol': 'PLAINTEXT'}
     scram = client_options(
-        Settings(
+        KafkaSettings(
             security_protocol='SASL_SSL',
             sasl_mechanism='SCRAM-SHA-256',
             sasl_username='u',
-            sasl_password=SecretStr('p'),
+            sasl_password=SecretStr('p'),  # type: ignore[arg-type]
         )
     )
     assert scram['sasl_plain_username'] == 'u' and scram['sasl_plain_password'] == 'p'
     assert scram['ssl_context'].check_hostname  # hostname verification stays on
     oauth = client_options(
-        Settings(
+        KafkaSettings(
             security_protocol='SASL_SSL',
             sasl_mechanism='OAUTHBEARER',
             sasl_oauth_token_provider='secure_kafka:ProducerToken',
@@ -159,7 +164,7 @@ def test_a_ca_file_that_is_missing_or_not_a_certificate_names_the_variable(tmp_p
     for cafile, cause in [(tmp_path / 'missing.pem', 'cannot be read'), (garbage, 'holds no CA certificate')]:
         settings = Settings(security_protocol='SSL', ssl_cafile=str(cafile))
         with pytest.raises(SecureConnectionError, match=f'STEPSTREAM_SSL_CAFILE=.*{cause}'):
-            client_options(settings)
+            client_options(settings.kafka)
 
 
 def test_registry_settings_round_trip_and_hide_the_password(tmp_path: Path) -> None:
@@ -172,8 +177,8 @@ def test_registry_settings_round_trip_and_hide_the_password(tmp_path: Path) -> N
         'STEPSTREAM_SCHEMA_REGISTRY_CAFILE': '/etc/registry/ca.pem',
     }
     settings = Settings.from_env(env)
-    assert settings.schema_registry_password is not None
-    assert settings.schema_registry_password.get_secret_value() == 'api-secret'
+    assert settings.registry.schema_registry_password is not None
+    assert settings.registry.schema_registry_password.get_secret_value() == 'api-secret'
     assert 'api-secret' not in repr(settings)
     assert Settings.from_env(settings.to_env()) == settings
     parser = argparse.ArgumentParser()
@@ -202,3 +207,64 @@ def test_a_registry_setup_that_cannot_work_is_refused_naming_the_variable(
 ) -> None:
     with pytest.raises(ValueError, match=message):
         Settings(**fields)  # type: ignore[arg-type]
+
+
+def test_each_setting_lives_in_one_section_and_flat_names_are_routed_there() -> None:
+    from stepstream.settings import SECTION_OF, SECTIONS, SETTING_NAMES, MediaSettings, ProjectionSettings
+
+    settings = Settings(db_path='/var/lib/proj', s3_bucket='media', partitions=3)
+    assert settings.projection == ProjectionSettings(db_path='/var/lib/proj')
+    assert settings.media.s3_bucket == 'media' and settings.topics.partitions == 3
+    assert not hasattr(settings, 'db_path')  # one name per value: the section's
+    # Every setting is one section's field, and the loader knows each by its flat name.
+    assert len(SECTION_OF) == len(SETTING_NAMES) == sum(len(dataclasses.fields(c)) for c in SECTIONS.values())
+    # A section given whole, and flat names over it; replace takes either.
+    given = Settings(media=MediaSettings(s3_bucket='b'), media_threshold_bytes=10)
+    assert given.media == MediaSettings(s3_bucket='b', media_threshold_bytes=10)
+    assert (
+        given.replace(db_path='/p').projection.db_path == '/p'
+        and given.replace(db_path='/p').media == given.media
+    )
+    assert dataclasses.replace(settings, topic_prefix='x').topics.step_events_topic == 'x.step-events'  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="'media_threshold'"):
+        Settings(media_threshold=1)
+    with pytest.raises(TypeError, match='takes a MediaSettings'):
+        Settings(media=ProjectionSettings())
+
+
+def test_a_section_checks_its_own_fields_naming_the_variable_and_flag() -> None:
+    from stepstream.settings import LivenessSettings, MediaSettings, TopicSettings
+
+    with pytest.raises(
+        ValueError,
+        match=r'media_threshold_bytes must be a positive int, got 0 \(set by STEPSTREAM_MEDIA_THRESHOLD',
+    ):
+        MediaSettings(media_threshold_bytes=0)
+    with pytest.raises(
+        ValueError,
+        match=r'partitions must be positive, got 0 \(set by STEPSTREAM_PARTITIONS \(--partitions\)\)',
+    ):
+        TopicSettings(partitions=0)
+    with pytest.raises(
+        ValueError, match=r'stale_after_s must not be negative, got -1 \(set by STEPSTREAM_STALE_AFTER_S'
+    ):
+        LivenessSettings(stale_after_s=-1)
+    with pytest.raises(
+        ValueError,
+        match=r'ack_timeout_s must be positive, got 0.0 \(set by STEPSTREAM_ACK_TIMEOUT_S \(--ack-timeout-s',
+    ):
+        Settings.from_env({'STEPSTREAM_ACK_TIMEOUT_S': '0'})
+
+
+def test_the_media_threshold_has_one_default_and_one_check() -> None:
+    from stepstream.media import DEFAULT_THRESHOLD_BYTES
+    from stepstream.settings import MediaSettings
+
+    assert (
+        DEFAULT_THRESHOLD_BYTES
+        == MediaSettings().media_threshold_bytes
+        == Settings().media.media_threshold_bytes
+    )
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ValueError, match='threshold_bytes must be a positive int'):
+            MediaSettings.check_threshold(bad, 'threshold_bytes')

@@ -58,9 +58,9 @@ class Telemetry:
 async def _step_records(settings: Settings, run_id: str) -> list[tuple[StepEvent, dict[str, bytes]]]:
     """The run's step events as the topic holds them, each with its Kafka headers."""
     partition = TopicPartition(
-        settings.step_events_topic, murmur2_partition(run_id.encode(), settings.partitions)
+        settings.topics.step_events_topic, murmur2_partition(run_id.encode(), settings.topics.partitions)
     )
-    consumer = AIOKafkaConsumer(**client_options(settings), enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(**client_options(settings.kafka), enable_auto_commit=False)
     await consumer.start()
     try:
         consumer.assign([partition])
@@ -160,8 +160,11 @@ async def test_spans_metrics_and_trace_ids_under_an_sdk(
         (p.attributes['stepstream.topic'], p.attributes['stepstream.partition']): p.value
         for p in sdk.points('stepstream.projector.lag')
     }
-    home = murmur2_partition(run.run_id.encode(), settings.partitions)
-    assert (settings.step_events_topic, home) in lags and (settings.tool_effects_topic, home) in lags
+    home = murmur2_partition(run.run_id.encode(), settings.topics.partitions)
+    assert (settings.topics.step_events_topic, home) in lags and (
+        settings.topics.tool_effects_topic,
+        home,
+    ) in lags
     assert all(value >= 0 for value in lags.values())
 
     # A record the projector cannot apply is counted by reason.
@@ -170,10 +173,12 @@ async def test_spans_metrics_and_trace_ids_under_an_sdk(
         for p in sdk.points('stepstream.projector.dead_lettered')
         if p.attributes['stepstream.reason'] == 'not_a_record'
     )
-    producer = AIOKafkaProducer(**client_options(settings))
+    producer = AIOKafkaProducer(**client_options(settings.kafka))
     await producer.start()
     try:
-        sent = await producer.send_and_wait(settings.step_events_topic, b'not an avro record', key=b'poison')
+        sent = await producer.send_and_wait(
+            settings.topics.step_events_topic, b'not an avro record', key=b'poison'
+        )
     finally:
         await producer.stop()
     await projector.wait_for({TopicPartition(sent.topic, sent.partition): sent.offset + 1})

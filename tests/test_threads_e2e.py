@@ -153,7 +153,7 @@ async def test_the_logs_loop_keeps_a_worker_run_alive_and_ends_it_on_close(
     assert isinstance(await running, StepStreamError)  # its next record found the log closed
     position = log.position
     by_run = await records_by_run(settings, position)
-    kinds = [kind_of(record) for record in by_run['open', settings.step_events_topic]]
+    kinds = [kind_of(record) for record in by_run['open', settings.topics.step_events_topic]]
     assert 'run_heartbeat' in kinds and kinds[-1] == 'run_cancelled', kinds
     async with Projector(settings, db_path=db_path) as projector:
         await projector.wait_for(position)
@@ -194,7 +194,7 @@ async def records_by_run(
     settings: Settings, position: dict[TopicPartition, int]
 ) -> dict[tuple[str, str], list[LogRecord]]:
     """Every record up to `position`, per run and topic, in the order its partition holds them."""
-    consumer = AIOKafkaConsumer(**client_options(settings), enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(**client_options(settings.kafka), enable_auto_commit=False)
     await consumer.start()
     try:
         consumer.assign(list(position))

@@ -47,15 +47,15 @@ WRITER = {name: spec for name, spec in CATALOGUE.items() if spec.source == 'writ
 
 async def _records_by_topic(settings: Settings) -> dict[str, int]:
     """The records each log topic holds (its end offsets: the test's topics are its own)."""
-    consumer = AIOKafkaConsumer(**client_options(settings), enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(**client_options(settings.kafka), enable_auto_commit=False)
     await consumer.start()
     try:
         held = {}
         for label, topic in (
-            ('step-events', settings.step_events_topic),
-            ('tool-effects', settings.tool_effects_topic),
+            ('step-events', settings.topics.step_events_topic),
+            ('tool-effects', settings.topics.tool_effects_topic),
         ):
-            partitions = [TopicPartition(topic, p) for p in range(settings.partitions)]
+            partitions = [TopicPartition(topic, p) for p in range(settings.topics.partitions)]
             held[label] = sum((await consumer.end_offsets(partitions)).values())
         return held
     finally:

@@ -144,12 +144,12 @@ async def _checkpoint(args: argparse.Namespace, settings: Settings) -> int:
     from stepstream.audit import put_checkpoint_s3, take_checkpoint
     from stepstream.signing import Signer
 
-    if settings.signing_key is None:
+    if settings.security.signing_key is None:
         raise UsageError('a checkpoint is signed: set STEPSTREAM_SIGNING_KEY or STEPSTREAM_SIGNING_KEY_FILE')
     out = Path(args.out)
     if await asyncio.to_thread(out.exists):
         raise UsageError(f'{out} exists: a checkpoint is never overwritten')
-    checkpoint = await take_checkpoint(settings, Signer.from_secret(settings.signing_key))
+    checkpoint = await take_checkpoint(settings, Signer.from_secret(settings.security.signing_key))
     await asyncio.to_thread(_write_new, out, checkpoint.to_json())
     records = sum(p.count for p in checkpoint.partitions)
     print(
@@ -158,7 +158,7 @@ async def _checkpoint(args: argparse.Namespace, settings: Settings) -> int:
     )
     if args.s3:
         key = await put_checkpoint_s3(settings, checkpoint)
-        print(f'and s3://{settings.s3_bucket}/{key}')
+        print(f'and s3://{settings.media.s3_bucket}/{key}')
     return EXIT_OK
 
 
@@ -180,8 +180,8 @@ async def _key(args: argparse.Namespace, settings: Settings) -> int:
         with os.fdopen(fd, 'wb') as file:
             file.write(pem)
         signer = Signer.from_pem(pem)
-    elif settings.signing_key is not None:
-        signer = Signer.from_secret(settings.signing_key)
+    elif settings.security.signing_key is not None:
+        signer = Signer.from_secret(settings.security.signing_key)
     else:
         raise UsageError('no key: set STEPSTREAM_SIGNING_KEY (or its _FILE), or make one with --new FILE')
     print(public_pem(signer).decode(), end='')

@@ -120,10 +120,10 @@ async def _status(args: argparse.Namespace, settings: Settings) -> int:
     layout = await ensure_topics(settings, create=False)
     applied = {
         (topic, p): status.offsets.get((topic, p), 0)
-        for topic in (settings.step_events_topic, settings.tool_effects_topic)
+        for topic in (settings.topics.step_events_topic, settings.topics.tool_effects_topic)
         for p in range(layout.partitions)
     }
-    ends = await log_end_offsets(settings, applied)
+    ends = await log_end_offsets(settings.kafka, applied)
     print(status_json(status, applied, ends) if args.json else status_text(status, applied, ends, settings))
     lag = sum(max(ends[tp] - offset, 0) for tp, offset in applied.items())
     if args.max_lag is not None and lag > args.max_lag:
@@ -145,7 +145,7 @@ async def _export(args: argparse.Namespace, settings: Settings) -> int:
     with tempfile.TemporaryDirectory(prefix='stepstream-export-') as scratch:
         if args.from_topics:  # the one replay of the log there is, into a projection thrown away after
             settings = settings.replace(db_path=str(Path(scratch) / 'projection'))
-            await rebuild(settings, settings.db_path, on_progress=progress_bar())
+            await rebuild(settings, settings.projection.db_path, on_progress=progress_bar())
         async with open_reader(settings) as reader:
             report = await export_parquet(reader, args.out, settings, since=mark)
     counts = ', '.join(f'{rows} {table}' for table, rows in report.rows.items())
@@ -163,7 +163,7 @@ async def _export(args: argparse.Namespace, settings: Settings) -> int:
         first = next(iter(report.sealed_histories.values()))
         key = (
             'STEPSTREAM_ERASURE_KEY is not set'
-            if settings.erasure_key is None
+            if settings.security.erasure_key is None
             else 'STEPSTREAM_ERASURE_KEY is not the key-encryption key their writers used'
         )
         print(
@@ -181,14 +181,15 @@ async def _topics(args: argparse.Namespace, settings: Settings) -> int:
 
     layout = await ensure_topics(settings)
     print(
-        f'{settings.step_events_topic}, {settings.tool_effects_topic}, {settings.dlq_topic}: '
+        f'{settings.topics.step_events_topic}, {settings.topics.tool_effects_topic}, '
+        f'{settings.topics.dlq_topic}: '
         f'{layout.partitions} partitions each'
     )
-    if settings.erasure_key is not None:  # erasure on: the compacted key topic too (decision 0033)
+    if settings.security.erasure_key is not None:  # erasure on: the compacted key topic too (decision 0033)
         from stepstream.erasure import ensure_key_topic, key_topic
 
         await ensure_key_topic(settings)
-        print(f'{key_topic(settings)}: compacted, the conversation keys')
+        print(f'{key_topic(settings.topics)}: compacted, the conversation keys')
     return EXIT_OK
 
 
@@ -196,11 +197,14 @@ async def _schemas(args: argparse.Namespace, settings: Settings) -> int:
     from stepstream.schema_registry import SchemaRegistry
     from stepstream.schemas import STEP_EVENT_SCHEMA, TOOL_EFFECT_SCHEMA, load_schema_versions, subject_of
 
-    if settings.schema_registry_url is None:
+    if settings.registry.schema_registry_url is None:
         raise UsageError('no schema registry: set STEPSTREAM_SCHEMA_REGISTRY_URL (--schema-registry-url)')
     versions = load_schema_versions()
-    topics = {settings.step_events_topic: STEP_EVENT_SCHEMA, settings.tool_effects_topic: TOOL_EFFECT_SCHEMA}
-    async with SchemaRegistry(settings) as registry:
+    topics = {
+        settings.topics.step_events_topic: STEP_EVENT_SCHEMA,
+        settings.topics.tool_effects_topic: TOOL_EFFECT_SCHEMA,
+    }
+    async with SchemaRegistry(settings.registry, timeout_s=settings.kafka.ack_timeout_s) as registry:
         for topic, newest in topics.items():
             subject = subject_of(topic)
             ids = await registry.register_history(subject, versions[newest.name], args.compatibility)

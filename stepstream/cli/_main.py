@@ -90,7 +90,7 @@ def _ask_service(args: argparse.Namespace, settings: Settings) -> int | None:
     url = _remote.service_url(args.stack_dir, settings)
     if url is None:
         return None
-    answer = _remote.ask(url, args.view, ViewArgs.of(args).query(), settings)
+    answer = _remote.ask(url, args.view, ViewArgs.of(args).query(), settings.serve)
     if answer is None:
         return None
     if not answer.ok:

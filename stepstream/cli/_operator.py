@@ -67,7 +67,7 @@ async def _resolve(args: argparse.Namespace, settings: Settings) -> int:
     if effect is None:
         raise NotFound(
             f'run {args.run_id!r} has no tool call {args.tool_call_id!r} '
-            f'in the projection at {settings.db_path}'
+            f'in the projection at {settings.projection.db_path}'
         )
     async with EventLog(settings, create_topics=False) as log:
         record = await resolve_tool_effect(
@@ -75,7 +75,7 @@ async def _resolve(args: argparse.Namespace, settings: Settings) -> int:
             effect,
             resolution=args.resolution,
             note=args.note,
-            operator=settings.operator_name,
+            operator=settings.serve.operator_name,
             writer_id=resolver_id('cli'),
             force=args.force,
         )
@@ -85,7 +85,7 @@ async def _resolve(args: argparse.Namespace, settings: Settings) -> int:
         print(
             f'resolved {record.tool_call_id} of {record.run_id} as {record.resolution} '
             f'by {record.resolved_by} '
-            f'(written to {settings.tool_effects_topic}; views show it once the projector applies it)'
+            f'(written to {settings.topics.tool_effects_topic}; views show it once the projector applies it)'
         )
     return EXIT_OK
 
@@ -98,12 +98,13 @@ async def _forget(args: argparse.Namespace, settings: Settings) -> int:
 
     async with open_reader(settings) as reader:
         report = await forget_conversation(
-            settings, args.conversation, reader=reader, media_store=S3MediaStore.from_settings(settings)
+            settings, args.conversation, reader=reader, media_store=S3MediaStore.from_settings(settings.media)
         )
     if not report.keys_destroyed and not report.runs:
         raise NotFound(
-            f'conversation {args.conversation!r} has no key on {settings.topic_prefix}.conversation-keys '
-            f'and no run in the projection at {settings.db_path}: nothing to forget'
+            f'conversation {args.conversation!r} has no key on '
+            f'{settings.topics.topic_prefix}.conversation-keys '
+            f'and no run in the projection at {settings.projection.db_path}: nothing to forget'
         )
     if args.json:
         print(to_json(report))
@@ -193,13 +194,14 @@ async def _sweep_media(args: argparse.Namespace, settings: Settings, reader: Pro
 
     layout = await ensure_topics(settings, create=False)
     applied = await _applied(reader, settings, layout.partitions)
-    ends = await log_end_offsets(settings, applied)
+    ends = await log_end_offsets(settings.kafka, applied)
     deadline = asyncio.get_running_loop().time() + args.catch_up_timeout
     while any(applied[tp] < end for tp, end in ends.items()):
         if asyncio.get_running_loop().time() > deadline:
             behind = sum(max(end - applied[tp], 0) for tp, end in ends.items())
             print(
-                f'stepstream: the projection at {settings.db_path} is {behind} records behind the log '
+                f'stepstream: the projection at {settings.projection.db_path} is {behind} records '
+                'behind the log '
                 f'after {args.catch_up_timeout:g}s, and a sweep needs every record written before it '
                 'applied: is the projector running? Nothing was deleted',
                 file=sys.stderr,
@@ -209,7 +211,7 @@ async def _sweep_media(args: argparse.Namespace, settings: Settings, reader: Pro
         applied = await _applied(reader, settings, layout.partitions)
     report = await sweep_media(
         reader,
-        S3MediaStore.from_settings(settings),
+        S3MediaStore.from_settings(settings.media),
         grace=timedelta(hours=args.grace_hours),
         dry_run=args.dry_run,
     )
@@ -221,5 +223,5 @@ async def _applied(
     reader: ProjectionReader, settings: Settings, partitions: int
 ) -> dict[tuple[str, int], int]:
     offsets = (await reader.status()).offsets
-    topics = (settings.step_events_topic, settings.tool_effects_topic)
+    topics = (settings.topics.step_events_topic, settings.topics.tool_effects_topic)
     return {(t, p): offsets.get((t, p), 0) for t in topics for p in range(partitions)}

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stepstream.console import VIEW_HEADER
-from stepstream.settings import Settings
+from stepstream.settings import ServeSettings, Settings
 
 TIMEOUT_S = 30.0
 """How long a view may take the service before the CLI reads the projection itself."""
@@ -40,8 +40,8 @@ class Answer:
 
 def service_url(stack_dir: str, settings: Settings) -> str | None:
     """The read service a view should ask, or None to read the projection here."""
-    if settings.serve_url is not None:
-        return settings.serve_url
+    if settings.serve.serve_url is not None:
+        return settings.serve.serve_url
     from stepstream.cli.stack import running_stack
     from stepstream.errors import UsageError
 
@@ -54,7 +54,7 @@ def service_url(stack_dir: str, settings: Settings) -> str | None:
     return stack.explorer_url
 
 
-def ask(url: str, view: str, query: dict[str, str], settings: Settings) -> Answer | None:
+def ask(url: str, view: str, query: dict[str, str], serve: ServeSettings) -> Answer | None:
     """`GET {url}/api/console/{view}[/{run_id}]?{query}`: the view's text, its `NotFound`, or None.
 
     None means: read the projection here (no answer, a refusal, a failure).
@@ -63,8 +63,8 @@ def ask(url: str, view: str, query: dict[str, str], settings: Settings) -> Answe
     connection_type = http.client.HTTPSConnection if parts.scheme == 'https' else http.client.HTTPConnection
     connection = connection_type(parts.netloc, timeout=CONNECT_TIMEOUT_S)
     headers = {'Accept': 'text/plain'}
-    if settings.serve_token is not None:
-        headers['Authorization'] = f'Bearer {settings.serve_token.get_secret_value()}'
+    if serve.serve_token is not None:
+        headers['Authorization'] = f'Bearer {serve.serve_token.get_secret_value()}'
     path = f'{parts.path.rstrip("/")}/api/console/{urllib.parse.quote(view)}'
     run_id = query.pop('run_id', None)
     if run_id is not None:  # a view of one run: its own path, as the API's other run reads

@@ -100,7 +100,7 @@ async def projector_service(args: argparse.Namespace, settings: Settings) -> int
     from stepstream.service_log import BrokerLossLog
     from stepstream.storage import Checkpoints
 
-    loss = BrokerLossLog(settings.bootstrap_servers)
+    loss = BrokerLossLog(settings.kafka.bootstrap_servers)
     for handler in logging.getLogger().handlers:
         handler.addFilter(loss)
     stop = asyncio.Event()
@@ -139,14 +139,14 @@ async def projector_service(args: argparse.Namespace, settings: Settings) -> int
         max_snapshots_per_run=args.max_snapshots_per_run,
     ) as projector:
         of_group = f' (member of {args.group})' if args.group else ''
-        print(f'projector: {settings.bootstrap_servers} -> {projector.db_path}{of_group}', flush=True)
+        print(f'projector: {settings.kafka.bootstrap_servers} -> {projector.db_path}{of_group}', flush=True)
         probes = _probe_server(args, projector)
         stopping = asyncio.create_task(stop.wait())
         running = asyncio.create_task(projector.join())
         while not (stopping.done() or running.done()):
             await asyncio.wait([stopping, running], timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
             if loss.pending:
-                loss.checked(await broker_answers(settings))
+                loss.checked(await broker_answers(settings.kafka))
         if running.done():  # the loop ended without being asked to: it failed, and leaving the
             stopping.cancel()  # `async with` raises its error, which main() prints (exit code 1)
             return EXIT_FAILED
@@ -199,7 +199,7 @@ async def _serve(args: argparse.Namespace, settings: Settings) -> int:
             f"stepstream serve needs its extra: pip install 'stepstream[serve]' ({exc})"
         ) from None
 
-    check_binding(args.host, settings)
+    check_binding(args.host, settings.serve)
     if args.group is not None:
         return await _serve_member(args, settings)
     async with running(app_for(settings), host=args.host, port=args.port) as served:

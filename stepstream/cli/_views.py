@@ -89,7 +89,7 @@ ALL_PAGE = 1000
 
 
 async def view(args: argparse.Namespace, settings: Settings) -> int:
-    """Run the console view `args.view` over the projection at `settings.db_path`, and print it."""
+    """Run the console view `args.view` over the projection at `settings.projection.db_path`, and print it."""
     from stepstream.console import ViewArgs, show
 
     async with open_reader(settings) as reader:

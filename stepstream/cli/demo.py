@@ -149,16 +149,16 @@ async def _publish_in_child(
     return f'publisher {run_id} was killed in the middle of send_announcement'
 
 
-async def _until_stale(reader: ProjectionReader, run_id: str, settings: Settings) -> None:
+async def _until_stale(reader: ProjectionReader, run_id: str, stale_after_s: float) -> None:
     """Wait until the killed run reads `stale`: its heartbeats stopped `stale_after_s` ago at most."""
     print(
-        f'waiting up to {settings.stale_after_s:g} s for {run_id} to read stale: its process was killed, '
+        f'waiting up to {stale_after_s:g} s for {run_id} to read stale: its process was killed, '
         f'so its heartbeats stopped, and a run is judged dead once they have been missing for '
-        f'STEPSTREAM_STALE_AFTER_S ({settings.stale_after_s:g} s)',
+        f'STEPSTREAM_STALE_AFTER_S ({stale_after_s:g} s)',
         flush=True,
     )
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + settings.stale_after_s + 30
+    deadline = loop.time() + stale_after_s + 30
     while loop.time() < deadline:
         run = await reader.get_run(run_id)
         if run is None or run.status != 'running':
@@ -166,7 +166,7 @@ async def _until_stale(reader: ProjectionReader, run_id: str, settings: Settings
         await asyncio.sleep(0.2)
 
 
-async def wait_applied(reader: ProjectionReader, positions: Mapping[Any, int], settings: Settings) -> None:
+async def wait_applied(reader: ProjectionReader, positions: Mapping[Any, int], db_path: str) -> None:
     """Wait until the projection applied the log up to `positions` (`EventLog.flush()`'s answer).
 
     The stack's projector applies it; this process only reads (a RocksDB secondary), so it polls.
@@ -179,7 +179,7 @@ async def wait_applied(reader: ProjectionReader, positions: Mapping[Any, int], s
             return
         if loop.time() > deadline:
             raise StepStreamError(
-                f"the projection at {settings.db_path} did not apply the demo's records within 60 s: "
+                f"the projection at {db_path} did not apply the demo's records within 60 s: "
                 'is a projector running? (`stepstream stack up` starts one; `stepstream status` says)'
             )
         await asyncio.sleep(0.05)
@@ -234,9 +234,9 @@ async def _demo(settings: Settings, log: EventLog, reader: ProjectionReader, sta
 
     result = await orchestrator.run('research the release and announce it', conversation_id='release-demo')
     print(f'orchestrator answered: {result.output}\n')
-    await wait_applied(reader, await log.flush(), settings)
+    await wait_applied(reader, await log.flush(), settings.projection.db_path)
     for run_id in killed:
-        await _until_stale(reader, run_id, settings)
+        await _until_stale(reader, run_id, settings.liveness.stale_after_s)
 
     roots = await reader.list_runs(agent_name='orchestrator')
     print(f'== lineage ({len(roots)} orchestrator run(s) in the log so far)')
@@ -260,7 +260,7 @@ async def _demo(settings: Settings, log: EventLog, reader: ProjectionReader, sta
         f'  stepstream tree {orchestrator_id}{here}\n'
         f'  stepstream status{here}                # lag, apply rate, dead letters\n'
         f'  stepstream rebuild --into /tmp/rebuilt{here} && '
-        f'stepstream verify {settings.db_path} /tmp/rebuilt\n'
+        f'stepstream verify {settings.projection.db_path} /tmp/rebuilt\n'
         f'  eval "$(stepstream stack env{here})"   # the settings, for other tools and terminals\n'
         f'Stop it: stepstream stack down{here}'
     )

@@ -83,8 +83,8 @@ class RunningStack:
         explorer = self.explorer_url or f'none answering yet: see {self.directory / "serve.log"}'
         return (
             f'stack up (pid {self.pid}) under {self.directory}\n'
-            f'  Kafka: {s.bootstrap_servers}   S3: {s.s3_endpoint} (bucket {s.s3_bucket})\n'
-            f"  projection: {s.db_path} (kept current by the stack's projector)\n"
+            f'  Kafka: {s.kafka.bootstrap_servers}   S3: {s.media.s3_endpoint} (bucket {s.media.s3_bucket})\n'
+            f"  projection: {s.projection.db_path} (kept current by the stack's projector)\n"
             f'  run explorer: {explorer}\n'
             + (
                 f'  projector metrics: {self.metrics_url}metrics (probes /healthz, /readyz)\n'
@@ -371,7 +371,7 @@ def serve(directory: str | Path) -> None:
             f.writelines(f'{name}={value}\n' for name, value in settings.to_env().items())
         partial.replace(env_path)  # appears whole: `stack up` waits for this file
         print(
-            f'stack up: {settings.bootstrap_servers}, {settings.s3_endpoint}, http://127.0.0.1:{port}/',
+            f'stack up: {settings.kafka.bootstrap_servers}, {settings.media.s3_endpoint}, http://127.0.0.1:{port}/',
             flush=True,
         )
         while not asked.wait(0.5):

@@ -97,7 +97,7 @@ def status_text(status: ProjectionStatus, applied: Offsets, ends: Offsets, setti
     if status.parked_records:
         lines.append(f'records waiting for a run_started that has not arrived: {status.parked_records}')
     if status.state == 'rebuilding':
-        resume = f'stepstream rebuild --into {settings.db_path}'
+        resume = f'stepstream rebuild --into {settings.projection.db_path}'
         lines.append(f'this projection is an unfinished rebuild: resume it with `{resume}`')
     return '\n'.join(lines)
 

@@ -101,7 +101,7 @@ async def snapshot(args: ViewArgs, reader: ProjectionReader, settings: Settings)
     snap = await reader.latest_snapshot(run_id, include_interrupted=args.include_interrupted)
     if snap is None:
         which = 'snapshot' if args.include_interrupted else 'complete snapshot (try --include-interrupted)'
-        raise NotFound(f'run {run_id!r} has no {which} in the projection at {settings.db_path}')
+        raise NotFound(f'run {run_id!r} has no {which} in the projection at {settings.projection.db_path}')
     head = f'snapshot {snap.snapshot_seq} of {snap.run_id}: {snap.state}, step {snap.step_index}'
     if snap.erased and args.json:
         erased = {

@@ -64,7 +64,7 @@ class Launch:
             port = self.ports.kafka
             return lambda: kafka_probe(port)
         log = self._bucket(LOG_BUCKET) if self.options.durable else None
-        options = client_options(self.settings())  # as every S3 client of these settings
+        options = client_options(self.settings().media)  # as every S3 client of these settings
         return _seaweedfs.ready_probe(self.ports.s3, options, self._bucket(self.options.bucket), log)
 
     def _env(self, extra: dict[str, str]) -> dict[str, str]:

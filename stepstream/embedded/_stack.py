@@ -247,7 +247,7 @@ class EmbeddedStack:
         await asyncio.to_thread(self.stop)
 
     def __repr__(self) -> str:
-        where = self._settings.bootstrap_servers if self._settings else 'stopped'
+        where = self._settings.kafka.bootstrap_servers if self._settings else 'stopped'
         return f'EmbeddedStack({where}, data_dir={self._dirs.data_dir}, durable={self._options.durable})'
 
     # -- startup --------------------------------------------------------------------------------
