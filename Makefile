@@ -73,6 +73,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python tools/limits.py
+	$(BIN)/python tools/layers.py
 	$(BIN)/mypy
 
 format: $(STAMP)

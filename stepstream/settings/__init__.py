@@ -16,17 +16,50 @@ the section(s) it uses (docs/decisions/0055-settings-in-sections.md):
 | `serve` | `ServeSettings` | `serve_token`, `serve_url`, `trace_url`, `operator` |
 """
 
-from stepstream.settings._kafka import SASL_MECHANISMS, SECURITY_PROTOCOLS, KafkaSettings, RegistrySettings
-from stepstream.settings._names import ENV_PREFIX, FILE_SUFFIX
-from stepstream.settings._sections import (
-    LivenessSettings,
-    MediaSettings,
-    ProjectionSettings,
-    SecuritySettings,
-    ServeSettings,
-    TopicSettings,
-)
-from stepstream.settings._settings import SECRET_FIELDS, SECTION_OF, SECTIONS, SETTING_NAMES, Settings
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from stepstream.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from stepstream.settings._kafka import (
+        SASL_MECHANISMS,
+        SECURITY_PROTOCOLS,
+        KafkaSettings,
+        RegistrySettings,
+    )
+    from stepstream.settings._names import ENV_PREFIX, FILE_SUFFIX
+    from stepstream.settings._sections import (
+        LivenessSettings,
+        MediaSettings,
+        ProjectionSettings,
+        SecuritySettings,
+        ServeSettings,
+        TopicSettings,
+    )
+    from stepstream.settings._settings import SECRET_FIELDS, SECTION_OF, SECTIONS, SETTING_NAMES, Settings
+
+_WHERE = {
+    'ENV_PREFIX': 'stepstream.settings._names',
+    'FILE_SUFFIX': 'stepstream.settings._names',
+    'SASL_MECHANISMS': 'stepstream.settings._kafka',
+    'SECRET_FIELDS': 'stepstream.settings._settings',
+    'SECTIONS': 'stepstream.settings._settings',
+    'SECTION_OF': 'stepstream.settings._settings',
+    'SECURITY_PROTOCOLS': 'stepstream.settings._kafka',
+    'SETTING_NAMES': 'stepstream.settings._settings',
+    'KafkaSettings': 'stepstream.settings._kafka',
+    'LivenessSettings': 'stepstream.settings._sections',
+    'MediaSettings': 'stepstream.settings._sections',
+    'ProjectionSettings': 'stepstream.settings._sections',
+    'RegistrySettings': 'stepstream.settings._kafka',
+    'SecuritySettings': 'stepstream.settings._sections',
+    'ServeSettings': 'stepstream.settings._sections',
+    'Settings': 'stepstream.settings._settings',
+    'TopicSettings': 'stepstream.settings._sections',
+}
+"""Where each public name lives: imported on first use, so a command pays only for what it uses."""
 
 __all__ = [
     'ENV_PREFIX',
@@ -47,3 +80,5 @@ __all__ = [
     'Settings',
     'TopicSettings',
 ]
+
+__getattr__ = lazy_exports(__name__, _WHERE)
