@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import importlib
 import itertools
 import json
 import os
@@ -45,12 +46,13 @@ def _fix_clocks() -> None:
     import pydantic_ai._utils as utils
     import pydantic_ai._uuid as uuids
 
-    import stepstream.producer  # noqa: F401  (loads the writer's modules)
-
     # The writer's modules whose clocks go into records (the capability, the run, its calls and ends);
     # not the log's timers, whose readings depend on the event loop.
     recording = ('_capability', '_run', '_calls', '_ends')
-    clocked = [m for n in recording if (m := sys.modules.get(f'stepstream.producer.{n}')) is not None]
+    clocked = []
+    for name in recording:  # a tree before one of them existed has the others
+        with contextlib.suppress(ModuleNotFoundError):
+            clocked.append(importlib.import_module(f'stepstream.producer.{name}'))
 
     ticks = itertools.count()
     start = datetime(2026, 1, 1, tzinfo=UTC)
