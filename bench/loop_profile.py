@@ -26,27 +26,28 @@ from typing import Any
 from bench.common import fresh, say
 from bench.projector_throughput import fill
 from stepstream.embedded import EmbeddedStack
-from stepstream.projector import Projector, ProjectorParts, _apply
+from stepstream.projector import Projector, ProjectorParts
 from stepstream.projector._commits import GroupOffsets
+from stepstream.projector._parked import DecodedParked
 
 COUNTS = {'parked': 0, 'decoded_again': 0}
 
 
 def _count_parking() -> None:
     """Count parked records, and drained ones that were not kept decoded."""
-    keep, take = _apply.Applier._keep_decoded, _apply.Applier._take_decoded
+    keep, take = DecodedParked.keep, DecodedParked.take
 
-    def keep_decoded(self: _apply.Applier, parked: bytes, value: bytes, record: Any) -> None:
+    def keep_decoded(self: DecodedParked, parked: bytes, value: bytes, record: Any) -> None:
         COUNTS['parked'] += 1
         keep(self, parked, value, record)
 
-    def take_decoded(self: _apply.Applier, parked: bytes, value: bytes) -> Any:
-        if parked not in self._parked:
+    def take_decoded(self: DecodedParked, parked: bytes, value: bytes) -> Any:
+        if parked not in self:
             COUNTS['decoded_again'] += 1
         return take(self, parked, value)
 
-    _apply.Applier._keep_decoded = keep_decoded  # type: ignore[method-assign]
-    _apply.Applier._take_decoded = take_decoded  # type: ignore[method-assign]
+    DecodedParked.keep = keep_decoded  # type: ignore[method-assign]
+    DecodedParked.take = take_decoded  # type: ignore[method-assign]
 
 
 async def _inline(function: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:

@@ -64,11 +64,12 @@ from stepstream.projector._batch import (
 from stepstream.projector._chain import Link, advance_chain, link_of
 from stepstream.projector._checks import check_record
 from stepstream.projector._listing import Listed, listed, relist_run
+from stepstream.projector._parked import PARKED_DECODED, PARKED_DECODED_BYTES, DecodedParked
 from stepstream.projector._retention import Retention
 from stepstream.projector._step_events import TERMINAL_KINDS, apply_event, register
 from stepstream.projector._tool_effects import apply_resolution, apply_transition, reindex_effects
 from stepstream.projector._usage import MAX_COST_USD, MAX_COUNT, TIMED_KINDS
-from stepstream.schemas import UNCHAINED_KINDS, Fields, read_record
+from stepstream.schemas import UNCHAINED_KINDS, Fields
 from stepstream.storage import (
     APART,
     CONFLICT,
@@ -100,11 +101,6 @@ __all__ = [
 
 MAX_SEQ_JUMP = 1_000_000
 """How far above the highest seq accepted in its topic a run's next record may be."""
-
-PARKED_DECODED = 16_384
-PARKED_DECODED_BYTES = 32 << 20
-"""How many parked records an `Applier` keeps decoded for their registration, and how many of
-their bytes: records may be up to the broker's message size, and anyone can park them."""
 
 DLQ_REASONS = (
     'tombstone',
@@ -174,15 +170,8 @@ class Applier:
         self._poisoned: Mapping[tuple[int, int, int], str] = {}
         self._displaced: list[Rejection] = []
         """What the step-event rules displaced while applying one record, to dead-letter."""
-        self._parked: dict[bytes, tuple[bytes, Fields]] = {}
-        """Recently parked records, decoded, by their parked key (with their bytes, to be sure).
-
-        A registration applies them without decoding them again, in this batch or a later one
-        (the usual case live: transitions are fetched ahead of their run's `run_started`). The
-        oldest are dropped beyond `PARKED_DECODED` records or `PARKED_DECODED_BYTES`; a dropped
-        one is decoded when drained.
-        """
-        self._parked_bytes = 0
+        self._parked = DecodedParked()
+        """Recently parked records, decoded, for their registration (`_parked.py`)."""
         self._links: dict[int, Link] = {}
         """The current run's records applied in the batch, by seq, for its chain (`_chain.py`)."""
 
@@ -300,7 +289,7 @@ class Applier:
                     if txn.get(parked) is None:
                         txn.add_count(PARKED_COUNT, 1)
                     txn.put(parked, source.value)
-                    self._keep_decoded(parked, source.value, record)
+                    self._parked.keep(parked, source.value, record)
                     continue
                 run = register(txn, record)
                 self._apply_registered(txn, keys, run, source, record)
@@ -322,27 +311,6 @@ class Applier:
         """The record's plain fields, or `Rejected` when it cannot apply whatever the state."""
         return check_record(source, RunKeys(source.key, self.partitions), self.topics, self.partitions)
 
-    # -- parked records, kept decoded for their registration ------------------------------------
-
-    def _keep_decoded(self, parked: bytes, value: bytes, record: Fields) -> None:
-        """Keep a parked record's fields for its registration, within the bounds."""
-        self._forget_decoded(parked)
-        self._parked[parked] = (value, record)
-        self._parked_bytes += len(value)
-        while self._parked_bytes > PARKED_DECODED_BYTES or len(self._parked) > PARKED_DECODED:
-            self._forget_decoded(next(iter(self._parked)))
-
-    def _forget_decoded(self, parked: bytes) -> tuple[bytes, Fields] | None:
-        kept = self._parked.pop(parked, None)
-        if kept is not None:
-            self._parked_bytes -= len(kept[0])
-        return kept
-
-    def _take_decoded(self, parked: bytes, value: bytes) -> Fields:
-        """A parked record's fields: the kept ones if they are of these bytes, else decoded."""
-        kept = self._forget_decoded(parked)
-        return kept[1] if kept is not None and kept[0] == value else read_record(value)[1]
-
     def _drain_parked(self, txn: Transaction, keys: RunKeys, run: RunState) -> None:
         """Apply what waited for the registration: step events first, each topic in log order."""
         for k, value in txn.scan(PARKED.prefix(run.run_id)):
@@ -357,7 +325,7 @@ class Applier:
                 detail = f'applying the record raised {failure}'
                 self._run_dead_letter(txn, run, source, 'apply_error', detail)
                 continue
-            record = self._take_decoded(k, value)
+            record = self._parked.take(k, value)
             self._apply_registered(txn, keys, run, source, record)
 
     # -- a registered run's records: ownership and seqs here, the rules in their modules ---------

@@ -38,7 +38,7 @@ from pydantic_ai.messages import BinaryContent, ModelMessagesTypeAdapter, ModelR
 from stepstream.errors import SchemaError, StepStreamError
 from stepstream.ids import MAX_ID_BYTES
 from stepstream.media import REFERENCE_PREFIX, media_uri_for
-from stepstream.projector import _apply as apply_module
+from stepstream.projector import _parked as parked_module
 from stepstream.projector._apply import (
     DLQ_REASONS,
     EFFECTS,
@@ -665,7 +665,7 @@ def test_parked_records_are_kept_decoded_within_bounds(
 ) -> None:
     """A run's transitions parked over many batches stay decoded only within the byte bound,
     and its registration applies every one of them, the kept and the dropped alike."""
-    monkeypatch.setattr(apply_module, 'PARKED_DECODED_BYTES', 2_000)
+    monkeypatch.setattr(parked_module, 'PARKED_DECODED_BYTES', 2_000)
     run_id = 'run-a'
     partition = murmur2_partition(run_id.encode(), PARTITIONS)
     transitions = [
@@ -684,11 +684,11 @@ def test_parked_records_are_kept_decoded_within_bounds(
         for at in range(0, len(transitions), 7):
             txn, _ = one.stage(db, transitions[at : at + 7])
             txn.commit()
-            assert 0 < one._parked_bytes <= 2_000
+            assert 0 < one._parked.size_bytes <= 2_000
         txn, outcome = one.stage(db, [started])
         txn.commit()
         assert (outcome.applied, outcome.dead) == (41, [])
-        assert one._parked_bytes == 0 and not one._parked
+        assert one._parked.size_bytes == 0 and not one._parked
         unresolved = asyncio.run(ProjectionReader(db).list_unresolved_tool_effects(run_id))
         assert len(unresolved) == 40
     finally:
