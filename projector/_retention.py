@@ -1,6 +1,6 @@
 """Retention of the read model: runs that ended long enough ago (in log time) leave the projection.
 
-A projection built with a policy (`Settings.retain_ended_days`, kept in the shard identity as
+A projection built with a policy (`settings.projection.retain_ended_days`, kept in the shard identity as
 `retain_ended_us`) drops every run that ended more than that long before its partition's clock,
 with its events, transitions, snapshots, effects, resolutions, records kept apart and index
 entries. A run that has not ended (running, stale, crashed with its effects unknown) is kept,

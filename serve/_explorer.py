@@ -32,7 +32,7 @@ templates = Jinja2Templates(directory=Path(__file__).parent / 'templates')
 
 
 def trace_href(template: str | None, trace_id: str | None, span_id: str | None) -> str | None:
-    """The trace viewer's link for an event's trace (`Settings.trace_url`), or None without one."""
+    """The trace viewer's link for an event's trace (`settings.serve.trace_url`), or None without one."""
     if template is None or trace_id is None:
         return None
     return template.replace('{trace_id}', quote(trace_id, safe='')).replace(

@@ -51,7 +51,7 @@ class LiveShards:
     media_store: MediaStore | None
     keys: KeyRing | None
     stale_after_s: float
-    """A `running` run with no record for this long reads `stale` (`Settings.stale_after_s`)."""
+    """A `running` run with no record for this long reads `stale` (`settings.liveness.stale_after_s`)."""
     scope: Callable[[], Collection[int] | None] | None
     """A group member that serves: the partitions it owns at each query; None: every one open."""
 
@@ -89,7 +89,7 @@ class ShardSet:
         self.rebuilding = rebuilding
         self.max_snapshots_per_run = max_snapshots_per_run
         self.retain_ended_us = settings.projection.retain_ended_us
-        """The retention policy (`Settings.retain_ended_days`): the one asked for, or the shards'."""
+        """The retention policy (`settings.projection.retain_ended_days`): asked for, or the shards'."""
         self.checkpoints = checkpoints
         self.lock = asyncio.Lock()
         """Held by a batch while it applies, by an assignment change, and by a checkpoint's copy."""

@@ -18,7 +18,7 @@ with EmbeddedStack('.stepstream/stack', durable=True) as stack:  # plain code an
 Layout of `data_dir`: `tansu.log` (or `kafka.log`) and `weed.log` (each child's stdout and
 stderr), `seaweedfs/` (the S3 data, which includes the durable Kafka log), `seaweedfs-logs/`
 (SeaweedFS's own log files), `kafka/` (Apache Kafka's log), `projection/` (the default
-`Settings.db_path`), `run/` (unix sockets), `tmp/` (the children's TMPDIR) and `stack.lock` (held
+`settings.projection.db_path`), `run/` (unix sockets), `tmp/` (the children's TMPDIR) and `stack.lock` (held
 while a stack runs, so two never share the directory).
 
 One module per concern: `_processes` (children: spawn, readiness, stop, errors), `_network`
