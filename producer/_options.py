@@ -11,7 +11,7 @@ first large payload minutes later.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 from stepstream.errors import MediaUnavailable
@@ -19,7 +19,7 @@ from stepstream.ids import check_run_id
 from stepstream.media import S3MediaStore
 from stepstream.producer._log import EventLog
 from stepstream.producer._protocol import StepLog
-from stepstream.settings import MediaSettings, Settings
+from stepstream.settings import SETTING_NAMES, MediaSettings, Settings
 
 logger = logging.getLogger('stepstream.producer')
 
@@ -62,7 +62,7 @@ def split_spec(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Settings,
     """
     if args:
         raise TypeError('StepPersistence.from_spec takes keyword options only')
-    setting_names = {f.name for f in fields(Settings)}
+    setting_names = SETTING_NAMES
     unknown = sorted(set(kwargs) - SPEC_OPTIONS - setting_names)
     if unknown:
         raise ValueError(

@@ -268,7 +268,7 @@ async def test_audit_names_every_tamper_and_verifies_an_untouched_copy(
     # Erasure destroys a conversation's key and rewrites no record: its runs still verify.
     async with Projector(settings, db_path=tmp_path / 'projection') as projector:
         await projector.catch_up()
-        store = S3MediaStore.from_settings(settings)
+        store = S3MediaStore.from_settings(settings.media)
         await forget_conversation(
             settings, 'conv-0', reader=ProjectionReader.of(projector), media_store=store
         )

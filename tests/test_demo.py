@@ -44,7 +44,7 @@ from pydantic_ai import Agent
 from pydantic_ai.models.test import TestModel
 from stepstream import Settings
 from stepstream.producer import EventLog, StepPersistence
-from stepstream.projector import ProjectionReader, continue_run
+from stepstream.readmodel import ProjectionReader, continue_run
 
 async def main():
     settings = Settings.from_env()
