@@ -231,6 +231,9 @@ TOOL_EFFECTS = Table(
                 'writer_id': None,
                 'note': 'resolution_note',
                 'resolves_seq': None,
+                'args': 'decision_args',
+                'result': 'decision_result',
+                'error': 'decision_error',
                 'applied': None,  # the flattened one is always the applied one
             }
         },

@@ -29,7 +29,13 @@ if TYPE_CHECKING:
     from stepstream.producer._memory import InMemoryLog, StoredRecord
     from stepstream.producer._protocol import StepLog
     from stepstream.producer._redaction import REDACTED, REDACTION_KEY, Redaction, Redactor
-    from stepstream.producer._resolution import resolution_for, resolve_tool_effect, resolver_id
+    from stepstream.producer._resolution import (
+        decide_deferred_call,
+        decision_for,
+        resolution_for,
+        resolve_tool_effect,
+        resolver_id,
+    )
     from stepstream.producer._snapshots import SnapshotWriter
     from stepstream.producer._validity import is_provider_valid
 
@@ -55,6 +61,8 @@ _WHERE = {
     'fingerprint': 'stepstream.producer._definitions',
     'is_provider_valid': 'stepstream.producer._validity',
     'replaying': 'stepstream.producer._current',
+    'decide_deferred_call': 'stepstream.producer._resolution',
+    'decision_for': 'stepstream.producer._resolution',
     'resolution_for': 'stepstream.producer._resolution',
     'resolve_tool_effect': 'stepstream.producer._resolution',
     'resolver_id': 'stepstream.producer._resolution',
@@ -79,6 +87,8 @@ __all__ = [
     'annotate_tool_effect',
     'check_run_id',
     'current_run_id',
+    'decide_deferred_call',
+    'decision_for',
     'definitions_of',
     'fingerprint',
     'is_provider_valid',

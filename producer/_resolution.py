@@ -1,11 +1,14 @@
-"""An operator's resolution of an `unknown_after_crash` effect: one more record on the log.
+"""An operator's resolution of an effect in doubt, or a decision on a deferred call: a record on the log.
 
 The projection never changes except by applying the log, so resolving an effect is a write like
 any other: a `resolved` transition on the tool-effects topic (schema v2) that says what the
 operator found out, who they are, which process wrote it, and why. It is not the run's record:
 it takes no seq of the run (its `seq` names the `started` transition it answers), so it cannot
 collide with the run's own writer. The caller reads the effect from the projection first; this
-module only writes (decision 0022).
+module only writes (decision 0022). A decision on a `deferred` call (approve, deny, return an outside
+call's result or its error) is the same record answering the call's `deferred` transition (schema
+v5, decision 0056): the first one in the log decides, and its note, arguments and result are
+redacted as the run's own records are.
 """
 
 from __future__ import annotations
@@ -13,11 +16,15 @@ from __future__ import annotations
 import os
 import socket
 from datetime import UTC, datetime
+from typing import Any
 
-from stepstream.errors import EffectInFlight, NotUnknown
+from pydantic_core import to_json
+
+from stepstream.errors import EffectInFlight, NotUnknown, NotWaiting
 from stepstream.ids import MAX_ID_BYTES
 from stepstream.producer._protocol import StepLog
-from stepstream.schemas import MAX_NOTE_CHARS, Resolution, ToolEffectRecord, ToolEffectTransition
+from stepstream.producer._redaction import Redaction
+from stepstream.schemas import MAX_NOTE_CHARS, Decision, Resolution, ToolEffectRecord, ToolEffectTransition
 
 
 def resolver_id(role: str) -> str:
@@ -97,5 +104,88 @@ async def resolve_tool_effect(
     record = resolution_for(
         effect, resolution=resolution, note=note, operator=operator, writer_id=writer_id, force=force
     )
+    await log.wait_acked([await log.append(record)])
+    return record
+
+
+def decision_for(
+    effect: ToolEffectRecord,
+    *,
+    decision: Decision,
+    operator: str,
+    writer_id: str,
+    note: str | None = None,
+    args: dict[str, Any] | None = None,
+    result: Any = None,
+    message: str | None = None,
+    redaction: Redaction | None = None,
+) -> ToolEffectTransition:
+    """The `resolved` transition that decides `effect`, a call that waits (`deferred`, undecided).
+
+    `approved` may carry `args` the call runs with instead of its own; `denied` carries `message`
+    (what the model is told), `failed` the outside call's error as `message`, `returned` its `result`
+    (any JSON value). The note, the arguments and the result are redacted with `redaction` (the
+    default policy when None). Raises `NotWaiting` (with the decision that stands, if any) for a call
+    that does not wait, and `ValueError` for what the projector would refuse.
+    """
+    if effect.status != 'deferred':
+        decided = effect.resolution if effect.resolution is not None and effect.deferral else None
+        state = (
+            f'decided already ({decided.resolution} by {decided.resolved_by})' if decided else effect.status
+        )
+        raise NotWaiting(
+            f'tool call {effect.tool_call_id!r} of run {effect.run_id!r} does not wait for a decision: '
+            f'it is {state}',
+            decided,
+        )
+    if decision == 'approved' and effect.deferral not in ('approval', None):
+        raise ValueError(
+            f'tool call {effect.tool_call_id!r} waits for an {effect.deferral} result, not an approval'
+        )
+    if decision in ('returned', 'failed') and effect.deferral == 'approval':
+        raise ValueError(f'tool call {effect.tool_call_id!r} waits for an approval: approve or deny it')
+    if (decision in ('denied', 'failed')) != (message is not None):
+        raise ValueError('a denial or a failure says why (message), and no other decision does')
+    if message is not None and not 0 < len(message) <= MAX_NOTE_CHARS:
+        raise ValueError(f'the message is 1 to {MAX_NOTE_CHARS} characters')
+    if args is not None and (decision != 'approved' or not isinstance(args, dict)):
+        raise ValueError('only an approval carries arguments, as a JSON object')
+    if note is not None and (not note.strip() or len(note) > MAX_NOTE_CHARS):
+        raise ValueError(f'a note, when given, is 1 to {MAX_NOTE_CHARS} characters')
+    if not operator or len(operator) > MAX_ID_BYTES or not operator.isprintable():
+        raise ValueError(f'the operator name {operator!r:.80} is empty, too long or not printable')
+    redact = redaction if redaction is not None else Redaction()
+    return ToolEffectTransition(
+        run_id=effect.run_id,
+        seq=effect.status_seq,
+        writer_id=writer_id,
+        timestamp=datetime.now(UTC),
+        tool_call_id=effect.tool_call_id,
+        tool_name=effect.tool_name,
+        status='resolved',
+        resolution=decision,
+        resolved_by=operator,
+        note=redact.text(note),
+        args=None if args is None else to_json(redact.value(args)).decode(),
+        result=to_json(redact.value(result)).decode() if decision == 'returned' else None,
+        error=redact.text(message),
+    )
+
+
+async def decide_deferred_call(
+    log: StepLog,
+    effect: ToolEffectRecord,
+    *,
+    decision: Decision,
+    operator: str,
+    writer_id: str,
+    **what: Any,
+) -> ToolEffectTransition:
+    """Append a decision on `effect` (`decision_for`'s arguments) and wait until the broker acknowledged it.
+
+    The first decision in the log decides: read the call back from the projection once it has applied
+    the record (`ProjectionReader.get_tool_effect`) to learn whether this one stands.
+    """
+    record = decision_for(effect, decision=decision, operator=operator, writer_id=writer_id, **what)
     await log.wait_acked([await log.append(record)])
     return record

@@ -18,6 +18,7 @@ from stepstream.media import is_media_uri
 from stepstream.projector._batch import EVENTS, Rejected, RunKeys, SourceRecord
 from stepstream.projector._usage import check_usage
 from stepstream.schemas import (
+    DECISIONS,
     DEFERRALS,
     EVENT_KINDS,
     MAX_NOTE_CHARS,
@@ -28,7 +29,7 @@ from stepstream.schemas import (
     read_record,
 )
 
-_RESOLUTION_FIELDS = ('resolution', 'resolved_by', 'note')
+_RESOLUTION_FIELDS = ('resolution', 'resolved_by', 'note', 'result')
 
 # -- reading records into plain values ---------------------------------------------------------
 
@@ -131,41 +132,84 @@ def _check_event(event: Fields) -> None:
 
 
 def _check_deferral(t: Fields) -> None:
-    """A `deferred` transition says what it waits for, with JSON arguments and metadata; no other has them."""
+    """A `deferred` transition says what it waits for, with JSON arguments and metadata.
+
+    No other transition has them, but an `approved` decision its arguments.
+    """
     if t['status'] != 'deferred':
-        if t['deferral'] is not None or t['args'] is not None or t['deferral_metadata'] is not None:
+        approved = t['status'] == 'resolved' and t['resolution'] == 'approved'
+        if t['deferral'] is not None or t['deferral_metadata'] is not None or (t['args'] and not approved):
             raise Rejected(
-                'invalid', 'deferral, args and deferral_metadata belong to deferred transitions only'
+                'invalid',
+                'deferral, args and deferral_metadata belong to deferred transitions only '
+                '(and args to an approval too)',
             )
+        if t['args'] is not None:
+            _json_field(t, 'args', dict, 'an approval')
         return
     if t['deferral'] not in DEFERRALS:
         raise Rejected(
             'invalid', f'a deferred call waits for approval, question or external, not {t["deferral"]!r:.80}'
         )
     for name, want in (('args', dict), ('deferral_metadata', object)):
-        text = t[name]
-        if text is None:
-            continue
-        try:
-            value = json.loads(text)
-        except ValueError:
-            raise Rejected('invalid', f"a deferred call's {name} is not JSON") from None
-        if not isinstance(value, want):
-            raise Rejected('invalid', f"a deferred call's {name} is not a JSON object")
+        if t[name] is not None:
+            _json_field(t, name, want, 'a deferred call')
+
+
+def _json_field(t: Fields, name: str, want: type, whose: str) -> None:
+    try:
+        value = json.loads(t[name])
+    except ValueError:
+        raise Rejected('invalid', f"{whose}'s {name} is not JSON") from None
+    if not isinstance(value, want):
+        raise Rejected('invalid', f"{whose}'s {name} is not a JSON object")
 
 
 def _check_resolution(t: Fields) -> None:
-    """A `resolved` transition names its resolution, operator and note; no other carries them."""
+    """A `resolved` transition names its resolution (or decision), operator and note; no other does."""
     if t['status'] != 'resolved':
         if any(t[name] is not None for name in _RESOLUTION_FIELDS):
-            raise Rejected('invalid', 'resolution, resolved_by and note belong to resolved transitions only')
+            raise Rejected(
+                'invalid', 'resolution, resolved_by, note and result belong to resolved transitions only'
+            )
         return
-    if t['resolution'] not in RESOLUTIONS:
-        raise Rejected('invalid', f'a resolution is happened or did_not_happen, not {t["resolution"]!r}')
+    answer = t['resolution']
+    if answer not in RESOLUTIONS and answer not in DECISIONS:
+        raise Rejected(
+            'invalid',
+            f'a resolution is happened or did_not_happen, a decision approved, denied, returned or failed, '
+            f'not {answer!r:.80}',
+        )
     by, note = t['resolved_by'], t['note']
     if not by or len(by) > MAX_ID_BYTES or not by.isprintable():
         raise Rejected(
             'invalid', f'a resolution needs the operator who made it (resolved_by), got {by!r:.80}'
         )
-    if not note or not note.strip() or len(note) > MAX_NOTE_CHARS:
-        raise Rejected('invalid', f'a resolution needs a note of 1 to {MAX_NOTE_CHARS} characters')
+    if answer in RESOLUTIONS:
+        if not note or not note.strip() or len(note) > MAX_NOTE_CHARS:
+            raise Rejected('invalid', f'a resolution needs a note of 1 to {MAX_NOTE_CHARS} characters')
+        if t['result'] is not None:
+            raise Rejected('invalid', 'result belongs to a returned decision only')
+        return
+    _check_decision(t, answer, note)
+
+
+def _check_decision(t: Fields, decision: str, note: str | None) -> None:
+    """A decision's note is optional; it carries what it decides and nothing else (schema v5)."""
+    if note is not None and (not note.strip() or len(note) > MAX_NOTE_CHARS):
+        raise Rejected('invalid', f"a decision's note, when given, is 1 to {MAX_NOTE_CHARS} characters")
+    error, result = t['error'], t['result']
+    says_why = decision in ('denied', 'failed')
+    if says_why != (error is not None) or (error is not None and not 0 < len(error) <= MAX_NOTE_CHARS):
+        raise Rejected(
+            'invalid',
+            f'a denial or a failure carries its message (1 to {MAX_NOTE_CHARS} characters), '
+            f'and no other decision does ({decision})',
+        )
+    if (decision == 'returned') != (result is not None):
+        raise Rejected('invalid', f'a returned decision carries its result, and no other does ({decision})')
+    if result is not None:
+        try:
+            json.loads(result)
+        except ValueError:
+            raise Rejected('invalid', "a returned decision's result is not JSON") from None

@@ -38,6 +38,7 @@ from collections.abc import Iterable
 
 from stepstream.media import MEDIA_URI_SCHEME
 from stepstream.projector._listing import unlist_run
+from stepstream.projector._tool_effects import effect_index, reindex
 from stepstream.storage import (
     APART,
     CLOCK,
@@ -55,9 +56,6 @@ from stepstream.storage import (
     SNAPSHOT,
     TALLY,
     TRANSITION,
-    UNRESOLVED,
-    UNRESOLVED_COUNT,
-    UNRESOLVED_RUN,
     EffectState,
     RunState,
     Transaction,
@@ -161,12 +159,8 @@ def drop_run(txn: Transaction, partition: int, run_id: str) -> None:
         assert isinstance(ended_at, int)
         txn.delete(ENDED.key(partition, ended_at, run_id))
         txn.delete(k)
-    for k, _ in list(txn.scan(UNRESOLVED_RUN.prefix(run_id))):
-        effect = txn.get_state(EFFECT.key(run_id, UNRESOLVED_RUN.last_str(k)), EffectState)
-        if effect is not None and effect.started_at is not None:
-            txn.delete(UNRESOLVED.key(effect.started_at, run_id, effect.tool_call_id))
-        txn.delete(k)
-        txn.add_count(UNRESOLVED_COUNT, -1)
+    for _, value in list(txn.scan(EFFECT.prefix(run_id))):  # its calls in doubt or waiting
+        reindex(txn, effect_index(EffectState.decode(value)), ())
     txn.delete(RUN.key(run_id))
     unlist_run(txn, run)
     if run.conflicting_writers:

@@ -18,14 +18,17 @@ from typing import Any
 from stepstream.projector._batch import EFFECTS, Rejected, Rejection, RunKeys, SourceRecord
 from stepstream.schemas import Fields, read_record
 from stepstream.storage import (
+    COUNT,
     RESOLUTION,
     TRANSITION,
     UNRESOLVED,
     UNRESOLVED_COUNT,
     UNRESOLVED_RUN,
+    WAITING,
     EffectState,
     RunState,
     Transaction,
+    waiting_count,
 )
 
 
@@ -58,7 +61,7 @@ def apply_transition(txn: Transaction, keys: RunKeys, run: RunState, source: Sou
     effect = txn.get_state(effect_key, EffectState)
     first = effect_key not in keys.effects
     if first:
-        keys.effects[effect_key] = _unresolved_keys(effect)
+        keys.effects[effect_key] = effect_index(effect)
     if effect is None:
         effect = EffectState(
             run_id=run.run_id, tool_call_id=t['tool_call_id'], tool_name=t['tool_name'], tool_name_seq=seq
@@ -88,7 +91,7 @@ def apply_resolution(txn: Transaction, keys: RunKeys, run: RunState, source: Sou
             f'run {run.run_id!r} has no tool call {call!r} before this resolution: nothing to resolve',
         )
     if effect_key not in keys.effects:
-        keys.effects[effect_key] = _unresolved_keys(effect)
+        keys.effects[effect_key] = effect_index(effect)
         txn.put_state(effect_key, effect)
     txn.put(resolution_key, source.value)
     effect.resolutions.append(
@@ -100,6 +103,7 @@ def apply_resolution(txn: Transaction, keys: RunKeys, run: RunState, source: Sou
             'writer_id': r['writer_id'],
             'at': r['timestamp'],
             'note': r['note'],
+            **{name: r[name] for name in ('args', 'result', 'error') if r[name] is not None},
         }
     )
     effect.resolutions.sort(key=_by_offset)
@@ -118,7 +122,7 @@ def withdraw_transition(
     effect_key = keys.effect(t['tool_call_id'])
     before = txn.get_state(effect_key, EffectState)
     if effect_key not in keys.effects:
-        keys.effects[effect_key] = _unresolved_keys(before)
+        keys.effects[effect_key] = effect_index(before)
     # Rare (a reused seq), so the call's other live transitions are found by a scan of the run's.
     effect = None
     first_live = None
@@ -176,7 +180,7 @@ def withdraw_transition(
 def reindex_effects(txn: Transaction, keys: RunKeys) -> None:
     """Index the calls whose effect the key's records changed in the batch, as they are after it."""
     for effect_key, before in keys.effects.items():
-        _reindex_effect(txn, before, _unresolved_keys(txn.get_state(effect_key, EffectState)))
+        reindex(txn, before, effect_index(txn.get_state(effect_key, EffectState)))
 
 
 def _by_offset(r: dict[str, Any]) -> int:
@@ -208,27 +212,44 @@ def _merge(effect: EffectState, t: Fields) -> None:
         effect.settle()
 
 
-def _unresolved_keys(effect: EffectState | None) -> tuple[bytes, ...]:
-    if effect is None or not effect.unresolved:
+def effect_index(effect: EffectState | None) -> tuple[bytes, ...]:
+    """Where a call is listed, with the counts it adds one to: in doubt, or waiting for a decision."""
+    if effect is None:
         return ()
-    assert effect.started_at is not None
-    return (
-        UNRESOLVED.key(effect.started_at, effect.run_id, effect.tool_call_id),
-        UNRESOLVED_RUN.key(effect.run_id, effect.tool_call_id),
-    )
+    if effect.unresolved:
+        assert effect.started_at is not None
+        return (
+            UNRESOLVED.key(effect.started_at, effect.run_id, effect.tool_call_id),
+            UNRESOLVED_RUN.key(effect.run_id, effect.tool_call_id),
+            UNRESOLVED_COUNT,
+        )
+    if effect.waiting and effect.deferral is not None and effect.ended_at is not None:
+        return (
+            WAITING.key(effect.ended_at, effect.run_id, effect.tool_call_id),
+            waiting_count(effect.deferral),
+        )
+    return ()
 
 
-def _reindex_effect(txn: Transaction, before: tuple[bytes, ...], after: tuple[bytes, ...]) -> None:
-    """Both unresolved indexes and their count change together, from the same state: they cannot disagree.
+def reindex(txn: Transaction, before: tuple[bytes, ...], after: tuple[bytes, ...]) -> None:
+    """A call's index entries and counts change together, from the same state: they cannot disagree.
 
-    Called once per call and batch, with its keys before the batch and after it: a call that
-    starts and completes within one batch never touches the indexes.
+    `before` and `after` are `effect_index` of the call before the batch and after it (called once per
+    call and batch: a call that starts and completes within one batch never touches the indexes).
+    Its entries are deleted and put; a `COUNT` key among them is a count it takes one from or adds one to.
     """
     if before == after:
         return
-    if bool(before) != bool(after):
-        txn.add_count(UNRESOLVED_COUNT, 1 if after else -1)
+    counter = COUNT.tag
     for k in before:
-        txn.delete(k)
+        if k not in after:
+            if k[:1] == counter:
+                txn.add_count(k, -1)
+            else:
+                txn.delete(k)
     for k in after:
-        txn.put(k, b'')
+        if k not in before:
+            if k[:1] == counter:
+                txn.add_count(k, 1)
+            else:
+                txn.put(k, b'')

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from stepstream.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from stepstream.readmodel._continue import continue_run, fork_run
+    from stepstream.readmodel._continue import RESUMES_KEY, Resumption, continue_run, fork_run, resume_run
     from stepstream.readmodel._effects import UnresolvedCursor, UnresolvedSummary
     from stepstream.readmodel._reader import ProjectionReader
     from stepstream.readmodel._recovery import RecoveryReport, inspect_recovery
@@ -30,8 +30,14 @@ if TYPE_CHECKING:
     from stepstream.readmodel._shards import ShardUnavailable
     from stepstream.readmodel._status import ProjectionStatus
     from stepstream.readmodel._sweep import SweepReport, sweep_media
+    from stepstream.readmodel._waiting import WaitingCall, WaitingCursor
 
 _WHERE = {
+    'RESUMES_KEY': 'stepstream.readmodel._continue',
+    'Resumption': 'stepstream.readmodel._continue',
+    'resume_run': 'stepstream.readmodel._continue',
+    'WaitingCall': 'stepstream.readmodel._waiting',
+    'WaitingCursor': 'stepstream.readmodel._waiting',
     'ProjectionReader': 'stepstream.readmodel._reader',
     'ProjectionStatus': 'stepstream.readmodel._status',
     'RecoveryReport': 'stepstream.readmodel._recovery',
@@ -49,17 +55,22 @@ _WHERE = {
 nothing until a reader is wanted (RocksDB, the schemas, ...)."""
 
 __all__ = [
+    'RESUMES_KEY',
     'ProjectionReader',
     'ProjectionStatus',
     'RecoveryReport',
+    'Resumption',
     'RunCounts',
     'ShardUnavailable',
     'SweepReport',
     'UnresolvedCursor',
     'UnresolvedSummary',
+    'WaitingCall',
+    'WaitingCursor',
     'continue_run',
     'fork_run',
     'inspect_recovery',
+    'resume_run',
     'sweep_media',
 ]
 

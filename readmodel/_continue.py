@@ -1,14 +1,18 @@
-"""Continuing and forking a run: a snapshot's messages, for `Agent.run(message_history=...)`."""
+"""Continuing, forking and resuming a run: a snapshot's messages, for `Agent.run(message_history=...)`."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import json
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from stepstream.erasure import ContentErased
-from stepstream.schemas import ContinuableSnapshot
+from stepstream.errors import NotWaiting, UsageError
+from stepstream.schemas import ContinuableSnapshot, ToolEffectRecord
 
 if TYPE_CHECKING:
     from pydantic_ai.messages import ModelMessage
+    from pydantic_ai.tools import DeferredToolResults
 
     from stepstream.readmodel._reader import ProjectionReader
 
@@ -57,3 +61,84 @@ def _content(snapshot: ContinuableSnapshot) -> list[ModelMessage]:
             'erased: its structure remains, its messages cannot be continued from'
         )
     return snapshot.messages
+
+
+RESUMES_KEY = 'stepstream.resumes'
+"""The metadata key a resumed run carries: the run id it resumes (`Resumption.metadata`)."""
+
+
+@dataclass(frozen=True)
+class Resumption:
+    """What resumes a run that ended waiting, in any process: `agent.run(**resumption.run_kwargs())`."""
+
+    run_id: str
+    """The run it resumes."""
+    message_history: list[ModelMessage]
+    """The run's final history, its deferred calls included (its `interrupted` snapshot)."""
+    deferred_tool_results: DeferredToolResults
+    """Each deferred call's decision, as Pydantic AI takes it."""
+    conversation_id: str | None
+    """The run's conversation: the resumed run continues it."""
+    metadata: dict[str, str] = field(default_factory=dict)
+    """For the resumed run's capability (`StepPersistence(metadata=...)`): names the run it resumes."""
+
+    def run_kwargs(self) -> dict[str, Any]:
+        """`message_history`, `deferred_tool_results` and `conversation_id`, for `Agent.run`."""
+        return {
+            'message_history': self.message_history,
+            'deferred_tool_results': self.deferred_tool_results,
+            'conversation_id': self.conversation_id,
+        }
+
+
+async def resume_run(reader: ProjectionReader, run_id: str) -> Resumption:
+    """The history and the decisions that resume `run_id`, a run that ended waiting (`run_waiting`).
+
+    ```python
+    resumption = await resume_run(reader, 'support-0193...')
+    capability = StepPersistence(log=log, metadata=resumption.metadata)
+    result = await agent.run(**resumption.run_kwargs())  # with `capability` among its capabilities
+    ```
+
+    Each deferred call's first decision on the log (`stepstream approve`, `deny`, `complete`, or
+    `decide_deferred_call`) becomes its entry in `DeferredToolResults`: an approval (with its changed
+    arguments, as `ToolApproved(override_args=...)`), a denial (`ToolDenied` with its message), an
+    outside call's result, or its error (as `ModelRetry`, which the model sees). Refused
+    (`NotWaiting`) for a run that did not end waiting, and while one of its calls still waits, named.
+    """
+    from pydantic_ai.tools import DeferredToolResults
+
+    run = await reader.get_run(run_id)
+    if run is None:
+        raise UsageError(f'no run {run_id!r} in the projection')
+    if run.status != 'waiting':
+        raise NotWaiting(f'run {run_id!r} is {run.status}: only a run that ended waiting resumes')
+    results = DeferredToolResults()
+    for effect in await reader.list_tool_effects(run_id):
+        if effect.deferral is not None:
+            _add_decision(results, effect)
+    history = await continue_run(reader, run_id=run_id, include_interrupted=True)
+    return Resumption(run_id, history, results, run.conversation_id, {RESUMES_KEY: run_id})
+
+
+def _add_decision(results: DeferredToolResults, effect: ToolEffectRecord) -> None:
+    """The call's decision in Pydantic AI's terms; `NotWaiting` while it has none."""
+    from pydantic_ai.exceptions import ModelRetry
+    from pydantic_ai.tools import ToolApproved, ToolDenied
+
+    decision, call = effect.resolution, effect.tool_call_id
+    if decision is None:
+        what = 'an approval' if effect.deferral == 'approval' else 'its result'
+        raise NotWaiting(
+            f'tool call {call!r} ({effect.tool_name}) of run {effect.run_id!r} still waits for {what}: '
+            'decide it first (stepstream approve, deny or complete)'
+        )
+    if decision.resolution == 'approved':
+        args = None if decision.args is None else json.loads(decision.args)
+        results.approvals[call] = True if args is None else ToolApproved(override_args=args)
+    elif decision.resolution == 'denied':
+        results.approvals[call] = ToolDenied(decision.error or 'The tool call was denied.')
+    elif decision.resolution == 'returned':
+        results.calls[call] = json.loads(decision.result or 'null')
+    else:  # failed
+        results.calls[call] = ModelRetry(decision.error or 'The tool call failed.')

@@ -120,8 +120,11 @@ class Effects:
                 resolved_by=r['resolved_by'],
                 writer_id=r['writer_id'],
                 resolved_at=from_micros(r['at']),
-                note=r['note'],
+                note=r['note'] or '',
                 resolves_seq=r['seq'],
+                args=r.get('args'),
+                result=r.get('result'),
+                error=r.get('error'),
                 applied=r['offset'] == state.resolved_offset,
             )
             for r in state.resolutions

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, Self
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
 from stepstream.erasure import KeyRing
 from stepstream.readmodel._effects import Effects, UnresolvedCursor, UnresolvedSummary
@@ -18,9 +18,10 @@ from stepstream.readmodel._events import Events
 from stepstream.readmodel._lineage import Lineage
 from stepstream.readmodel._retention import Retention
 from stepstream.readmodel._runs import DEFAULT_STALE_AFTER_S, RunCounts, Runs
-from stepstream.readmodel._shards import ReadableShard, Shards, ShardUnavailable
+from stepstream.readmodel._shards import ReadableShard, Shards
 from stepstream.readmodel._snapshots import Snapshots
 from stepstream.readmodel._status import ProjectionStatus, Status
+from stepstream.readmodel._waiting import Waiting, WaitingCall
 from stepstream.schemas import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord
 from stepstream.storage import LiveShards, RetentionPreview, RetentionState, check_projection
 
@@ -87,6 +88,7 @@ class ProjectionReader:
         self._effects = Effects(self._shards, self._runs)
         self._status = Status(self._shards, self._runs)
         self._retention = Retention(self._shards, self._snapshots)
+        self._waiting = Waiting(self._shards, self._effects, self._runs)
         self._owned_keys: KeyRing | None = None
 
     @classmethod
@@ -347,14 +349,7 @@ class ProjectionReader:
 
         None when a shard in scope is missing or was made before the counts (rebuild it).
         """
-
-        def query() -> RunCounts | None:
-            try:
-                return self._runs.counts()
-            except ShardUnavailable:
-                return None
-
-        return await self._shards.query(query)
+        return await self._shards.query(self._runs.counts)
 
     async def status(self) -> ProjectionStatus:
         """Where the projection stands: applied offsets, apply rate, DLQ and conflict counts."""
@@ -375,6 +370,14 @@ class ProjectionReader:
     async def list_tool_effects(self, run_id: str) -> list[ToolEffectRecord]:
         """Every tool effect of the run, in the order the calls started."""
         return await self._effects.list_tool_effects(run_id)
+
+    async def list_waiting(self, **query: Any) -> list[WaitingCall]:
+        """The deferred calls that wait for a decision, across runs, oldest first (`Waiting.list_waiting`).
+
+        `newest_first`, `limit`, `after` (a `WaitingCall.cursor`), and filters `agent_name`,
+        `conversation_id`, `deferral` (`approval`, `question`, `external`).
+        """
+        return await self._waiting.list_waiting(**query)
 
     async def list_unresolved_tool_effects(
         self,

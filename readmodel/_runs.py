@@ -10,13 +10,13 @@ from __future__ import annotations
 import contextlib
 import heapq
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from stepstream.errors import NotFound
 from stepstream.ids import is_run_id
 from stepstream.readmodel._shards import Shards, ShardUnavailable, carry
-from stepstream.schemas import RUN_STATUSES, RunRecord, RunUsage
+from stepstream.schemas import DEFERRALS, RUN_STATUSES, RunRecord, RunUsage
 from stepstream.storage import (
     AGENT,
     BROKEN,
@@ -58,6 +58,8 @@ class RunCounts:
     """Calls whose effect is not known (`in_flight` or `unknown_after_crash`), in every run."""
     broken_chains: int = 0
     """Runs whose hash chain is broken (`chain` `broken`): a record does not link to the one before it."""
+    waiting_calls: dict[str, int] = field(default_factory=dict)
+    """Deferred calls that wait for a decision, per kind (`approval`, `question`, `external`), 0 included."""
 
 
 class Runs:
@@ -265,15 +267,23 @@ class Runs:
         return found
 
     def counts(self) -> RunCounts | None:
-        """Runs per status (`stale` apart from `running`) and per agent, and the unresolved calls.
+        """Runs per status (`stale` apart from `running`) and per agent, the calls in doubt and waiting.
 
-        From the shards' `COUNT`s; None where a shard predates them (rebuild it to count).
+        From the shards' `COUNT`s; None where a shard in scope is missing, or predates them (rebuild
+        it to count).
         """
+        try:
+            return self._counts()
+        except ShardUnavailable:
+            return None
+
+    def _counts(self) -> RunCounts | None:
         if self._indexed() < 3:
             return None
         by_status = dict.fromkeys(RUN_STATUSES, 0)
         by_agent: dict[str, int] = {}
         unresolved = broken = 0
+        waiting = dict.fromkeys(sorted(DEFERRALS), 0)
         for shard in self._shards.all():
             for k, v in shard.scan(COUNT.prefix()):
                 kind, name = COUNT.parse(k)
@@ -286,6 +296,8 @@ class Runs:
                     unresolved += int(v)
                 elif (kind, name) == ('chain', 'broken'):
                     broken += int(v)
+                elif kind == 'waiting':
+                    waiting[name] = waiting.get(name, 0) + int(v)
         live = len(self.live_ids())
         by_status['stale'] = by_status['running'] - live
         by_status['running'] = live
@@ -294,6 +306,7 @@ class Runs:
             by_agent=dict(sorted(by_agent.items())),
             unresolved_effects=unresolved,
             broken_chains=broken,
+            waiting_calls=waiting,
         )
 
     def _indexed(self) -> int:

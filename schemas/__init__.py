@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from stepstream.schemas._plain import RECORD_TYPES, STEP_EVENTS, TOOL_EFFECTS, Fields, read_record
     from stepstream.schemas._types import (
         CHAIN_STATUSES,
+        DECISIONS,
         DEFERRALS,
         EVENT_KINDS,
         MAX_NOTE_CHARS,
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
         UNCHAINED_KINDS,
         ChainStatus,
         ContinuableSnapshot,
+        Decision,
         Deferral,
         EffectResolution,
         EventKind,
@@ -72,6 +74,7 @@ if TYPE_CHECKING:
 _WHERE = {
     'CHAIN_STATUSES': 'stepstream.schemas._types',
     'CONFLUENT_MAGIC': 'stepstream.schemas._confluent',
+    'DECISIONS': 'stepstream.schemas._types',
     'DEFERRALS': 'stepstream.schemas._types',
     'EVENT_KINDS': 'stepstream.schemas._types',
     'MAGIC': 'stepstream.schemas._codec',
@@ -88,6 +91,7 @@ _WHERE = {
     'UNCHAINED_KINDS': 'stepstream.schemas._types',
     'ChainStatus': 'stepstream.schemas._types',
     'ContinuableSnapshot': 'stepstream.schemas._types',
+    'Decision': 'stepstream.schemas._types',
     'Deferral': 'stepstream.schemas._types',
     'EffectResolution': 'stepstream.schemas._types',
     'EventKind': 'stepstream.schemas._types',
@@ -133,6 +137,7 @@ _WHERE = {
 __all__ = [
     'CHAIN_STATUSES',
     'CONFLUENT_MAGIC',
+    'DECISIONS',
     'DEFERRALS',
     'EVENT_KINDS',
     'MAGIC',
@@ -149,6 +154,7 @@ __all__ = [
     'UNCHAINED_KINDS',
     'ChainStatus',
     'ContinuableSnapshot',
+    'Decision',
     'Deferral',
     'EffectResolution',
     'EventKind',

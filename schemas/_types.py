@@ -74,6 +74,15 @@ Resolution = Literal['happened', 'did_not_happen']
 
 RESOLUTIONS: frozenset[str] = frozenset(Resolution.__args__)  # type: ignore[attr-defined]
 
+Decision = Literal['approved', 'denied', 'returned', 'failed']
+"""A person's or an outside system's answer to a `deferred` call (schema v5), written as a
+`resolved` transition that answers the call's `deferred` one: `approved` (it runs, with `args` in
+place of its own when given), `denied` (it does not; the model sees `error`), `returned` (an outside
+call's `result`, JSON) or `failed` (an outside call's `error`). The first one in the log decides
+(docs/decisions/0056-decisions-on-the-log.md)."""
+
+DECISIONS: frozenset[str] = frozenset(Decision.__args__)  # type: ignore[attr-defined]
+
 MAX_NOTE_CHARS = 4000
 """The longest note a resolution may carry; the projector refuses longer ones as `invalid`."""
 
@@ -211,8 +220,9 @@ class ToolEffectTransition:
     idempotency_key: str | None = None
     effect_summary: str | None = None
     error: str | None = None
-    resolution: Resolution | None = None
-    """Since schema v2, `resolved` only: what the operator found out."""
+    resolution: Resolution | Decision | None = None
+    """Since schema v2, `resolved` only: what the operator found out; since v5, or the `Decision` on a
+    deferred call."""
     resolved_by: str | None = None
     """Since schema v2, `resolved` only: the operator (the `writer_id` is the process that wrote it)."""
     note: str | None = None
@@ -225,9 +235,12 @@ class ToolEffectTransition:
     deferral: Deferral | None = None
     """Since schema v4, `deferred` only: `approval`, `question` or `external`."""
     args: str | None = None
-    """Since schema v4, `deferred` only: the call's arguments as a JSON object, redacted."""
+    """Since schema v4, `deferred`: the call's arguments as a JSON object, redacted; since v5, on an
+    `approved` decision, the arguments it runs with instead (None: its own)."""
     deferral_metadata: str | None = None
     """Since schema v4, `deferred` only: the metadata the tool deferred with (JSON), or None."""
+    result: str | None = None
+    """Since schema v5, on a `returned` decision only: the outside call's result, as JSON, redacted."""
 
 
 LogRecord = StepEvent | ToolEffectTransition
@@ -369,10 +382,14 @@ class ContinuableSnapshot:
 
 @dataclass(kw_only=True, slots=True)
 class EffectResolution:
-    """An operator's resolution of an effect, as the ledger keeps it (applied or not)."""
+    """An operator's resolution of an effect, or a decision on a deferred call, as the ledger keeps it.
 
-    resolution: Resolution
-    """happened | did_not_happen."""
+    Applied or not: every one written is kept, in log order.
+    """
+
+    resolution: Resolution | Decision
+    """happened | did_not_happen (an effect in doubt); approved | denied | returned | failed (a
+    deferred call)."""
     resolved_by: str
     """The operator (their settings, or their OS user)."""
     writer_id: str
@@ -380,11 +397,17 @@ class EffectResolution:
     resolved_at: datetime
     note: str
     resolves_seq: int
-    """The seq of the `started` transition it answers."""
+    """The seq of the `started` (or `deferred`) transition it answers."""
+    args: str | None = None
+    """`approved`: the arguments the call runs with instead of its own (JSON), or None."""
+    result: str | None = None
+    """`returned`: the outside call's result (JSON)."""
+    error: str | None = None
+    """`denied`: what the model is told; `failed`: the outside call's error."""
     applied: bool
-    """Whether it decides the effect's status: it answers the `started` transition that is still
-    the effect's latest, and no earlier resolution did. Otherwise it is history only (the effect had
-    ended, or an earlier resolution decided it)."""
+    """Whether it decides the effect's status: it answers the `started` (a resolution) or `deferred`
+    (a decision) transition that is still the effect's latest, and no earlier one did. Otherwise it
+    is history only (the effect had ended, or an earlier one decided it)."""
 
 
 def _no_resolutions() -> list[EffectResolution]:

@@ -31,6 +31,7 @@ from pydantic import AliasPath, BaseModel, ConfigDict, Field, create_model
 
 from stepstream.readmodel import ProjectionStatus, RunCounts
 from stepstream.schemas import (
+    DEFERRALS,
     MAX_NOTE_CHARS,
     RUN_STATUSES,
     EffectResolution,
@@ -283,14 +284,17 @@ def counts_total(parts: list[Counts]) -> Counts:
     """The sum of several members' counts."""
     by_status: Counter[str] = Counter()
     by_agent: Counter[str] = Counter()
+    waiting: Counter[str] = Counter()
     for part in parts:
         by_status.update(part.by_status)
         by_agent.update(part.by_agent)
+        waiting.update(part.waiting_calls)
     return Counts(
         by_status={s: by_status[s] for s in RUN_STATUSES},
         by_agent=dict(sorted(by_agent.items())),
         unresolved_effects=sum(p.unresolved_effects for p in parts),
         broken_chains=sum(p.broken_chains for p in parts),
+        waiting_calls={kind: waiting[kind] for kind in sorted(DEFERRALS)},
     )
 
 

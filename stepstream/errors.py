@@ -78,6 +78,18 @@ class NotUnknown(StepStreamError):
     """
 
 
+class NotWaiting(StepStreamError):
+    """A decision for a tool call that does not wait for one: unknown, not deferred, or decided already.
+
+    The first decision in the log decides a deferred call; `decision` is the one that stands, when
+    one does (a `ToolEffectRecord`'s `resolution`), so a caller can say what was decided and by whom.
+    """
+
+    def __init__(self, message: str, decision: object | None = None) -> None:
+        super().__init__(message)
+        self.decision = decision
+
+
 class EffectInFlight(NotUnknown):
     """An operator tried to resolve a call that is still in flight: its run's writer is alive.
 

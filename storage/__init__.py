@@ -55,10 +55,12 @@ if TYPE_CHECKING:
         UNRESOLVED,
         UNRESOLVED_COUNT,
         UNRESOLVED_RUN,
+        WAITING,
         Keyspace,
         agent_count,
         render_key,
         status_count,
+        waiting_count,
     )
     from stepstream.storage._memory import MemoryShard
     from stepstream.storage._reads import ShardReads, pack_transition, unpack_transition
@@ -169,6 +171,8 @@ _WHERE = {
     'UNRESOLVED': 'stepstream.storage._keys',
     'UNRESOLVED_COUNT': 'stepstream.storage._keys',
     'UNRESOLVED_RUN': 'stepstream.storage._keys',
+    'WAITING': 'stepstream.storage._keys',
+    'waiting_count': 'stepstream.storage._keys',
 }
 """Where each public name lives: imported on first use, so a reader does not pay for S3 checkpoints."""
 
@@ -207,6 +211,7 @@ __all__ = [
     'UNRESOLVED',
     'UNRESOLVED_COUNT',
     'UNRESOLVED_RUN',
+    'WAITING',
     'CheckpointObject',
     'Checkpoints',
     'EffectState',
@@ -245,6 +250,7 @@ __all__ = [
     'status_count',
     'stored_clock',
     'unpack_transition',
+    'waiting_count',
 ]
 
 __getattr__ = lazy_exports(__name__, _WHERE)

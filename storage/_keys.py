@@ -22,6 +22,8 @@ No other module spells key bytes: they ask a `Keyspace` for a key, a prefix or t
 | `EFFECT`           | `x`  | run_id, tool_call_id                  | `EffectState`                  |
 | `UNRESOLVED`       | `u`  | started_at, run_id, tool_call_id      | empty: oldest first, all runs  |
 | `UNRESOLVED_RUN`   | `v`  | run_id, tool_call_id                  | empty: per run                 |
+| `WAITING`          | `W`  | deferred_at, run_id, tool_call_id     | its kind: deferred calls that  |
+|                    |      |                                       | wait for a decision, all runs  |
 | `RUNS`             | `a`  | started_at, run_id                    | empty: every run, in order     |
 | `CONVERSATION`     | `c`  | conversation_id, started_at, run_id   | empty                          |
 | `CHILDREN`         | `p`  | parent_run_id, started_at, run_id     | empty                          |
@@ -182,6 +184,7 @@ SNAPSHOT = Keyspace('snapshot', b's', ('str', 'int'))
 EFFECT = Keyspace('effect', b'x', ('str', 'str'))
 UNRESOLVED = Keyspace('unresolved', b'u', ('int', 'str', 'str'))
 UNRESOLVED_RUN = Keyspace('unresolved_run', b'v', ('str', 'str'))
+WAITING = Keyspace('waiting', b'W', ('int', 'str', 'str'))
 RUNS = Keyspace('runs', b'a', ('int', 'str'))
 STATUS = Keyspace('status', b'b', ('str', 'int', 'str'))
 AGENT = Keyspace('agent', b'd', ('str', 'str', 'int', 'str'))
@@ -212,6 +215,7 @@ KEYSPACES = (
     EFFECT,
     UNRESOLVED,
     UNRESOLVED_RUN,
+    WAITING,
     RUNS,
     STATUS,
     AGENT,
@@ -276,3 +280,8 @@ def status_count(status: str) -> bytes:
 def agent_count(agent_name: str) -> bytes:
     """The `COUNT` key of an agent's runs."""
     return COUNT.key('agent', agent_name)
+
+
+def waiting_count(deferral: str) -> bytes:
+    """The `COUNT` key of the deferred calls of one kind (`approval`, `question`, `external`) that wait."""
+    return COUNT.key('waiting', deferral)

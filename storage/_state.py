@@ -12,6 +12,8 @@ import json
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Self
 
+from stepstream.schemas import DECISIONS, RESOLUTIONS
+
 _ENCODER = json.JSONEncoder(separators=(',', ':'), sort_keys=True)
 """What `json.dumps(value, separators=(',', ':'), sort_keys=True)` builds on every call."""
 
@@ -56,6 +58,11 @@ def _no_strings() -> list[str]:
 
 def _no_ints() -> list[int]:
     return []
+
+
+ANSWERS: dict[str, frozenset[str]] = {'started': RESOLUTIONS, 'deferred': DECISIONS}
+"""What may answer a call's deciding status: an operator's resolution a `started` one (in doubt), a
+decision a `deferred` one (waiting)."""
 
 
 def _no_dicts() -> list[dict[str, Any]]:
@@ -226,8 +233,9 @@ class EffectState(_Json):
     effect_summary_seq: int = -1
     last_seq: int = -1
     resolutions: list[dict[str, Any]] = field(default_factory=_no_dicts)
-    """Every operator resolution of this call, in log order: `offset`, `seq` (the `started` it
-    answers), `resolution`, `resolved_by`, `writer_id`, `at` (micros), `note`."""
+    """Every operator resolution and decision of this call, in log order: `offset`, `seq` (the
+    `started` or `deferred` it answers), `resolution`, `resolved_by`, `writer_id`, `at` (micros),
+    `note`, and a decision's `args`, `result` and `error` (absent before schema v5)."""
     resolved_offset: int = -1
     """The offset of the resolution that decides the status, or -1."""
     deferral: str | None = None
@@ -242,13 +250,22 @@ class EffectState(_Json):
         """`started` is the latest status and no operator answered it: it may or may not have happened."""
         return self.status == 'started' and self.resolved_offset < 0
 
+    @property
+    def waiting(self) -> bool:
+        """`deferred` is the latest status and no decision answered it: it waits for one."""
+        return self.status == 'deferred' and self.resolved_offset < 0
+
     def settle(self) -> None:
-        """Find the resolution that decides the status: the first answering the deciding `started`."""
+        """Find the answer that decides the status: the first in log order that answers its transition.
+
+        A resolution answers a `started` transition (a call in doubt), a decision a `deferred` one.
+        """
         self.resolved_offset = -1
-        if self.status != 'started':
+        kinds = ANSWERS.get(self.status)
+        if kinds is None:
             return
         for r in self.resolutions:
-            if r['seq'] == self.status_seq:
+            if r['seq'] == self.status_seq and r['resolution'] in kinds:
                 self.resolved_offset = r['offset']
                 return
 

@@ -102,6 +102,9 @@ def test_a_new_record_and_a_new_field_show_everywhere_with_nothing_else_written(
         'resolved_at',
         'part_note',
         'resolves_seq',
+        'args',
+        'result',
+        'error',
     ]
     assert {c.name: c.type for c in columns}['size'] is int
     assert {c.name: c.type for c in columns}['resolves_seq'] == int | None  # a nested record that may be None

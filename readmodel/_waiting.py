@@ -1,0 +1,90 @@
+"""The waiting view: every deferred call that waits for a decision, across runs.
+
+A deferred call (`requires_approval`, `ApprovalRequired`, `CallDeferred`) waits until someone
+decides it: a decision on the log (`stepstream approve`, `deny`, `complete`, or the API) answers its
+`deferred` transition, and the first one decides (decision 0056). The projector keeps the calls that
+wait in the `WAITING` index (waiting since, run, call), in every shard; a page of it reads about
+its own keys, however many calls wait.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from datetime import datetime
+
+from stepstream.readmodel._effects import Effects
+from stepstream.readmodel._runs import Runs
+from stepstream.readmodel._shards import Shards
+from stepstream.schemas import Deferral, ToolEffectRecord
+from stepstream.storage import WAITING
+from stepstream.timestamps import micros
+
+WaitingCursor = tuple[datetime, str, str]
+"""A place in the list of waiting calls: the last call seen's `waiting_since`, run and call id."""
+
+
+@dataclass(frozen=True)
+class WaitingCall:
+    """A deferred call that waits for a decision, with what a person deciding it needs to know."""
+
+    effect: ToolEffectRecord
+    """The call: tool, `args` (redacted as stored), `deferral` (what it waits for), its metadata."""
+    agent_name: str | None
+    conversation_id: str | None
+    waiting_since: datetime
+    """When the call was deferred (its `deferred` transition's time)."""
+
+    @property
+    def cursor(self) -> WaitingCursor:
+        """Where the next page starts (`after`)."""
+        return (self.waiting_since, self.effect.run_id, self.effect.tool_call_id)
+
+
+class Waiting:
+    """The `WAITING` index as `WaitingCall`s."""
+
+    def __init__(self, shards: Shards, effects: Effects, runs: Runs) -> None:
+        self._shards = shards
+        self._effects = effects
+        self._runs = runs
+
+    async def list_waiting(
+        self,
+        *,
+        newest_first: bool = False,
+        limit: int | None = None,
+        after: WaitingCursor | None = None,
+        agent_name: str | None = None,
+        conversation_id: str | None = None,
+        deferral: Deferral | None = None,
+    ) -> list[WaitingCall]:
+        """`ProjectionReader.list_waiting`."""
+
+        def query() -> list[WaitingCall]:
+            start = None if after is None else WAITING.key(micros(after[0]), after[1], after[2])
+            keys = (
+                k
+                for k, _ in self._shards.scan(WAITING.prefix(), start=start, reverse=newest_first)
+                if k != start
+            )
+            found = (self._call(k, agent_name, conversation_id, deferral) for k in keys)
+            return list(itertools.islice((c for c in found if c is not None), limit))
+
+        return await self._shards.query(query)
+
+    def _call(
+        self, key: bytes, agent_name: str | None, conversation_id: str | None, deferral: str | None
+    ) -> WaitingCall | None:
+        since, run_id, call = WAITING.parse(key)
+        assert isinstance(since, int) and isinstance(run_id, str) and isinstance(call, str)
+        effect = self._effects.effect(run_id, call, live=False)
+        if effect is None or (deferral is not None and effect.deferral != deferral):
+            return None
+        run = self._runs.run(run_id)
+        if run is None or agent_name not in (None, run.agent_name):
+            return None
+        if conversation_id not in (None, run.conversation_id):
+            return None
+        assert effect.ended_at is not None
+        return WaitingCall(effect, run.agent_name, run.conversation_id, effect.ended_at)
