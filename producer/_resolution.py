@@ -47,8 +47,11 @@ def resolution_for(
     operator: str,
     writer_id: str,
     force: bool = False,
+    redaction: Redaction | None = None,
 ) -> ToolEffectTransition:
     """The `resolved` transition answering `effect`, which must be `unknown_after_crash`.
+
+    Its note is redacted with `redaction` (the default policy when None) before it reaches the log.
 
     Raises `NotUnknown` for an effect that completed, failed or was resolved already,
     `EffectInFlight` for a call whose run is still live (unless `force`: the operator knows its
@@ -82,7 +85,7 @@ def resolution_for(
         idempotency_key=effect.idempotency_key,
         resolution=resolution,
         resolved_by=operator,
-        note=note,
+        note=(redaction if redaction is not None else Redaction()).text(note),
     )
 
 
@@ -95,6 +98,7 @@ async def resolve_tool_effect(
     operator: str,
     writer_id: str,
     force: bool = False,
+    redaction: Redaction | None = None,
 ) -> ToolEffectTransition:
     """Append the operator's resolution of `effect` and wait until the broker acknowledged it.
 
@@ -102,7 +106,13 @@ async def resolve_tool_effect(
     then applies the record like any other, so the effect reads as `resolved` once it has.
     """
     record = resolution_for(
-        effect, resolution=resolution, note=note, operator=operator, writer_id=writer_id, force=force
+        effect,
+        resolution=resolution,
+        note=note,
+        operator=operator,
+        writer_id=writer_id,
+        force=force,
+        redaction=redaction,
     )
     await log.wait_acked([await log.append(record)])
     return record

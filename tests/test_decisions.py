@@ -22,9 +22,16 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCall
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from stepstream.errors import NotWaiting
-from stepstream.producer import InMemoryLog, StepPersistence, decide_deferred_call, decision_for
+from stepstream.producer import (
+    InMemoryLog,
+    StepPersistence,
+    decide_deferred_call,
+    decision_for,
+    resolution_for,
+)
 from stepstream.projector._apply import EFFECTS, EVENTS, Applier, SourceRecord
 from stepstream.readmodel import RESUMES_KEY, ProjectionReader, resume_run
+from stepstream.schemas import ToolEffectRecord
 from stepstream.storage import MemoryShard
 
 from memory_projection import MemoryProjection
@@ -258,3 +265,18 @@ async def test_a_decision_no_writer_makes_goes_to_the_dlq_with_its_reason() -> N
         'export',
         'refund',
     ]
+
+
+def test_an_operators_resolution_note_is_redacted_too() -> None:
+    in_doubt = ToolEffectRecord(
+        run_id='r', tool_call_id='c', tool_name='charge', status='started', status_seq=3
+    )
+    secret = 'sk-live-9f8e7d6c5b4a39281706f5e4'
+    record = resolution_for(
+        in_doubt,
+        resolution='happened',
+        note=f'checked with api_key={secret}',
+        operator='alice',
+        writer_id=WRITER,
+    )
+    assert record.note is not None and secret not in record.note and record.note.startswith('checked with')
