@@ -108,6 +108,9 @@ async def _decide(args: argparse.Namespace, settings: Settings) -> int:
             said = f'; the decision that stands: {standing_text(standing)}' if standing is not None else ''
             print(f'stepstream: {exc}{said}', file=sys.stderr)
             return EXIT_FAILED
+        except ValueError as exc:  # a decision the projector would refuse: nothing was written
+            print(f'stepstream: {exc}: nothing was written', file=sys.stderr)
+            return EXIT_FAILED
         ours = await _applied(reader, record)
     return _report(args, settings, record, ours)
 
