@@ -17,7 +17,9 @@ import pytest
 
 from stepstream import Settings
 from stepstream.producer import EventLog
-from stepstream.projector import Projector
+from stepstream.projector import Projector, ProjectorObserver
+from stepstream.readmodel import ProjectionReader
+from stepstream.schemas import ToolEffectRecord
 
 from deferred_runs import REFUND_ARGS, run_until_waiting
 
@@ -62,6 +64,9 @@ async def test_list_decide_refuse_and_count_the_calls_that_wait(
     assert 'tool calls waiting for a decision: 3 (approval 1, external 1, question 1;' in out
     code, out, _ = await cli(settings, db_path, 'status', '--json')
     assert json.loads(out)['runs']['waiting_calls'] == {'approval': 1, 'external': 1, 'question': 1}
+    waiting = await deferred_gauges(projector)
+    assert waiting.pop('stepstream_deferred_oldest_age_seconds', {})[()] > 0
+    assert waiting == {'stepstream_deferred_calls': {('approval',): 1, ('question',): 1, ('external',): 1}}
 
     changed = json.dumps({**REFUND_ARGS, 'amount': 100})
     code, out, err = await cli(
@@ -95,6 +100,10 @@ async def test_list_decide_refuse_and_count_the_calls_that_wait(
     assert (code, json.loads(out)) == (0, [])
     code, out, _ = await cli(settings, db_path, 'status')
     assert 'tool calls waiting for a decision: 0 (approval 0, external 0, question 0;' in out
+    assert await deferred_gauges(projector) == {
+        'stepstream_deferred_calls': {('approval',): 0, ('question',): 0, ('external',): 0},
+        'stepstream_deferred_oldest_age_seconds': {(): 0},
+    }
     await projector.wait_for(await event_log.flush())
     effects = {e.tool_call_id: e for e in await projector_effects(projector, 'wd')}
     assert [(r.resolution, r.resolved_by, r.applied) for r in effects['call-refund'].resolutions] == [
@@ -113,7 +122,15 @@ async def test_a_decision_the_call_cannot_take_is_refused_without_writing(
     assert code == 1 and 'waits for an approval: approve or deny it' in err
 
 
-async def projector_effects(projector: Projector, run_id: str) -> list:  # type: ignore[type-arg]
-    from stepstream.readmodel import ProjectionReader
-
+async def projector_effects(projector: Projector, run_id: str) -> list[ToolEffectRecord]:
     return await ProjectionReader.of(projector).list_tool_effects(run_id)
+
+
+async def deferred_gauges(projector: Projector) -> dict[str, dict[tuple[str, ...], float]]:
+    """What the projector's `/metrics` shows of the calls waiting: each deferred gauge's samples."""
+    observer = ProjectorObserver(projector, ProjectionReader.of(projector))
+    return {
+        family.name: {tuple(s.labels.values()): s.value for s in family.samples}
+        for family in await observer.gauges()
+        if family.name.startswith('stepstream_deferred')
+    }
