@@ -7,6 +7,7 @@ error without a broker. The commands against Tansu are tests/test_decide_cli.py'
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
@@ -14,9 +15,10 @@ import pytest
 from stepstream import schemas
 from stepstream.cli import _views as cli_views
 from stepstream.cli import main
+from stepstream.cli._decide import _report as report
 from stepstream.console import ViewArgs, show, status_text
 from stepstream.console._deferred import waited
-from stepstream.producer import InMemoryLog
+from stepstream.producer import InMemoryLog, decision_for
 from stepstream.settings import Settings
 
 from deferred_runs import DEFERRALS, REFUND_ARGS, run_until_waiting
@@ -97,3 +99,34 @@ def test_a_denial_says_why_and_a_completion_gives_one_answer(argv: list[str]) ->
     with pytest.raises(SystemExit) as exited:
         main(argv)
     assert exited.value.code == 2
+
+
+async def test_a_decision_that_came_second_exits_1_naming_the_first(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    log = InMemoryLog()
+    projection = MemoryProjection(log)
+    await run_until_waiting(log, 'w-3')
+    await projection.wait_for()
+    reader = projection.reader()
+    waiting = await reader.get_tool_effect('w-3', 'call-refund')
+    assert waiting is not None
+    writer = 'stepstream-cli@here:1'
+    first = decision_for(waiting, decision='approved', operator='alice', writer_id=writer, note='fine')
+    second = decision_for(waiting, decision='denied', operator='bob', writer_id=writer, message='no')
+    await log.wait_acked([await log.append(first), await log.append(second)])  # both read it waiting
+    await projection.wait_for()
+    decided = await reader.get_tool_effect('w-3', 'call-refund')
+    plain, settings = argparse.Namespace(json=False), Settings()
+
+    assert report(plain, settings, second, decided) == 1
+    err = capsys.readouterr().err
+    assert 'an earlier decision on call-refund of w-3 stands: approved by alice at ' in err
+    assert '(fine); yours (denied by bob) is kept as history only' in err
+    assert report(plain, settings, first, decided) == 0
+    assert capsys.readouterr().out.startswith("approved call-refund of w-3 by alice: note 'fine'")
+    assert report(plain, settings, first, None) == 0  # not applied in time: written, shown once applied
+    assert 'the views show it once the projector applies it' in capsys.readouterr().out
+    assert report(argparse.Namespace(json=True), settings, second, decided) == 1
+    answer = json.loads(capsys.readouterr().out)
+    assert (answer['stands'], answer['decision']['resolved_by']) == (False, 'alice')
