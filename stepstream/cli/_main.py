@@ -4,7 +4,7 @@ Every command takes its settings from `STEPSTREAM_*` variables or the matching f
 """
 
 # This module parses and dispatches; each command group lives in its own module (`_stack_commands`,
-# `_services`, `_log_commands`, `_views`, `_operator`), declared there with its flags.
+# `_services`, `_log_commands`, `_views`, `_operator`, `_decide`), declared there with its flags.
 
 from __future__ import annotations
 
