@@ -1,7 +1,7 @@
 """`ProjectorObserver`: a projector's `/metrics` (what an operator is paged for), `/healthz` and `/readyz`.
 
 The counters and histograms a batch updates live in `ApplyMetrics.registry`; what a scrape reads
-(lag, shards, runs by status, tool calls in doubt, checkpoint age) is gathered here, on the
+(lag, shards, runs by status, tool calls in doubt or waiting, checkpoint age) is gathered here, on the
 projector's event loop, when Prometheus asks: `collect` runs in the scrape's thread and waits
 for that loop, so a scrape never reads a projector mid-batch and never blocks it.
 """
@@ -39,6 +39,10 @@ class ProjectionFigures(Protocol):
 
     async def unresolved_summary(self) -> Any:
         """The tool calls not ended (`UnresolvedSummary`)."""
+        ...
+
+    async def list_waiting(self, *, limit: int | None = None) -> list[Any]:
+        """The deferred calls waiting for a decision, the longest waiting first (`WaitingCall`s)."""
         ...
 
 
@@ -181,7 +185,7 @@ class ProjectorObserver(Collector):
         return families
 
     async def _projection_gauges(self) -> list[Family]:
-        """Parked records, runs by status, and the tool calls not ended, from the shards."""
+        """Parked records, runs by status, the tool calls not ended and those waiting, from the shards."""
         reader = self.projection
         status = await reader.status()
         families: list[Family] = [gauge('stepstream_projector_parked_records', status.parked_records)]
@@ -197,6 +201,11 @@ class ProjectorObserver(Collector):
         oldest = calls.oldest_in_doubt
         age = (datetime.now(UTC) - oldest).total_seconds() if oldest is not None else 0.0
         families.append(gauge('stepstream_effects_in_doubt_oldest_age_seconds', max(age, 0.0)))
+        waiting = status.runs.waiting_calls
+        families.append(gauge('stepstream_deferred_calls', {(kind,): n for kind, n in waiting.items()}))
+        longest = await reader.list_waiting(limit=1)
+        since = (datetime.now(UTC) - longest[0].waiting_since).total_seconds() if longest else 0.0
+        families.append(gauge('stepstream_deferred_oldest_age_seconds', max(since, 0.0)))
         return families
 
 

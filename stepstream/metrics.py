@@ -194,6 +194,19 @@ CATALOGUE: dict[str, Metric] = {
             'Since the oldest tool call in doubt (unknown_after_crash) started; 0 when there is none.',
             'projector',
         ),
+        Metric(
+            'stepstream_deferred_calls',
+            'gauge',
+            'Deferred tool calls waiting for a decision, by kind (approval, question, external).',
+            'projector',
+            ('kind',),
+        ),
+        Metric(
+            'stepstream_deferred_oldest_age_seconds',
+            'gauge',
+            'Since the oldest deferred call still waiting was deferred; 0 when none waits.',
+            'projector',
+        ),
         # -- serve -----------------------------------------------------------------------------
         Metric(
             'stepstream_serve_requests',

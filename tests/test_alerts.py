@@ -40,6 +40,7 @@ ANCHORS = (
     'projector-behind',
     'dlq-growing',
     'effects-in-doubt',
+    'approvals-stuck',
     'stale-runs-rising',
     'member-without-shards',
     'partitions-unowned',

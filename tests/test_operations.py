@@ -202,6 +202,10 @@ async def test_a_projector_process_counts_what_the_log_holds(
     assert value(samples, 'stepstream_runs', status='running') == 0
     assert value(samples, 'stepstream_effects_unresolved', state='in_flight') == 0
     assert value(samples, 'stepstream_effects_in_doubt_oldest_age_seconds') > 0
+    # The waiting run's three deferred calls, one of each kind, wait since it ended.
+    for kind in ('approval', 'question', 'external'):
+        assert value(samples, 'stepstream_deferred_calls', kind=kind) == 1, kind
+    assert value(samples, 'stepstream_deferred_oldest_age_seconds') > 0
     # Alone, the projector was given every partition and holds each shard.
     assert value(samples, 'stepstream_projector_partitions') == settings.topics.partitions
     assert value(samples, 'stepstream_projector_partitions_assigned') == settings.topics.partitions

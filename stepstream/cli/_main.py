@@ -4,7 +4,7 @@ Every command takes its settings from `STEPSTREAM_*` variables or the matching f
 """
 
 # This module parses and dispatches; each command group lives in its own module (`_stack_commands`,
-# `_services`, `_log_commands`, `_views`, `_operator`), declared there with its flags.
+# `_services`, `_log_commands`, `_views`, `_operator`, `_decide`), declared there with its flags.
 
 from __future__ import annotations
 
@@ -15,7 +15,16 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from stepstream.cli import _audit, _log_commands, _operator, _replay, _services, _stack_commands, _views
+from stepstream.cli import (
+    _audit,
+    _decide,
+    _log_commands,
+    _operator,
+    _replay,
+    _services,
+    _stack_commands,
+    _views,
+)
 from stepstream.cli._common import (
     EXIT_BROKEN_PIPE,
     EXIT_FAILED,
@@ -161,6 +170,7 @@ def _parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     _log_commands.add_commands(command)
     _views.add_commands(command)
     _operator.add_commands(command)
+    _decide.add_commands(command)
     _audit.add_commands(command, sub)
     _replay.add_commands(command)
     return parser

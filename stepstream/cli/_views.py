@@ -18,8 +18,10 @@ if TYPE_CHECKING:
 
 RUN_STATUSES = ('running', 'stale', 'waiting', 'completed', 'failed', 'cancelled')
 CHAIN_STATUSES = ('intact', 'broken', 'unchained')
-"""`schemas.RUN_STATUSES` and `CHAIN_STATUSES`, without importing the schemas (a command starts fast:
-fastavro comes with them); tests/test_waiting_surfaces.py holds the copies equal."""
+DEFERRALS = ('approval', 'question', 'external')
+"""`schemas.RUN_STATUSES`, `CHAIN_STATUSES` and `DEFERRALS`, without importing the schemas (a command
+starts fast: fastavro comes with them); tests/test_waiting_surfaces.py and tests/test_deferred_cli.py
+hold the copies equal."""
 
 
 def add_commands(command: Declare) -> None:
@@ -70,6 +72,7 @@ def add_commands(command: Declare) -> None:
     )
     unresolved.add_argument('run_id', nargs='?', help='only this run (default: every run)')
     conflicts = command('conflicts', view, 'List run ids claimed by more than one writer.')
+    deferred = _deferred(command)
     parsers = {
         'runs': runs,
         'tree': tree,
@@ -77,11 +80,39 @@ def add_commands(command: Declare) -> None:
         'snapshot': snapshot,
         'effects': effects,
         'unresolved': unresolved,
+        'deferred': deferred,
         'conflicts': conflicts,
     }
     for name, parser in parsers.items():
         parser.set_defaults(view=name)
     add_json(*parsers.values())
+
+
+def _deferred(command: Declare) -> argparse.ArgumentParser:
+    """`stepstream deferred`: the calls that wait for a decision, across runs (decide: `approve`, ...)."""
+    deferred = command(
+        'deferred',
+        view,
+        'List the tool calls that wait for a decision, across runs, the longest waiting first: run, '
+        'call, tool, kind, agent, conversation, how long, arguments (decide with approve, deny, complete).',
+    )
+    deferred.add_argument(
+        '--agent', dest='agent_name', metavar='NAME', help='only calls of runs of this agent'
+    )
+    deferred.add_argument(
+        '--conversation', dest='conversation_id', metavar='ID', help='only calls of runs of this conversation'
+    )
+    deferred.add_argument(
+        '--kind',
+        dest='deferral',
+        choices=DEFERRALS,
+        help='only calls waiting for this: approval (a person), question (an answer), external (a result)',
+    )
+    deferred.add_argument(
+        '--newest', dest='newest_first', action='store_true', help='the calls that started waiting last first'
+    )
+    deferred.add_argument('--limit', type=_positive, help='calls to show (default 100)')
+    return deferred
 
 
 ALL_PAGE = 1000

@@ -1,7 +1,7 @@
 """The console: what a terminal shows of the read model, each view's query and its text or JSON.
 
 `show(name, args, reader, settings)` runs one view (`runs`, `tree`, `events`, `snapshot`,
-`effects`, `unresolved`, `conflicts`). The CLI runs it over a projection it opens, the read
+`effects`, `unresolved`, `deferred`, `conflicts`). The CLI runs it over a projection it opens, the read
 service (`stepstream serve`) runs it for a CLI that asks over HTTP; the renderers beside it
 (tables, trees, histories, status) are shared by the CLI and the demo. Names are imported on
 first use, so a CLI that only asks the service never loads the read model.
@@ -15,7 +15,15 @@ from stepstream.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from stepstream.console._args import VIEW_HEADER, ViewArgs
-    from stepstream.console._render import effects_table, events_table, runs_table, to_json, tree, waits_for
+    from stepstream.console._render import (
+        effects_table,
+        events_table,
+        runs_table,
+        time_text,
+        to_json,
+        tree,
+        waits_for,
+    )
     from stepstream.console._status import preview_text, retention_text, status_json, status_text, sweep_text
     from stepstream.console._views import VIEWS, runs_after, show
 
@@ -35,6 +43,7 @@ _WHERE = {
     'status_json': _STATUS,
     'status_text': _STATUS,
     'sweep_text': _STATUS,
+    'time_text': _RENDER,
     'to_json': _RENDER,
     'tree': _RENDER,
     'waits_for': _RENDER,
@@ -54,6 +63,7 @@ __all__ = [
     'status_json',
     'status_text',
     'sweep_text',
+    'time_text',
     'to_json',
     'tree',
     'waits_for',

@@ -30,6 +30,10 @@ class ViewArgs:
     """A list's cursor: the page after this run, in the list's order."""
     oldest_first: bool = False
     """A list in the order its runs started (default: newest first)."""
+    deferral: str | None = None
+    """`deferred`: only calls waiting for this (`approval`, `question`, `external`)."""
+    newest_first: bool = False
+    """`deferred`: the calls that started waiting last first (default: the longest waiting first)."""
 
     @classmethod
     def of(cls, namespace: Any) -> ViewArgs:

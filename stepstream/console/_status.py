@@ -61,6 +61,11 @@ def counts_text(counts: RunCounts | None) -> list[str]:
         more = f', and {len(top) - 5} more' if len(top) > 5 else ''
         lines.append(f'agents: {len(top)} ({shown}{more})')
     lines.append(f'tool calls in doubt: {counts.unresolved_effects}')
+    waiting = ', '.join(f'{kind} {n}' for kind, n in sorted(counts.waiting_calls.items()))
+    lines.append(
+        f'tool calls waiting for a decision: {sum(counts.waiting_calls.values())}'
+        + (f' ({waiting}; `stepstream deferred`)' if waiting else '')
+    )
     if counts.broken_chains:
         lines.append(f'runs with a broken hash chain: {counts.broken_chains} (`stepstream audit verify`)')
     return lines

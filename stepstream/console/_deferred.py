@@ -1,0 +1,118 @@
+"""`stepstream deferred`: the calls that wait for a decision, across runs (issue 49, decision 0056).
+
+One line per deferred call (run, call, tool, what it waits for, agent, conversation, how long it
+has waited, its arguments as stored, redacted), oldest first; or their JSON for scripts. The CLI
+runs it over the projection it opens, and the read service can run it for a CLI that asks.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from stepstream.console._args import ViewArgs
+from stepstream.console._render import table, time_text, to_json
+
+if TYPE_CHECKING:
+    from stepstream.readmodel import ProjectionReader, WaitingCall
+    from stepstream.settings import Settings
+
+DEFERRED_PAGE = 100
+"""How many waiting calls `stepstream deferred` shows when not given `--limit`."""
+ARGS_WIDTH = 60
+"""The table shows this much of a call's arguments (`--json` shows them whole)."""
+
+
+def waited(seconds: float) -> str:
+    """A wait as a person reads it: `42s`, `7m 3s`, `5h 12m`, `3d 4h`."""
+    whole = max(int(seconds), 0)
+    days, rest = divmod(whole, 86_400)
+    hours, rest = divmod(rest, 3_600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f'{days}d {hours}h'
+    if hours:
+        return f'{hours}h {minutes}m'
+    return f'{minutes}m {secs}s' if minutes else f'{secs}s'
+
+
+def _stored(raw: str | None) -> Any:
+    """A stored JSON value (arguments, metadata) as JSON, or the text as stored if it is not JSON."""
+    if raw is None:
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
+def waiting_json(calls: Sequence[WaitingCall], now: datetime) -> str:
+    """`stepstream deferred --json`: one object per waiting call."""
+    return to_json(
+        [
+            {
+                'run_id': c.effect.run_id,
+                'tool_call_id': c.effect.tool_call_id,
+                'tool_name': c.effect.tool_name,
+                'kind': c.effect.deferral,
+                'agent_name': c.agent_name,
+                'conversation_id': c.conversation_id,
+                'waiting_since': c.waiting_since,
+                'waited_seconds': round(max((now - c.waiting_since).total_seconds(), 0.0), 3),
+                'args': _stored(c.effect.args),
+                'metadata': _stored(c.effect.deferral_metadata),
+            }
+            for c in calls
+        ]
+    )
+
+
+def waiting_table(calls: Sequence[WaitingCall], now: datetime) -> str:
+    """`stepstream deferred`: one line per waiting call, its arguments cut to `ARGS_WIDTH` characters."""
+    if not calls:
+        return 'no tool call waits for a decision'
+    rows = [
+        (
+            c.effect.run_id,
+            c.effect.tool_call_id,
+            c.effect.tool_name,
+            c.effect.deferral or 'approval',
+            c.agent_name,
+            c.conversation_id,
+            time_text(c.waiting_since),
+            waited((now - c.waiting_since).total_seconds()),
+            _cut(c.effect.args or '{}'),
+        )
+        for c in calls
+    ]
+    headers = ['run_id', 'tool_call_id', 'tool', 'kind', 'agent', 'conversation', 'since', 'waited', 'args']
+    return table(headers, rows)
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= ARGS_WIDTH else text[: ARGS_WIDTH - 3] + '...'
+
+
+async def deferred(args: ViewArgs, reader: ProjectionReader, settings: Settings) -> str:
+    """`stepstream deferred`: the calls waiting for a decision, oldest first (`newest_first`), filtered."""
+    if args.deferral not in (None, 'approval', 'question', 'external'):
+        raise ValueError(f'kind is approval, question or external, got {args.deferral!r}')
+    limit = args.limit or DEFERRED_PAGE
+    found = await reader.list_waiting(
+        newest_first=args.newest_first,
+        limit=limit + 1,
+        agent_name=args.agent_name,
+        conversation_id=args.conversation_id,
+        deferral=args.deferral,
+    )
+    calls, now = found[:limit], datetime.now(UTC)
+    if args.json:
+        return waiting_json(calls, now)
+    text = waiting_table(calls, now)
+    if len(found) > limit:
+        text += (
+            f'\n... more wait: the first {limit} are shown (`--limit`, `--newest`, or a filter for others)'
+        )
+    return text
