@@ -148,9 +148,10 @@ def decision_for(
             f'it is {state}',
             decided,
         )
-    if decision == 'approved' and effect.deferral not in ('approval', None):
+    if decision in ('approved', 'denied') and effect.deferral not in ('approval', None):
         raise ValueError(
-            f'tool call {effect.tool_call_id!r} waits for an {effect.deferral} result, not an approval'
+            f'tool call {effect.tool_call_id!r} waits for an {effect.deferral} result, not an approval: '
+            'complete it with its result or its error'
         )
     if decision in ('returned', 'failed') and effect.deferral == 'approval':
         raise ValueError(f'tool call {effect.tool_call_id!r} waits for an approval: approve or deny it')

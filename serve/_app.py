@@ -14,8 +14,9 @@ from fastapi.staticfiles import StaticFiles
 from stepstream.errors import NotFound, NotUnknown, StepStreamError
 from stepstream.projector import ProjectorObserver
 from stepstream.readmodel import ShardUnavailable
-from stepstream.serve import _api, _explorer, _ops
+from stepstream.serve import _api, _explorer, _ops, _waiting_api, _waiting_pages
 from stepstream.serve._auth import authorized
+from stepstream.serve._decisions import Decisions
 from stepstream.serve._group import FORWARDED_HEADER, forwarded
 from stepstream.serve._source import Source
 
@@ -59,13 +60,16 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.source = source
+    app.state.decisions = Decisions(source)
     app.state.token = token
     instruments = _ops.Instruments(observer.registry if observer is not None else None)
     app.state.instruments = instruments
     app.state.probes = observer if observer is not None else _ops.ReaderProbes(source.reader)
     app.include_router(_ops.router)
     app.include_router(_api.router)
+    app.include_router(_waiting_api.router)
     app.include_router(_explorer.router)
+    app.include_router(_waiting_pages.router)
     swagger = _explorer.swagger_ui_assets()
     if swagger is not None:
         app.mount('/static/swagger-ui', StaticFiles(directory=swagger), name='swagger-ui')

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from stepstream.errors import NotUnknown, StepStreamError
+from stepstream.errors import NotUnknown, NotWaiting, StepStreamError
 from stepstream.projector import Membership
 from stepstream.readmodel import ShardUnavailable
 from stepstream.topics import murmur2_partition
@@ -88,7 +88,11 @@ class Peers:
     async def ask(
         self, url: str, method: str, path: str, *, params: dict[str, Any] | None = None, body: Any = None
     ) -> Any:
-        """The JSON answer of the member at `url`; its errors as ours (404, 409, 400, 503)."""
+        """The JSON answer of the member at `url`; its errors as ours (404, 409, 400 and 422, 503).
+
+        A 409 that names a `decision` (a decision on a deferred call refused) is `NotWaiting` whose
+        `decision` is the member's whole answer.
+        """
         if self._client is None:
             self._client = httpx.AsyncClient(timeout=self._timeout)
         headers = {FORWARDED_HEADER: '1'}
@@ -101,18 +105,21 @@ class Peers:
             )
         except httpx.HTTPError as exc:
             raise ShardUnavailable(f'the group member at {url} did not answer ({exc!r}); try again') from None
-        if response.status_code == 200:
+        if 200 <= response.status_code < 300:
             return response.json()
         try:
-            detail = str(response.json().get('detail'))
-        except ValueError:
-            detail = response.text[:500]
+            answer = response.json()
+            detail = str(answer.get('detail'))
+        except (ValueError, AttributeError):
+            answer, detail = None, response.text[:500]
         where = f'(from the member at {url})'
         if response.status_code == 404:
             raise NotFoundThere(f'{detail} {where}')
+        if response.status_code == 409 and isinstance(answer, dict) and 'decision' in answer:
+            raise NotWaiting(f'{detail} {where}', answer)
         if response.status_code == 409:
             raise NotUnknown(f'{detail} {where}')
-        if response.status_code == 400:
+        if response.status_code in (400, 422):
             raise ValueError(f'{detail} {where}')
         if response.status_code == 503:
             raise ShardUnavailable(f'{detail} {where}')

@@ -29,7 +29,7 @@ from typing import (
 
 from pydantic import AliasPath, BaseModel, ConfigDict, Field, create_model
 
-from stepstream.readmodel import ProjectionStatus, RunCounts
+from stepstream.readmodel import ProjectionStatus, RunCounts, WaitingCall
 from stepstream.schemas import (
     DEFERRALS,
     MAX_NOTE_CHARS,
@@ -112,10 +112,11 @@ if TYPE_CHECKING:  # to the type checker, a shape has its record's attributes: t
     _EffectResolution = EffectResolution
     _ToolEffectRecord = ToolEffectRecord
     _RunCounts = RunCounts
+    _WaitingCall = WaitingCall
 else:
     _RunUsage = _ModelUsage = _RunRecord = _StepEvent = _EffectResolution = _ToolEffectRecord = _RunCounts = (
-        object
-    )
+        _WaitingCall
+    ) = object
 
 
 @shows(RunUsage)
@@ -199,6 +200,58 @@ class Resolved(BaseModel):
     written: Resolution
     applied: bool = Field(description='Whether the projection read here shows it already.')
     effect: ToolEffect
+
+
+@shows(WaitingCall)
+class Deferred(FromRecord, _WaitingCall):  # type: ignore[misc]  # (the record is frozen)
+    """A deferred call that waits for a decision (`effect`: the whole call), and the call's own facts."""
+
+    run_id: str = Field(validation_alias=AliasPath('effect', 'run_id'))
+    tool_call_id: str = Field(validation_alias=AliasPath('effect', 'tool_call_id'))
+    tool_name: str = Field(validation_alias=AliasPath('effect', 'tool_name'))
+    kind: str | None = Field(
+        validation_alias=AliasPath('effect', 'deferral'),
+        description="What it waits for: approval | question | external (the effect's `deferral`).",
+    )
+    args: str | None = Field(
+        validation_alias=AliasPath('effect', 'args'), description='Its arguments (JSON), redacted as stored.'
+    )
+    deferral_metadata: str | None = Field(
+        validation_alias=AliasPath('effect', 'deferral_metadata'),
+        description='The metadata its tool deferred it with (JSON), or null.',
+    )
+    waited_s: float = Field(default=0.0, description='Seconds it had waited when this answer was made.')
+
+
+class DeferredPage(BaseModel):
+    """One page of the calls that wait, and the cursor of the next."""
+
+    calls: list[Deferred]
+    next_after: str | None = Field(
+        description='Pass as `after` for the next page; null when this page is the last.'
+    )
+
+
+class Decided(BaseModel):
+    """A decision written to the log (the one that decides the call), and the call as shown now."""
+
+    written: Resolution
+    applied: bool = Field(
+        description='Whether the projection read here shows it already (false: answered 202, before it did).'
+    )
+    effect: ToolEffect
+
+
+class DecisionConflict(BaseModel):
+    """Why a decision does not decide the call: it does not wait, or an earlier decision won."""
+
+    detail: str
+    decision: Resolution | None = Field(
+        default=None, description='The decision that stands; null when the call was never deferred.'
+    )
+    written: Resolution | None = Field(
+        default=None, description="This request's decision, when it was written after the one that stands."
+    )
 
 
 class SnapshotSummary(BaseModel):

@@ -49,7 +49,7 @@ class Resolutions:
         if effect is None:
             raise NotFound(f'run {run_id!r} has no tool call {tool_call_id!r} in the projection')
         record = await resolve_tool_effect(
-            await self._writer(),
+            await self.writer(),
             effect,
             resolution=resolution,
             note=note,
@@ -57,7 +57,7 @@ class Resolutions:
             writer_id=resolver_id('serve'),
             force=force,
         )
-        shown = await self._wait_shown(record)
+        shown = await self.wait_shown(record)
         now = shown or await self.reader.get_tool_effect(run_id, tool_call_id) or effect
         written = next(
             (
@@ -83,8 +83,8 @@ class Resolutions:
             effect=ToolEffect.of(now),
         )
 
-    async def _writer(self) -> StepLog:
-        """The log resolutions are written to."""
+    async def writer(self) -> StepLog:
+        """The log resolutions (and decisions on deferred calls) are written to."""
         if self._log is not None:
             return self._log
         async with self._log_lock:
@@ -94,7 +94,7 @@ class Resolutions:
                 self._owned_log = log
             return self._owned_log
 
-    async def _wait_shown(self, record: ToolEffectTransition) -> ToolEffectRecord | None:
+    async def wait_shown(self, record: ToolEffectTransition) -> ToolEffectRecord | None:
         """The effect once the projection shows `record` in its ledger, or None after the timeout.
 
         The reader is a RocksDB secondary: it offers no change notification, so it is asked again

@@ -190,6 +190,8 @@ def test_a_decision_that_cannot_apply_is_refused_before_it_is_written() -> None:
         decision_for(refund, decision='returned', operator='a', writer_id=WRITER, result=1)
     with pytest.raises(ValueError, match='not an approval'):
         decision_for(export, decision='approved', operator='a', writer_id=WRITER)
+    with pytest.raises(ValueError, match='not an approval'):  # a denial is an approval's answer
+        decision_for(export, decision='denied', operator='a', writer_id=WRITER, message='no')
     with pytest.raises(ValueError, match='says why'):
         decision_for(refund, decision='denied', operator='a', writer_id=WRITER)
 

@@ -443,3 +443,65 @@ async def test_a_broken_chain_is_badged_filtered_and_counted(served: Served, pag
     answer = await (await page.request.get(served.url.rstrip('/') + '/api/runs?chain=broken')).json()
     assert [r['run_id'] for r in answer['runs']] == [run_id]
     assert (answer['runs'][0]['chain'], answer['runs'][0]['chain_break_seq']) == ('broken', 1)
+
+
+async def test_a_waiting_call_is_listed_decided_by_a_form_and_leaves_the_list(
+    served: Served, browser: Browser, page: Page, tmp_path: Path
+) -> None:
+    from deferred_runs import run_until_waiting
+
+    run_id = 'refunds-waiting-page'
+    await run_until_waiting(served.log, run_id)
+    await served.settle()
+    await page.goto('/')
+    await page.locator('p.counts a.waiting-count', has_text='waiting for approval').click()
+    row = page.locator(f'table.waiting tr.waiting-row[data-run-id="{run_id}"]')
+    await expect(row).to_have_count(1)
+    await expect(row).to_have_attribute('data-tool-call-id', 'call-refund')
+    await expect(row.locator('.waiting-args')).to_contain_text('<b>charged twice</b>')  # markup as text
+    await expect(row.locator('.waiting-args b')).to_have_count(0)
+    await shot(page, tmp_path, 'waiting')
+
+    await row.locator('details.decide summary').click()
+    approve = row.locator('form.approve')
+    await approve.locator('textarea[name=args]').fill('{"amount": 100, "reason": "partial refund"}')
+    await approve.locator('input[name=note]').fill('the customer agreed to 100')
+    await approve.locator('button[type=submit]').click()
+    await expect(page.locator('h1')).to_have_text('Decision recorded')
+    recorded = page.locator('.decision-recorded')
+    await expect(recorded.locator('.resolution')).to_have_text('approved')
+    await expect(recorded.locator('.resolved-by')).to_have_text('oncall-alice')
+    await expect(recorded.locator('.decision-args')).to_contain_text('partial refund')
+    await shot(page, tmp_path, 'decided')
+    await page.click('a.back-to-waiting')
+    await expect(
+        page.locator(f'tr.waiting-row[data-run-id="{run_id}"][data-tool-call-id="call-refund"]')
+    ).to_have_count(0)
+    await expect(page.locator(f'tr.waiting-row[data-run-id="{run_id}"]')).to_have_count(2)
+
+    # The run page decides too; a form decided elsewhere meanwhile answers with the decision that stands.
+    await page.goto(f'/runs/{run_id}')
+    export = page.locator('.deferred-effect[data-tool-call-id="call-export"] form.complete')
+    await export.locator('textarea[name=value]').fill('{"rows": 3}')
+    await export.locator('button[type=submit]').click()
+    await expect(page.locator('.decision-recorded .decision-result')).to_have_text('{"rows":3}')
+    # (its own context: the 409 page is an answer, but Chromium logs the status as a console error)
+    context = await browser.new_context(base_url=served.url, viewport={'width': 1280, 'height': 900})
+    try:
+        stale = await context.new_page()
+        await stale.goto(f'/runs/{run_id}')
+        ask = stale.locator('.deferred-effect[data-tool-call-id="call-ask"] form.complete')
+        await ask.locator('textarea[name=value]').fill('the visa card')
+        answered = await stale.request.post(
+            f'/api/runs/{run_id}/calls/call-ask/complete',
+            data={'result': 'the debit card', 'operator': 'bob'},
+        )
+        assert answered.status == 201
+        await ask.locator('button[type=submit]').click()
+        await expect(stale.locator('h1')).to_have_text('Not recorded: the call does not wait')
+        await expect(stale.locator('.decision-standing .resolved-by')).to_have_text('bob')
+        await shot(stale, tmp_path, 'decision-conflict')
+    finally:
+        await context.close()
+    await page.goto('/deferred')
+    await expect(page.locator(f'tr.waiting-row[data-run-id="{run_id}"]')).to_have_count(0)

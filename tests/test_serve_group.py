@@ -135,6 +135,7 @@ async def test_any_member_answers_for_the_whole_group(
                 'by_agent': whole.by_agent,
                 'unresolved_effects': whole.unresolved_effects,
                 'broken_chains': whole.broken_chains,
+                'waiting_calls': whole.waiting_calls,
             }
             assert sum(counts['by_status'].values()) == 14 and counts['broken_chains'] == 0
 
