@@ -149,8 +149,9 @@ def decision_for(
             decided,
         )
     if decision in ('approved', 'denied') and effect.deferral not in ('approval', None):
+        waits = 'an answer' if effect.deferral == 'question' else 'an outside result'
         raise ValueError(
-            f'tool call {effect.tool_call_id!r} waits for an {effect.deferral} result, not an approval: '
+            f'tool call {effect.tool_call_id!r} waits for {waits}, not an approval: '
             'complete it with its result or its error'
         )
     if decision in ('returned', 'failed') and effect.deferral == 'approval':

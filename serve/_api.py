@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from stepstream.console import VIEW_HEADER, ViewArgs, show
 from stepstream.errors import NotFound
-from stepstream.schemas import ChainStatus, RunStatus
+from stepstream.schemas import ChainStatus, Deferral, RunStatus
 from stepstream.serve._models import (
     Counts,
     DeadLetters,
@@ -295,7 +295,7 @@ CONSOLE_RESPONSES: dict[int | str, dict[str, Any]] = {
 )
 async def console(
     request: Request,
-    view: Annotated[Literal['runs', 'unresolved', 'conflicts'], Path(description='The view.')],
+    view: Annotated[Literal['runs', 'unresolved', 'conflicts', 'deferred'], Path(description='The view.')],
     conversation_id: str | None = None,
     parent_run_id: str | None = None,
     status: RunStatus | None = None,
@@ -305,6 +305,8 @@ async def console(
     limit: Annotated[int | None, Query(ge=1, le=1000, description='`runs`: the page size (50).')] = None,
     after: Annotated[str | None, Query(description='`runs`: the page after this run.')] = None,
     oldest_first: Annotated[bool, Query(description='`runs`: in the order they started.')] = False,
+    deferral: Annotated[Deferral | None, Query(description='`deferred`: calls of this kind.')] = None,
+    newest_first: Annotated[bool, Query(description='`deferred`: the last to start waiting first.')] = False,
 ) -> Response:
     """The text (with `json`, the JSON) `stepstream VIEW` prints, read from this service's projection.
 
@@ -321,6 +323,8 @@ async def console(
         limit=limit,
         after=after,
         oldest_first=oldest_first,
+        deferral=deferral,
+        newest_first=newest_first,
     )
     return await _console(request, view, args)
 
