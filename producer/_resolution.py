@@ -72,20 +72,14 @@ def resolution_for(
         )
     if not note.strip() or len(note) > MAX_NOTE_CHARS:
         raise ValueError(f'a resolution needs a note of 1 to {MAX_NOTE_CHARS} characters saying why')
-    if not operator or len(operator) > MAX_ID_BYTES or not operator.isprintable():
-        raise ValueError(f'the operator name {operator!r:.80} is empty, too long or not printable')
-    return ToolEffectTransition(
-        run_id=effect.run_id,
-        seq=effect.status_seq,
-        writer_id=writer_id,
-        timestamp=datetime.now(UTC),
-        tool_call_id=effect.tool_call_id,
-        tool_name=effect.tool_name,
-        status='resolved',
+    redact = redaction if redaction is not None else Redaction()
+    return _answer(
+        effect,
+        resolution,
+        operator,
+        writer_id,
+        note=redact.text(note),
         idempotency_key=effect.idempotency_key,
-        resolution=resolution,
-        resolved_by=operator,
-        note=(redaction if redaction is not None else Redaction()).text(note),
     )
 
 
@@ -164,9 +158,33 @@ def decision_for(
         raise ValueError('only an approval carries arguments, as a JSON object')
     if note is not None and (not note.strip() or len(note) > MAX_NOTE_CHARS):
         raise ValueError(f'a note, when given, is 1 to {MAX_NOTE_CHARS} characters')
+    redact = redaction if redaction is not None else Redaction()
+    return _answer(
+        effect,
+        decision,
+        operator,
+        writer_id,
+        note=redact.text(note),
+        args=None if args is None else to_json(redact.value(args)).decode(),
+        result=to_json(redact.value(result)).decode() if decision == 'returned' else None,
+        error=redact.text(message),
+    )
+
+
+def _answer(
+    effect: ToolEffectRecord,
+    resolution: Resolution | Decision,
+    operator: str,
+    writer_id: str,
+    **fields: Any,
+) -> ToolEffectTransition:
+    """The `resolved` transition answering the transition that decides `effect`'s status, by `operator`.
+
+    A resolution and a decision alike: it takes no seq of the run (its `seq` names what it answers).
+    `ValueError` for an operator name the projector would refuse.
+    """
     if not operator or len(operator) > MAX_ID_BYTES or not operator.isprintable():
         raise ValueError(f'the operator name {operator!r:.80} is empty, too long or not printable')
-    redact = redaction if redaction is not None else Redaction()
     return ToolEffectTransition(
         run_id=effect.run_id,
         seq=effect.status_seq,
@@ -175,12 +193,9 @@ def decision_for(
         tool_call_id=effect.tool_call_id,
         tool_name=effect.tool_name,
         status='resolved',
-        resolution=decision,
+        resolution=resolution,
         resolved_by=operator,
-        note=redact.text(note),
-        args=None if args is None else to_json(redact.value(args)).decode(),
-        result=to_json(redact.value(result)).decode() if decision == 'returned' else None,
-        error=redact.text(message),
+        **fields,
     )
 
 

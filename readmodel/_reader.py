@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, Self
+from typing import TYPE_CHECKING, Protocol, Self, Unpack
 
 from stepstream.erasure import KeyRing
 from stepstream.readmodel._effects import Effects, UnresolvedCursor, UnresolvedSummary
@@ -21,7 +21,7 @@ from stepstream.readmodel._runs import DEFAULT_STALE_AFTER_S, RunCounts, Runs
 from stepstream.readmodel._shards import ReadableShard, Shards
 from stepstream.readmodel._snapshots import Snapshots
 from stepstream.readmodel._status import ProjectionStatus, Status
-from stepstream.readmodel._waiting import Waiting, WaitingCall
+from stepstream.readmodel._waiting import Waiting, WaitingCall, WaitingQuery
 from stepstream.schemas import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord
 from stepstream.storage import LiveShards, RetentionPreview, RetentionState, check_projection
 
@@ -371,7 +371,7 @@ class ProjectionReader:
         """Every tool effect of the run, in the order the calls started."""
         return await self._effects.list_tool_effects(run_id)
 
-    async def list_waiting(self, **query: Any) -> list[WaitingCall]:
+    async def list_waiting(self, **query: Unpack[WaitingQuery]) -> list[WaitingCall]:
         """The deferred calls that wait for a decision, across runs, oldest first (`Waiting.list_waiting`).
 
         `newest_first`, `limit`, `after` (a `WaitingCall.cursor`), and filters `agent_name`,

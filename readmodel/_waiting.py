@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TypedDict
 
 from stepstream.readmodel._effects import Effects
 from stepstream.readmodel._runs import Runs
@@ -22,6 +23,17 @@ from stepstream.timestamps import micros
 
 WaitingCursor = tuple[datetime, str, str]
 """A place in the list of waiting calls: the last call seen's `waiting_since`, run and call id."""
+
+
+class WaitingQuery(TypedDict, total=False):
+    """What `list_waiting` takes: the order, a page, and filters."""
+
+    newest_first: bool
+    limit: int | None
+    after: WaitingCursor | None
+    agent_name: str | None
+    conversation_id: str | None
+    deferral: Deferral | None
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,27 @@ async def member(settings: Settings, group: str, db_path: Path) -> AsyncIterator
         yield Member(served.url, projector, membership)
 
 
+@contextlib.asynccontextmanager
+async def three_members(settings: Settings, tmp_path: Path) -> AsyncIterator[list[Member]]:
+    """Three members of one group, once each owns one partition and knows the others."""
+    group = f'{settings.topics.topic_prefix}.serve'
+    async with (
+        member(settings, group, tmp_path / 'a') as a,
+        member(settings, group, tmp_path / 'b') as b,
+        member(settings, group, tmp_path / 'c') as c,
+    ):
+        members = [a, b, c]
+        urls = {m.url for m in members}
+        await until(
+            lambda: all(
+                len(m.projector.partitions) == 1 and set(m.membership.routes.values()) == urls
+                for m in members
+            ),
+            'three members to own one partition each and know each other through the group',
+        )
+        yield members
+
+
 def runs_json(runs: list) -> list[tuple[str, str | None, str]]:
     return [(r['run_id'], r['parent_run_id'], r['status']) for r in runs]
 
@@ -69,24 +90,13 @@ async def test_any_member_answers_for_the_whole_group(
     for i in range(4):
         await crash_in_tool(event_log, f'crash-{i}', conversation_id=f'conv-crash-{i}')
     end = await event_log.flush()
-    group = f'{settings.topics.topic_prefix}.serve'
 
     async with (
         Projector(settings, db_path=tmp_path / 'everything') as everything,
-        member(settings, group, tmp_path / 'a') as a,
-        member(settings, group, tmp_path / 'b') as b,
-        member(settings, group, tmp_path / 'c') as c,
+        three_members(settings, tmp_path) as members,
         httpx.AsyncClient(timeout=30) as http,
     ):
-        members = [a, b, c]
-        urls = {m.url for m in members}
-        await until(
-            lambda: all(
-                len(m.projector.partitions) == 1 and set(m.membership.routes.values()) == urls
-                for m in members
-            ),
-            'three members to own one partition each and know each other through the group',
-        )
+        a, b, c = members
         owner = {p: m for m in members for p in m.projector.partitions}
         assert all(m.membership.routes == {p: owner[p].url for p in range(3)} for m in members)
         await everything.wait_for(end)

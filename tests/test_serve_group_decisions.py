@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from test_serve_group import member
+from test_serve_group import three_members
 
 from stepstream import Settings
 from stepstream.producer import EventLog
@@ -27,23 +27,12 @@ async def test_any_member_lists_and_decides_for_the_whole_group(
     for run_id in RUNS:
         await run_until_waiting(event_log, run_id)
     end = await event_log.flush()
-    group = f'{settings.topics.topic_prefix}.serve'
     async with (
         Projector(settings, db_path=tmp_path / 'everything') as everything,
-        member(settings, group, tmp_path / 'a') as a,
-        member(settings, group, tmp_path / 'b') as b,
-        member(settings, group, tmp_path / 'c') as c,
+        three_members(settings, tmp_path) as members,
         httpx.AsyncClient(timeout=60) as http,
     ):
-        members = [a, b, c]
-        urls = {m.url for m in members}
-        await until(
-            lambda: all(
-                len(m.projector.partitions) == 1 and set(m.membership.routes.values()) == urls
-                for m in members
-            ),
-            'three members to own one partition each and know each other through the group',
-        )
+        a = members[0]
         owner = {p: m for m in members for p in m.projector.partitions}
         await everything.wait_for(end)
         await until(

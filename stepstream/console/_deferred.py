@@ -10,13 +10,15 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from stepstream.console._args import ViewArgs
 from stepstream.console._render import table, time_text, to_json
+from stepstream.schemas import DEFERRALS
 
 if TYPE_CHECKING:
     from stepstream.readmodel import ProjectionReader, WaitingCall
+    from stepstream.schemas import Deferral
     from stepstream.settings import Settings
 
 DEFERRED_PAGE = 100
@@ -97,7 +99,7 @@ def _cut(text: str) -> str:
 
 async def deferred(args: ViewArgs, reader: ProjectionReader, settings: Settings) -> str:
     """`stepstream deferred`: the calls waiting for a decision, oldest first (`newest_first`), filtered."""
-    if args.deferral not in (None, 'approval', 'question', 'external'):
+    if args.deferral is not None and args.deferral not in DEFERRALS:
         raise ValueError(f'kind is approval, question or external, got {args.deferral!r}')
     limit = args.limit or DEFERRED_PAGE
     found = await reader.list_waiting(
@@ -105,7 +107,7 @@ async def deferred(args: ViewArgs, reader: ProjectionReader, settings: Settings)
         limit=limit + 1,
         agent_name=args.agent_name,
         conversation_id=args.conversation_id,
-        deferral=args.deferral,
+        deferral=cast('Deferral | None', args.deferral),
     )
     calls, now = found[:limit], datetime.now(UTC)
     if args.json:
