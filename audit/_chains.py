@@ -134,7 +134,7 @@ def verify_run(run_id: str, seen: Iterable[Seen], keys: TrustedKeys | None) -> R
             )
         elif record.topic == STEP_EVENTS and record.kind == SIGNED_KIND:
             heads.append(record)
-        elif record.kind not in ('run_heartbeat', 'resolved'):
+        elif record.kind not in ('run_heartbeat', 'resolved', 'run_resumed'):
             trail.append(record)
     by_seq: dict[int, list[Seen]] = {}
     for record in trail:

@@ -158,7 +158,7 @@ async def take_checkpoint(settings: Settings, signer: Signer) -> Checkpoint:
                 )
             )
         for run_id, seen in read.runs.items():
-            trail = [s for s in seen if s.placed and s.kind not in ('run_heartbeat', 'chain_signed')]
+            trail = [s for s in seen if s.placed and s.kind not in ('run_heartbeat', 'chain_signed', 'run_resumed')]
             if trail:
                 top = max(trail, key=lambda s: (s.seq, s.offset))
                 names = ('step_events', 'tool_effects')

@@ -11,6 +11,7 @@ which is not a crash. A process that stops with runs open ends them too (`RunWri
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic_ai import DeferredToolRequests
@@ -18,10 +19,12 @@ from pydantic_ai.messages import ModelResponse
 from pydantic_ai.run import AgentRunResult
 from pydantic_ai.tools import RunContext
 
+from stepstream.errors import UsageError
+from stepstream.ids import is_run_id
 from stepstream.producer import _calls
 from stepstream.producer._redaction import REDACTION_KEY
 from stepstream.producer._run import MAX_ERROR_CHARS, RunWriter
-from stepstream.schemas import EventKind
+from stepstream.schemas import RESUMED_BY_KEY, RESUMES_KEY, EventKind, StepEvent
 
 CALLER_LEFT = (
     'the caller left the run before it ended (it stopped driving agent.iter() or reading the stream); '
@@ -39,7 +42,12 @@ CANCELLED = (
 async def start(run: RunWriter, ctx: RunContext[Any]) -> None:
     """`before_run`: append `run_started` and wait for the broker, then open the run's liveness."""
     run.conversation_id = ctx.conversation_id
+    resumes = run.metadata.get(RESUMES_KEY)
+    if resumes is not None and (not is_run_id(resumes) or resumes == run.run_id):
+        raise UsageError(f'metadata {RESUMES_KEY!r} names no other run to resume: {resumes[:100]!r}')
     await run.event(ctx, 'run_started', metadata={**run.metadata, REDACTION_KEY: run.redaction.label})
+    if resumes is not None:
+        await _mark_resumed(run, resumes)
     try:
         await run.durable(ctx)
     except Exception as error:
@@ -48,6 +56,25 @@ async def start(run: RunWriter, ctx: RunContext[Any]) -> None:
         raise
     # Acknowledged, so heartbeats never reach the log before the run they speak for.
     run.open = run.log.liveness.open(run.run_id, heartbeat=run.heartbeat, end=run.end_by_process)
+
+
+async def _mark_resumed(run: RunWriter, waiting: str) -> None:
+    """Append `run_resumed` keyed by the run this one resumes (`resume_run`'s metadata), beside its trail.
+
+    It lands in the waiting run's partition, after its `run_waiting`: the projector links the two
+    there (decision 0057). It takes no `seq`, of either run.
+    """
+    mark = StepEvent(
+        run_id=waiting,
+        seq=0,
+        writer_id=run.writer_id,
+        timestamp=datetime.now(UTC),
+        kind='run_resumed',
+        agent_name=run.agent_name,
+        conversation_id=run.conversation_id,
+        metadata={RESUMED_BY_KEY: run.run_id},
+    )
+    await run.send_beside(mark)
 
 
 async def complete(run: RunWriter, ctx: RunContext[Any], result: AgentRunResult[Any]) -> None:

@@ -209,7 +209,11 @@ class RunWriter:
         signature = self.signer.sign(self.run_id, self.seq, head)
         metadata = {SIGNATURE: signature, SIGNING_KEY: self.signer.key_id}
         record = self.step_event('chain_signed', self.step_index, metadata=metadata, idempotency_key=None)
-        await self._send(record, self.log.encode(record))  # beside the trail: no seq, no new head
+        await self.send_beside(record)
+
+    async def send_beside(self, record: StepEvent) -> None:
+        """Send (or hold for the engine) a record beside the run's trail: it takes no `seq`, moves no head."""
+        await self._send(record, self.log.encode(record))
 
     def event_metadata(self) -> dict[str, str]:
         """The metadata of an event written under an engine: marked with its attempt after the first."""

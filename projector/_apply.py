@@ -65,6 +65,7 @@ from stepstream.projector._chain import Link, advance_chain, link_of
 from stepstream.projector._checks import check_record
 from stepstream.projector._listing import Listed, listed, relist_run
 from stepstream.projector._parked import PARKED_DECODED, PARKED_DECODED_BYTES, DecodedParked
+from stepstream.projector._resumed import apply_resumed
 from stepstream.projector._retention import Retention
 from stepstream.projector._step_events import TERMINAL_KINDS, apply_event, register
 from stepstream.projector._tool_effects import apply_resolution, apply_transition, reindex_effects
@@ -119,6 +120,7 @@ DLQ_REASONS = (
     'unknown_effect',
     'stray_heartbeat',
     'stray_signature',
+    'not_resumable',
     'apply_error',
 )
 """Every reason a record can be dead-lettered for (docs/decisions/0010-conflict-rules.md)."""
@@ -131,6 +133,8 @@ def _beside(event: Fields) -> tuple[str, str]:
     """What an event beside the trail is called, and the reason it is dead-lettered for when stray."""
     if event['kind'] == 'run_heartbeat':
         return 'a heartbeat', 'stray_heartbeat'
+    if event['kind'] == 'run_resumed':
+        return 'a resumption', 'not_resumable'
     return 'a signed chain head', 'stray_signature'
 
 
@@ -346,7 +350,10 @@ class Applier:
                 self._outcome.duplicates += 1
             return
         if source.topic == EVENTS and record['kind'] in UNCHAINED_KINDS:
-            self._apply_heartbeat(txn, run, source, record)
+            if record['kind'] == 'run_resumed':
+                self._apply_resumed(txn, keys, run, source, record)
+            else:
+                self._apply_heartbeat(txn, run, source, record)
             return
         if record['writer_id'] != run.owner:
             self._keep_apart(txn, run, source, record)
@@ -413,6 +420,20 @@ class Applier:
         if heartbeat['timestamp'] > run.last_record_at:
             run.last_record_at = heartbeat['timestamp']
         self._outcome.applied += 1
+
+    def _apply_resumed(
+        self, txn: Transaction, keys: RunKeys, run: RunState, source: SourceRecord, mark: Fields
+    ) -> None:
+        """Another run resumes this one, which ended waiting (`_resumed.py`)."""
+        try:
+            applied = apply_resumed(txn, keys.home, run, mark, self.retention)
+        except Rejected as rejected:
+            self._run_dead_letter(txn, run, source, rejected.reason, rejected.detail)
+            return
+        if applied:
+            self._outcome.applied += 1
+        else:
+            self._outcome.duplicates += 1
 
     def _keep_apart(self, txn: Transaction, run: RunState, source: SourceRecord, record: Fields) -> None:
         assert source.value is not None

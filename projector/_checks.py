@@ -24,6 +24,7 @@ from stepstream.schemas import (
     MAX_NOTE_CHARS,
     RECORD_TYPES,
     RESOLUTIONS,
+    RESUMED_BY_KEY,
     TOOL_EFFECT_STATUSES,
     Fields,
     read_record,
@@ -112,6 +113,8 @@ def _check_event(event: Fields) -> None:
         raise Rejected('unknown_version', f'unknown event kind {kind!r} (a newer writer?)')
     if event['usage'] is not None or event['duration_us'] is not None or event['trace_id'] is not None:
         check_usage(event)
+    if kind == 'run_resumed':
+        _check_resumed(event)
     snap = event['snapshot']
     if (kind == 'snapshot_saved') != (snap is not None):
         raise Rejected('invalid', 'a snapshot payload belongs to snapshot_saved events, and only to them')
@@ -129,6 +132,17 @@ def _check_event(event: Fields) -> None:
     bad = next((uri for uri in snap['media'] or () if not is_media_uri(uri)), None)
     if bad is not None:
         raise Rejected('invalid', f'snapshot media lists {bad[:100]!r}, which is not a media+sha256:// URI')
+
+
+def _check_resumed(mark: Fields) -> None:
+    """A `run_resumed` mark names the run that resumes its own, another valid run id."""
+    resumer = mark['metadata'].get(RESUMED_BY_KEY)
+    if resumer is None or not is_run_id(resumer) or resumer == mark['run_id']:
+        raise Rejected(
+            'invalid',
+            f'a run_resumed mark must name the run that resumes its run in {RESUMED_BY_KEY!r}, '
+            f'not {str(resumer)[:100]!r}',
+        )
 
 
 def _check_deferral(t: Fields) -> None:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from stepstream.erasure import ContentErased
 from stepstream.errors import NotWaiting, UsageError
-from stepstream.schemas import ContinuableSnapshot, ToolEffectRecord
+from stepstream.schemas import RESUMES_KEY, ContinuableSnapshot, ToolEffectRecord
 
 if TYPE_CHECKING:
     from pydantic_ai.messages import ModelMessage
@@ -63,10 +63,6 @@ def _content(snapshot: ContinuableSnapshot) -> list[ModelMessage]:
     return snapshot.messages
 
 
-RESUMES_KEY = 'stepstream.resumes'
-"""The metadata key a resumed run carries: the run id it resumes (`Resumption.metadata`)."""
-
-
 @dataclass(frozen=True)
 class Resumption:
     """What resumes a run that ended waiting, in any process: `agent.run(**resumption.run_kwargs())`."""
@@ -104,13 +100,17 @@ async def resume_run(reader: ProjectionReader, run_id: str) -> Resumption:
     `decide_deferred_call`) becomes its entry in `DeferredToolResults`: an approval (with its changed
     arguments, as `ToolApproved(override_args=...)`), a denial (`ToolDenied` with its message), an
     outside call's result, or its error (as `ModelRetry`, which the model sees). Refused
-    (`NotWaiting`) for a run that did not end waiting, and while one of its calls still waits, named.
+    (`NotWaiting`) for a run that did not end waiting, for one another run resumed already (status
+    `resumed`, naming that run), and while one of its calls still waits, named. The resumed run's
+    capability, given `Resumption.metadata`, marks the waiting run resumed on the log when it starts.
     """
     from pydantic_ai.tools import DeferredToolResults
 
     run = await reader.get_run(run_id)
     if run is None:
         raise UsageError(f'no run {run_id!r} in the projection')
+    if run.status == 'resumed':
+        raise NotWaiting(f'run {run_id!r} was resumed already, by run {run.resumed_by!r}')
     if run.status != 'waiting':
         raise NotWaiting(f'run {run_id!r} is {run.status}: only a run that ended waiting resumes')
     results = DeferredToolResults()

@@ -71,7 +71,8 @@ class RunRecord:
     longer in the projection (docs/retention.md)."""
     status: RunStatus = 'running'
     """running | stale (running, but nothing new for STEPSTREAM_STALE_AFTER_S) | waiting (ended with
-    deferred calls that wait for an approval, an answer or an outside result) | completed | failed
+    deferred calls that wait for an approval, an answer or an outside result) | resumed (ended
+    waiting, and another run resumes it: `resumed_by`) | completed | failed
     | cancelled (its task was cancelled, its caller left it, or its process stopped with it open)."""
     started_at: datetime | None = None
     ended_at: datetime | None = None
@@ -102,6 +103,10 @@ class RunRecord:
     """The seq of the first record whose link is not the hash of the record before it (broken)."""
     chain_break_at: str | None = None
     """Where that record stands in the log: `step_events/<partition>` or `tool_effects/<partition>`."""
+    resumes: str | None = None
+    """The run this run resumes (its `run_started` metadata `stepstream.resumes`, `resume_run`), or None."""
+    resumed_by: str | None = None
+    """The run that resumes this one, a run that ended waiting (status `resumed`), or None."""
 
 
 @dataclass(kw_only=True, slots=True)

@@ -33,16 +33,26 @@ EventKind = Literal[
     'snapshot_saved',
     'run_heartbeat',
     'chain_signed',
+    'run_resumed',
 ]
 """Boundary that produced a `StepEvent`; `run_heartbeat` is no boundary but the writer saying it is alive.
 
 A heartbeat takes no `seq` (its `seq` is the one the writer's next record will take) and is not an
 event of the run's trail: the projector only reads its timestamp (docs/decisions/0026-writer-liveness.md).
 Nor is `chain_signed`, the writer's signature of its run's chain head at a durability point
-(`stepstream.signing`): its `seq` is the number of records the head covers, its `prev_hash` the head."""
+(`stepstream.signing`): its `seq` is the number of records the head covers, its `prev_hash` the head.
+Nor is `run_resumed`, which another run's writer appends, keyed by a run that ended waiting, when it
+starts to resume it: its metadata names the resuming run (`RESUMED_BY_KEY`), its `seq` is 0
+(docs/decisions/0057-resumed-runs.md)."""
 
-UNCHAINED_KINDS = frozenset({'run_heartbeat', 'chain_signed'})
-"""Step event kinds a writer appends beside the run's trail: they take no `seq` and are not chained."""
+UNCHAINED_KINDS = frozenset({'run_heartbeat', 'chain_signed', 'run_resumed'})
+"""Step event kinds appended beside a run's trail: they take no `seq` and are not chained."""
+
+RESUMES_KEY = 'stepstream.resumes'
+"""The `run_started` metadata key of a run that resumes another: the run id it resumes."""
+
+RESUMED_BY_KEY = 'stepstream.resumed_by'
+"""The `run_resumed` metadata key: the run id that resumes the run the mark is keyed by."""
 
 EVENT_KINDS: frozenset[str] = frozenset(EventKind.__args__)  # type: ignore[attr-defined]
 
@@ -84,11 +94,12 @@ DECISIONS: frozenset[str] = frozenset(Decision.__args__)  # type: ignore[attr-de
 MAX_NOTE_CHARS = 4000
 """The longest note a resolution may carry; the projector refuses longer ones as `invalid`."""
 
-RunStatus = Literal['running', 'stale', 'waiting', 'completed', 'failed', 'cancelled']
+RunStatus = Literal['running', 'stale', 'waiting', 'resumed', 'completed', 'failed', 'cancelled']
 """A run's status. `stale` is never stored: a reader derives it from a `running` run's last record
 time (its writer's heartbeats included, docs/decisions/0026-writer-liveness.md). `waiting`: the run
 ended with `DeferredToolRequests`, its deferred calls waiting for a decision or a result; its last
-snapshot holds the history to resume from (docs/decisions/0053-deferred-calls-and-waiting.md)."""
+snapshot holds the history to resume from (docs/decisions/0053-deferred-calls-and-waiting.md).
+`resumed`: a run that ended waiting, which another run resumes (its `run_resumed` mark, decision 0057)."""
 
 RUN_STATUSES: tuple[str, ...] = RunStatus.__args__  # type: ignore[attr-defined]
 """Every `RunStatus`, in the order the views show them."""

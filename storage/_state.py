@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Self
 
-from stepstream.schemas import DECISIONS, RESOLUTIONS
+from stepstream.schemas import DECISIONS, RESOLUTIONS, RESUMES_KEY
 
 _ENCODER = json.JSONEncoder(separators=(',', ':'), sort_keys=True)
 """What `json.dumps(value, separators=(',', ':'), sort_keys=True)` builds on every call."""
@@ -145,6 +145,8 @@ class RunState(_Json):
     """`chain_hash` of the record at `chain_through`: what the next one must link to."""
     chain_break: list[int] | None = None
     """[seq, topic, partition] of the first record whose link is not the record before it."""
+    resumed_by: str | None = None
+    """The run that resumes this one (the first `run_resumed` mark applied); its status is then `resumed`."""
 
     @property
     def chain(self) -> str:
@@ -152,6 +154,11 @@ class RunState(_Json):
         if self.chain_break is not None:
             return 'broken'
         return 'intact' if self.chained else 'unchained'
+
+    @property
+    def resumes(self) -> str | None:
+        """The run this one resumes, as its `run_started` metadata names it (`RESUMES_KEY`), or None."""
+        return self.metadata.get(RESUMES_KEY)
 
     @property
     def chain_break_seq(self) -> int | None:

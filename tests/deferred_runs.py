@@ -12,6 +12,7 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCall
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from stepstream.producer import StepLog, StepPersistence
+from stepstream.readmodel import ProjectionReader, resume_run
 
 REFUND_ARGS = {'amount': 120, 'reason': '<b>charged twice</b>'}
 """The approval call's arguments: markup in them must show as text, never as markup."""
@@ -34,13 +35,15 @@ def _model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     )
 
 
-async def run_until_waiting(
-    log: StepLog, run_id: str, *, agent_name: str = 'refunds'
-) -> DeferredToolRequests:
-    """Run the agent on `log` as `run_id` until it ends waiting on its three deferred calls."""
-    agent = Agent(
+def waiting_agent(
+    log: StepLog, run_id: str | None, *, agent_name: str = 'refunds', metadata: dict[str, str] | None = None
+) -> Agent[None, str | DeferredToolRequests]:
+    """The agent whose first run ends waiting on its three deferred calls, writing to `log` as `run_id`."""
+    agent: Agent[None, str | DeferredToolRequests] = Agent(
         FunctionModel(_model),
-        capabilities=[StepPersistence(log=log, agent_name=agent_name, run_id=run_id)],
+        capabilities=[
+            StepPersistence(log=log, agent_name=agent_name, run_id=run_id, metadata=metadata or {})
+        ],
         output_type=[str, DeferredToolRequests],
     )
 
@@ -60,6 +63,24 @@ async def run_until_waiting(
     def lookup(order: int) -> str:
         return 'order 7: two charges'
 
-    result = await agent.run('refund order 7', conversation_id=f'conv-{run_id}')
+    return agent
+
+
+async def run_until_waiting(
+    log: StepLog, run_id: str, *, agent_name: str = 'refunds'
+) -> DeferredToolRequests:
+    """Run the agent on `log` as `run_id` until it ends waiting on its three deferred calls."""
+    result = await waiting_agent(log, run_id, agent_name=agent_name).run(
+        'refund order 7', conversation_id=f'conv-{run_id}'
+    )
     assert isinstance(result.output, DeferredToolRequests), result.output
+    return result.output
+
+
+async def resume(log: StepLog, reader: ProjectionReader, run_id: str, resumed_run_id: str) -> str:
+    """Resume the decided run `run_id` from the projection as `resumed_run_id`; its answer."""
+    resumption = await resume_run(reader, run_id)
+    agent = waiting_agent(log, resumed_run_id, metadata=resumption.metadata)
+    result = await agent.run(**resumption.run_kwargs())
+    assert isinstance(result.output, str), result.output
     return result.output

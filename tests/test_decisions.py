@@ -21,7 +21,7 @@ from pydantic_ai import Agent, CallDeferred, DeferredToolRequests
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-from stepstream.errors import NotWaiting
+from stepstream.errors import NotWaiting, UsageError
 from stepstream.producer import (
     InMemoryLog,
     StepPersistence,
@@ -127,8 +127,25 @@ async def test_what_waits_is_listed_decided_first_come_and_resumed_in_the_same_c
 
     resumption = await resume_run(reader, 'w-1')
     assert resumption.conversation_id == 'conv-7' and resumption.metadata == {RESUMES_KEY: 'w-1'}
-    result = await agent_on(log, metadata=resumption.metadata).run(**resumption.run_kwargs())
+    result = await agent_on(log, 'r-1', metadata=resumption.metadata).run(**resumption.run_kwargs())
     assert result.output == "refund: refunded 100; export: {'rows': 3}"
+    await projection.wait_for()
+    waited, resumed = await reader.get_run('w-1'), await reader.get_run('r-1')
+    assert waited is not None and (waited.status, waited.resumed_by, waited.resumes) == (
+        'resumed',
+        'r-1',
+        None,
+    )
+    assert resumed is not None and (resumed.status, resumed.resumes, resumed.conversation_id) == (
+        'completed',
+        'w-1',
+        'conv-7',
+    )
+    counts = await reader.counts()
+    assert counts is not None and (counts.by_status['waiting'], counts.by_status['resumed']) == (0, 1)
+    assert [r.run_id for r in await reader.list_runs(status='resumed')] == ['w-1']
+    with pytest.raises(NotWaiting, match="'w-1' was resumed already, by run 'r-1'"):
+        await resume_run(reader, 'w-1')
 
 
 async def test_a_denial_and_an_outside_error_reach_the_model() -> None:
@@ -282,3 +299,52 @@ def test_an_operators_resolution_note_is_redacted_too() -> None:
         writer_id=WRITER,
     )
     assert record.note is not None and secret not in record.note and record.note.startswith('checked with')
+
+
+async def test_a_second_resumption_of_one_run_is_refused_and_the_first_stands() -> None:
+    """Two processes resume one waiting run: the first mark in the log links it, the second is dead-lettered."""
+    log = InMemoryLog()
+    projection = await waiting_run(log, 'w-3')
+    reader = ProjectionReader.of(projection)
+    for w in await reader.list_waiting():
+        decision = 'approved' if w.effect.deferral == 'approval' else 'returned'
+        await decide_deferred_call(
+            log, w.effect, decision=decision, operator='alice', writer_id=WRITER, result=1
+        )
+    await projection.wait_for()
+    first, second = await resume_run(reader, 'w-3'), await resume_run(reader, 'w-3')  # both read it waiting
+    await agent_on(log, 'r-3a', metadata=first.metadata).run(**first.run_kwargs())
+    await agent_on(log, 'r-3b', metadata=second.metadata).run(**second.run_kwargs())
+    await projection.wait_for()
+    waited = await reader.get_run('w-3')
+    assert waited is not None and (waited.status, waited.resumed_by) == ('resumed', 'r-3a')
+    refused = [d for d in projection.dead if d.reason == 'not_resumable']
+    assert (
+        len(refused) == 1 and "resumed by run 'r-3a' first; run 'r-3b' resumed it again" in refused[0].detail
+    )
+
+
+async def test_a_run_that_did_not_end_waiting_is_not_marked_resumed() -> None:
+    """A resumption mark for a completed run goes to the DLQ; the run keeps its status."""
+    log = InMemoryLog()
+    agent: Agent[None, Any] = Agent(
+        FunctionModel(lambda m, i: ModelResponse(parts=[TextPart('done')])),
+        capabilities=[StepPersistence(log=log, run_id='done-1')],
+    )
+    await agent.run('hi')
+    resumer = Agent(
+        FunctionModel(lambda m, i: ModelResponse(parts=[TextPart('again')])),
+        capabilities=[StepPersistence(log=log, run_id='r-4', metadata={RESUMES_KEY: 'done-1'})],
+    )
+    await resumer.run('hi')
+    projection = MemoryProjection(log)
+    await projection.wait_for()
+    reader = ProjectionReader.of(projection)
+    done = await reader.get_run('done-1')
+    assert done is not None and (done.status, done.resumed_by) == ('completed', None)
+    assert [d.reason for d in projection.dead] == ['not_resumable']
+    with pytest.raises(UsageError, match='names no other run to resume'):
+        await Agent(
+            FunctionModel(lambda m, i: ModelResponse(parts=[TextPart('x')])),
+            capabilities=[StepPersistence(log=log, run_id='r-5', metadata={RESUMES_KEY: 'r-5'})],
+        ).run('hi')

@@ -127,7 +127,10 @@ async def test_paused_decided_and_resumed_by_other_processes(
         assert resumed.output == 'refund: refunded 100; export: [3]' and ran == ['refund 100']
         await projector.wait_for(await resumer_log.flush())
     runs = await ProjectionReader.of(projector).list_runs(conversation_id='conv-hitl')
-    assert [(r.status, r.metadata.get(RESUMES_KEY)) for r in runs] == [
-        ('waiting', None),
-        ('completed', refund.run_id),
+    assert [(r.status, r.resumes, r.metadata.get(RESUMES_KEY)) for r in runs] == [
+        ('resumed', None, None),
+        ('completed', refund.run_id, refund.run_id),
     ]
+    assert (
+        runs[0].resumed_by == runs[1].run_id
+    )  # the mark the resumed run appended, in the waiting run's shard

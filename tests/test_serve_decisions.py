@@ -20,7 +20,7 @@ from stepstream.embedded import EmbeddedStack
 from stepstream.readmodel import ProjectionReader
 from stepstream.serve import app_for, running
 
-from deferred_runs import EXPORT_METADATA, REFUND_ARGS, run_until_waiting
+from deferred_runs import EXPORT_METADATA, REFUND_ARGS, resume, run_until_waiting
 from served import Served, served_projection
 
 pytestmark = [pytest.mark.broker, pytest.mark.asyncio(loop_scope='module')]
@@ -119,7 +119,32 @@ async def test_deny_and_complete(api: httpx.AsyncClient) -> None:
     assert failed.status_code == 201 and failed.json()['written']['resolution'] == 'failed'
     assert (await api.get('/api/deferred', params={'agent': 'billing'})).json()['calls'] == []
     run = (await api.get(f'/api/runs/{BILLING}')).json()
-    assert run['status'] == 'waiting'  # decided, not resumed: resume_run continues it
+    assert run['status'] == 'waiting' and run['resumed_by'] is None  # decided, not resumed yet
+
+
+async def test_a_resumed_run_and_the_run_it_resumes_link_to_each_other(
+    served: Served, api: httpx.AsyncClient
+) -> None:
+    resumed_id = f'{BILLING}-resumed'
+    await resume(served.log, ProjectionReader.of(served.projector), BILLING, resumed_id)
+    await served.settle()
+    waited = (await api.get(f'/api/runs/{BILLING}')).json()
+    assert (waited['status'], waited['resumed_by'], waited['resumes']) == ('resumed', resumed_id, None)
+    resumed = (await api.get(f'/api/runs/{resumed_id}')).json()
+    assert (resumed['status'], resumed['resumes'], resumed['conversation_id']) == (
+        'completed',
+        BILLING,
+        f'conv-{BILLING}',
+    )
+    page = (await api.get(f'/runs/{BILLING}')).text
+    assert f'<dd class="resumed-by"><a class="run-link" href="/runs/{resumed_id}"' in page
+    assert (
+        f'<dd class="resumes"><a class="run-link" href="/runs/{BILLING}"'
+        in (await api.get(f'/runs/{resumed_id}')).text
+    )
+    listed = (await api.get('/api/runs', params={'status': 'resumed'})).json()['runs']
+    assert [r['run_id'] for r in listed] == [BILLING]
+    assert (await api.get('/api/counts')).json()['by_status']['resumed'] == 1
 
 
 async def test_unknown_calls_and_refused_decisions(served: Served, api: httpx.AsyncClient) -> None:

@@ -194,7 +194,7 @@ async def test_the_runs_page_filters_and_counts_waiting_runs(api: httpx.AsyncCli
 async def test_the_run_page_shows_each_deferred_call_and_no_resolve_form(api: httpx.AsyncClient) -> None:
     page = parse((await api.get(f'/runs/{WAITING}')).text)
     assert page.find('status-waiting')[0].text == 'waiting'
-    assert 'nothing to resolve' in page.one('deferred').text and 'continue_run' in page.one('deferred').text
+    assert 'nothing to resolve' in page.one('deferred').text and 'resume_run' in page.one('deferred').text
     calls = {e.attrs['data-tool-call-id']: e for e in page.find('deferred-effect')}
     assert {c: e.attrs['data-deferral'] for c, e in calls.items()} == {
         'call-refund': 'approval',

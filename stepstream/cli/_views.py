@@ -16,7 +16,7 @@ from stepstream.settings import Settings
 if TYPE_CHECKING:
     from stepstream.readmodel import ProjectionReader
 
-RUN_STATUSES = ('running', 'stale', 'waiting', 'completed', 'failed', 'cancelled')
+RUN_STATUSES = ('running', 'stale', 'waiting', 'resumed', 'completed', 'failed', 'cancelled')
 CHAIN_STATUSES = ('intact', 'broken', 'unchained')
 DEFERRALS = ('approval', 'question', 'external')
 """`schemas.RUN_STATUSES`, `CHAIN_STATUSES` and `DEFERRALS`, without importing the schemas (a command
