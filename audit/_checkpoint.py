@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from stepstream.audit._read import Expected, read_partitions
+from stepstream.schemas import UNCHAINED_KINDS
 from stepstream.settings import Settings
 from stepstream.signing import Signer, TrustedKeys
 
@@ -158,7 +159,7 @@ async def take_checkpoint(settings: Settings, signer: Signer) -> Checkpoint:
                 )
             )
         for run_id, seen in read.runs.items():
-            trail = [s for s in seen if s.placed and s.kind not in ('run_heartbeat', 'chain_signed', 'run_resumed')]
+            trail = [s for s in seen if s.placed and s.kind not in UNCHAINED_KINDS]
             if trail:
                 top = max(trail, key=lambda s: (s.seq, s.offset))
                 names = ('step_events', 'tool_effects')

@@ -302,7 +302,7 @@ def test_an_operators_resolution_note_is_redacted_too() -> None:
 
 
 async def test_a_second_resumption_of_one_run_is_refused_and_the_first_stands() -> None:
-    """Two processes resume one waiting run: the first mark in the log links it, the second is dead-lettered."""
+    """Two processes resume one waiting run: the first mark in the log links it, the other is refused."""
     log = InMemoryLog()
     projection = await waiting_run(log, 'w-3')
     reader = ProjectionReader.of(projection)
