@@ -13,6 +13,9 @@ $(BIN)/python:
 
 $(STAMP): $(BIN)/python pyproject.toml requirements.lock
 	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[embedded,serve,export,registry,erasure,audit,metrics,dev]'
+	# The reference (pydantic-ai-harness) for the migration tests: it pins an older Pydantic AI, so
+	# without its dependencies; its step persistence runs on ours. A test extra, never a runtime one.
+	$(BIN)/python -m pip install --quiet --no-deps 'pydantic-ai-harness==0.62.0'
 	touch $(STAMP)
 
 install: $(STAMP)
