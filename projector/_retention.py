@@ -54,6 +54,7 @@ from stepstream.storage import (
     RUN,
     RUN_MEDIA,
     SNAPSHOT,
+    SNAPSHOT_KEY,
     TALLY,
     TRANSITION,
     EffectState,
@@ -169,7 +170,7 @@ def drop_run(txn: Transaction, partition: int, run_id: str) -> None:
         txn.delete(MEDIA.key(RUN_MEDIA.last_str(k), run_id))
         txn.delete(k)
     # The run's own children stay indexed under it: those entries describe the children.
-    for space in (EVENT, TRANSITION, SNAPSHOT, EFFECT, RESOLUTION, APART, CONFLICT):
+    for space in (EVENT, TRANSITION, SNAPSHOT, SNAPSHOT_KEY, EFFECT, RESOLUTION, APART, CONFLICT):
         for k, _ in list(txn.scan(space.prefix(run_id))):
             txn.delete(k)
     tally = txn.get(TALLY.key(run_id))

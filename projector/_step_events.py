@@ -8,6 +8,8 @@
   per `snapshot_seq`, and with a retention policy its media are indexed (decisions 0010, 0032).
 - `_retain`: with `max_snapshots_per_run`, which snapshots the read side still lists
   (docs/decisions/0006-snapshot-retention.md).
+- `_keyed_again`: a snapshot whose idempotency key the run applied already is kept for the deltas
+  after it, never listed (decision 0058).
 
 `apply_event` returns False for a duplicate and raises `Rejected` for the DLQ.
 """
@@ -22,7 +24,7 @@ from stepstream.projector._retention import Retention
 from stepstream.projector._tool_effects import withdraw_transition
 from stepstream.projector._usage import TIMED_KINDS, add_usage
 from stepstream.schemas import Fields
-from stepstream.storage import RunState, SnapshotEntry, Transaction, ranges_add, ranges_hold
+from stepstream.storage import SNAPSHOT_KEY, RunState, SnapshotEntry, Transaction, ranges_add, ranges_hold
 
 TERMINAL_KINDS = {
     'run_completed': 'completed',
@@ -110,9 +112,13 @@ def apply_event(
             timestamp=event['timestamp'],
             idempotency_key=event['idempotency_key'],
         )
-        txn.put_state(keys.snapshot(snapshot_seq), entry)
-        if max_snapshots is not None:
-            _retain(txn, keys, run, snapshot_seq, snap['state'], max_snapshots)
+        if _keyed_again(txn, run, event['idempotency_key']):
+            entry.retained = False  # its delta stays: the next snapshot's is relative to it
+            txn.put_state(keys.snapshot(snapshot_seq), entry)
+        else:
+            txn.put_state(keys.snapshot(snapshot_seq), entry)
+            if max_snapshots is not None:
+                _retain(txn, keys, run, snapshot_seq, snap['state'], max_snapshots)
     return True
 
 
@@ -136,3 +142,32 @@ def _retain(txn: Transaction, keys: RunKeys, run: RunState, snapshot_seq: int, s
         if entry is not None:
             entry.retained = False
             txn.put_state(entry_key, entry)
+
+
+def _keyed_again(txn: Transaction, run: RunState, key: str | None) -> bool:
+    """Whether a snapshot keyed `key` repeats one the run applied, and if not, remember its key.
+
+    As the reference's stores decide: a key `N:...` (a non-negative sequence, as capabilities
+    write) repeats when `N` is below the highest sequence applied, or equal with the same key; only
+    the keys at that sequence are kept. Any other key repeats when the run applied it before, kept
+    in `SNAPSHOT_KEY` for as long as the run is (retention of its snapshots does not forget it).
+    """
+    if key is None:
+        return False
+    head, colon, _ = key.partition(':')
+    sequence = int(head) if colon and head.isdecimal() else None
+    if sequence is None:
+        k = SNAPSHOT_KEY.key(run.run_id, key)
+        if txn.get(k) is not None:
+            return True
+        txn.put(k, b'')
+        return False
+    if sequence < run.snapshot_key_high or (
+        sequence == run.snapshot_key_high and key in run.snapshot_keys_at_high
+    ):
+        return True
+    if sequence > run.snapshot_key_high:
+        run.snapshot_key_high, run.snapshot_keys_at_high = sequence, [key]
+    else:
+        run.snapshot_keys_at_high.append(key)
+    return False

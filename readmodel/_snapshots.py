@@ -89,7 +89,7 @@ class Snapshots:
 
         def query() -> list[SnapshotEntry]:
             entries = self.entries(run_id)
-            eligible = [e for e in entries if include_interrupted or e.state == 'complete']
+            eligible = [e for e in entries if e.retained and (include_interrupted or e.state == 'complete')]
             return entries[: entries.index(eligible[-1]) + 1] if eligible else []
 
         entries = await self._shards.query(query)

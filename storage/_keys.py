@@ -204,6 +204,9 @@ EXPIRED = Keyspace('expired', b'g', ('str',))
 MEDIA = Keyspace('media', b'h', ('str', 'str'))
 RUN_MEDIA = Keyspace('run_media', b'j', ('str', 'str'))
 TALLY = Keyspace('tally', b'y', ('str',))
+SNAPSHOT_KEY = Keyspace('snapshot_key', b'K', ('str', 'str'))
+"""A run's snapshot idempotency keys without a sequence prefix, each once: a later snapshot with one
+is a keyed duplicate, whatever retention dropped since (`projector/_step_events.py`)."""
 
 KEYSPACES = (
     META,
@@ -235,6 +238,7 @@ KEYSPACES = (
     MEDIA,
     RUN_MEDIA,
     TALLY,
+    SNAPSHOT_KEY,
 )
 BY_TAG = {ks.tag: ks for ks in KEYSPACES}
 assert len(BY_TAG) == len(KEYSPACES)

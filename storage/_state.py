@@ -145,6 +145,10 @@ class RunState(_Json):
     """`chain_hash` of the record at `chain_through`: what the next one must link to."""
     chain_break: list[int] | None = None
     """[seq, topic, partition] of the first record whose link is not the record before it."""
+    snapshot_key_high: int = -1
+    """The highest sequence prefix (`N:...`) of the snapshot idempotency keys applied; -1: none yet."""
+    snapshot_keys_at_high: list[str] = field(default_factory=_no_strings)
+    """The keys applied at that sequence: a snapshot keyed below it, or again at it, is a duplicate."""
     resumed_by: str | None = None
     """The run that resumes this one (the first `run_resumed` mark applied); its status is then `resumed`."""
 
