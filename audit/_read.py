@@ -60,7 +60,7 @@ class Digest:
     find: tuple[int, str] | None = None
     """A record to find by its value (`last_record` of a checkpoint's last record of the partition)."""
     found: int | None = None
-    """The offset of the last record read whose value is `find`."""
+    """The offset of the first record read whose value is `find` (a later resend of it is not)."""
 
     def add(self, offset: int, key: bytes | None, value: bytes | None) -> None:
         """Fold the record at `offset` in."""
@@ -68,7 +68,13 @@ class Digest:
             self.start = offset
         key, value = key or b'', value or b''
         self.last = value
-        if self.find is not None and len(value) == self.find[0] and self.last_record()[1] == self.find[1]:
+        find = self.find
+        if (
+            self.found is None
+            and find is not None
+            and len(value) == find[0]
+            and self.last_record()[1] == find[1]
+        ):
             self.found = offset
         self.value = hashlib.sha256(b'%s%d:%s%d:%s' % (self.value, len(key), key, len(value), value)).digest()
         self.count += 1

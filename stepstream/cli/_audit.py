@@ -160,9 +160,10 @@ async def _checkpoint(args: argparse.Namespace, settings: Settings) -> int:
     checkpoint = await take_checkpoint(settings, Signer.from_secret(settings.security.signing_key))
     await asyncio.to_thread(_write_new, out, checkpoint.to_json())
     records = sum(p.count for p in checkpoint.partitions)
+    answers = sum(len(a) for a in (checkpoint.answers or {}).values())
     print(
         f'checkpoint of {records} records, {len(checkpoint.runs)} runs, '
-        f'signed by {checkpoint.signing_key}: {out}'
+        f'{answers} answers (decisions, resolutions, marks), signed by {checkpoint.signing_key}: {out}'
     )
     if args.s3:
         key = await put_checkpoint_s3(settings, checkpoint)
