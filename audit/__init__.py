@@ -13,17 +13,18 @@ from typing import TYPE_CHECKING
 from stepstream.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from stepstream.audit._chains import Break, RunIntegrity, Seen, verify_run
+    from stepstream.audit._chains import RunIntegrity, verify_run
     from stepstream.audit._checkpoint import Checkpoint, put_checkpoint_s3, take_checkpoint
+    from stepstream.audit._records import Break, Seen
     from stepstream.audit._verify import AuditReport, RunVerdict, audit_log
 
 _WHERE = {
     'AuditReport': 'stepstream.audit._verify',
-    'Break': 'stepstream.audit._chains',
+    'Break': 'stepstream.audit._records',
     'Checkpoint': 'stepstream.audit._checkpoint',
     'RunIntegrity': 'stepstream.audit._chains',
     'RunVerdict': 'stepstream.audit._verify',
-    'Seen': 'stepstream.audit._chains',
+    'Seen': 'stepstream.audit._records',
     'audit_log': 'stepstream.audit._verify',
     'put_checkpoint_s3': 'stepstream.audit._checkpoint',
     'take_checkpoint': 'stepstream.audit._checkpoint',

@@ -2,8 +2,10 @@
 
 Pure: `verify_run` is given what was read (`Seen`) and the trusted keys, and says whether the
 run's trail is exactly what its writer wrote (docs/audit.md). The trail is every record the run's
-writer appends with a `seq` (step events and tool-effect transitions); heartbeats and operators'
-resolutions are beside it, and signed heads (`chain_signed`) are statements about it.
+writer appends with a `seq` (step events and tool-effect transitions); heartbeats are beside it,
+and signed heads (`chain_signed`) are statements about it. Answers (decisions, operators'
+resolutions, resuming runs' marks: `ANSWER_KINDS`) are beside it too, written by other processes:
+not chained, each must stand as its run's and answer a record of it (`check_answers`).
 """
 
 from __future__ import annotations
@@ -12,73 +14,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from stepstream.audit._answers import check_answers
+from stepstream.audit._records import TERMINAL_KINDS, Break, Problem, Seen, break_at
 from stepstream.schemas import STEP_EVENTS
 from stepstream.signing import SIGNED_KIND, TrustedKeys, statement
 
-Problem = Literal['altered', 'missing', 'reordered', 'inserted', 'unsigned', 'unknown_key', 'bad_signature']
-"""What is wrong with a record (docs/audit.md names each):
-
-- `altered`: its bytes are not those the run's next record (or a signed head) links to;
-- `missing`: records of the run's trail before it are not in the log;
-- `reordered`: it stands after a record of its run that its writer appended later;
-- `inserted`: no writer of the run wrote it where it stands (a second record for one `seq`, a
-  record keyed or placed as another run's, a link to nothing of this run);
-- `unsigned`: no signed head of a trusted key covers it;
-- `unknown_key`: the heads that cover it are signed by a key the verifier was not given;
-- `bad_signature`: a signed head whose signature is not valid for what it states.
-"""
+__all__ = ['TERMINAL_KINDS', 'Break', 'Chain', 'Problem', 'RunIntegrity', 'Seen', 'verify_run']
 
 Chain = Literal['intact', 'broken', 'unchained']
 """A run's integrity verdict: `unchained` for records written before the chain (no links at all)."""
-
-TERMINAL_KINDS = frozenset({'run_completed', 'run_failed', 'run_cancelled', 'run_waiting'})
-TOPIC_NAMES = ('step_events', 'tool_effects')
-"""A topic's role as audits and checkpoints name it (not its name: a copy has another prefix)."""
-
-
-@dataclass(slots=True, frozen=True)
-class Seen:
-    """One record of a run as the log holds it: where it stands and what the chain needs of it."""
-
-    topic: int
-    """`STEP_EVENTS` or `TOOL_EFFECTS`."""
-    partition: int
-    offset: int
-    seq: int
-    digest: str
-    """`chain_hash` of the record as read."""
-    prev_hash: str | None
-    kind: str
-    """The event kind, or the transition's status."""
-    placed: bool = True
-    """Keyed by its run id, in its run's partition."""
-    signature: tuple[str, str] | None = None
-    """A signed head's (key id, signature)."""
-    linked: bool | None = None
-    """Whether its schema version carries links (`schemas.is_linked`); None: unknown, read from the links."""
-
-
-@dataclass(slots=True, frozen=True)
-class Break:
-    """One thing wrong with a run, at the record it is found at."""
-
-    problem: Problem
-    seq: int
-    topic: str
-    partition: int
-    offset: int
-    detail: str
-
-    def as_json(self) -> dict[str, object]:
-        """The break as `audit verify --json` prints it."""
-        return {
-            'problem': self.problem,
-            'seq': self.seq,
-            'topic': self.topic,
-            'partition': self.partition,
-            'offset': self.offset,
-            'detail': self.detail,
-        }
 
 
 @dataclass(slots=True)
@@ -97,6 +41,13 @@ class RunIntegrity:
     digests: dict[int, str] = field(default_factory=dict)
     """The hash of the record the trail holds at each `seq`."""
     breaks: list[Break] = field(default_factory=list)
+    answers: int = 0
+    """Answers beside the trail the log holds for it, as its run's (duplicates once)."""
+
+    @property
+    def answer_breaks(self) -> list[Break]:
+        """The breaks at answers (decisions, resolutions, marks), in log order."""
+        return sorted((b for b in self.breaks if b.answer is not None), key=lambda b: (b.topic, b.offset))
 
     @property
     def ok(self) -> bool:
@@ -113,10 +64,6 @@ def _position(record: Seen) -> tuple[int, int, int]:
     return (record.offset, record.topic, record.seq)
 
 
-def _at(record: Seen, problem: Problem, detail: str) -> Break:
-    return Break(problem, record.seq, TOPIC_NAMES[record.topic], record.partition, record.offset, detail)
-
-
 def verify_run(run_id: str, seen: Iterable[Seen], keys: TrustedKeys | None) -> RunIntegrity:
     """The integrity of run `run_id` from its records in the log (any order), checked against `keys`.
 
@@ -125,16 +72,22 @@ def verify_run(run_id: str, seen: Iterable[Seen], keys: TrustedKeys | None) -> R
     """
     trail: list[Seen] = []
     heads: list[Seen] = []
+    answers: dict[str, Seen] = {}
     breaks: list[Break] = []
     ordered = sorted(seen, key=_position)  # the verdict never depends on the order records are given in
     for record in ordered:
         if not record.placed:
+            whose = "keyed or placed as another run's"
             breaks.append(
-                _at(record, 'inserted', f"a record of run {run_id!r} keyed or placed as another run's")
+                break_at(
+                    record, 'inserted', whose if record.answers else f'a record of run {run_id!r} {whose}'
+                )
             )
         elif record.topic == STEP_EVENTS and record.kind == SIGNED_KIND:
             heads.append(record)
-        elif record.kind not in ('run_heartbeat', 'resolved', 'run_resumed'):
+        elif record.answers:
+            answers.setdefault(record.digest, record)  # a resent duplicate is one record
+        elif record.kind != 'run_heartbeat':
             trail.append(record)
     by_seq: dict[int, list[Seen]] = {}
     for record in trail:
@@ -154,6 +107,7 @@ def verify_run(run_id: str, seen: Iterable[Seen], keys: TrustedKeys | None) -> R
     else:
         digests = {seq: same[0].digest for seq, same in by_seq.items()}
     _check_order(trail, breaks)
+    check_answers(answers.values(), by_seq, breaks)
     signed_through = None if keys is None else _check_signatures(run_id, heads, trail, digests, keys, breaks)
     top = max(by_seq, default=None)
     return RunIntegrity(
@@ -165,6 +119,7 @@ def verify_run(run_id: str, seen: Iterable[Seen], keys: TrustedKeys | None) -> R
         head=None if top is None else (top, digests.get(top, by_seq[top][0].digest)),
         digests=digests,
         breaks=breaks,
+        answers=len(answers),
     )
 
 
@@ -181,22 +136,26 @@ def _check_links(
             expected = None  # nothing to link to: the gap is the break
         chosen = _choose(candidates, expected, following)
         if previous is None and seq != 0:
-            breaks.append(_at(chosen, 'missing', f'records 0 to {seq - 1} of the run are not in the log'))
+            breaks.append(
+                break_at(chosen, 'missing', f'records 0 to {seq - 1} of the run are not in the log')
+            )
         elif previous is not None and seq != previous.seq + 1:
             gap = f'records {previous.seq + 1} to {seq - 1}'
-            breaks.append(_at(chosen, 'missing', f'{gap} of the run are not in the log'))
+            breaks.append(break_at(chosen, 'missing', f'{gap} of the run are not in the log'))
         for other in candidates:
             if other is not chosen:
-                breaks.append(_at(other, 'inserted', f'a second record for seq {seq} of run {run_id!r}'))
+                breaks.append(break_at(other, 'inserted', f'a second record for seq {seq} of run {run_id!r}'))
         if seq == 0 and chosen.prev_hash is not None:
-            breaks.append(_at(chosen, 'inserted', 'the first record of the run links to a record before it'))
+            breaks.append(
+                break_at(chosen, 'inserted', 'the first record of the run links to a record before it')
+            )
         elif expected is not None and chosen.prev_hash != expected:
             assert previous is not None
             if chosen.prev_hash is None:
-                breaks.append(_at(chosen, 'inserted', 'a record without a link in a chained run'))
+                breaks.append(break_at(chosen, 'inserted', 'a record without a link in a chained run'))
             elif any(f.prev_hash == chosen.digest for f in following) or not following:
                 breaks.append(
-                    _at(
+                    break_at(
                         previous,
                         'altered',
                         f'its hash {previous.digest[:16]}... is not the link {chosen.prev_hash[:16]}... '
@@ -205,7 +164,7 @@ def _check_links(
                 )
             else:
                 breaks.append(
-                    _at(chosen, 'inserted', 'it links to neither the record before nor the one after')
+                    break_at(chosen, 'inserted', 'it links to neither the record before nor the one after')
                 )
         digests[seq] = chosen.digest
         previous = chosen
@@ -234,7 +193,7 @@ def _check_order(trail: list[Seen], breaks: list[Break]) -> None:
             seen_digests.add(record.digest)
             if highest is not None and record.seq < highest.seq:
                 breaks.append(
-                    _at(
+                    break_at(
                         record,
                         'reordered',
                         f'it stands after seq {highest.seq} (offset {highest.offset}), '
@@ -263,7 +222,7 @@ def _check_signatures(
     unknown = 0
     for head in sorted(heads, key=lambda h: (-h.seq, h.offset)):
         if head.signature is None or head.prev_hash is None:
-            breaks.append(_at(head, 'bad_signature', 'a signed head without a signature or a head'))
+            breaks.append(break_at(head, 'bad_signature', 'a signed head without a signature or a head'))
             continue
         if head.seq <= covered and digests.get(head.seq - 1) == head.prev_hash:
             continue  # implied by the valid head above it
@@ -273,13 +232,13 @@ def _check_signatures(
             unknown = max(unknown, head.seq)
         elif not valid:
             breaks.append(
-                _at(head, 'bad_signature', f'the signature by {key} is not valid for the head it states')
+                break_at(head, 'bad_signature', f'the signature by {key} is not valid for the head it states')
             )
         elif head.seq - 1 not in digests:
             continue  # the record it covers is missing from the chain: that break is named there
         elif digests[head.seq - 1] != head.prev_hash:
             breaks.append(
-                _at(
+                break_at(
                     head,
                     'altered',
                     f'the head signed by {key} for the first {head.seq} records '
@@ -292,11 +251,13 @@ def _check_signatures(
     if beyond:
         first = min(beyond, key=lambda r: (r.seq, r.offset))
         if unknown > first.seq:
-            breaks.append(_at(first, 'unknown_key', 'the heads that cover it are signed by keys not trusted'))
+            breaks.append(
+                break_at(first, 'unknown_key', 'the heads that cover it are signed by keys not trusted')
+            )
         else:
             covered_text = f'the first {covered}' if covered else 'none of its'
             breaks.append(
-                _at(
+                break_at(
                     first,
                     'unsigned',
                     f'no trusted signature covers it (signed heads cover {covered_text} records)',

@@ -1,6 +1,7 @@
 """Reading the log for an audit: each partition of both topics from its start, nothing else.
 
-`read_partitions` yields one `PartitionRead` per partition number: the runs' records (`Seen`),
+`read_partitions` yields one `PartitionRead` per partition number: the runs' records (`Seen`, the
+answers beside their trails included),
 anything that is not a record of ours, and, per topic, where the partition starts and ends, how
 many records it holds, and its rolling digest (what a checkpoint states). One partition number
 at a time, so memory holds one partition's records, not the log's.
@@ -15,11 +16,12 @@ from dataclasses import dataclass, field
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 
-from stepstream.audit._chains import TOPIC_NAMES, Seen
+from stepstream.audit._records import ANSWER_KINDS, TOPIC_NAMES, Answer, Seen
 from stepstream.errors import SchemaError
 from stepstream.schema_registry import SchemaRegistry
 from stepstream.schemas import (
     CONFLUENT_MAGIC,
+    RESUMED_BY_KEY,
     STEP_EVENTS,
     SchemaVersion,
     chain_hash,
@@ -54,12 +56,27 @@ class Digest:
     """A count to keep the digest at (a checkpoint's), in `at_stop`."""
     at_stop: tuple[int, str] | None = None
     """(offset after the record, digest) once `stop` records were read."""
+    last: bytes = b''
+    """The value of the last record read (`last_record` hashes it for a checkpoint)."""
+    find: tuple[int, str] | None = None
+    """A record to find by its value (`last_record` of a checkpoint's last record of the partition)."""
+    found: int | None = None
+    """The offset of the first record read whose value is `find` (a later resend of it is not)."""
 
     def add(self, offset: int, key: bytes | None, value: bytes | None) -> None:
         """Fold the record at `offset` in."""
         if self.start is None:
             self.start = offset
         key, value = key or b'', value or b''
+        self.last = value
+        find = self.find
+        if (
+            self.found is None
+            and find is not None
+            and len(value) == find[0]
+            and self.last_record()[1] == find[1]
+        ):
+            self.found = offset
         self.value = hashlib.sha256(b'%s%d:%s%d:%s' % (self.value, len(key), key, len(value), value)).digest()
         self.count += 1
         self.end = offset + 1
@@ -67,6 +84,10 @@ class Digest:
             self.marks.append((self.count, self.end, self.value.hex()))
         if self.count == self.stop:
             self.at_stop = (self.end, self.value.hex())
+
+    def last_record(self) -> tuple[int, str]:
+        """The length and SHA-256 (hex) of the last record's value: where a checkpoint ended, by content."""
+        return len(self.last), hashlib.sha256(self.last).hexdigest()
 
     def resume(self, count: int, end: int, digest: str) -> None:
         """Continue from a mark (a trimmed log): as if the `count` records before `end` had been read."""
@@ -94,7 +115,6 @@ class PartitionRead:
     """By topic role (`step_events`, `tool_effects`)."""
     conversations: dict[str, str] = field(default_factory=dict)
     """Each run's conversation id, where its records name one."""
-    resolutions: int = 0
 
 
 class Registry:
@@ -140,6 +160,8 @@ class Expected:
     start: int
     count: int
     marks: tuple[tuple[int, int, str], ...]
+    last: tuple[int, str] | None = None
+    """Its last record's `Digest.last_record` (checkpoints of format 2)."""
 
 
 async def read_partitions(
@@ -202,7 +224,9 @@ async def _read_partition(
     for tp in tps:
         end = ends[(tp.topic, tp.partition)]
         saw = expected.get((role[tp], tp.partition))
-        read.digests[role[tp]] = Digest(stop=saw.count if saw is not None else None)
+        read.digests[role[tp]] = Digest(
+            stop=saw.count if saw is not None else None, find=saw.last if saw is not None else None
+        )
         if saw is not None and starts[tp] > saw.start:  # trimmed since: resume at a mark it holds
             mark = next((m for m in saw.marks if m[1] >= starts[tp]), None)
             if mark is not None:
@@ -279,12 +303,12 @@ async def _take(
         return
     run_id = fields['run_id']
     kind = fields['kind'] if topic == STEP_EVENTS else fields['status']
-    if kind == 'resolved':
-        read.resolutions += 1
-        return
-    conversation_id = fields['conversation_id']
-    if conversation_id is not None:
-        read.conversations[run_id] = conversation_id
+    answer = None
+    if (topic, kind) in ANSWER_KINDS:  # another process's, beside the trail: names no conversation
+        by = fields['resolved_by'] if topic else fields['metadata'].get(RESUMED_BY_KEY)
+        answer = Answer(fields['resolution'] if topic else None, by, fields['writer_id'])
+    elif fields['conversation_id'] is not None:
+        read.conversations[run_id] = fields['conversation_id']
     signature = None
     if kind == SIGNED_KIND:
         metadata = fields['metadata']
@@ -302,5 +326,7 @@ async def _take(
             placed=placed,
             signature=signature,
             linked=is_linked(value),
+            call=None if topic == STEP_EVENTS else fields['tool_call_id'],
+            answer=answer,
         )
     )

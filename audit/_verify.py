@@ -1,9 +1,10 @@
 """`stepstream audit verify`: integrity and completeness of runs, from the topics alone.
 
 Integrity: each run's records are exactly what its writer wrote (`verify_run`: the chain, the
-order, the signatures), and the partitions hold nothing that is not a record of ours.
-Completeness: nothing the checkpoint saw is missing (each partition's digest up to the count it
-saw, each run's newest record then), and runs without an end are said to be open.
+order, the signatures), its answers (decisions, resolutions, marks) answer records of it and, against
+a checkpoint, are those it saw (`compare_answers`), and the partitions hold nothing that is not a
+record of ours. Completeness: nothing the checkpoint saw is missing (each partition's digest up to
+the count it saw, each run's newest record then), and runs without an end are said to be open.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from stepstream.audit._answers import answers_of, compare_answers, covered
 from stepstream.audit._chains import RunIntegrity, verify_run
 from stepstream.audit._checkpoint import Checkpoint, PartitionState, RunHead
 from stepstream.audit._read import Digest, PartitionRead, Unreadable, read_partitions
@@ -48,6 +50,10 @@ class RunVerdict:
                 'signed_through': integrity.signed_through if integrity is not None else None,
                 'first_break': first.as_json() if first is not None else None,
                 'breaks': len(integrity.breaks) if integrity is not None else 0,
+                'answers': integrity.answers if integrity is not None else 0,
+                'answer_breaks': [b.as_json() for b in integrity.answer_breaks]
+                if integrity is not None
+                else [],
             },
             'completeness': {
                 'ok': self.completeness in _FINE,
@@ -86,6 +92,8 @@ class AuditReport:
     partitions: list[PartitionVerdict] = field(default_factory=list)
     signatures_checked: bool = False
     checkpoint: str | None = None
+    checkpoint_answers: bool | None = None
+    """Whether the checkpoint lists answers (format 2): a format 1 one says nothing of them."""
     records: int = 0
 
     @property
@@ -107,6 +115,7 @@ class AuditReport:
             'records': self.records,
             'signatures_checked': self.signatures_checked,
             'checkpoint': self.checkpoint,
+            'checkpoint_answers': self.checkpoint_answers,
             'integrity': {
                 'ok': self.integrity_ok,
                 'runs': sum(1 for r in self.runs if r.integrity is not None),
@@ -136,8 +145,12 @@ async def audit_log(
 ) -> AuditReport:
     """Verify the log at `settings`' topics: one run, one conversation's runs, or (neither) every run."""
     report = AuditReport(
-        signatures_checked=keys is not None, checkpoint=checkpoint.taken_at if checkpoint else None
+        signatures_checked=keys is not None,
+        checkpoint=checkpoint.taken_at if checkpoint else None,
+        checkpoint_answers=None if checkpoint is None else checkpoint.answers is not None,
     )
+    answers = checkpoint.answers if checkpoint is not None else None
+    known = checkpoint.known() if checkpoint is not None and answers is not None else {}
     saw = {(p.topic, p.partition): p for p in checkpoint.partitions} if checkpoint is not None else {}
     heads = checkpoint.runs if checkpoint is not None else {}
     if run_id is not None:
@@ -154,8 +167,18 @@ async def audit_log(
         for (topic, number), state in saw.items():
             if number == read.partition and run_id is None and conversation_id is None:
                 report.partitions.append(_partition_verdict(state, read.digests.get(topic)))
+        if answers is not None:
+            found = {t: d.found for t, d in read.digests.items() if d.found is not None}
+            reach = covered(read.runs, {t: k for (t, n), k in known.items() if n == read.partition}, found)
+            starts = {t: d.start for t, d in read.digests.items()}
         for rid in _selected(read, run_id, conversation_id):
             integrity = verify_run(rid, read.runs[rid], keys)
+            if answers is not None:
+                theirs = [a for a in answers.get(rid, ()) if a.partition == read.partition]
+                extra = compare_answers(theirs, answers_of(read.runs[rid]), starts, reach)
+                integrity.breaks.extend(extra)
+                if extra and integrity.chain == 'intact':
+                    integrity.chain = 'broken'
             report.runs.append(_run_verdict(rid, integrity, heads.get(rid), read))
         for rid, head in heads.items():
             if rid not in read.runs and head.partition == read.partition:

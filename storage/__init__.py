@@ -88,6 +88,7 @@ if TYPE_CHECKING:
     )
     from stepstream.storage._shard_set import SHARD_HANDOFF_TIMEOUT_S, LiveShards, ShardSet
     from stepstream.storage._state import (
+        ANSWERS,
         RUN_INDEX_VERSION,
         EffectState,
         Identity,
@@ -101,6 +102,7 @@ if TYPE_CHECKING:
 
 _WHERE = {
     'AGENT': 'stepstream.storage._keys',
+    'ANSWERS': 'stepstream.storage._state',
     'agent_count': 'stepstream.storage._keys',
     'APART': 'stepstream.storage._keys',
     'BROKEN': 'stepstream.storage._keys',
@@ -180,6 +182,7 @@ _WHERE = {
 
 __all__ = [
     'AGENT',
+    'ANSWERS',
     'APART',
     'BROKEN',
     'BROKEN_COUNT',

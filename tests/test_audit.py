@@ -9,11 +9,21 @@ only the copy, the trusted public key and the checkpoint, names each (exit 1, th
 run and where), and verifies the untouched copy (exit 0): the checkpoint names partitions, not
 topics. Forgetting a conversation rewrites no record: the log still verifies after it. The pure
 rules are tests/test_audit_chains.py's.
+
+Decisions and operators' resolutions, which other processes write beside a run's trail: a signed
+run pauses (a refund waits for an approval, an export for an outside system) and another is
+cancelled mid-call (its call in doubt); other processes decide the first run's calls
+(`decide_deferred_call`) and resolve the second's (`resolve_tool_effect`, what the CLI and the API
+write); a decision that loses the race is written after the checkpoint. Copies with one decision
+altered, the resolution dropped, or a decision forged before what the checkpoint saw each fail,
+naming the decision or the resolution (`answer_breaks` in the JSON, and the text); the untouched
+copy verifies. Their pure rules are tests/test_audit_answers.py's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 import uuid
@@ -27,17 +37,25 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import TopicPartition
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
+from pydantic_ai import Agent
 from test_cli import cli
+from test_decisions_e2e import agent_on
 from test_erasure import sealed_settings
 
 from stepstream import Settings
 from stepstream.forget import forget_conversation
 from stepstream.kafka_client import client_options
 from stepstream.media import S3MediaStore
-from stepstream.producer import EventLog, StepPersistence
+from stepstream.producer import (
+    EventLog,
+    StepPersistence,
+    decide_deferred_call,
+    resolve_tool_effect,
+    resolver_id,
+)
 from stepstream.projector import Projector
 from stepstream.readmodel import ProjectionReader
-from stepstream.schemas import StepEvent, chain_hash, decode, encode
+from stepstream.schemas import StepEvent, ToolEffectTransition, chain_hash, decode, encode
 from stepstream.topics import ensure_topics, log_end_offsets, partition_counts
 
 from agents import calls_then_answers
@@ -341,3 +359,146 @@ async def test_a_checkpoint_goes_to_s3_and_a_trimmed_log_reads_trimmed(
         if run['run_id'] in cut_runs - kept:  # every record of it was cut
             assert run['completeness']['verdict'] in ('trimmed', 'removed'), run
     assert set(run_ids) >= cut_runs
+
+
+WRITER = resolver_id('audit-test')
+
+
+async def cancelled_mid_call(log: EventLog) -> str:
+    """A run cancelled while its tool runs: the call's `started` stands alone, in doubt."""
+    entered = asyncio.Event()
+    agent = Agent(calls_then_answers('send'), capabilities=[StepPersistence(log=log, run_id='run-in-doubt')])
+
+    @agent.tool_plain
+    async def send() -> str:
+        entered.set()
+        await asyncio.sleep(3600)
+        return 'never'
+
+    task = asyncio.create_task(agent.run('send it'))
+    await entered.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    return 'run-in-doubt'
+
+
+def answers_in(log: Log) -> list[tuple[tuple[str, int], int, ToolEffectTransition]]:
+    """Where each decision and resolution stands, and the record."""
+    found = []
+    for where, messages in log.items():
+        for i, m in enumerate(messages):
+            record = decode(m.value)
+            if isinstance(record, ToolEffectTransition) and record.status == 'resolved':
+                found.append((where, i, record))
+    return found
+
+
+def answer_breaks(report: dict[str, Any], run_id: str) -> list[tuple[str, str, int]]:
+    run = next(r for r in report['runs'] if r['run_id'] == run_id)
+    return [(b['problem'], b['answer'], b['seq']) for b in run['integrity']['answer_breaks']]
+
+
+async def test_a_decision_or_resolution_altered_dropped_or_forged_after_a_checkpoint_is_named(
+    settings: Settings, projector: Projector, tmp_path: Path, keys: tuple[str, Path]
+) -> None:
+    pem, public = keys
+    settings = settings.replace(signing_key=pem)
+    async with EventLog(settings) as log:
+        paused = await agent_on(log, []).run('refund order 7', conversation_id='conv-audit')
+        in_doubt = await cancelled_mid_call(log)
+        await projector.wait_for(await log.flush())
+        reader = ProjectionReader.of(projector)
+        waiting = {w.effect.tool_name: w.effect for w in await reader.list_waiting()}
+        refund, export = waiting['refund'], waiting['export']
+        run_id = refund.run_id
+        await decide_deferred_call(log, refund, decision='approved', operator='alice', writer_id=WRITER)
+        await decide_deferred_call(
+            log, export, decision='returned', operator='batch', writer_id=WRITER, result=[3]
+        )
+        doubt = await reader.get_tool_effect(in_doubt, 'call-0')
+        assert doubt is not None and doubt.status == 'started', doubt
+        await resolve_tool_effect(
+            log,
+            doubt,
+            resolution='did_not_happen',
+            note='the outbox is empty',
+            operator='bob',
+            writer_id=WRITER,
+        )
+        await log.flush()
+    assert paused.output is not None
+
+    code, report = await verify(settings, tmp_path, public)
+    assert code == 0, report
+    runs = {r['run_id']: r['integrity'] for r in report['runs']}
+    assert (runs[run_id]['answers'], runs[in_doubt]['answers']) == (2, 1)
+
+    checkpoint = tmp_path / 'checkpoint.json'
+    code, _, err = await cli(settings, tmp_path / 'unused', 'audit', 'checkpoint', '--out', str(checkpoint))
+    assert code == 0, err
+    async with EventLog(settings, create_topics=False) as late:  # a decision that lost the race, after it
+        await decide_deferred_call(
+            late, refund, decision='denied', operator='carol', writer_id=WRITER, message='no'
+        )
+    original = await read_log(settings)
+    answers = answers_in(original)
+    approval = next(a for a in answers if a[2].resolved_by == 'alice')
+    resolution = next(a for a in answers if a[2].resolved_by == 'bob')
+    returned = next(a for a in answers if a[2].resolved_by == 'batch')
+
+    untouched = await copy_log(settings, original)
+    code, report = await verify(untouched, tmp_path, public, '--checkpoint', str(checkpoint))
+    assert code == 0, report  # the late decision was written after the checkpoint: not a break
+
+    def altered(log: Log) -> None:
+        where, i, record = approval
+        changed = dataclasses.replace(record, resolved_by='mallory')
+        log[where][i] = Message(log[where][i].key, encode(changed))
+
+    def dropped(log: Log) -> None:
+        where, i, _ = resolution
+        del log[where][i]
+
+    def forged(log: Log) -> None:
+        where, i, record = returned
+        denial = dataclasses.replace(
+            record, resolution='failed', result=None, error='no', resolved_by='mallory'
+        )
+        log[where].insert(i, Message(run_id.encode(), encode(denial)))
+
+    cases = [
+        (
+            altered,
+            run_id,
+            ('altered', 'decision', approval[2].seq),
+            ['approved by mallory', 'approved by alice'],
+        ),
+        (dropped, in_doubt, ('missing', 'resolution', resolution[2].seq), ['did_not_happen by bob']),
+        (forged, run_id, ('inserted', 'decision', returned[2].seq), ['failed by mallory']),
+    ]
+    for change, run, expected, words in cases:
+        log = {where: list(messages) for where, messages in original.items()}
+        change(log)
+        copy = await copy_log(settings, log)
+        code, report = await verify(copy, tmp_path, public, '--checkpoint', str(checkpoint))
+        assert code == 1, (change.__name__, report)
+        assert run in report['integrity']['broken'], report['integrity']
+        assert answer_breaks(report, run) == [expected], (change.__name__, report)
+        detail = next(r for r in report['runs'] if r['run_id'] == run)['integrity']['answer_breaks'][0][
+            'detail'
+        ]
+        assert all(word in detail for word in words), detail
+    code, out, _ = await cli(
+        copy,
+        tmp_path / 'unused',
+        'audit',
+        'verify',
+        '--all',
+        '--trusted-keys',
+        str(public),
+        '--checkpoint',
+        str(checkpoint),
+    )
+    assert code == 1 and f'run {run_id}: inserted at seq {returned[2].seq}' in out, out
+    assert 'the decision (failed by mallory)' in out, out

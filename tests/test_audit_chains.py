@@ -566,4 +566,5 @@ def test_break_as_json() -> None:
         'partition': 2,
         'offset': 17,
         'detail': 'records 2 to 2 of the run are not in the log',
+        'answer': None,
     }

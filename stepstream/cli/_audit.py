@@ -120,11 +120,19 @@ def _report_text(report: Any, *, keys_count: int) -> str:
     for r in runs:
         first = r.integrity.first_break
         if first is not None:
-            more = f' (+{len(r.integrity.breaks) - 1} more)' if len(r.integrity.breaks) > 1 else ''
-            lines.append(
-                f'  run {r.run_id}: {first.problem} at seq {first.seq} '
-                f'({first.topic}/{first.partition} offset {first.offset}): {first.detail}{more}'
-            )
+            # Each break at an answer (decision, resolution, mark) is named; the trail's first only.
+            named = [first, *(b for b in r.integrity.answer_breaks if b is not first)]
+            more = len(r.integrity.breaks) - len(named)
+            for b in named:
+                lines.append(
+                    f'  run {r.run_id}: {b.problem} at seq {b.seq} '
+                    f'({b.topic}/{b.partition} offset {b.offset}): {b.detail}'
+                    + (f' (+{more} more)' if b is first and more else '')
+                )
+    if report.checkpoint_answers is False:
+        lines.append(
+            '  the checkpoint (format 1) lists no decisions or resolutions: they are not checked against it'
+        )
     against = f'against the checkpoint of {report.checkpoint}' if report.checkpoint else 'no checkpoint given'
     lines.append(f'completeness: {"ok" if report.completeness_ok else "VIOLATED"} ({against})')
     for p in report.partitions:
@@ -152,9 +160,10 @@ async def _checkpoint(args: argparse.Namespace, settings: Settings) -> int:
     checkpoint = await take_checkpoint(settings, Signer.from_secret(settings.security.signing_key))
     await asyncio.to_thread(_write_new, out, checkpoint.to_json())
     records = sum(p.count for p in checkpoint.partitions)
+    answers = sum(len(a) for a in (checkpoint.answers or {}).values())
     print(
         f'checkpoint of {records} records, {len(checkpoint.runs)} runs, '
-        f'signed by {checkpoint.signing_key}: {out}'
+        f'{answers} answers (decisions, resolutions, marks), signed by {checkpoint.signing_key}: {out}'
     )
     if args.s3:
         key = await put_checkpoint_s3(settings, checkpoint)
