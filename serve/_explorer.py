@@ -216,6 +216,7 @@ async def run(request: Request, run_id: str) -> Response:
         deferred=[e for e in effects if e.status == 'deferred'],
         snapshots=snapshots,
         latest=latest,
+        operator=source.settings.serve.operator_name,
     )
 
 

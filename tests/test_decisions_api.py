@@ -223,12 +223,28 @@ async def test_the_waiting_page_lists_and_a_form_decides(api: httpx.AsyncClient)
     assert done.status_code == 200, done.text
     recorded = parse(done.text).one('decision-recorded')
     assert 'approved' in recorded.text and 'oncall-alice' in recorded.text and '<i>x</i>' not in done.text
+    # No name in the form: the service's operator is recorded, and the page says so.
+    by = parse(done.text).one('decided-by')
+    assert by.one('recorded-by').text == 'oncall-alice' and 'no name was given' in by.text
     again = await api.post(form, data={'decision': 'deny', 'message': 'no'})
     assert again.status_code == 409 and 'approved' in parse(again.text).one('decision-standing').text
     after = parse((await api.get('/deferred', params={'kind': 'approval'})).text)
     assert [r.attrs['data-run-id'] for r in after.find('waiting-row')] == [SECOND]
+    # Each form takes the name of who decides (the token names nobody); empty, the service's operator.
+    inputs = [
+        i for form in run_page.find('decide') for i in form.tags('input') if i.attrs.get('name') == 'by'
+    ]
+    assert len(inputs) == 4 and {i.attrs['placeholder'] for i in inputs} == {'oncall-alice'}
+    ask = f'/runs/{FIRST}/calls/call-ask/decide'
+    too_long = await api.post(
+        ask, data={'decision': 'complete', 'outcome': 'text', 'value': 'v', 'by': 'x' * 201}
+    )
+    assert too_long.status_code == 422 and 'at most 200 characters' in too_long.text
     answered = await api.post(
-        f'/runs/{FIRST}/calls/call-ask/decide',
-        data={'decision': 'complete', 'outcome': 'text', 'value': 'visa'},
+        ask, data={'decision': 'complete', 'outcome': 'text', 'value': 'visa', 'by': ' dana '}
     )
     assert answered.status_code == 200 and '"visa"' in parse(answered.text).one('decision-recorded').text
+    named = parse(answered.text).one('decided-by')
+    assert named.one('recorded-by').text == 'dana' and 'no name was given' not in named.text
+    effect = (await api.get(f'/api/runs/{FIRST}/tool-effects')).json()
+    assert next(e for e in effect if e['tool_call_id'] == 'call-ask')['resolution']['resolved_by'] == 'dana'
