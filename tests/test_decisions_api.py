@@ -1,7 +1,7 @@
 """Decisions on deferred calls over HTTP, in process: `/api/deferred` and approve, deny, complete.
 
-The in-memory log and projection (applied every few milliseconds, as a projector would) under the
-service's app; the same routes run on Tansu in tests/test_serve_decisions.py, the pages in Chromium
+The in-memory log and projection (applied every few milliseconds, as a projector would, or not
+at all, for the 202 of a decision written but not shown yet) under the service's app; the same routes run on Tansu in tests/test_serve_decisions.py, the pages in Chromium
 in tests/test_explorer_decisions.py.
 """
 
@@ -52,6 +52,43 @@ async def api() -> AsyncIterator[httpx.AsyncClient]:
         with contextlib.suppress(asyncio.CancelledError):
             await applying
         assert projection.dead == []
+
+
+async def test_a_decision_written_but_not_yet_applied_answers_202_and_stands_once_applied() -> None:
+    log = InMemoryLog()
+    projection = MemoryProjection(log)
+    await run_until_waiting(log, 'waits-c')
+    await projection.wait_for()
+    # Nothing applies the log while the service waits (a projector stopped): it waits its timeout,
+    # then answers that it wrote the decision, which the projection does not show yet.
+    settings = log.settings.replace(operator='oncall-alice', ack_timeout_s=0.2)
+    source = Source(settings, projection.reader(), None, log=log)
+    transport = httpx.ASGITransport(app=create_app(source))
+    async with httpx.AsyncClient(transport=transport, base_url='http://stepstream.test') as client:
+        written = len(log.records)
+        answer = await client.post('/api/runs/waits-c/calls/call-refund/approve', json={'note': 'ok'})
+        assert answer.status_code == 202, answer.text
+        body = answer.json()
+        assert body['applied'] is False and body['written']['applied'] is False
+        assert (body['written']['resolution'], body['written']['resolved_by'], body['written']['note']) == (
+            'approved',
+            'oncall-alice',
+            'ok',
+        )
+        assert body['effect']['status'] == 'deferred'  # as the projection still shows it
+        assert len(log.records) == written + 1  # but it is on the log
+        page = await client.post(
+            '/runs/waits-c/calls/call-ask/decide',
+            data={'decision': 'complete', 'outcome': 'text', 'value': 'v'},
+        )
+        assert page.status_code == 200 and 'does not show it yet' in page.text
+
+        await projection.wait_for()  # the projector catches up: the decision stands
+        effects = {e['tool_call_id']: e for e in (await client.get('/api/runs/waits-c/tool-effects')).json()}
+        assert effects['call-refund']['status'] == 'resolved'
+        assert effects['call-refund']['resolution'] == {**body['written'], 'applied': True}
+        assert effects['call-ask']['resolution']['result'] == '"v"'
+    assert projection.dead == []
 
 
 def calls(page: dict) -> list[tuple[str, str]]:
