@@ -1,8 +1,9 @@
 """Decisions on deferred calls over HTTP, in process: `/api/deferred` and approve, deny, complete.
 
 The in-memory log and projection (applied every few milliseconds, as a projector would, or not
-at all, for the 202 of a decision written but not shown yet) under the service's app; the same routes run on Tansu in tests/test_serve_decisions.py, the pages in Chromium
-in tests/test_explorer_decisions.py.
+at all, for the 202 of a decision written but not shown yet) under the service's app; the same
+routes run on Tansu in tests/test_serve_decisions.py, the pages in Chromium in
+tests/test_explorer.py.
 """
 
 from __future__ import annotations
