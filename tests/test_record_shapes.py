@@ -228,6 +228,7 @@ def test_each_row_builder_fills_exactly_its_tables_columns() -> None:
         'resolutions': RESOLUTIONS.make((effect, decision, run)),
         'messages': _export._message_rows(run, messages, 0, 'complete')[0],
     }
+    assert set(rows) == set(ROWS)  # every table the export writes has its row built here
     for table, row in rows.items():
         if table in _export.STATE_TABLES:
             row['export_seq'] = 1  # the export stamps it on every state row it writes
