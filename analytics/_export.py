@@ -1,12 +1,14 @@
 """The analytics export: a projection as flat Parquet tables that DuckDB, Polars or Spark read as they are.
 
-Five tables, each a directory of Parquet files partitioned by UTC day (Hive-style `date=YYYY-MM-DD/`):
+Six tables, each a directory of Parquet files partitioned by UTC day (Hive-style `date=YYYY-MM-DD/`):
 
 - `runs`: one row per run, with its lineage, status and usage sums (`RunRecord`, flattened).
 - `events`: one row per step event, without snapshot payloads.
 - `model_requests`: one row per model request that ended (`model_request_completed|failed`), with its
   model, provider, tokens, cost and duration.
 - `tool_effects`: one row per tool call, its merged effect state.
+- `resolutions`: one row per operator's resolution or decision on a deferred call (each call's ledger,
+  those that stand and those kept as history).
 - `messages`: the run's newest snapshot (of any state) replayed from the deltas, one row per message,
   as Pydantic AI's own JSON with offloaded media left as `media+sha256://` URIs.
 
@@ -19,10 +21,11 @@ Incremental (`since=` an earlier export): `_stepstream_export.json` holds a mark
 offsets (read before any row) and, per run, the last seq, the gaps and a digest of the state rows it
 exported. A later export writes `events`/`model_requests` rows only past that (seq above the last seq or
 in a recorded gap, and never past the run's own last seq or in its current gaps: each event exactly once),
-and the `runs`/`tool_effects`/`messages` rows of a run only when its digest changed, all of that run's
-rows again, with a higher `export_seq`; the views in docs/analytics.md keep each run's newest
-`export_seq`. See docs/decisions/0021-analytics-export.md. The mark, and where an export is written
-(a directory or an S3 prefix), are `_mark.py`'s; this module builds the rows and writes them.
+and the state rows (`runs`, `tool_effects`, `resolutions`, `messages`) of a run only when its digest
+changed, all of that run's rows again, with a higher `export_seq`; the views in docs/analytics.md
+keep each run's newest `export_seq`. See docs/decisions/0021-analytics-export.md. The mark, and
+where an export is written (a directory or an S3 prefix), are `_mark.py`'s; this module builds the
+rows and writes them.
 """
 
 from __future__ import annotations
@@ -49,7 +52,16 @@ from stepstream.analytics._mark import (
     export_filesystem,
     read_mark,
 )
-from stepstream.analytics._tables import EVENTS, MODEL_REQUESTS, ROWS, RUNS, TOOL_EFFECTS, arrow_schema, day
+from stepstream.analytics._tables import (
+    EVENTS,
+    MODEL_REQUESTS,
+    RESOLUTIONS,
+    ROWS,
+    RUNS,
+    TOOL_EFFECTS,
+    arrow_schema,
+    day,
+)
 from stepstream.erasure import ErasureError
 from stepstream.errors import StepStreamError
 from stepstream.readmodel import ProjectionReader
@@ -63,7 +75,7 @@ if TYPE_CHECKING:
 RUNS_PER_FILE = 1000
 """Runs whose rows go into one set of files: bounds the memory an export holds."""
 
-STATE_TABLES = ('runs', 'tool_effects', 'messages')
+STATE_TABLES = ('runs', 'tool_effects', 'resolutions', 'messages')
 """Tables whose rows of a run are replaced as a whole (newest `export_seq` wins); the others only grow."""
 
 _MESSAGE = TypeAdapter(ModelMessage)
@@ -121,7 +133,7 @@ async def export_parquet(
     since: str | ExportMark | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> ExportReport:
-    """Write the five tables of a projection as Parquet under `out` (a directory or `s3://bucket/prefix`).
+    """Write the six tables of a projection as Parquet under `out` (a directory or `s3://bucket/prefix`).
 
     ```python
     report = await export_parquet(ProjectionReader.of(projector), 'analytics', settings)
@@ -167,6 +179,7 @@ async def export_parquet(
         files.flush()
         after = page[-1].run_id
     files.flush()
+    files.fill_empty()
     new_mark = ExportMark(
         export_id=files.export_id,
         export_seq=export_seq,
@@ -217,6 +230,26 @@ class _Files:
             rows.clear()
         self.chunk += 1
 
+    def fill_empty(self) -> None:
+        """Give each table with no file under `base` one empty file, so that a glob over it finds it.
+
+        A table with no rows (no decision yet in the log, an export since with nothing new) would
+        otherwise be no directory at all, and `read_parquet` of its glob an error. The file is in the
+        partition of no day (`date=1970-01-01/`), as a row with no time would be.
+        """
+        import pyarrow.fs as pafs
+        import pyarrow.parquet as pq
+
+        for table in TABLES:
+            selector = pafs.FileSelector(f'{self.base}/{table}', allow_not_found=True, recursive=True)
+            if any(info.type == pafs.FileType.File for info in self.fs.get_file_info(selector)):
+                continue
+            schema = self.schemas[table]
+            where = f'{self.base}/{table}/date={day(None)}'
+            self.fs.create_dir(where, recursive=True)
+            empty = schema.remove(schema.get_field_index('date')).empty_table()
+            pq.write_table(empty, f'{where}/part-{self.export_id}-empty.parquet', filesystem=self.fs)
+
 
 async def _add_run(
     reader: ProjectionReader, run: RunRecord, runs_mark: dict[str, list[Any]], files: _Files
@@ -224,14 +257,17 @@ async def _add_run(
     """Add a run's rows to `files`, those `runs_mark` does not say were exported, and mark them."""
     rows, report = files.rows, files.report
     run_row = RUNS.make(run)
-    effect_rows = [TOOL_EFFECTS.make((e, run)) for e in await reader.list_tool_effects(run.run_id)]
-    digest = _digest(run, run_row, effect_rows)
+    effects = await reader.list_tool_effects(run.run_id)
+    effect_rows = [TOOL_EFFECTS.make((e, run)) for e in effects]
+    resolution_rows = [RESOLUTIONS.make((e, r, run)) for e in effects for r in e.resolutions]
+    digest = _digest(run, run_row, effect_rows, resolution_rows)
     before = runs_mark.get(run.run_id)
     if before is not None and before[1] == digest:
         return  # nothing of this run changed since the mark
     runs_mark[run.run_id] = [run.last_seq, digest, [list(g) for g in run.gaps]]
     rows['runs'].append(run_row)
     rows['tool_effects'] += effect_rows
+    rows['resolutions'] += resolution_rows
     for event in await reader.list_events(run.run_id):
         # Exactly what the run record says is there (its last seq, outside its gaps), and
         # none of what the mark says was exported: the next mark starts where this one ends.

@@ -40,9 +40,9 @@ class ExportMark:
 
     `runs` maps a run_id to `[last_seq, digest, gaps]`: the events of that run with seq at most
     `last_seq` and outside `gaps` were exported, and `digest` is the hash of the run's state rows
-    (its `runs` row, gaps and `tool_effects` rows) as exported. `offsets` are the projection's applied
-    offsets (`topic:partition` -> next offset) read before any row: a mark ahead of a projection
-    is from another log.
+    (its `runs` row, gaps, `tool_effects` and `resolutions` rows) as exported. `offsets` are the
+    projection's applied offsets (`topic:partition` -> next offset) read before any row: a mark
+    ahead of a projection is from another log.
     """
 
     export_id: str
@@ -178,9 +178,20 @@ def _remove_strays(fs: pafs.FileSystem, base: str, exports: set[str]) -> None:
                 fs.delete_file(info.path)
 
 
-def _digest(run: RunRecord, run_row: dict[str, Any], effect_rows: list[dict[str, Any]]) -> str:
-    """The hash of a run's state rows: a later export rewrites the run's state only when it differs."""
-    content = json.dumps([run_row, run.gaps, effect_rows], sort_keys=True, default=str)
+def _digest(
+    run: RunRecord,
+    run_row: dict[str, Any],
+    effect_rows: list[dict[str, Any]],
+    resolution_rows: list[dict[str, Any]],
+) -> str:
+    """The hash of a run's state rows: a later export rewrites the run's state only when it differs.
+
+    A run with no resolution hashes as before the `resolutions` table (its mark still holds).
+    """
+    state: list[Any] = [run_row, run.gaps, effect_rows]
+    if resolution_rows:
+        state.append(resolution_rows)
+    content = json.dumps(state, sort_keys=True, default=str)
     return hashlib.sha256(content.encode()).hexdigest()[:32]
 
 

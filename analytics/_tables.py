@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Union, get_args, get_origin, get_type_hin
 
 from pydantic import BaseModel, create_model
 
-from stepstream.schemas import ModelUsage, RunRecord, StepEvent, ToolEffectRecord
+from stepstream.schemas import EffectResolution, ModelUsage, RunRecord, StepEvent, ToolEffectRecord
 from stepstream.shapes import is_internal, plain_type
 
 if TYPE_CHECKING:
@@ -223,7 +223,7 @@ TOOL_EFFECTS = Table(
                 Column('unknown_after_crash', bool, lambda pair: pair[0].unknown_after_crash),
                 Column('run_status', str, lambda pair: pair[1].status),
             ],
-            # The resolution that decides the status is flattened; the history is the API's.
+            # The resolution that decides the status is flattened; every one is a `resolutions` row.
             'resolutions': None,
         },
         flattened={
@@ -243,6 +243,22 @@ TOOL_EFFECTS = Table(
 )
 """Its rows' source is a pair: the effect, and its run."""
 
+RESOLUTIONS = Table(
+    'resolutions',
+    '`resolutions`: one row per resolution of a call in doubt or decision on a deferred call, every '
+    "one written (the call's ledger), with whether it decides the call (`applied`).",
+    [
+        Column('run_id', str, lambda entry: entry[0].run_id),
+        Column('agent_name', str | None, lambda entry: entry[2].agent_name),
+        Column('tool_call_id', str, lambda entry: entry[0].tool_call_id),
+        Column('tool_name', str, lambda entry: entry[0].tool_name),
+        *record_columns(EffectResolution, within=operator.itemgetter(1)),
+    ],
+    dated=lambda entry: entry[1].resolved_at,
+    state=True,  # `applied` changes: a later transition of the call, or a rebuild, decides again
+)
+"""Its rows' source is a triple: the effect, one entry of its ledger (`resolutions`), and its run."""
+
 
 class MessageRow(BaseModel):
     """`messages`: the run's newest snapshot replayed, one row per message, as Pydantic AI's JSON."""
@@ -261,7 +277,7 @@ class MessageRow(BaseModel):
     date: str
 
 
-TABLES: tuple[Table, ...] = (RUNS, EVENTS, MODEL_REQUESTS, TOOL_EFFECTS)
+TABLES: tuple[Table, ...] = (RUNS, EVENTS, MODEL_REQUESTS, TOOL_EFFECTS, RESOLUTIONS)
 """The tables whose rows are a record's (the `messages` table's are a snapshot's messages)."""
 
 ROWS: dict[str, type[BaseModel]] = {table.name: table.row for table in TABLES} | {'messages': MessageRow}

@@ -30,7 +30,12 @@ if TYPE_CHECKING:
     from stepstream.readmodel._shards import ShardUnavailable
     from stepstream.readmodel._status import ProjectionStatus
     from stepstream.readmodel._sweep import SweepReport, sweep_media
-    from stepstream.readmodel._waiting import WaitingCall, WaitingCursor
+    from stepstream.readmodel._waiting import (
+        WaitingCall,
+        WaitingCursor,
+        decode_waiting_cursor,
+        encode_waiting_cursor,
+    )
 
 _WHERE = {
     'RESUMES_KEY': 'stepstream.readmodel._continue',
@@ -38,6 +43,8 @@ _WHERE = {
     'resume_run': 'stepstream.readmodel._continue',
     'WaitingCall': 'stepstream.readmodel._waiting',
     'WaitingCursor': 'stepstream.readmodel._waiting',
+    'decode_waiting_cursor': 'stepstream.readmodel._waiting',
+    'encode_waiting_cursor': 'stepstream.readmodel._waiting',
     'ProjectionReader': 'stepstream.readmodel._reader',
     'ProjectionStatus': 'stepstream.readmodel._status',
     'RecoveryReport': 'stepstream.readmodel._recovery',
@@ -68,6 +75,8 @@ __all__ = [
     'WaitingCall',
     'WaitingCursor',
     'continue_run',
+    'decode_waiting_cursor',
+    'encode_waiting_cursor',
     'fork_run',
     'inspect_recovery',
     'resume_run',

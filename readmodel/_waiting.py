@@ -9,11 +9,15 @@ its own keys, however many calls wait.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import itertools
+import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TypedDict
 
+from stepstream.errors import NotFound
 from stepstream.readmodel._effects import Effects
 from stepstream.readmodel._runs import Runs
 from stepstream.readmodel._shards import Shards
@@ -23,6 +27,30 @@ from stepstream.timestamps import micros
 
 WaitingCursor = tuple[datetime, str, str]
 """A place in the list of waiting calls: the last call seen's `waiting_since`, run and call id."""
+
+_NOWHERE = "{!r:.80} is not a place in the list of waiting calls: give a page's `next_after`"
+
+
+def encode_waiting_cursor(cursor: WaitingCursor) -> str:
+    """A `WaitingCursor` as the opaque text the API, the explorer and the CLI page with (URL-safe)."""
+    since, run_id, call = cursor
+    raw = json.dumps([since.isoformat(), run_id, call], separators=(',', ':')).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip('=')
+
+
+def decode_waiting_cursor(text: str) -> WaitingCursor:
+    """The `WaitingCursor` a text of `encode_waiting_cursor` names; `NotFound` for any other text.
+
+    Not found, as a run a runs page's `after` names that does not exist.
+    """
+    try:
+        since, run_id, call = json.loads(base64.urlsafe_b64decode(text + '=' * (-len(text) % 4)))
+        when = datetime.fromisoformat(since)
+    except (ValueError, TypeError, binascii.Error):
+        raise NotFound(_NOWHERE.format(text)) from None
+    if when.tzinfo is None or not isinstance(run_id, str) or not isinstance(call, str):
+        raise NotFound(_NOWHERE.format(text))
+    return (when, run_id, call)
 
 
 class WaitingQuery(TypedDict, total=False):
@@ -51,6 +79,11 @@ class WaitingCall:
     def cursor(self) -> WaitingCursor:
         """Where the next page starts (`after`)."""
         return (self.waiting_since, self.effect.run_id, self.effect.tool_call_id)
+
+    @property
+    def cursor_text(self) -> str:
+        """`cursor` as the text a page's `next_after` (or `stepstream deferred --after`) gives."""
+        return encode_waiting_cursor(self.cursor)
 
 
 class Waiting:

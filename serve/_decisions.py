@@ -9,17 +9,14 @@ partition writes it, as it does a resolution; the list of what waits merges ever
 
 from __future__ import annotations
 
-import base64
-import binascii
 import heapq
-import json
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
 from stepstream.errors import NotFound, NotWaiting
 from stepstream.producer import Redaction, decide_deferred_call, resolver_id
-from stepstream.readmodel import WaitingCall, WaitingCursor
+from stepstream.readmodel import WaitingCall, decode_waiting_cursor, encode_waiting_cursor
 from stepstream.schemas import Decision, Deferral, EffectResolution, ToolEffectRecord, ToolEffectTransition
 from stepstream.serve._models import Decided, DecisionConflict, Deferred, DeferredPage, ToolEffect
 from stepstream.serve._models import Resolution as ResolutionModel
@@ -37,28 +34,6 @@ class Refused(Exception):
         """Refused for the reason `conflict` gives."""
         super().__init__(conflict.detail)
         self.conflict = conflict
-
-
-_NOWHERE = "{!r:.80} is not a place in the list of waiting calls: give a page's `next_after`"
-
-
-def encode_cursor(cursor: WaitingCursor) -> str:
-    """A `WaitingCursor` as the opaque `after` of the API and the explorer (URL-safe)."""
-    since, run_id, call = cursor
-    raw = json.dumps([since.isoformat(), run_id, call], separators=(',', ':')).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip('=')
-
-
-def decode_cursor(after: str) -> WaitingCursor:
-    """The `WaitingCursor` an `after` names; `NotFound` (as a run `after` names none) for anything else."""
-    try:
-        since, run_id, call = json.loads(base64.urlsafe_b64decode(after + '=' * (-len(after) % 4)))
-        when = datetime.fromisoformat(since)
-    except (ValueError, TypeError, binascii.Error):
-        raise NotFound(_NOWHERE.format(after)) from None
-    if when.tzinfo is None or not isinstance(run_id, str) or not isinstance(call, str):
-        raise NotFound(_NOWHERE.format(after))
-    return (when, run_id, call)
 
 
 def deferred(call: WaitingCall, now: datetime) -> Deferred:
@@ -99,7 +74,7 @@ class Decisions:
         `NotFound` for an `after` no page gave. In a group, every member's page is merged.
         """
         source = self.source
-        cursor = None if after is None else decode_cursor(after)
+        cursor = None if after is None else decode_waiting_cursor(after)
         found = await source.reader.list_waiting(
             newest_first=newest_first,
             limit=limit + 1,
@@ -130,7 +105,7 @@ class Decisions:
         last = calls[-1] if calls else None
         return DeferredPage(
             calls=calls,
-            next_after=encode_cursor(_order(last)) if more and last is not None else None,
+            next_after=encode_waiting_cursor(_order(last)) if more and last is not None else None,
         )
 
     async def decide(

@@ -18,7 +18,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
-from stepstream.console import waits_for
+from stepstream.console import timeline, waits_for
 from stepstream.errors import NotFound
 from stepstream.producer import FORKED_FROM
 from stepstream.schemas import CHAIN_STATUSES, RUN_STATUSES
@@ -172,6 +172,8 @@ def _started(run: Run) -> tuple[str, str]:
 async def run(request: Request, run_id: str) -> Response:
     """A run: status, lineage, the timeline of its steps and effects, its snapshots.
 
+    The timeline has each resolution and decision on its calls at its time, among its events.
+
     Its calls in doubt come first, each with a Resolve form; then those in flight, and those
     deferred (each saying what it waits for, with its arguments), neither of which can be resolved.
     """
@@ -204,7 +206,7 @@ async def run(request: Request, run_id: str) -> Response:
         children=children,
         siblings=siblings,
         forks=[r for r in siblings if r.metadata.get(FORKED_FROM) == run_id],
-        events=events,
+        events=timeline(events, effects),
         trace_url=source.settings.serve.trace_url,
         effects=by_call,
         totals=totals(record, now),
@@ -214,6 +216,7 @@ async def run(request: Request, run_id: str) -> Response:
         deferred=[e for e in effects if e.status == 'deferred'],
         snapshots=snapshots,
         latest=latest,
+        operator=source.settings.serve.operator_name,
     )
 
 

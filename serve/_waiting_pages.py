@@ -3,7 +3,12 @@
 Each deferred call on the Waiting page and on its run's page carries forms: approve (optionally with
 changed arguments) or deny an approval; give a question's or an outside call's result, or its
 error. A form posts here (same origin only, as the Resolve form), the decision is written as the
-API writes it (`Decisions`), and the page that answers says what was recorded, or why not.
+API writes it (`Decisions`), and the page that answers says what was recorded, and as whose, or why
+not.
+
+Who decided: the service's token is one shared secret that names nobody (it says who may decide,
+not who did), so a form takes the person's name (`by`, optional) as the API takes `operator`;
+left empty, the service's operator (`STEPSTREAM_OPERATOR`, else its OS user) is recorded.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ router = APIRouter(include_in_schema=False, default_response_class=HTMLResponse)
 
 WAITING_PAGE = 100
 """The waiting calls one page of the explorer shows; a link leads to the next."""
+MAX_BY_CHARS = 200
+"""The longest name a form's `by` may give (the API's `operator` takes as long)."""
 
 
 def _decisions(request: Request) -> Decisions:
@@ -52,7 +59,14 @@ async def waiting(
     query: dict[str, Any] = {k: v for k, v in filters.items() if v} | ({'newest': 1} if newest else {})
     more = f'/deferred?{urlencode({**query, "after": page.next_after})}' if page.next_after else None
     return _page(
-        request, 'waiting.html', page=page, filters=filters, kinds=sorted(DEFERRALS), newest=newest, more=more
+        request,
+        'waiting.html',
+        page=page,
+        filters=filters,
+        kinds=sorted(DEFERRALS),
+        newest=newest,
+        more=more,
+        operator=_decisions(request).source.settings.serve.operator_name,
     )
 
 
@@ -62,10 +76,13 @@ async def decide(request: Request, run_id: str, tool_call_id: str) -> Response:
     if not _same_origin(request):
         return error_page(request, 403, "a decision must be posted from this service's own pages")
     form = {k: v[0] for k, v in parse_qs((await request.body()).decode('utf-8', 'replace')).items()}
+    by = form.get('by', '').strip() or None
     try:
         decision, what = decision_of(form)
+        if by is not None and len(by) > MAX_BY_CHARS:
+            raise ValueError(f'a name of at most {MAX_BY_CHARS} characters, got {len(by)}')
         decided = await _decisions(request).decide(
-            run_id, tool_call_id, decision=decision, operator=None, **what
+            run_id, tool_call_id, decision=decision, operator=by, **what
         )
     except Refused as exc:
         return _page(
@@ -73,7 +90,14 @@ async def decide(request: Request, run_id: str, tool_call_id: str) -> Response:
         )
     except ValueError as exc:
         return error_page(request, 422, str(exc))
-    return _page(request, 'decided.html', run_id=run_id, tool_call_id=tool_call_id, decided=decided)
+    return _page(
+        request,
+        'decided.html',
+        run_id=run_id,
+        tool_call_id=tool_call_id,
+        decided=decided,
+        named=by is not None,
+    )
 
 
 def decision_of(form: dict[str, str]) -> tuple[Decision, dict[str, Any]]:

@@ -154,6 +154,7 @@ async def test_every_query_in_analytics_md_answers_on_a_real_export(
         'unknown_effects',
         'delegation_depth',
         'conversation_text',
+        'who_decided',
     }
     db = duckdb.connect()
     db.execute(sql['views'].replace("'analytics/", f"'{out}/"))
@@ -228,6 +229,9 @@ async def test_every_query_in_analytics_md_answers_on_a_real_export(
     assert 'fetch the page about tides' in conversation[0]['contents']
     assert conversation[1]['contents'] == ['local-llama done']
 
+    # Nothing was resolved or decided yet: the table is there, empty.
+    assert rows('who_decided') == []
+
     # An operator answers the unknown effect; the next export says so and the query no longer lists it.
     code, _, stderr = await cli(
         settings,
@@ -250,6 +254,36 @@ async def test_every_query_in_analytics_md_answers_on_a_real_export(
     assert rows('unknown_effects') == []
     resolved = db.execute("SELECT resolution, resolution_note FROM tool_effects WHERE tool_name = 'publish'")
     assert resolved.fetchall() == [('did_not_happen', 'not on the blog')]
+    # The resolution is a row of `resolutions` too, as the call's ledger keeps it.
+    effect = await reader.get_tool_effect(unknown['run_id'], unknown['tool_call_id'])
+    assert effect is not None and effect.resolution is not None
+    [entry] = rows('who_decided')
+    assert (entry['resolved_by'], entry['resolution'], entry['answers'], entry['history_only']) == (
+        effect.resolution.resolved_by,
+        'did_not_happen',
+        1,
+        0,
+    )
+    assert entry['first_at'] == entry['last_at'] == effect.resolution.resolved_at
+    ledger = db.execute(
+        'SELECT run_id, agent_name, tool_call_id, tool_name, resolves_seq, note, writer_id, applied, '
+        'args, result, error FROM resolutions'
+    )
+    assert ledger.fetchall() == [
+        (
+            unknown['run_id'],
+            'publisher',
+            unknown['tool_call_id'],
+            'publish',
+            effect.resolution.resolves_seq,
+            'not on the blog',
+            effect.resolution.writer_id,
+            True,
+            None,
+            None,
+            None,
+        )
+    ]
 
 
 async def test_the_export_goes_to_s3_with_hive_paths_and_reads_the_topics_too(
@@ -279,7 +313,7 @@ async def test_the_export_goes_to_s3_with_hive_paths_and_reads_the_topics_too(
     assert f'{events} events' in from_projection
     code, since, stderr = await cli(settings, db_path, 'export', '--out', target, '--since', target)
     assert code == 0, stderr
-    assert 'exported 0 runs, 0 events, 0 model_requests, 0 tool_effects, 0 messages' in since
+    assert 'exported 0 runs, 0 events, 0 model_requests, 0 tool_effects, 0 resolutions, 0 messages' in since
     assert ds.dataset(f'{base}/events', filesystem=fs, format='parquet').count_rows() == events
 
     # Straight from the topics (no projection at --db-path): the same rows.
@@ -320,6 +354,7 @@ KEYS = {
     'events': 'run_id, seq',
     'model_requests': 'run_id, seq',
     'tool_effects': 'run_id, tool_call_id',
+    'resolutions': 'run_id, tool_call_id, resolved_at',
     'messages': 'run_id, message_index',
 }
 
@@ -441,7 +476,7 @@ async def test_an_export_since_an_earlier_one_adds_each_event_once_and_each_runs
         settings, db_path, 'export', '--out', str(exports / '2-since'), '--since', str(later)
     )
     assert code == 0, stderr
-    assert 'exported 0 runs, 0 events, 0 model_requests, 0 tool_effects, 0 messages' in stdout
+    assert 'exported 0 runs, 0 events, 0 model_requests, 0 tool_effects, 0 resolutions, 0 messages' in stdout
     code, stdout, stderr = await cli(
         settings,
         db_path,
@@ -453,7 +488,7 @@ async def test_an_export_since_an_earlier_one_adds_each_event_once_and_each_runs
         str(later),
     )
     assert code == 0, stderr
-    assert 'exported 0 runs, 0 events, 0 model_requests, 0 tool_effects, 0 messages' in stdout
+    assert 'exported 0 runs, 0 events, 0 model_requests, 0 tool_effects, 0 resolutions, 0 messages' in stdout
 
 
 async def test_an_export_since_a_mark_that_is_not_one_of_this_log_exits_2(

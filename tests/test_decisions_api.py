@@ -1,8 +1,9 @@
 """Decisions on deferred calls over HTTP, in process: `/api/deferred` and approve, deny, complete.
 
-The in-memory log and projection (applied every few milliseconds, as a projector would) under the
-service's app; the same routes run on Tansu in tests/test_serve_decisions.py, the pages in Chromium
-in tests/test_explorer_decisions.py.
+The in-memory log and projection (applied every few milliseconds, as a projector would, or not
+at all, for the 202 of a decision written but not shown yet) under the service's app; the same
+routes run on Tansu in tests/test_serve_decisions.py, the pages in Chromium in
+tests/test_explorer.py.
 """
 
 from __future__ import annotations
@@ -52,6 +53,43 @@ async def api() -> AsyncIterator[httpx.AsyncClient]:
         with contextlib.suppress(asyncio.CancelledError):
             await applying
         assert projection.dead == []
+
+
+async def test_a_decision_written_but_not_yet_applied_answers_202_and_stands_once_applied() -> None:
+    log = InMemoryLog()
+    projection = MemoryProjection(log)
+    await run_until_waiting(log, 'waits-c')
+    await projection.wait_for()
+    # Nothing applies the log while the service waits (a projector stopped): it waits its timeout,
+    # then answers that it wrote the decision, which the projection does not show yet.
+    settings = log.settings.replace(operator='oncall-alice', ack_timeout_s=0.2)
+    source = Source(settings, projection.reader(), None, log=log)
+    transport = httpx.ASGITransport(app=create_app(source))
+    async with httpx.AsyncClient(transport=transport, base_url='http://stepstream.test') as client:
+        written = len(log.records)
+        answer = await client.post('/api/runs/waits-c/calls/call-refund/approve', json={'note': 'ok'})
+        assert answer.status_code == 202, answer.text
+        body = answer.json()
+        assert body['applied'] is False and body['written']['applied'] is False
+        assert (body['written']['resolution'], body['written']['resolved_by'], body['written']['note']) == (
+            'approved',
+            'oncall-alice',
+            'ok',
+        )
+        assert body['effect']['status'] == 'deferred'  # as the projection still shows it
+        assert len(log.records) == written + 1  # but it is on the log
+        page = await client.post(
+            '/runs/waits-c/calls/call-ask/decide',
+            data={'decision': 'complete', 'outcome': 'text', 'value': 'v'},
+        )
+        assert page.status_code == 200 and 'does not show it yet' in page.text
+
+        await projection.wait_for()  # the projector catches up: the decision stands
+        effects = {e['tool_call_id']: e for e in (await client.get('/api/runs/waits-c/tool-effects')).json()}
+        assert effects['call-refund']['status'] == 'resolved'
+        assert effects['call-refund']['resolution'] == {**body['written'], 'applied': True}
+        assert effects['call-ask']['resolution']['result'] == '"v"'
+    assert projection.dead == []
 
 
 def calls(page: dict) -> list[tuple[str, str]]:
@@ -223,12 +261,28 @@ async def test_the_waiting_page_lists_and_a_form_decides(api: httpx.AsyncClient)
     assert done.status_code == 200, done.text
     recorded = parse(done.text).one('decision-recorded')
     assert 'approved' in recorded.text and 'oncall-alice' in recorded.text and '<i>x</i>' not in done.text
+    # No name in the form: the service's operator is recorded, and the page says so.
+    by = parse(done.text).one('decided-by')
+    assert by.one('recorded-by').text == 'oncall-alice' and 'no name was given' in by.text
     again = await api.post(form, data={'decision': 'deny', 'message': 'no'})
     assert again.status_code == 409 and 'approved' in parse(again.text).one('decision-standing').text
     after = parse((await api.get('/deferred', params={'kind': 'approval'})).text)
     assert [r.attrs['data-run-id'] for r in after.find('waiting-row')] == [SECOND]
+    # Each form takes the name of who decides (the token names nobody); empty, the service's operator.
+    inputs = [
+        i for form in run_page.find('decide') for i in form.tags('input') if i.attrs.get('name') == 'by'
+    ]
+    assert len(inputs) == 4 and {i.attrs['placeholder'] for i in inputs} == {'oncall-alice'}
+    ask = f'/runs/{FIRST}/calls/call-ask/decide'
+    too_long = await api.post(
+        ask, data={'decision': 'complete', 'outcome': 'text', 'value': 'v', 'by': 'x' * 201}
+    )
+    assert too_long.status_code == 422 and 'at most 200 characters' in too_long.text
     answered = await api.post(
-        f'/runs/{FIRST}/calls/call-ask/decide',
-        data={'decision': 'complete', 'outcome': 'text', 'value': 'visa'},
+        ask, data={'decision': 'complete', 'outcome': 'text', 'value': 'visa', 'by': ' dana '}
     )
     assert answered.status_code == 200 and '"visa"' in parse(answered.text).one('decision-recorded').text
+    named = parse(answered.text).one('decided-by')
+    assert named.one('recorded-by').text == 'dana' and 'no name was given' not in named.text
+    effect = (await api.get(f'/api/runs/{FIRST}/tool-effects')).json()
+    assert next(e for e in effect if e['tool_call_id'] == 'call-ask')['resolution']['resolved_by'] == 'dana'

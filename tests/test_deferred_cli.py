@@ -18,6 +18,7 @@ from stepstream.cli import main
 from stepstream.cli._decide import _report as report
 from stepstream.console import ViewArgs, show, status_text
 from stepstream.console._deferred import waited
+from stepstream.errors import NotFound
 from stepstream.producer import InMemoryLog, decision_for
 from stepstream.settings import Settings
 
@@ -68,12 +69,52 @@ async def test_the_deferred_view_lists_filters_and_counts_what_waits() -> None:
     text = await show('deferred', ViewArgs(conversation_id='conv-w-1', limit=2), reader, settings)
     lines = text.splitlines()
     assert lines[0].split()[:4] == ['run_id', 'tool_call_id', 'tool', 'kind']
-    assert len(lines) == 5 and lines[-1].startswith('... more wait: the first 2')
+    assert len(lines) == 5 and lines[-1].startswith('... more wait: the next page is `stepstream deferred')
     assert 'no tool call waits' in await show('deferred', ViewArgs(agent_name='nobody'), reader, settings)
 
     status = await reader.status()
     text = status_text(status, {}, {}, settings)
     assert 'tool calls waiting for a decision: 6 (approval 2, external 2, question 2;' in text
+
+
+async def test_the_deferred_view_pages_with_the_cursor_each_page_ends_with() -> None:
+    log = InMemoryLog()
+    projection = MemoryProjection(log)
+    for run in ('p-1', 'p-2', 'p-3'):
+        await run_until_waiting(log, run)
+    await projection.wait_for()
+    reader, settings = projection.reader(), Settings()
+    every = [
+        (c['run_id'], c['tool_call_id'])
+        for c in json.loads(await show('deferred', ViewArgs(json=True), reader, settings))
+    ]
+    assert len(every) == 9
+
+    for newest in (False, True):
+        seen: list[tuple[str, str]] = []
+        after, pages = None, 0
+        while True:
+            asked = ViewArgs(limit=4, after=after, newest_first=newest)
+            text = await show('deferred', asked, reader, settings)
+            page = json.loads(
+                await show(
+                    'deferred',
+                    ViewArgs(json=True, limit=4, after=after, newest_first=newest),
+                    reader,
+                    settings,
+                )
+            )
+            seen += [(c['run_id'], c['tool_call_id']) for c in page]
+            pages += 1
+            *_, last = text.splitlines()
+            if not last.startswith('... more wait'):
+                break
+            after = last.split('--after ')[1].split('`')[0]
+            assert after == page[-1]['cursor']  # the text's next page starts where the JSON's ends
+        assert (seen, pages) == (every[::-1] if newest else every, 3)
+
+    with pytest.raises(NotFound, match='not a place in the list of waiting calls'):
+        await show('deferred', ViewArgs(after='not-a-cursor'), reader, settings)
 
 
 @pytest.mark.parametrize(

@@ -251,6 +251,8 @@ async def test_resolving_an_unknown_effect_changes_the_page(
     await expect(row.locator('.resolution')).to_have_text('did not happen')
     await expect(row.locator('.resolved-by')).to_have_text('oncall-alice')
     await expect(row.locator('.resolution-note')).to_have_text('no announcement in #releases; safe to retry')
+    timeline = page.locator('section.timeline tr.answer-resolution')  # and in the timeline, at its time
+    await expect(timeline.locator('.resolution')).to_have_text('did not happen')
     await shot(page, tmp_path, 'resolved')
 
     await page.goto('/unresolved')
@@ -472,6 +474,7 @@ async def test_a_waiting_call_is_listed_decided_by_a_form_and_leaves_the_list(
     await expect(recorded.locator('.resolution')).to_have_text('approved')
     await expect(recorded.locator('.resolved-by')).to_have_text('oncall-alice')
     await expect(recorded.locator('.decision-args')).to_contain_text('partial refund')
+    await expect(page.locator('.decided-by .recorded-by')).to_have_text('oncall-alice')  # no name given
     await shot(page, tmp_path, 'decided')
     await page.click('a.back-to-waiting')
     await expect(
@@ -483,8 +486,10 @@ async def test_a_waiting_call_is_listed_decided_by_a_form_and_leaves_the_list(
     await page.goto(f'/runs/{run_id}')
     export = page.locator('.deferred-effect[data-tool-call-id="call-export"] form.complete')
     await export.locator('textarea[name=value]').fill('{"rows": 3}')
+    await export.locator('input[name=by]').fill('dana')
     await export.locator('button[type=submit]').click()
     await expect(page.locator('.decision-recorded .decision-result')).to_have_text('{"rows":3}')
+    await expect(page.locator('.decided-by .recorded-by')).to_have_text('dana')
     # (its own context: the 409 page is an answer, but Chromium logs the status as a console error)
     context = await browser.new_context(base_url=served.url, viewport={'width': 1280, 'height': 900})
     try:
@@ -505,3 +510,9 @@ async def test_a_waiting_call_is_listed_decided_by_a_form_and_leaves_the_list(
         await context.close()
     await page.goto('/deferred')
     await expect(page.locator(f'tr.waiting-row[data-run-id="{run_id}"]')).to_have_count(0)
+    # The run's timeline has each decision at its time, by whom, standing (the refused form wrote none).
+    await page.goto(f'/runs/{run_id}')
+    answers = page.locator('section.timeline tr.answer')
+    await expect(answers).to_have_count(3)
+    await expect(answers.locator('.answer-stands')).to_have_count(3)
+    await expect(page.locator('tr.answer[data-tool-call-id="call-export"] .resolved-by')).to_have_text('dana')

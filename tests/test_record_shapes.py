@@ -188,7 +188,15 @@ def test_each_row_builder_fills_exactly_its_tables_columns() -> None:
     from pydantic_ai.messages import ModelRequest, UserPromptPart
 
     from stepstream.analytics import _export
-    from stepstream.analytics._tables import EVENTS, MODEL_REQUESTS, ROWS, RUNS, TOOL_EFFECTS, arrow_schema
+    from stepstream.analytics._tables import (
+        EVENTS,
+        MODEL_REQUESTS,
+        RESOLUTIONS,
+        ROWS,
+        RUNS,
+        TOOL_EFFECTS,
+        arrow_schema,
+    )
 
     at = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
     run = RunRecord(run_id='r', started_at=at, usage=RunUsage(cost_usd='0.25'))
@@ -201,14 +209,26 @@ def test_each_row_builder_fills_exactly_its_tables_columns() -> None:
         usage=ModelUsage(model_name='m', provider='p', cost_usd='0.25'),
     )
     effect = ToolEffectRecord(tool_call_id='c', tool_name='t', run_id='r', status='started')
+    decision = EffectResolution(
+        resolution='approved',
+        resolved_by='alice',
+        writer_id='w',
+        resolved_at=at,
+        note='',
+        resolves_seq=3,
+        args='{"amount": 1}',
+        applied=True,
+    )
     messages = [ModelRequest(parts=[UserPromptPart('hi')])]
     rows = {
         'runs': RUNS.make(run),
         'events': EVENTS.make(event),
         'model_requests': MODEL_REQUESTS.make(event),
         'tool_effects': TOOL_EFFECTS.make((effect, run)),
+        'resolutions': RESOLUTIONS.make((effect, decision, run)),
         'messages': _export._message_rows(run, messages, 0, 'complete')[0],
     }
+    assert set(rows) == set(ROWS)  # every table the export writes has its row built here
     for table, row in rows.items():
         if table in _export.STATE_TABLES:
             row['export_seq'] = 1  # the export stamps it on every state row it writes

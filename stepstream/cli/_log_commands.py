@@ -44,8 +44,8 @@ def add_commands(command: Declare) -> None:
     export = command(
         'export',
         _export,
-        'Write the projection as Parquet tables (runs, events, model_requests, tool_effects, messages), '
-        'partitioned by date, for DuckDB and friends.',
+        'Write the projection as Parquet tables (runs, events, model_requests, tool_effects, resolutions, '
+        'messages), partitioned by date, for DuckDB and friends.',
     )
     export.add_argument('--format', choices=['parquet'], default='parquet', help='the file format (Parquet)')
     export.add_argument(

@@ -111,7 +111,12 @@ def _deferred(command: Declare) -> argparse.ArgumentParser:
     deferred.add_argument(
         '--newest', dest='newest_first', action='store_true', help='the calls that started waiting last first'
     )
-    deferred.add_argument('--limit', type=_positive, help='calls to show (default 100)')
+    deferred.add_argument('--limit', type=_positive, help='calls per page (default 100)')
+    deferred.add_argument(
+        '--after',
+        metavar='CURSOR',
+        help="the page after this call: the cursor the previous page ends with (the API's next_after)",
+    )
     return deferred
 
 

@@ -1,8 +1,10 @@
 """The console: what a terminal shows of the read model, each view's query and its text or JSON.
 
 `show(name, args, reader, settings)` runs one view (`runs`, `tree`, `events`, `snapshot`,
-`effects`, `unresolved`, `deferred`, `conflicts`). The CLI runs it over a projection it opens, the read
-service (`stepstream serve`) runs it for a CLI that asks over HTTP; the renderers beside it
+`effects`, `unresolved`, `deferred`, `conflicts`); `timeline` puts a run's resolutions and
+decisions among its events, for `events` and the explorer's run page. The CLI runs a view over a
+projection it opens, the read service (`stepstream serve`) runs it for a CLI that asks over
+HTTP; the renderers beside it
 (tables, trees, histories, status) are shared by the CLI and the demo. Names are imported on
 first use, so a CLI that only asks the service never loads the read model.
 """
@@ -25,11 +27,13 @@ if TYPE_CHECKING:
         waits_for,
     )
     from stepstream.console._status import preview_text, retention_text, status_json, status_text, sweep_text
+    from stepstream.console._timeline import Answer, timeline
     from stepstream.console._views import VIEWS, runs_after, show
 
 _RENDER = 'stepstream.console._render'
 _STATUS = 'stepstream.console._status'
 _WHERE = {
+    'Answer': 'stepstream.console._timeline',
     'VIEW_HEADER': 'stepstream.console._args',
     'VIEWS': 'stepstream.console._views',
     'ViewArgs': 'stepstream.console._args',
@@ -44,6 +48,7 @@ _WHERE = {
     'status_text': _STATUS,
     'sweep_text': _STATUS,
     'time_text': _RENDER,
+    'timeline': 'stepstream.console._timeline',
     'to_json': _RENDER,
     'tree': _RENDER,
     'waits_for': _RENDER,
@@ -52,6 +57,7 @@ _WHERE = {
 __all__ = [
     'VIEWS',
     'VIEW_HEADER',
+    'Answer',
     'ViewArgs',
     'effects_table',
     'events_table',
@@ -64,6 +70,7 @@ __all__ = [
     'status_text',
     'sweep_text',
     'time_text',
+    'timeline',
     'to_json',
     'tree',
     'waits_for',

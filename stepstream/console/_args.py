@@ -27,7 +27,8 @@ class ViewArgs:
     limit: int | None = None
     """A list's page size (`runs`: 50 when not given)."""
     after: str | None = None
-    """A list's cursor: the page after this run, in the list's order."""
+    """A list's cursor: the page after this run, in the list's order (`deferred`: after this call's
+    `cursor`, the API's `next_after`)."""
     oldest_first: bool = False
     """A list in the order its runs started (default: newest first)."""
     deferral: str | None = None

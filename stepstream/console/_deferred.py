@@ -1,8 +1,10 @@
 """`stepstream deferred`: the calls that wait for a decision, across runs (issue 49, decision 0056).
 
 One line per deferred call (run, call, tool, what it waits for, agent, conversation, how long it
-has waited, its arguments as stored, redacted), oldest first; or their JSON for scripts. The CLI
-runs it over the projection it opens, and the read service can run it for a CLI that asks.
+has waited, its arguments as stored, redacted), oldest first; or their JSON for scripts. A page
+ends with the command for the next (`--after` the last call's cursor, the API's `next_after`); in
+the JSON each call carries its `cursor`. The CLI runs it over the projection it opens, and the read
+service can run it for a CLI that asks.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from stepstream.console._render import table, time_text, to_json
 from stepstream.schemas import DEFERRALS
 
 if TYPE_CHECKING:
-    from stepstream.readmodel import ProjectionReader, WaitingCall
+    from stepstream.readmodel import ProjectionReader, WaitingCall, WaitingCursor
     from stepstream.schemas import Deferral
     from stepstream.settings import Settings
 
@@ -51,7 +53,7 @@ def _stored(raw: str | None) -> Any:
 
 
 def waiting_json(calls: Sequence[WaitingCall], now: datetime) -> str:
-    """`stepstream deferred --json`: one object per waiting call."""
+    """`stepstream deferred --json`: one object per waiting call, its `cursor` the next page's `--after`."""
     return to_json(
         [
             {
@@ -65,6 +67,7 @@ def waiting_json(calls: Sequence[WaitingCall], now: datetime) -> str:
                 'waited_seconds': round(max((now - c.waiting_since).total_seconds(), 0.0), 3),
                 'args': _stored(c.effect.args),
                 'metadata': _stored(c.effect.deferral_metadata),
+                'cursor': c.cursor_text,
             }
             for c in calls
         ]
@@ -98,13 +101,21 @@ def _cut(text: str) -> str:
 
 
 async def deferred(args: ViewArgs, reader: ProjectionReader, settings: Settings) -> str:
-    """`stepstream deferred`: the calls waiting for a decision, oldest first (`newest_first`), filtered."""
+    """`stepstream deferred`: one page of the calls waiting for a decision, oldest first (`newest_first`).
+
+    Filtered by agent, conversation and kind; `after` is the cursor of the call the page starts
+    after (a `NotFound` for text no page gave). The text ends with the command for the next page.
+    """
+    from stepstream.readmodel import decode_waiting_cursor
+
     if args.deferral is not None and args.deferral not in DEFERRALS:
         raise ValueError(f'kind is approval, question or external, got {args.deferral!r}')
     limit = args.limit or DEFERRED_PAGE
+    after: WaitingCursor | None = None if args.after is None else decode_waiting_cursor(args.after)
     found = await reader.list_waiting(
         newest_first=args.newest_first,
         limit=limit + 1,
+        after=after,
         agent_name=args.agent_name,
         conversation_id=args.conversation_id,
         deferral=cast('Deferral | None', args.deferral),
@@ -114,7 +125,6 @@ async def deferred(args: ViewArgs, reader: ProjectionReader, settings: Settings)
         return waiting_json(calls, now)
     text = waiting_table(calls, now)
     if len(found) > limit:
-        text += (
-            f'\n... more wait: the first {limit} are shown (`--limit`, `--newest`, or a filter for others)'
-        )
+        following = f'stepstream deferred --after {calls[-1].cursor_text}'
+        text += f'\n... more wait: the next page is `{following}` (same filters)'
     return text

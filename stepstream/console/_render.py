@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from stepstream.console._timeline import Answer, Answered
 from stepstream.schemas import RunRecord, StepEvent, ToolEffectRecord
 
 
@@ -151,10 +152,42 @@ def tree(runs: Sequence[RunRecord]) -> str:
     return '\n'.join(lines)
 
 
-def events_table(events: Sequence[StepEvent]) -> str:
-    """One line per event, in seq order."""
-    rows = [(e.seq, time_text(e.timestamp), e.step_index, e.kind, _event_detail(e) or None) for e in events]
+def events_table(events: Sequence[StepEvent | Answer[Any]]) -> str:
+    """One line per event, in seq order, and per resolution or decision among them (`timeline`).
+
+    A resolution's or decision's line has no seq or step (it takes none of the run's): its kind
+    (`resolution`, `decision`), then the call and what it says (`answer_text`).
+    """
+    rows = [
+        (e.seq, time_text(e.timestamp), e.step_index, e.kind, _event_detail(e) or None)
+        if isinstance(e, StepEvent)
+        else (None, time_text(e.timestamp), None, e.kind, _answer_detail(e))
+        for e in events
+    ]
     return table(['seq', 'time', 'step', 'kind', 'detail'], rows)
+
+
+def _answer_detail(entry: Answer[Any]) -> str:
+    return f'{entry.tool_name} {entry.tool_call_id}: {answer_text(entry.answer, at=False)}'
+
+
+def answer_text(r: Answered, *, at: bool = True) -> str:
+    """What a resolution or decision says: `approved by alice at T: the note; arguments {...}`.
+
+    Arguments, result and error as stored (redacted). One not `applied` reads as history only: the
+    call had ended, or an earlier answer decides it. Without `at`, the time is the line's own column.
+    """
+    text = f'{r.resolution.replace("_", " ")} by {r.resolved_by}'
+    if at:
+        text += f' at {time_text(r.resolved_at)}'
+    if not r.applied:
+        text += ' (history only: it does not decide the status)'
+    if r.note:
+        text += f': {r.note}'
+    for label, value in (('arguments', r.args), ('result', r.result), ('error', r.error)):
+        if value is not None:
+            text += f'; {label} {value}'
+    return text
 
 
 def effect_status(effect: ToolEffectRecord) -> str:
@@ -187,8 +220,10 @@ def waits_for(deferral: str | None) -> str:
 def ledger(effects: Sequence[ToolEffectRecord]) -> str:
     """`stepstream effects RUN`: each call's effect, then what a deferred call waits for and every resolution.
 
-    A deferred call's status says its kind (`deferred (approval)`); a line under the table says
-    what it waits for, with its arguments and metadata as stored (redacted).
+    A deferred call's status says its kind (`deferred (approval)`, once decided `resolved
+    (approval)`); a line under the table says what it waits (or waited) for, with its arguments
+    and metadata as stored (redacted), and one line per resolution or decision in log order (the
+    one that stands, and those that came later as history), with what it says (`answer_text`).
     """
     if not effects:
         return 'no tool calls'
@@ -196,7 +231,7 @@ def ledger(effects: Sequence[ToolEffectRecord]) -> str:
         (
             e.tool_call_id,
             e.tool_name,
-            f'deferred ({e.deferral})' if e.status == 'deferred' else effect_status(e),
+            f'{effect_status(e)} ({e.deferral})' if e.deferral is not None else effect_status(e),
             time_text(e.started_at),
             time_text(e.ended_at) if e.ended_at else None,
             e.idempotency_key,
@@ -208,16 +243,11 @@ def ledger(effects: Sequence[ToolEffectRecord]) -> str:
     headers = ['tool_call_id', 'tool', 'status', 'started', 'ended', 'idempotency_key', 'summary', 'error']
     lines = [table(headers, rows)]
     for e in effects:
-        if e.status == 'deferred':
+        if e.deferral is not None:
             metadata = f'; metadata {e.deferral_metadata}' if e.deferral_metadata is not None else ''
-            waits = f'waits for {waits_for(e.deferral)}; arguments {e.args or "{}"}{metadata}'
-            lines.append(f'{e.tool_call_id}: {waits}')
-        for r in e.resolutions:
-            applied = '' if r.applied else ' (history only: it does not decide the status)'
-            lines.append(
-                f'{e.tool_call_id}: resolved {r.resolution.replace("_", " ")} by {r.resolved_by} at '
-                f'{time_text(r.resolved_at)}{applied}: {r.note}'
-            )
+            waits = f'{"waits" if e.status == "deferred" else "waited"} for {waits_for(e.deferral)}'
+            lines.append(f'{e.tool_call_id}: {waits}; arguments {e.args or "{}"}{metadata}')
+        lines += [f'{e.tool_call_id}: resolved {answer_text(r)}' for r in e.resolutions]
     return '\n'.join(lines)
 
 

@@ -24,6 +24,7 @@ from stepstream.console._render import (
     tree,
     unresolved_table,
 )
+from stepstream.console._timeline import timeline
 from stepstream.errors import NotFound
 
 if TYPE_CHECKING:
@@ -90,10 +91,16 @@ async def run_tree(args: ViewArgs, reader: ProjectionReader, settings: Settings)
 
 
 async def events(args: ViewArgs, reader: ProjectionReader, settings: Settings) -> str:
-    """`stepstream events RUN`: the run's step events in seq order."""
+    """`stepstream events RUN`: the run's timeline, its step events and every resolution or decision.
+
+    Each resolution and decision on its calls is at its time (`timeline`); the JSON is the step
+    events (the ledger's entries are `effects --json`'s).
+    """
     run_id = await _known_run(args, reader)
     found = await reader.list_events(run_id)
-    return _either(args, found, events_table(found))
+    if args.json:
+        return to_json(found)
+    return events_table(timeline(found, await reader.list_tool_effects(run_id)))
 
 
 async def snapshot(args: ViewArgs, reader: ProjectionReader, settings: Settings) -> str:
