@@ -51,7 +51,7 @@ def build(root: Path, runs: int, in_doubt: int) -> None:
 async def measure(root: Path) -> tuple[float, dict[str, float]]:
     """The median ms of a scrape's reads, and what they found."""
     reader = ProjectionReader(open_shards(root), partitions=PARTITIONS)
-    observer = ProjectorObserver(SimpleNamespace(reader=lambda: reader))  # type: ignore[arg-type]
+    observer = ProjectorObserver(SimpleNamespace(), reader)  # type: ignore[arg-type]
     try:
         families = await observer._projection_gauges()
         found = {f'{f.name}{dict(s.labels) or ""}': s.value for f in families for s in f.samples}
