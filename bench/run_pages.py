@@ -54,7 +54,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +84,15 @@ OUTPUT_BYTES = 'stepstream runs --json output size (bytes, not ms)'
 def build(root: Path, runs: int) -> None:
     """A projection of about `runs` runs under `root`, one shard per partition."""
     settings = Settings(topic_prefix='pages')
+    apply_wires(root, settings, many_runs(settings, 'pages', runs * RECORDS_PER_RUN, 1))
+
+
+def apply_wires(root: Path, settings: Settings, wires: Iterable[Any]) -> None:
+    """Apply `wires` (records as sent: topic, key, value) into new shards under `root`, as a projector would.
+
+    Each record goes to the partition the producer's partitioner gives its key, at the next offset
+    there, and each partition's records are applied by the projector's `Applier` in batches of `BATCH`.
+    """
     topics = {settings.topics.step_events_topic: EVENTS, settings.topics.tool_effects_topic: EFFECTS}
     applier = Applier(
         (settings.topics.step_events_topic, settings.topics.tool_effects_topic), partitions=PARTITIONS
@@ -98,7 +107,7 @@ def build(root: Path, runs: int) -> None:
         pending[partition].clear()
 
     try:
-        for wire in many_runs(settings, 'pages', runs * RECORDS_PER_RUN, 1):
+        for wire in wires:
             topic, partition = topics[wire.topic], murmur2_partition(wire.key, PARTITIONS)
             offset = offsets.get((topic, partition), 0)
             offsets[(topic, partition)] = offset + 1

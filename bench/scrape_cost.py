@@ -23,14 +23,11 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from bench.run_pages import BATCH, PARTITIONS, RECORDS_PER_RUN, open_shards, timed_ms
+from bench.run_pages import PARTITIONS, RECORDS_PER_RUN, apply_wires, open_shards, timed_ms
 from bench.synthetic import many_runs, plan_run, to_wire
-from stepstream.projector._apply import EFFECTS, EVENTS, Applier, SourceRecord
 from stepstream.projector._observe import ProjectorObserver
 from stepstream.readmodel import ProjectionReader
 from stepstream.settings import Settings
-from stepstream.storage import Shard
-from stepstream.topics import murmur2_partition
 
 
 def crashed(settings: Settings, count: int) -> list[Any]:
@@ -47,34 +44,14 @@ def crashed(settings: Settings, count: int) -> list[Any]:
 def build(root: Path, runs: int, in_doubt: int) -> None:
     """The projection: `runs` completed runs and `in_doubt` crashed ones, three shards."""
     settings = Settings(topic_prefix='scrape')
-    topics = {settings.topics.step_events_topic: EVENTS, settings.topics.tool_effects_topic: EFFECTS}
-    applier = Applier(
-        (settings.topics.step_events_topic, settings.topics.tool_effects_topic), partitions=PARTITIONS
-    )
-    shards = {p: Shard.open(root / str(p), create=True) for p in range(PARTITIONS)}
-    pending: dict[int, list[SourceRecord]] = {p: [] for p in range(PARTITIONS)}
-    offsets: dict[tuple[int, int], int] = {}
-    try:
-        wires = [*many_runs(settings, 'scrape', runs * RECORDS_PER_RUN, 1), *crashed(settings, in_doubt)]
-        for wire in wires:
-            topic, partition = topics[wire.topic], murmur2_partition(wire.key, PARTITIONS)
-            offset = offsets.get((topic, partition), 0)
-            offsets[(topic, partition)] = offset + 1
-            pending[partition].append(SourceRecord(topic, partition, offset, wire.key, wire.value))
-            if len(pending[partition]) >= BATCH:
-                applier.stage(shards[partition], pending[partition])[0].commit()
-                pending[partition].clear()
-        for partition, records in pending.items():
-            applier.stage(shards[partition], records)[0].commit()
-    finally:
-        for shard in shards.values():
-            shard.close()
+    wires = [*many_runs(settings, 'scrape', runs * RECORDS_PER_RUN, 1), *crashed(settings, in_doubt)]
+    apply_wires(root, settings, wires)
 
 
 async def measure(root: Path) -> tuple[float, dict[str, float]]:
     """The median ms of a scrape's reads, and what they found."""
     reader = ProjectionReader(open_shards(root), partitions=PARTITIONS)
-    observer = ProjectorObserver(SimpleNamespace(reader=lambda: reader))  # type: ignore[arg-type]
+    observer = ProjectorObserver(SimpleNamespace(), reader)  # type: ignore[arg-type]
     try:
         families = await observer._projection_gauges()
         found = {f'{f.name}{dict(s.labels) or ""}': s.value for f in families for s in f.samples}

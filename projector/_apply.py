@@ -307,7 +307,8 @@ class Applier:
             relist_run(txn, run, was)
             txn.put_state(keys.run, run)
         if keys.effects:
-            reindex_effects(txn, keys)
+            assert run is not None  # only a registered run's records change its calls
+            reindex_effects(txn, keys, run)
 
     # -- record-level rules (no state): `_checks.py` ---------------------------------------------
 

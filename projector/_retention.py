@@ -161,7 +161,7 @@ def drop_run(txn: Transaction, partition: int, run_id: str) -> None:
         txn.delete(ENDED.key(partition, ended_at, run_id))
         txn.delete(k)
     for _, value in list(txn.scan(EFFECT.prefix(run_id))):  # its calls in doubt or waiting
-        reindex(txn, effect_index(EffectState.decode(value)), ())
+        reindex(txn, effect_index(EffectState.decode(value), run), ())
     txn.delete(RUN.key(run_id))
     unlist_run(txn, run)
     if run.conflicting_writers:

@@ -8,7 +8,8 @@ Each rule returns False for a duplicate and raises `Rejected` for the DLQ:
   offset; it decides the status if it answers the call's latest `started` (decision 0022).
 - `withdraw_transition`: a step event took a transition's seq; the transition stops counting,
   and so do the resolutions only it came before.
-- `reindex_effects`: the unresolved indexes of the calls a batch changed, once per call and batch.
+- `reindex_effects`: the unresolved and waiting indexes of the calls a batch changed, once per call
+  and batch.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ from stepstream.storage import (
     UNRESOLVED_COUNT,
     UNRESOLVED_RUN,
     WAITING,
+    WAITING_AGENT,
+    WAITING_CONVERSATION,
+    WAITING_KIND,
     EffectState,
     RunState,
     Transaction,
@@ -61,7 +65,7 @@ def apply_transition(txn: Transaction, keys: RunKeys, run: RunState, source: Sou
     effect = txn.get_state(effect_key, EffectState)
     first = effect_key not in keys.effects
     if first:
-        keys.effects[effect_key] = effect_index(effect)
+        keys.effects[effect_key] = effect_index(effect, run)
     if effect is None:
         effect = EffectState(
             run_id=run.run_id, tool_call_id=t['tool_call_id'], tool_name=t['tool_name'], tool_name_seq=seq
@@ -91,7 +95,7 @@ def apply_resolution(txn: Transaction, keys: RunKeys, run: RunState, source: Sou
             f'run {run.run_id!r} has no tool call {call!r} before this resolution: nothing to resolve',
         )
     if effect_key not in keys.effects:
-        keys.effects[effect_key] = effect_index(effect)
+        keys.effects[effect_key] = effect_index(effect, run)
         txn.put_state(effect_key, effect)
     txn.put(resolution_key, source.value)
     effect.resolutions.append(
@@ -122,7 +126,7 @@ def withdraw_transition(
     effect_key = keys.effect(t['tool_call_id'])
     before = txn.get_state(effect_key, EffectState)
     if effect_key not in keys.effects:
-        keys.effects[effect_key] = effect_index(before)
+        keys.effects[effect_key] = effect_index(before, run)
     # Rare (a reused seq), so the call's other live transitions are found by a scan of the run's.
     effect = None
     first_live = None
@@ -177,10 +181,10 @@ def withdraw_transition(
     )
 
 
-def reindex_effects(txn: Transaction, keys: RunKeys) -> None:
-    """Index the calls whose effect the key's records changed in the batch, as they are after it."""
+def reindex_effects(txn: Transaction, keys: RunKeys, run: RunState) -> None:
+    """Index the calls of `run` whose effect the key's records changed in the batch, as they are after it."""
     for effect_key, before in keys.effects.items():
-        reindex(txn, before, effect_index(txn.get_state(effect_key, EffectState)))
+        reindex(txn, before, effect_index(txn.get_state(effect_key, EffectState), run))
 
 
 def _by_offset(r: dict[str, Any]) -> int:
@@ -212,8 +216,13 @@ def _merge(effect: EffectState, t: Fields) -> None:
         effect.settle()
 
 
-def effect_index(effect: EffectState | None) -> tuple[bytes, ...]:
-    """Where a call is listed, with the counts it adds one to: in doubt, or waiting for a decision."""
+def effect_index(effect: EffectState | None, run: RunState) -> tuple[bytes, ...]:
+    """Where a call of `run` is listed, with the counts it adds one to: in doubt, or waiting for a decision.
+
+    A waiting call is listed in `WAITING` and, for the filters of `list_waiting`, by its kind, its
+    run's agent and its run's conversation (each filed by kind too): the run's agent and
+    conversation are its registration's, which no later record changes.
+    """
     if effect is None:
         return ()
     if effect.unresolved:
@@ -224,10 +233,13 @@ def effect_index(effect: EffectState | None) -> tuple[bytes, ...]:
             UNRESOLVED_COUNT,
         )
     if effect.waiting and effect.deferral is not None and effect.ended_at is not None:
-        return (
-            WAITING.key(effect.ended_at, effect.run_id, effect.tool_call_id),
-            waiting_count(effect.deferral),
-        )
+        kind, place = effect.deferral, (effect.ended_at, effect.run_id, effect.tool_call_id)
+        keys = [WAITING.key(*place), WAITING_KIND.key(kind, *place), waiting_count(kind)]
+        if run.agent_name is not None:
+            keys.append(WAITING_AGENT.key(run.agent_name, kind, *place))
+        if run.conversation_id is not None:
+            keys.append(WAITING_CONVERSATION.key(run.conversation_id, kind, *place))
+        return tuple(keys)
     return ()
 
 

@@ -375,7 +375,8 @@ class ProjectionReader:
         """The deferred calls that wait for a decision, across runs, oldest first (`Waiting.list_waiting`).
 
         `newest_first`, `limit`, `after` (a `WaitingCall.cursor`), and filters `agent_name`,
-        `conversation_id`, `deferral` (`approval`, `question`, `external`).
+        `conversation_id`, `deferral` (`approval`, `question`, `external`), each walked through an
+        index of its own: a page reads about its own entries, however few calls match.
         """
         return await self._waiting.list_waiting(**query)
 

@@ -8,7 +8,6 @@ projection (docs/decisions/0014 and 0026).
 from __future__ import annotations
 
 import contextlib
-import heapq
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -215,7 +214,7 @@ class Runs:
         if after is not None:
             at = micros(after_started) if after_started is not None else self._started(after, index, parts)
         prefixes = [index.prefix(*parts)]
-        version = self._indexed() if index is RUNS and (agent_name or status or chain) is not None else 0
+        version = self.index_version() if index is RUNS and (agent_name or status or chain) is not None else 0
         if chain == 'broken' and version >= 4:
             prefixes = [BROKEN.prefix()]
         elif version >= 2 and (agent_name or status) is not None:
@@ -229,17 +228,8 @@ class Runs:
             else:
                 prefixes = [STATUS.prefix(*stored)]
         cursor = b'' if after is None else RUNS.key(at, after)[len(RUNS.prefix()) :]
-        walks = [self._walk(prefix, cursor, newest_first) for prefix in prefixes]
-        merged = walks[0] if len(walks) == 1 else heapq.merge(*walks, reverse=newest_first)
-        return (RUNS.last_str(RUNS.prefix() + place) for place, _ in merged if place != cursor)
-
-    def _walk(self, prefix: bytes, cursor: bytes, reverse: bool) -> Iterator[tuple[bytes, bytes]]:
-        """(place, key) of the index entries under `prefix`, from `cursor` on.
-
-        A place is the entry's (started_at, run_id) as encoded, which orders every run index alike.
-        """
-        start = prefix + cursor if cursor else None
-        return ((k[len(prefix) :], k) for k, _ in self._shards.scan(prefix, start=start, reverse=reverse))
+        places = self._shards.walk(prefixes, cursor, reverse=newest_first)
+        return (RUNS.last_str(RUNS.prefix() + place) for place in places if place != cursor)
 
     def _live(self, newest_first: bool, after: str | None, at: int) -> Iterator[str]:
         """The runs that read `running` now, in the listing's order from the cursor.
@@ -278,7 +268,7 @@ class Runs:
             return None
 
     def _counts(self) -> RunCounts | None:
-        if self._indexed() < 3:
+        if self.index_version() < 3:
             return None
         by_status = dict.fromkeys(RUN_STATUSES, 0)
         by_agent: dict[str, int] = {}
@@ -309,7 +299,7 @@ class Runs:
             waiting_calls=waiting,
         )
 
-    def _indexed(self) -> int:
+    def index_version(self) -> int:
         """The oldest version of the run indexes among the shards (`RUN_INDEX_VERSION`).
 
         A shard without an identity (not made by a projector) counts as current.

@@ -13,7 +13,7 @@ import asyncio
 import dataclasses
 import heapq
 import tempfile
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar, get_args, get_origin, get_type_hints
@@ -230,3 +230,19 @@ class Shards:
             return shards[0].scan(prefix, start=start, reverse=reverse)
         walks = (shard.scan(prefix, start=start, reverse=reverse) for shard in shards)
         return heapq.merge(*walks, key=_key, reverse=reverse)
+
+    def walk(self, prefixes: Sequence[bytes], cursor: bytes, *, reverse: bool = False) -> Iterator[bytes]:
+        """The places of every shard's index entries under `prefixes`, merged in order, from `cursor`.
+
+        A place is what follows its entry's prefix: the indexes of one listing end their keys
+        alike (a run index's (started_at, run_id), a waiting call's (since, run_id, call)), so
+        several ranges (a filter's, one per status or kind) merge into one order. `cursor` (a
+        place; empty: the range's end, `reverse` its start) is where each range's walk seeks to,
+        included; a page leaves it out.
+        """
+        walks = [self._places(prefix, cursor, reverse) for prefix in prefixes]
+        return walks[0] if len(walks) == 1 else heapq.merge(*walks, reverse=reverse)
+
+    def _places(self, prefix: bytes, cursor: bytes, reverse: bool) -> Iterator[bytes]:
+        start = prefix + cursor if cursor else None
+        return (k[len(prefix) :] for k, _ in self.scan(prefix, start=start, reverse=reverse))

@@ -3,8 +3,9 @@
 A deferred call (`requires_approval`, `ApprovalRequired`, `CallDeferred`) waits until someone
 decides it: a decision on the log (`stepstream approve`, `deny`, `complete`, or the API) answers its
 `deferred` transition, and the first one decides (decision 0056). The projector keeps the calls that
-wait in the `WAITING` index (waiting since, run, call), in every shard; a page of it reads about
-its own keys, however many calls wait.
+wait in the `WAITING` index (waiting since, run, call), in every shard, and by kind, by agent and by
+conversation (each filed by kind too): a page of any listing, filtered or not, reads about its own
+keys, however many calls wait and however few match (decision 0056).
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from stepstream.errors import NotFound
 from stepstream.readmodel._effects import Effects
 from stepstream.readmodel._runs import Runs
 from stepstream.readmodel._shards import Shards
-from stepstream.schemas import Deferral, ToolEffectRecord
-from stepstream.storage import WAITING
+from stepstream.schemas import DEFERRALS, Deferral, ToolEffectRecord
+from stepstream.storage import WAITING, WAITING_AGENT, WAITING_CONVERSATION, WAITING_KIND
 from stepstream.timestamps import micros
 
 WaitingCursor = tuple[datetime, str, str]
@@ -107,16 +108,33 @@ class Waiting:
         """`ProjectionReader.list_waiting`."""
 
         def query() -> list[WaitingCall]:
-            start = None if after is None else WAITING.key(micros(after[0]), after[1], after[2])
-            keys = (
-                k
-                for k, _ in self._shards.scan(WAITING.prefix(), start=start, reverse=newest_first)
-                if k != start
-            )
+            cursor = b'' if after is None else WAITING.key(micros(after[0]), after[1], after[2])[1:]
+            prefixes = self._ranges(agent_name, conversation_id, deferral)
+            places = self._shards.walk(prefixes, cursor, reverse=newest_first)
+            keys = (WAITING.tag + place for place in places if place != cursor)
             found = (self._call(k, agent_name, conversation_id, deferral) for k in keys)
             return list(itertools.islice((c for c in found if c is not None), limit))
 
         return await self._shards.query(query)
+
+    def _ranges(
+        self, agent_name: str | None, conversation_id: str | None, deferral: str | None
+    ) -> list[bytes]:
+        """The index ranges a listing walks, merged by their common (since, run, call) ending.
+
+        A conversation's calls (one range per kind, or the kind's), else an agent's, else a kind's,
+        else every call: each call read is checked against every filter, so with both a
+        conversation and an agent the walk is bounded by the conversation's waiting calls. Shards
+        made before these indexes (`RUN_INDEX_VERSION` below 5) are walked whole and filtered.
+        """
+        if (agent_name, conversation_id, deferral) == (None, None, None) or self._runs.index_version() < 5:
+            return [WAITING.prefix()]
+        kinds = sorted(DEFERRALS) if deferral is None else [deferral]
+        if conversation_id is not None:
+            return [WAITING_CONVERSATION.prefix(conversation_id, kind) for kind in kinds]
+        if agent_name is not None:
+            return [WAITING_AGENT.prefix(agent_name, kind) for kind in kinds]
+        return [WAITING_KIND.prefix(*kinds)]
 
     def _call(
         self, key: bytes, agent_name: str | None, conversation_id: str | None, deferral: str | None

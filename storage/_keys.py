@@ -22,8 +22,14 @@ No other module spells key bytes: they ask a `Keyspace` for a key, a prefix or t
 | `EFFECT`           | `x`  | run_id, tool_call_id                  | `EffectState`                  |
 | `UNRESOLVED`       | `u`  | started_at, run_id, tool_call_id      | empty: oldest first, all runs  |
 | `UNRESOLVED_RUN`   | `v`  | run_id, tool_call_id                  | empty: per run                 |
-| `WAITING`          | `W`  | deferred_at, run_id, tool_call_id     | its kind: deferred calls that  |
+| `WAITING`          | `W`  | deferred_at, run_id, tool_call_id     | empty: deferred calls that     |
 |                    |      |                                       | wait for a decision, all runs  |
+| `WAITING_KIND`     | `K`  | kind, deferred_at, run_id,            | empty: `WAITING` by kind       |
+|                    |      | tool_call_id                          |                                |
+| `WAITING_AGENT`    | `A`  | agent_name, kind, deferred_at,        | empty: an agent's, by kind     |
+|                    |      | run_id, tool_call_id                  |                                |
+| `WAITING_CONVERSATION` | `C` | conversation_id, kind, deferred_at, | empty: a conversation's, by    |
+|                    |      | run_id, tool_call_id                  | kind                           |
 | `RUNS`             | `a`  | started_at, run_id                    | empty: every run, in order     |
 | `CONVERSATION`     | `c`  | conversation_id, started_at, run_id   | empty                          |
 | `CHILDREN`         | `p`  | parent_run_id, started_at, run_id     | empty                          |
@@ -185,6 +191,9 @@ EFFECT = Keyspace('effect', b'x', ('str', 'str'))
 UNRESOLVED = Keyspace('unresolved', b'u', ('int', 'str', 'str'))
 UNRESOLVED_RUN = Keyspace('unresolved_run', b'v', ('str', 'str'))
 WAITING = Keyspace('waiting', b'W', ('int', 'str', 'str'))
+WAITING_KIND = Keyspace('waiting_kind', b'K', ('str', 'int', 'str', 'str'))
+WAITING_AGENT = Keyspace('waiting_agent', b'A', ('str', 'str', 'int', 'str', 'str'))
+WAITING_CONVERSATION = Keyspace('waiting_conversation', b'C', ('str', 'str', 'int', 'str', 'str'))
 RUNS = Keyspace('runs', b'a', ('int', 'str'))
 STATUS = Keyspace('status', b'b', ('str', 'int', 'str'))
 AGENT = Keyspace('agent', b'd', ('str', 'str', 'int', 'str'))
@@ -219,6 +228,9 @@ KEYSPACES = (
     UNRESOLVED,
     UNRESOLVED_RUN,
     WAITING,
+    WAITING_KIND,
+    WAITING_AGENT,
+    WAITING_CONVERSATION,
     RUNS,
     STATUS,
     AGENT,

@@ -295,10 +295,11 @@ class SnapshotEntry(_Json):
     retained: bool = True
 
 
-RUN_INDEX_VERSION = 4
+RUN_INDEX_VERSION = 5
 """The run indexes a shard made now holds: 2 adds `STATUS` and `AGENT` (decision 0045); 3 files
 `AGENT` by status too and adds `LATEST` and the `COUNT`s (decision 0046); 4 checks each run's
-hash chain and lists the broken ones in `BROKEN` (decision 0049)."""
+hash chain and lists the broken ones in `BROKEN` (decision 0049); 5 lists the waiting calls by
+kind, agent and conversation (`WAITING_KIND`, `WAITING_AGENT`, `WAITING_CONVERSATION`; decision 0056)."""
 
 
 @dataclass(slots=True)
