@@ -213,7 +213,7 @@ EXPIRED = Keyspace('expired', b'g', ('str',))
 MEDIA = Keyspace('media', b'h', ('str', 'str'))
 RUN_MEDIA = Keyspace('run_media', b'j', ('str', 'str'))
 TALLY = Keyspace('tally', b'y', ('str',))
-SNAPSHOT_KEY = Keyspace('snapshot_key', b'K', ('str', 'str'))
+SNAPSHOT_KEY = Keyspace('snapshot_key', b'S', ('str', 'str'))
 """A run's snapshot idempotency keys without a sequence prefix, each once: a later snapshot with one
 is a keyed duplicate, whatever retention dropped since (`projector/_step_events.py`)."""
 
