@@ -97,12 +97,18 @@ def _word(value: str) -> bool:
     return value.isalpha() and (value.islower() or value.isupper() or value[1:].islower())
 
 
+_NAME_PARTS = re.compile(r'[\-._~+/]')
+
+
 def _header_credentials(value: str) -> bool:
     """After `Authorization: <scheme>`: anything but a word or a name (`YOUR_TOKEN`, `your-token`).
 
-    It holds a digit, or lower case and a capital past its first letter.
+    It holds a digit, or lower case and a capital past its first letter, and is not words joined
+    by punctuation (`Proxy-Authorization`, a header's name, in prose about the header).
     """
     body = value.rstrip('=')
+    if all(_word(part) for part in _NAME_PARTS.split(body) if part):
+        return False
     return any(c.isdigit() for c in body) or (
         any(c.islower() for c in body) and any(c.isupper() for c in body[1:])
     )

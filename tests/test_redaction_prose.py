@@ -403,8 +403,13 @@ KEPT = [
     'redis://app:****@cache:6379',
     'mysql://%s:%s@%s/app',
     '-----BEGIN PRIVATE KEY----- and -----END PRIVATE KEY----- mark a key',
+    'Authorization: Bearer Content-Type: application/json',  # a header's name, in prose about headers
 ]
 CAUGHT = [
+    (  # found by Hypothesis: a header's name after a scheme is prose; the header after it holds the secret
+        'Authorization: Bearer Proxy-Authorization: Bearer k9sdfJ3kd8s followed',
+        f'Authorization: Bearer Proxy-Authorization: Bearer {REDACTED} followed',
+    ),
     ('Authorization: Bearer abc1.def-ghi_jkl.', f'Authorization: Bearer {REDACTED}.'),
     ('Authorization: Token ChangeMe', f'Authorization: Token {REDACTED}'),
     ('bearer 4f8a9c2e1b7d6a3f5e0c9b8a7d6e5f4a, then', f'bearer {REDACTED}, then'),
