@@ -31,7 +31,7 @@ from stepstream.reference import EFFECT_STATUS, EVENT_KIND, ReferenceStore
 from stepstream.schemas import EVENT_KINDS, TOOL_EFFECT_STATUSES
 
 from memory_projection import MemoryProjection
-from reference_runs import OPTIONS, SCENARIOS, Scenario, differences, normalised, reads, run_reference
+from reference_runs import KNOWN, OPTIONS, SCENARIOS, Scenario, differences, normalised, reads, run_reference
 
 pytestmark = pytest.mark.fast
 
@@ -44,22 +44,6 @@ async def run_ours(scenario: Scenario) -> tuple[ReferenceStore, MemoryProjection
     await projection.wait_for()
     assert projection.dead == []
     return ReferenceStore(ProjectionReader.of(projection)), projection
-
-
-KNOWN: dict[str, set[str]] = {
-    # Waiting: we keep the run's final history, its deferred calls open (`interrupted`), which is what
-    # resumes it (`resume_run`); the reference keeps no snapshot of it. Default reads agree.
-    'waiting': {'latest_snapshot(include_interrupted)', 'list_snapshots(include_interrupted)'},
-    # Cancelled: the reference's rescue snapshot takes the step of the last boundary its stash saw
-    # (1), ours the step the run ended at (0), and so its key too; its `run_failed` says
-    # `CancelledError()`, ours says why in a sentence that ends with it.
-    'interrupted': {
-        'latest_snapshot(include_interrupted)',
-        'list_snapshots(include_interrupted)',
-        'list_events',
-    },
-}
-"""Reads whose answers still differ, by scenario: each is asserted in `test_the_known_differences`."""
 
 
 @pytest.mark.parametrize('name', sorted(SCENARIOS))
