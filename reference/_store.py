@@ -7,12 +7,14 @@ pointed at stepstream's projection unchanged. It reads only: runs are written by
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, NoReturn, Protocol
 
+from stepstream import schemas
 from stepstream.errors import ReadOnlyStore
 from stepstream.reference import _convert
 
 if TYPE_CHECKING:
+    import httpx
     from pydantic_ai_harness.step_persistence import (
         ContinuableSnapshot,
         RunRecord,
@@ -20,13 +22,49 @@ if TYPE_CHECKING:
         ToolEffectRecord,
     )
 
-    from stepstream.readmodel import ProjectionReader
-
 HOW_TO_WRITE = (
     'new runs are written by their agents through stepstream.producer.StepPersistence (the capability, '
     "in place of the reference's), and the runs of an existing pydantic-ai-harness store are copied "
     'onto the log by `stepstream import`'
 )
+
+
+class Reads(Protocol):
+    """The reads a `ReferenceStore` makes: a `ProjectionReader`'s, or a `ServedReader`'s over HTTP."""
+
+    async def get_run(self, run_id: str) -> schemas.RunRecord | None:
+        """The run, or None."""
+        ...
+
+    async def list_runs(
+        self, conversation_id: str | None = None, parent_run_id: str | None = None
+    ) -> list[schemas.RunRecord]:
+        """The runs matching both filters, in the order they started."""
+        ...
+
+    async def list_events(self, run_id: str) -> list[schemas.StepEvent]:
+        """The run's step events in `seq` order."""
+        ...
+
+    async def latest_snapshot(
+        self, run_id: str, include_interrupted: bool = False
+    ) -> schemas.ContinuableSnapshot | None:
+        """The newest complete snapshot (or newest of any state), or None."""
+        ...
+
+    async def list_snapshots(
+        self, run_id: str, include_interrupted: bool = False
+    ) -> list[schemas.ContinuableSnapshot]:
+        """The run's retained snapshots, oldest first."""
+        ...
+
+    async def get_tool_effect(self, run_id: str, tool_call_id: str) -> schemas.ToolEffectRecord | None:
+        """One call's effect, or None."""
+        ...
+
+    async def list_tool_effects(self, run_id: str) -> list[schemas.ToolEffectRecord]:
+        """The run's effects, in the order the calls started."""
+        ...
 
 
 class ReferenceStore:
@@ -49,9 +87,43 @@ class ReferenceStore:
     pydantic-ai-harness`); stepstream never needs it otherwise.
     """
 
-    def __init__(self, reader: ProjectionReader) -> None:
+    def __init__(self, reader: Reads) -> None:
+        """A store over `reader`: a `ProjectionReader` (in process), or a `ServedReader` (`served`)."""
         self.reader = reader
-        """The projection it reads (closed by its owner, not by the store)."""
+        """What it reads (a `ProjectionReader` is closed by its owner, not by the store)."""
+
+    @classmethod
+    def served(
+        cls, url: str, *, token: str | None = None, client: httpx.AsyncClient | None = None
+    ) -> ReferenceStore:
+        """A store that asks a read service (`stepstream serve` at `url`) instead of opening the projection.
+
+        `token` is the service's bearer token when it asks for one; `client` an `httpx.AsyncClient`
+        of the caller's. Close the store with `aclose` (or `async with`). Offloaded media read as
+        the service's links (`/api/media/{sha256}`), not restored bytes: the one difference from
+        the store in process.
+
+        ```python
+        async with ReferenceStore.served('http://projection.internal:8000', token=token) as store:
+            report = await inspect_recovery(store=store, run_id='support-0193...')
+        ```
+        """
+        from stepstream.reference._served import ServedReader
+
+        return cls(ServedReader(url, token=token, client=client))
+
+    async def __aenter__(self) -> ReferenceStore:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close what the store opened itself (a `served` store's HTTP client); a reader given stays open."""
+        from stepstream.reference._served import ServedReader
+
+        if isinstance(self.reader, ServedReader):
+            await self.reader.aclose()
 
     # -- runs ------------------------------------------------------------------------------------
 

@@ -226,3 +226,29 @@ async def test_resolutions_read_as_the_nearest_reference_status() -> None:
     effect = await store.get_tool_effect(run_id='run-1', tool_call_id='call-1')
     assert effect is not None and effect.status == 'failed' and effect.ended_at is not None
     assert await store.list_unresolved_tool_effects(run_id='run-1') == []
+
+
+@pytest.mark.parametrize('name', sorted(SCENARIOS))
+async def test_a_read_service_answers_as_the_projection_does(name: str) -> None:
+    """`ReferenceStore.served(url)` asks `stepstream serve`'s API: the answers of the store in process."""
+    import httpx
+
+    from stepstream import Settings
+    from stepstream.serve import app_for
+
+    scenario, calls = SCENARIOS[name]
+    store, projection = await run_ours(scenario)
+    local = await reads(store, 'run-1', calls)
+    transport = httpx.ASGITransport(app=app_for(Settings(), reader=projection.reader()))
+    async with (
+        httpx.AsyncClient(transport=transport, base_url='http://serve') as client,
+        ReferenceStore.served('http://serve', client=client) as served,
+    ):
+        remote = await reads(served, 'run-1', calls)
+        assert await served.get_run(run_id='no-such-run') is None
+        assert await served.list_events(run_id='no-such-run') == []
+        assert await served.latest_snapshot(run_id='no-such-run') is None
+        report = await inspect_recovery(store=served, run_id='run-1')
+        assert report.unresolved == tuple(local['list_unresolved_tool_effects'])
+    assert differences(local, remote, ('run-1',)) == []
+    assert local == remote  # not even a time differs
