@@ -10,6 +10,7 @@ tests/test_reference_store_e2e.py (on the brokers).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, is_dataclass
 from datetime import datetime
@@ -217,6 +218,27 @@ def stuck_agent(capability: AbstractCapability[Any], entered: asyncio.Event) -> 
     return agent
 
 
+def delegating_agent(capability: AbstractCapability[Any]) -> Agent[None, Any]:
+    """Asks a helper agent (its own run, a child of this one) from a tool, then answers."""
+    helper = text_agent(dataclasses.replace(capability, run_id='child-1', agent_name='helper', metadata={}))  # type: ignore[type-var]
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if _returns(messages):
+            return ModelResponse(parts=[TextPart('the helper answered')])
+        return ModelResponse(
+            parts=[ToolCallPart('ask_helper', {'question': 'code?'}, tool_call_id='call-ask')]
+        )
+
+    agent = Agent(FunctionModel(model), capabilities=[capability])
+
+    @agent.tool_plain
+    async def ask_helper(question: str) -> str:
+        result = await helper.run(question, conversation_id='conv-1')
+        return str(result.output)
+
+    return agent
+
+
 # -- the scenarios: one run each, with the capability given ------------------------------------
 
 OPTIONS = {'run_id': 'run-1', 'agent_name': 'clerk', 'metadata': {'team': 'billing'}}
@@ -225,6 +247,11 @@ OPTIONS = {'run_id': 'run-1', 'agent_name': 'clerk', 'metadata': {'team': 'billi
 async def text_run(capability: AbstractCapability[Any]) -> None:
     """A text answer."""
     await text_agent(capability).run('hello', conversation_id='conv-1')
+
+
+async def delegating_run(capability: AbstractCapability[Any]) -> None:
+    """A run whose tool runs a helper agent: two runs, the helper's the child of the first."""
+    await delegating_agent(capability).run('ask the helper', conversation_id='conv-1')
 
 
 async def tool_run(capability: AbstractCapability[Any]) -> None:
@@ -267,6 +294,7 @@ SCENARIOS: dict[str, tuple[Scenario, tuple[str, ...]]] = {
     'tools': (tool_run, ('call-0', 'call-1', 'call-9')),
     'failing tool': (failing_run, ('call-lookup', 'call-charge')),
     'waiting': (waiting_run, ('call-refund', 'call-export')),
+    'delegating': (delegating_run, ('call-ask',)),
     'interrupted': (interrupted_run, ('call-0', 'call-1')),
 }
 """Each scenario and the tool calls whose effects are read."""

@@ -49,13 +49,20 @@ async def run_ours(scenario: Scenario) -> tuple[ReferenceStore, MemoryProjection
 @pytest.mark.parametrize('name', sorted(SCENARIOS))
 async def test_every_read_answers_as_the_reference_store_does(name: str) -> None:
     scenario, calls = SCENARIOS[name]
-    theirs = await reads(await run_reference(scenario), 'run-1', calls)
+    reference = await run_reference(scenario)
     store, _ = await run_ours(scenario)
-    ours = await reads(store, 'run-1', calls)
-    found = differences(theirs, ours, ('run-1',))
-    unexpected = [d for d in found if d.split(':', 1)[0] not in KNOWN.get(name, set())]
-    assert unexpected == [], '\n'.join(unexpected)
-    assert theirs['get_run'] is not None and theirs['list_events'], 'the scenario wrote a run'
+    run_ids = tuple(run.run_id for run in await reference.list_runs())
+    assert run_ids == tuple(run.run_id for run in await store.list_runs())
+    assert 'run-1' in run_ids and len(run_ids) == (2 if name == 'delegating' else 1)
+    if name == 'delegating':
+        assert [run.run_id for run in await store.list_runs(parent_run_id='run-1')] == ['child-1']
+    for run_id in run_ids:
+        theirs = await reads(reference, run_id, calls)
+        ours = await reads(store, run_id, calls)
+        found = differences(theirs, ours, run_ids)
+        unexpected = [d for d in found if d.split(':', 1)[0] not in KNOWN.get(name, set())]
+        assert unexpected == [], f'{run_id}: ' + '\n'.join(unexpected)
+        assert theirs['get_run'] is not None and theirs['list_events'], 'the scenario wrote the run'
 
 
 async def test_the_known_differences() -> None:
