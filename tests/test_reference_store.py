@@ -259,3 +259,60 @@ async def test_a_read_service_answers_as_the_projection_does(name: str) -> None:
         assert report.unresolved == tuple(local['list_unresolved_tool_effects'])
     assert differences(local, remote, ('run-1',)) == []
     assert local == remote  # not even a time differs
+
+
+def test_the_reference_is_no_dependency_of_stepstream() -> None:
+    """No module of stepstream imports pydantic-ai-harness but for the type checker: it is a test extra."""
+    import ast
+    import os
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    found = []
+    paths = sorted(
+        Path(folder) / name
+        for folder, _, names in os.walk(root / 'stepstream', followlinks=True)
+        for name in names
+        if name.endswith('.py')
+    )
+    assert root / 'stepstream' / 'reference' / '_store.py' in paths  # the walk follows the links
+    for path in paths:
+        tree = ast.parse(path.read_text(encoding='utf-8'))
+        typing_only = {
+            id(node)
+            for block in ast.walk(tree)
+            if isinstance(block, ast.If) and ast.unparse(block.test) == 'TYPE_CHECKING'
+            for node in ast.walk(block)
+        }
+        for node in ast.walk(tree):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or '']
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            if any(n.startswith('pydantic_ai_harness') for n in names) and id(node) not in typing_only:
+                found.append(f'{path.relative_to(root)}:{node.lineno}')
+    assert found == []
+
+
+async def test_without_the_reference_installed_a_read_says_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import sys
+
+    class Missing:
+        """A finder that has no pydantic-ai-harness, as an environment without it."""
+
+        def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+            if name.split('.')[0] == 'pydantic_ai_harness':
+                raise ModuleNotFoundError(f"No module named '{name}'")
+
+    store, _ = await run_ours(SCENARIOS['text'][0])
+    for name in [n for n in sys.modules if n.split('.')[0] == 'pydantic_ai_harness']:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(sys, 'meta_path', [Missing(), *sys.meta_path])
+    with pytest.raises(ImportError, match=r'pip install --no-deps pydantic-ai-harness'):
+        await store.get_run(run_id='run-1')
+    assert await store.reader.get_run('run-1') is not None  # our own reads need none of it
