@@ -316,3 +316,33 @@ async def test_without_the_reference_installed_a_read_says_how_to_install_it(
     with pytest.raises(ImportError, match=r'pip install --no-deps pydantic-ai-harness'):
         await store.get_run(run_id='run-1')
     assert await store.reader.get_run('run-1') is not None  # our own reads need none of it
+
+
+async def test_erased_content_is_never_handed_on_as_a_history() -> None:
+    """A snapshot `stepstream forget` erased: left out of the list, and the latest raises `ContentErased`."""
+    import dataclasses
+
+    from stepstream.erasure import ContentErased
+
+    store, projection = await run_ours(SCENARIOS['tools'][0])
+    reader = projection.reader()
+    kept = await reader.list_snapshots('run-1')
+    erased = [dataclasses.replace(snap, messages=[], erased=True) for snap in kept]
+
+    class Erased:
+        """The reader as it reads once the conversation's key is destroyed."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(reader, name)
+
+        async def list_snapshots(self, run_id: str, include_interrupted: bool = False) -> list[Any]:
+            return erased
+
+        async def latest_snapshot(self, run_id: str, include_interrupted: bool = False) -> Any:
+            return erased[-1]
+
+    assert len(await store.list_snapshots(run_id='run-1')) == len(kept) == 3
+    over_erased = ReferenceStore(Erased())  # type: ignore[arg-type]
+    assert await over_erased.list_snapshots(run_id='run-1') == []
+    with pytest.raises(ContentErased, match=r"run 'run-1' .* was erased"):
+        await continue_run(over_erased, run_id='run-1')
