@@ -259,6 +259,12 @@ async def tool_run(capability: AbstractCapability[Any]) -> None:
     await tool_agent(capability).run('find q0 and q1', conversation_id='conv-1')
 
 
+async def frontier_run(capability: AbstractCapability[Any]) -> None:
+    """Two tool rounds with `capture_frontier`: inputs and tool-call frontiers are snapshotted too."""
+    frontier = dataclasses.replace(capability, capture_frontier=True)  # type: ignore[type-var]
+    await tool_agent(frontier).run('find q0 and q1', conversation_id='conv-1')
+
+
 async def failing_run(capability: AbstractCapability[Any]) -> None:
     """A tool raises: the run fails with an interrupted snapshot."""
     try:
@@ -292,6 +298,7 @@ async def interrupted_run(capability: AbstractCapability[Any]) -> None:
 SCENARIOS: dict[str, tuple[Scenario, tuple[str, ...]]] = {
     'text': (text_run, ()),
     'tools': (tool_run, ('call-0', 'call-1', 'call-9')),
+    'frontier': (frontier_run, ('call-0', 'call-1')),
     'failing tool': (failing_run, ('call-lookup', 'call-charge')),
     'waiting': (waiting_run, ('call-refund', 'call-export')),
     'delegating': (delegating_run, ('call-ask',)),
