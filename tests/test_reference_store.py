@@ -110,6 +110,12 @@ async def test_what_has_no_counterpart_reads_as_the_reference_records_it() -> No
     ]
     run = await store.get_run(run_id='run-1')
     assert run is not None and run.metadata == {'team': 'billing'}  # no `stepstream.*` keys
+    # KNOWN: we keep the waiting run's final history (what resumes it), the reference none.
+    final = await store.latest_snapshot(run_id='run-1', include_interrupted=True)
+    assert final is not None and final.state == 'interrupted'
+    assert await store.latest_snapshot(run_id='run-1') is None
+    theirs = await run_reference(SCENARIOS['waiting'][0])
+    assert await theirs.latest_snapshot(run_id='run-1', include_interrupted=True) is None
     assert not hasattr(run, 'status')
 
 
