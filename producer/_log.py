@@ -60,7 +60,7 @@ from stepstream.producer._protocol import (
 )
 from stepstream.producer._sender import Outgoing, Sender, connect
 from stepstream.schemas import LogRecord
-from stepstream.settings import Settings
+from stepstream.settings import Settings, check_count
 from stepstream.telemetry import failed
 from stepstream.topics import Position, ensure_topics, murmur2_partition, supports_idempotence, unavailable
 
@@ -127,6 +127,7 @@ class EventLog:
         `close` ends the runs still open as `cancelled`, and so does SIGTERM when
         `end_runs_on_sigterm` and nothing else handles that signal (docs/decisions/0026).
         """
+        check_count(max_record_bytes, 'max_record_bytes')
         if settings.media.media_threshold_bytes >= max_record_bytes:
             raise ValueError(
                 f'media_threshold_bytes ({settings.media.media_threshold_bytes}) must stay below '

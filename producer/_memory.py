@@ -35,7 +35,7 @@ from stepstream.producer._protocol import (
     wake,
 )
 from stepstream.schemas import LogRecord
-from stepstream.settings import Settings
+from stepstream.settings import Settings, check_count
 from stepstream.topics import Position, murmur2_partition
 
 if TYPE_CHECKING:
@@ -71,6 +71,7 @@ class InMemoryLog:
 
     def __init__(self, settings: Settings | None = None, *, max_record_bytes: int = MAX_RECORD_BYTES) -> None:
         """An empty log; `settings` gives topic names, the partition count and the ack timeout."""
+        check_count(max_record_bytes, 'max_record_bytes')
         self.settings = settings or Settings()
         self.max_record_bytes = max_record_bytes
         self.records: list[StoredRecord] = []

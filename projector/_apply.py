@@ -71,6 +71,7 @@ from stepstream.projector._step_events import TERMINAL_KINDS, apply_event, regis
 from stepstream.projector._tool_effects import apply_resolution, apply_transition, reindex_effects
 from stepstream.projector._usage import MAX_COST_USD, MAX_COUNT, TIMED_KINDS
 from stepstream.schemas import UNCHAINED_KINDS, Fields
+from stepstream.settings import check_count
 from stepstream.storage import (
     APART,
     CONFLICT,
@@ -160,6 +161,9 @@ class Applier:
         `retain_ended_us` drops runs that ended that long before their partition's clock
         (`_retention.py`); None keeps every run.
         """
+        check_count(partitions, 'partitions')
+        check_count(max_snapshots_per_run, 'max_snapshots_per_run', optional=True)
+        check_count(max_seq_jump, 'max_seq_jump')
         self.topics = topics
         self.partitions = partitions
         self.max_snapshots = max_snapshots_per_run

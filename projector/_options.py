@@ -10,7 +10,7 @@ from stepstream.errors import UsageError
 from stepstream.projector._commits import GroupOffsets
 from stepstream.projector._dead_letters import DeadLetterSender
 from stepstream.projector._metrics import ApplyMetrics
-from stepstream.settings import Settings
+from stepstream.settings import Settings, check_count
 
 if TYPE_CHECKING:
     from stepstream.projector._membership import Membership
@@ -85,10 +85,10 @@ def only_partitions(
 ) -> frozenset[int] | None:
     """The partitions a projector is limited to (None: every one), once its options agree.
 
-    Refuses `max_snapshots_per_run` below 1, and a group member that is also given partitions.
+    Refuses a `max_snapshots_per_run` that is not an int of at least 1 (or None), and a group
+    member that is also given partitions.
     """
-    if max_snapshots_per_run is not None and max_snapshots_per_run < 1:
-        raise ValueError(f'max_snapshots_per_run must be at least 1, got {max_snapshots_per_run}')
+    check_count(max_snapshots_per_run, 'max_snapshots_per_run', optional=True)
     partitions = rebuilding.partitions if rebuilding is not None else None
     if member is not None and partitions is not None:
         raise UsageError('a group member owns the partitions its group assigns; give member or partitions')

@@ -41,7 +41,7 @@ from stepstream.projector._options import (
 )
 from stepstream.projector._pipeline import BatchPipeline
 from stepstream.projector._progress import AppliedPosition
-from stepstream.settings import Settings
+from stepstream.settings import Settings, check_count
 from stepstream.storage import Identity, LiveShards, ShardSet, check_projection
 from stepstream.topics import Position, TopicLayout, ensure_topics
 
@@ -93,6 +93,7 @@ class Projector:
     ) -> None:
         """Check the projection directory; nothing connects until `start()` (or `async with`)."""
         self.only = only_partitions(member, rebuilding, max_snapshots_per_run)
+        check_count(max_batch_records, 'max_batch_records')
         group = member.group if member is not None else None
         checkpoints = member.checkpoints if member is not None else None
         self.settings = settings

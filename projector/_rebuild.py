@@ -15,7 +15,7 @@ from aiokafka.structs import TopicPartition
 from stepstream.errors import StepStreamError, UsageError
 from stepstream.projector._options import Rebuilding
 from stepstream.projector._projector import Projector
-from stepstream.settings import Settings
+from stepstream.settings import Settings, check_count
 from stepstream.storage import check_projection, read_projection_identity, shard_paths
 from stepstream.topics import Position, ensure_topics
 
@@ -42,8 +42,11 @@ async def rebuild(
     `jobs` rebuilds the shards in that many processes (each takes every `jobs`-th partition);
     `partitions` rebuilds only those shards (what each job does).
     """
-    if jobs < 1:
-        raise UsageError(f'--jobs must be at least 1, got {jobs}')
+    try:
+        check_count(jobs, '--jobs')
+        check_count(max_snapshots_per_run, 'max_snapshots_per_run', optional=True)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     if like is not None:
         identity = await asyncio.to_thread(read_projection_identity, check_projection(like, create=False))
         if identity is None:

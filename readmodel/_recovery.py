@@ -14,7 +14,11 @@ if TYPE_CHECKING:
 
 @dataclass(kw_only=True)
 class RecoveryReport:
-    """What an orchestrator needs to decide how to resume a run."""
+    """What an orchestrator needs to decide how to resume a run.
+
+    Its fields read by pydantic-ai-harness's names too (`RecoveryInspection`): `latest`, `settled`,
+    `unresolved`, `completed_tools`, `failed_tools`.
+    """
 
     run: RunRecord | None
     latest_snapshot: ContinuableSnapshot | None
@@ -27,6 +31,16 @@ class RecoveryReport:
     failed_tools: list[str]
     snapshot_error: str | None = None
     """Why the snapshots could not be reconstructed, when the log broke their chain."""
+
+    @property
+    def latest(self) -> ContinuableSnapshot | None:
+        """`latest_snapshot`, by the name pydantic-ai-harness's `RecoveryInspection` gives it."""
+        return self.latest_snapshot
+
+    @property
+    def settled(self) -> ContinuableSnapshot | None:
+        """`latest_complete_snapshot`, by the name pydantic-ai-harness's `RecoveryInspection` gives it."""
+        return self.latest_complete_snapshot
 
 
 async def inspect_recovery(reader: ProjectionReader, *, run_id: str) -> RecoveryReport:

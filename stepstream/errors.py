@@ -112,3 +112,11 @@ class SchemaRegistryError(StepStreamUnavailable):
     def __init__(self, message: str, *, refused: bool = False) -> None:
         super().__init__(message)
         self.refused = refused
+
+
+class ReadOnlyStore(StepStreamError):
+    """A write through `stepstream.reference.ReferenceStore`, which only reads the projection.
+
+    Runs reach the log through their writer: stepstream's `StepPersistence` capability for new
+    runs, `stepstream import` for the runs of an existing pydantic-ai-harness store.
+    """

@@ -19,7 +19,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from stepstream.errors import ProjectionInUse, ProjectionMismatch
-from stepstream.settings import Settings
+from stepstream.settings import Settings, check_count
 from stepstream.storage._checkpoints import Checkpoints
 from stepstream.storage._retention import MEDIA_INDEX_VERSION
 from stepstream.storage._rocks import Shard, read_projection_identity, shard_path, shard_paths
@@ -83,6 +83,7 @@ class ShardSet:
         (up to `SHARD_HANDOFF_TIMEOUT_S`); `checkpoints` restores shards this host lacks. A new
         shard is `rebuilding` when `rebuilding`, else `live`.
         """
+        check_count(max_snapshots_per_run, 'max_snapshots_per_run', optional=True)
         self.root = root
         self.settings = settings
         self.group = group

@@ -400,7 +400,7 @@ async def test_max_snapshots_per_run_keeps_newest_and_newest_complete(
 
 
 def test_rejects_a_bad_retention(settings: Settings, tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match='at least 1'):
+    with pytest.raises(ValueError, match='max_snapshots_per_run must be a positive int or None, got 0'):
         Projector(settings, db_path=tmp_path / 'p', max_snapshots_per_run=0)
 
 

@@ -242,7 +242,7 @@ def test_a_section_checks_its_own_fields_naming_the_variable_and_flag() -> None:
         MediaSettings(media_threshold_bytes=0)
     with pytest.raises(
         ValueError,
-        match=r'partitions must be positive, got 0 \(set by STEPSTREAM_PARTITIONS \(--partitions\)\)',
+        match=r'partitions must be a positive int, got 0 \(set by STEPSTREAM_PARTITIONS \(--partitions\)\)',
     ):
         TopicSettings(partitions=0)
     with pytest.raises(

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
         KafkaSettings,
         RegistrySettings,
     )
-    from stepstream.settings._names import ENV_PREFIX, FILE_SUFFIX
+    from stepstream.settings._names import ENV_PREFIX, FILE_SUFFIX, check_count
     from stepstream.settings._sections import (
         LivenessSettings,
         MediaSettings,
@@ -58,6 +58,7 @@ _WHERE = {
     'ServeSettings': 'stepstream.settings._sections',
     'Settings': 'stepstream.settings._settings',
     'TopicSettings': 'stepstream.settings._sections',
+    'check_count': 'stepstream.settings._names',
 }
 """Where each public name lives: imported on first use, so a command pays only for what it uses."""
 
@@ -79,6 +80,7 @@ __all__ = [
     'ServeSettings',
     'Settings',
     'TopicSettings',
+    'check_count',
 ]
 
 __getattr__ = lazy_exports(__name__, _WHERE)

@@ -48,6 +48,20 @@ def positive(section: object, *field_names: str) -> None:
             raise ValueError(f'{field_name} must be positive, got {value}{set_by(field_name)}')
 
 
+def check_count(value: object, what: str, where: str = '', *, optional: bool = False) -> None:
+    """Refuse a count or size bound that is not an int of at least 1, naming `what` (and `where` set it).
+
+    A bool is refused although Python counts it an int, and so is a float even when whole: `1.5`
+    snapshots per run, or `True` partitions, is a mistake to report now, not a puzzle later. With
+    `optional`, None (no bound) is accepted.
+    """
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        wanted = 'a positive int' + (' or None' if optional else '')
+        raise ValueError(f'{what} must be {wanted}, got {value!r}{where}')
+
+
 def not_negative(section: object, *field_names: str) -> None:
     """Refuse a field of `section` that is negative, naming its variable and flag."""
     for field_name in field_names:

@@ -16,10 +16,10 @@ from stepstream.settings._names import (
     ENV_PREFIX,
     FILE_SUFFIX,
     as_secret,
+    check_count,
     http_url,
     name,
     not_negative,
-    positive,
     set_by,
 )
 
@@ -43,7 +43,8 @@ class TopicSettings:
                 f'topic_prefix {self.topic_prefix!r} is not a valid Kafka topic prefix'
                 f'{set_by("topic_prefix")}: use letters, digits, ".", "_" and "-"'
             )
-        positive(self, 'partitions')
+        for count in ('partitions', 'replication_factor'):
+            check_count(getattr(self, count), count, set_by(count))
 
     # Topic names live here so that producer, projector and CLI cannot disagree on them.
     @property
@@ -101,8 +102,7 @@ class MediaSettings:
         The setting's, and that of the parts that take a threshold directly (`offload_media`,
         `StepPersistence(media_threshold_bytes=...)`, `MediaExternalizer`).
         """
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(f'{what} must be a positive int, got {value!r}{where}')
+        check_count(value, what, where)
 
 
 @dataclass(frozen=True, kw_only=True)
