@@ -193,9 +193,11 @@ class Fields:
 
 def damaged(store: str, run_id: str | None, where: str, what: str) -> DamagedStore:
     """`DamagedStore` for the record at `where` (of run `run_id`, when known) of `store`."""
-    run = f'run {run_id!r}, ' if run_id is not None else ''
+    if run_id is None:  # the store as a whole: found before anything is written
+        return DamagedStore(f'the reference store {store} is damaged: {where}: {what}; nothing was written')
     return DamagedStore(
-        f'the reference store {store} is damaged: {run}{where}: {what}; nothing of this run was written'
+        f'the reference store {store} is damaged: run {run_id!r}, {where}: {what}; '
+        'nothing of this run was written'
     )
 
 
