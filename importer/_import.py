@@ -90,6 +90,7 @@ async def import_store(
     redact = redaction if redaction is not None else Redaction.from_settings(settings)
     key = settings.security.signing_key
     signer = Signer.from_secret(key) if key is not None else None
+    label = redact.label
     report = ImportReport(store=store.name)
     running: set[asyncio.Task[None]] = set()
     try:
@@ -104,6 +105,7 @@ async def import_store(
                 threshold_bytes=settings.media.media_threshold_bytes,
                 redaction=redact,
                 signer=signer,
+                label=label,
             )
             on_log = await _on_log(job, reader, report)
             if on_log is None:

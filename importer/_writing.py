@@ -108,10 +108,15 @@ class RunImport:
         threshold_bytes: int,
         redaction: Redaction,
         signer: Signer | None,
+        label: str | None = None,
     ) -> None:
-        """Prepare `run` for `log`; nothing is written until `write`."""
+        """Prepare `run` for `log`; nothing is written until `write`.
+
+        `label` is `redaction.label`, which an import of many runs works out once.
+        """
         record = run.run
         self.run = run
+        self.label = label if label is not None else redaction.label
         self.steps = ordered(run)
         metadata = {**record.metadata, IMPORTED_KEY: 'pydantic-ai-harness'}
         if record.registration_id is not None:
@@ -169,7 +174,7 @@ class RunImport:
         return writer.step_event(
             'run_started',
             event.step_index if event is not None else 0,
-            metadata={**writer.metadata, REDACTION_KEY: writer.redaction.label},
+            metadata={**writer.metadata, REDACTION_KEY: self.label},
             idempotency_key=event.idempotency_key if event is not None else None,
             timestamp=self.run.run.started_at,
         )
