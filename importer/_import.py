@@ -106,6 +106,7 @@ async def import_store(
                 redaction=redact,
                 signer=signer,
                 label=label,
+                store=store.name,
             )
             on_log = await _on_log(job, reader, report)
             if on_log is None:
@@ -117,12 +118,13 @@ async def import_store(
                     task.result()
             running.add(asyncio.create_task(_write(job, on_log, report)))
     except BaseException as exc:
-        if running:
-            await asyncio.gather(*running, return_exceptions=True)
+        await asyncio.gather(*running, return_exceptions=True)  # the runs in flight end whole
         exc.report = report  # type: ignore[attr-defined]
         raise
-    for result in asyncio.as_completed(running):
-        await result
+    for outcome in await asyncio.gather(*running, return_exceptions=True):
+        if isinstance(outcome, BaseException):
+            outcome.report = report  # type: ignore[attr-defined]
+            raise outcome
     return report
 
 

@@ -40,7 +40,7 @@ MEDIA_MARK = '__harness_external_'
 
 
 class DamagedStore(StepStreamError):
-    """A reference store record that cannot be read: the message names the store, the run and the record.
+    """A reference store's record that cannot be read (or written): the message names store, run and record.
 
     Raised before any record of that run is written; the runs before it are on the log whole.
     """

@@ -18,10 +18,18 @@ from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any, Literal
 
-from stepstream.importer._reference import ReferenceEffect, ReferenceEvent, ReferenceRun, ReferenceSnapshot
+from stepstream.errors import RecordTooLarge
+from stepstream.importer._reference import (
+    DamagedStore,
+    ReferenceEffect,
+    ReferenceEvent,
+    ReferenceRun,
+    ReferenceSnapshot,
+)
 from stepstream.media import MediaStore
 from stepstream.producer import REDACTION_KEY, Redaction, SnapshotWriter, StepLog
 from stepstream.producer._run import RunWriter
+from stepstream.schemas import LogRecord
 from stepstream.signing import Signer
 
 IMPORTED_KEY = 'stepstream.imported_from'
@@ -109,6 +117,7 @@ class RunImport:
         redaction: Redaction,
         signer: Signer | None,
         label: str | None = None,
+        store: str = 'the reference store',
     ) -> None:
         """Prepare `run` for `log`; nothing is written until `write`.
 
@@ -117,6 +126,7 @@ class RunImport:
         record = run.run
         self.run = run
         self.label = label if label is not None else redaction.label
+        self.store = store
         self.steps = ordered(run)
         metadata = {**record.metadata, IMPORTED_KEY: 'pydantic-ai-harness'}
         if record.registration_id is not None:
@@ -151,23 +161,34 @@ class RunImport:
         import was interrupted after one is linked to the record built again (decision 0060).
         """
         writer = self.writer
-        sent = 0
+        built: list[tuple[LogRecord, bytes]] = []
         for seq, (kind, value) in enumerate(self.steps):
-            send = not on_log(seq)
-            if kind == 'snapshot':
-                await self._snapshot(value, send=send)
-            else:
-                record = (
-                    self._start(value)
+            try:  # every record built and encoded first: one the log refuses leaves nothing sent
+                record = await (self._snapshot(value) if kind == 'snapshot' else self._record(kind, value))
+                encoded = await writer.append(record, send=False)
+            except (ValueError, RecordTooLarge) as exc:
+                where = (
+                    'its run record'
                     if kind == 'start'
-                    else (self._event(value) if kind == 'event' else self._transition(value))
+                    else (value[1] if kind == 'transition' else value).where
                 )
-                await writer.append(record, send=send)
-            sent += send
-        if sent:
+                raise DamagedStore(
+                    f'the reference store {self.store}: run {writer.run_id!r}, {where}: the log refuses '
+                    f'it ({exc}); nothing of this run was written'
+                ) from None
+            if not on_log(seq):
+                built.append((record, encoded))
+        for record, encoded in built:
+            writer.unacked.append(await writer.log.send(record, encoded))
+        if built:
             await writer.sign_head()
             await writer.durable(None)  # type: ignore[arg-type]  # no engine: only the acknowledgements
-        return sent
+        return len(built)
+
+    async def _record(self, kind: str, value: Any) -> LogRecord:
+        if kind == 'start':
+            return self._start(value)
+        return self._event(value) if kind == 'event' else self._transition(value)
 
     def _start(self, event: ReferenceEvent | None) -> Any:
         writer = self.writer
@@ -204,7 +225,7 @@ class RunImport:
             effect_summary=effect.effect_summary if annotated else None,
         )
 
-    async def _snapshot(self, snapshot: ReferenceSnapshot, *, send: bool) -> None:
+    async def _snapshot(self, snapshot: ReferenceSnapshot) -> LogRecord:
         """The snapshot as the capability saves one: a delta, media offloaded, sealed when erasure is on."""
         writer = self.writer
         snapshots = writer.snapshots
@@ -223,7 +244,9 @@ class RunImport:
         # The state the reference recorded, which it decided at the time (by the same rule).
         delta = dataclasses.replace(delta, state=snapshot.state)
         writer.step_index = snapshot.step_index
-        record = writer.step_event(
+        writer.snapshot_seq += 1
+        snapshots.commit(plan)
+        return writer.step_event(
             'snapshot_saved',
             snapshot.step_index,
             metadata=writer.metadata,
@@ -231,6 +254,3 @@ class RunImport:
             snapshot=delta,
             timestamp=snapshot.timestamp,
         )
-        await writer.append(record, send=send)
-        writer.snapshot_seq += 1
-        snapshots.commit(plan)

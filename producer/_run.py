@@ -193,13 +193,13 @@ class RunWriter:
             request_definitions=request_definitions,
         )
 
-    async def append(self, record: LogRecord, *, send: bool = True) -> None:
+    async def append(self, record: LogRecord, *, send: bool = True) -> bytes:
         """Take the record's `seq` once the log accepts it, then send it (or hold it for the engine).
 
         Build the record (`step_event`, `transition`) right before calling this: nothing between them
         awaits, so concurrent hooks of one run (parallel tool calls) never share a `seq`. A record the
         log refuses (an id rule, `RecordTooLarge`) raises here and leaves no gap. Not `send`: the
-        record is on the log already (a resumed import), it only takes its `seq` and moves the head.
+        record only takes its `seq` and moves the head (an import sends it later, or never).
         """
         value = self.log.encode(record)
         self.seq += 1
@@ -208,6 +208,7 @@ class RunWriter:
             self.open.last_append = time.monotonic()
         if send:
             await self._send(record, value)
+        return value
 
     async def _send(self, record: LogRecord, value: bytes) -> None:
         if self.durable_engine:

@@ -245,3 +245,39 @@ async def test_a_store_of_another_kind_is_refused(tmp_path: Path) -> None:
         open_store(other)
     with pytest.raises(StepStreamError, match='no reference store'):
         open_store(tmp_path / 'missing')
+
+
+async def test_a_sqlite_store_with_a_bad_row_names_the_run_and_the_row(tmp_path: Path) -> None:
+    store = reference_store('sqlite', tmp_path)
+    await make_runs(store)
+    first, second = await _first_runs(store)
+    path = store_path('sqlite', tmp_path)
+    with sqlite3.connect(path) as conn:
+        (seq,) = conn.execute('SELECT max(seq) FROM events WHERE run_id = ?', (second,)).fetchone()
+        conn.execute("UPDATE events SET kind = 'run_paused' WHERE seq = ?", (seq,))
+    log, projection = _setup(tmp_path)
+
+    with pytest.raises(DamagedStore) as caught:
+        await _import(log, projection, path)
+
+    assert f"run {second!r}, events row seq={seq}: kind 'run_paused' is not one of" in str(caught.value)
+    assert _nothing_of(log, second) and not _nothing_of(log, first)
+
+
+async def test_a_run_the_log_refuses_is_named_and_nothing_of_it_is_written(tmp_path: Path) -> None:
+    from pydantic_ai_harness.step_persistence import RunRecord, ToolEffectRecord
+
+    store = reference_store('sqlite', tmp_path)
+    await make_runs(store)
+    started = (await store.list_runs())[-1].started_at
+    await store.register_run(RunRecord(run_id='zz-long-call', agent_name='ok', started_at=started))
+    await store.record_tool_effect(
+        ToolEffectRecord(tool_call_id='c' * 2000, tool_name='t', run_id='zz-long-call', status='started')
+    )
+    log, projection = _setup(tmp_path)
+
+    with pytest.raises(DamagedStore, match='the log refuses it') as caught:
+        await _import(log, projection, store_path('sqlite', tmp_path))
+
+    assert "run 'zz-long-call', tool_effects row" in str(caught.value)
+    assert _nothing_of(log, 'zz-long-call') and caught.value.report.runs_written == 5  # type: ignore[attr-defined]
