@@ -270,13 +270,17 @@ class FileStore:
             self._started[sub.name] = record.started_at
 
     def _json(self, run_id: str, path: Path, where: str) -> dict[str, Any]:
+        return self._text_and_json(run_id, path, where)[1]
+
+    def _text_and_json(self, run_id: str, path: Path, where: str) -> tuple[str, dict[str, Any]]:
         try:
-            data = json.loads(path.read_text(encoding='utf-8'))
+            text = path.read_text(encoding='utf-8')
+            data = json.loads(text)
         except (OSError, ValueError) as exc:
             raise damaged(self.name, run_id, where, f'not readable JSON ({exc})') from None
         if not isinstance(data, dict):
             raise damaged(self.name, run_id, where, 'not a JSON object')
-        return data
+        return text, data
 
     def run_ids(self) -> list[str]:
         """Every run id, by `started_at` then run id."""
@@ -326,11 +330,12 @@ class FileStore:
         )
         for number, path in numbered:
             where = f'snapshots/{number}.json'
-            fields = Fields(self.name, run_id, where, self._json(run_id, path, where))
+            text, data = self._text_and_json(run_id, path, where)
+            fields = Fields(self.name, run_id, where, data)
             history = fields.data.get('messages')
             if history is None:
                 raise fields.damaged('it has no messages')
-            if MEDIA_MARK in path.read_text(encoding='utf-8'):
+            if MEDIA_MARK in text:
                 history = await restore_media(history, self, self._media, fields)
             run.snapshots.append(snapshot(fields, history))
         return run

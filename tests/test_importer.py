@@ -61,8 +61,8 @@ async def test_every_run_reads_back_as_the_reference_store_returns_it(tmp_path: 
     assert runs == 5 and report.runs_read == report.runs_written == runs
     assert report.records_written == len([r for r in log.records if r.record.seq >= 0]) - _signed(log)
     assert projection.dead == []
-    # The long answer went to the media stores of both: the reference's, and stepstream's.
-    assert any((tmp_path / 'media').iterdir())
+    # The long answer and the image went to the media stores of both: the reference's, and stepstream's.
+    assert _reference_media(kind, tmp_path) == 2 and len(list((tmp_path / 'media').iterdir())) >= 2
     assert not any(LONG_ANSWER.encode()[:2000] in r.value for r in log.records)
     for ref in await store.list_runs():
         ours = await projection.reader().get_run(ref.run_id)
@@ -71,6 +71,14 @@ async def test_every_run_reads_back_as_the_reference_store_returns_it(tmp_path: 
         'completed',
         'failed',
     }
+
+
+def _reference_media(kind: str, tmp_path: Path) -> int:
+    path = store_path(kind, tmp_path)
+    if kind == 'file':
+        return len(list((path / 'media').iterdir()))
+    with sqlite3.connect(path) as conn:
+        return int(conn.execute('SELECT count(*) FROM media').fetchone()[0])
 
 
 def _signed(log: InMemoryLog) -> int:
