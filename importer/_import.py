@@ -46,6 +46,8 @@ class ImportReport:
     """Records this import appended (signed heads not counted)."""
     runs_already_imported: int = 0
     """Runs an earlier import wrote whole: nothing written."""
+    runs_expired: int = 0
+    """Runs the projection dropped by its retention policy: on the log already, not written again."""
     skipped: dict[str, str | None] = field(default_factory=dict)
     """Runs on the log from another writer (run id -> that writer): skipped, not merged."""
 
@@ -60,7 +62,8 @@ class ImportReport:
             f'wrote {self.records_written} record(s): {self.runs_written} run(s) whole, '
             f'{self.runs_finished} run(s) finished from an earlier import',
             f'skipped {self.runs_already_imported} run(s) imported before, '
-            f'{len(self.skipped)} run(s) on the log from another writer',
+            f'{len(self.skipped)} run(s) on the log from another writer'
+            + (f', {self.runs_expired} run(s) the retention policy dropped' if self.runs_expired else ''),
         ]
         lines += [f'  {run_id}: written by {writer}' for run_id, writer in sorted(self.skipped.items())[:20]]
         if len(self.skipped) > 20:
@@ -130,8 +133,13 @@ async def import_store(
 
 async def _on_log(job: RunImport, reader: ProjectionReader | None, report: ImportReport) -> set[int] | None:
     """The seqs of the run the log holds already, or None when nothing is to be written."""
-    known = await reader.get_run(job.writer.run_id) if reader is not None else None
+    if reader is None:
+        return set()
+    known = await reader.get_run(job.writer.run_id)
     if known is None:
+        if await reader.expired(job.writer.run_id) is not None:  # on the log, dropped by retention
+            report.runs_expired += 1
+            return None
         return set()
     if known.registration_id != job.writer.writer_id:
         report.skipped[job.writer.run_id] = known.registration_id

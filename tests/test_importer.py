@@ -289,3 +289,33 @@ async def test_a_run_the_log_refuses_is_named_and_nothing_of_it_is_written(tmp_p
 
     assert "run 'zz-long-call', tool_effects row" in str(caught.value)
     assert _nothing_of(log, 'zz-long-call') and caught.value.report.runs_written == 5  # type: ignore[attr-defined]
+
+
+async def test_runs_the_retention_policy_dropped_are_not_written_again(tmp_path: Path) -> None:
+    from datetime import timedelta
+
+    from pydantic_ai_harness.step_persistence import RunRecord
+    from pydantic_ai_harness.step_persistence import StepEvent as ReferenceEvent
+
+    from stepstream.projector._apply import Applier
+
+    store = reference_store('sqlite', tmp_path)
+    await make_runs(store)
+    later = (await store.list_runs())[-1].started_at + timedelta(days=10)
+    await store.register_run(RunRecord(run_id='later', started_at=later))
+    for kind in ('run_started', 'run_completed'):
+        await store.append_event(ReferenceEvent(run_id='later', kind=kind, step_index=0, timestamp=later))
+    log, projection = _setup(tmp_path, Settings(partitions=1))  # type: ignore[call-arg]  # one clock
+    topics = (log.settings.topics.step_events_topic, log.settings.topics.tool_effects_topic)
+    projection.applier = Applier(
+        topics, partitions=log.settings.topics.partitions, retain_ended_us=86_400_000_000
+    )
+    first = await _import(log, projection, store_path('sqlite', tmp_path))
+    reader = projection.reader()
+    assert first.runs_written == 6 and [r.run_id for r in await reader.list_runs()] == ['later']
+    written = len(log.records)
+
+    again = await _import(log, projection, store_path('sqlite', tmp_path))
+
+    assert (again.runs_expired, again.runs_already_imported, len(log.records)) == (5, 1, written)
+    assert '5 run(s) the retention policy dropped' in again.text()
