@@ -75,7 +75,7 @@ async def make_store(path: Path, runs: int) -> int:
         run_id = f'bench-{i:06d}'
 
         def moved(record: Any, *times: str, run_id: str = run_id, shift: timedelta = shift) -> Any:
-            changes = {name: getattr(record, name) + shift for name in times if getattr(record, name) is not None}
+            changes = {n: getattr(record, n) + shift for n in times if getattr(record, n) is not None}
             return dataclasses.replace(record, run_id=run_id, **changes)
 
         await store.register_run(moved(run, 'started_at'))
@@ -132,11 +132,11 @@ async def main() -> None:
         say(f'making a reference SQLite store of {args.runs:,} runs ...')
         started = time.perf_counter()
         stored = await make_store(path, args.runs)
-        say(f'{stored:,} records, {path.stat().st_size / 1e6:.1f} MB, in {time.perf_counter() - started:.1f} s')
+        size = path.stat().st_size / 1e6
+        say(f'{stored:,} records, {size:.1f} MB, in {time.perf_counter() - started:.1f} s')
         rows = [await timed('read', read_all(path))]
-        rows.append(
-            await timed('import, in memory', import_into(path, InMemoryLog(), DiskMediaStore(Path(tmp) / 'media')))
-        )
+        media = DiskMediaStore(Path(tmp) / 'media')
+        rows.append(await timed('import, in memory', import_into(path, InMemoryLog(), media)))
         if args.stack:
             from stepstream.embedded import EmbeddedStack
             from stepstream.media import S3MediaStore
