@@ -36,6 +36,7 @@ if TYPE_CHECKING:
         resolve_tool_effect,
         resolver_id,
     )
+    from stepstream.producer._run import RunWriter
     from stepstream.producer._snapshots import SnapshotWriter
     from stepstream.producer._validity import is_provider_valid
 
@@ -50,6 +51,7 @@ _WHERE = {
     'Redaction': 'stepstream.producer._redaction',
     'Redactor': 'stepstream.producer._redaction',
     'SnapshotSaved': 'stepstream.producer._capability',
+    'RunWriter': 'stepstream.producer._run',
     'SnapshotWriter': 'stepstream.producer._snapshots',
     'StepLog': 'stepstream.producer._protocol',
     'StepPersistence': 'stepstream.producer._capability',
@@ -79,6 +81,7 @@ __all__ = [
     'InMemoryLog',
     'Redaction',
     'Redactor',
+    'RunWriter',
     'SnapshotSaved',
     'SnapshotWriter',
     'StepLog',

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypedDict, Unpack
 
 from opentelemetry import trace
 from pydantic_ai import CapabilityEvent
@@ -64,6 +64,17 @@ class SnapshotSaved(CapabilityEvent, namespace='stepstream', name='snapshot_save
 
 
 Records = list[StepEvent | ToolEffectTransition]
+
+
+class TransitionFields(TypedDict, total=False):
+    """A transition's fields besides its call and status (`deferral` and after: a `deferred` one's)."""
+
+    idempotency_key: str | None
+    effect_summary: str | None
+    error: str | None
+    deferral: Deferral | None
+    args: str | None
+    deferral_metadata: str | None
 
 
 class DurableOperations(Protocol):
@@ -149,17 +160,19 @@ class RunWriter:
         linked: bool = True,
         request_fingerprint: str | None = None,
         request_definitions: str | None = None,
+        timestamp: datetime | None = None,
     ) -> StepEvent:
         """The run's next step event, linked to the chain's head; its `seq` is taken once `append` accepts it.
 
         A heartbeat is not `linked`: it takes no `seq` and is not part of the run's trail. Nor does
-        a signed head (`chain_signed`), which carries the head it signs as its link.
+        a signed head (`chain_signed`), which carries the head it signs as its link. `timestamp`
+        (default: now) is an imported record's, as its store recorded it (`stepstream.importer`).
         """
         return _new_step_event(
             run_id=self.run_id,
             seq=self.seq,
             writer_id=self.writer_id,
-            timestamp=datetime.now(UTC),
+            timestamp=timestamp or datetime.now(UTC),
             kind=kind,
             step_index=step_index,
             agent_name=self.agent_name,
@@ -180,19 +193,22 @@ class RunWriter:
             request_definitions=request_definitions,
         )
 
-    async def append(self, record: LogRecord) -> None:
+    async def append(self, record: LogRecord, *, send: bool = True) -> bytes:
         """Take the record's `seq` once the log accepts it, then send it (or hold it for the engine).
 
-        Build the record (`step_event`, `effect`) right before calling this: nothing between them awaits,
-        so concurrent hooks of one run (parallel tool calls) never share a `seq`. A record the log
-        refuses (an id rule, `RecordTooLarge`) raises here and leaves no gap.
+        Build the record (`step_event`, `transition`) right before calling this: nothing between them
+        awaits, so concurrent hooks of one run (parallel tool calls) never share a `seq`. A record the
+        log refuses (an id rule, `RecordTooLarge`) raises here and leaves no gap. Not `send`: the
+        record only takes its `seq` and moves the head (an import sends it later, or never).
         """
         value = self.log.encode(record)
         self.seq += 1
         self.head = chain_hash(value)
         if self.open is not None:
             self.open.last_append = time.monotonic()
-        await self._send(record, value)
+        if send:
+            await self._send(record, value)
+        return value
 
     async def _send(self, record: LogRecord, value: bytes) -> None:
         if self.durable_engine:
@@ -266,38 +282,40 @@ class RunWriter:
         self,
         call: ToolCallPart,
         status: Literal['started', 'annotated', 'completed', 'failed', 'deferred'],
-        *,
-        idempotency_key: str | None = None,
-        effect_summary: str | None = None,
-        error: str | None = None,
-        deferral: Deferral | None = None,
-        args: str | None = None,
-        deferral_metadata: str | None = None,
+        **fields: Unpack[TransitionFields],
     ) -> None:
-        """Append the call's tool-effect transition to `status`.
+        """Append the call's tool-effect transition to `status` (`transition`)."""
+        await self.append(self.transition(call.tool_call_id, call.tool_name, status, **fields))
 
-        `deferral`, `args` and `deferral_metadata` are a `deferred` transition's (`_calls.deferred`).
-        """
-        record = _new_transition(
+    def transition(
+        self,
+        tool_call_id: str,
+        tool_name: str,
+        status: Literal['started', 'annotated', 'completed', 'failed', 'deferred'],
+        *,
+        timestamp: datetime | None = None,
+        **fields: Unpack[TransitionFields],
+    ) -> ToolEffectTransition:
+        """The call's next transition, redacted and linked to the head, at `timestamp` (default: now)."""
+        return _new_transition(
             run_id=self.run_id,
             seq=self.seq,
             writer_id=self.writer_id,
-            timestamp=datetime.now(UTC),
-            tool_call_id=call.tool_call_id,
-            tool_name=call.tool_name,
+            timestamp=timestamp or datetime.now(UTC),
+            tool_call_id=tool_call_id,
+            tool_name=tool_name,
             status=status,
             agent_name=self.agent_name,
             conversation_id=self.conversation_id,
             parent_run_id=self.parent_run_id,
-            idempotency_key=self.redaction.text(idempotency_key),
-            effect_summary=self.redaction.text(effect_summary),
-            error=self.redaction.text(error),
+            idempotency_key=self.redaction.text(fields.get('idempotency_key')),
+            effect_summary=self.redaction.text(fields.get('effect_summary')),
+            error=self.redaction.text(fields.get('error')),
             prev_hash=self.head,
-            deferral=deferral,
-            args=args,
-            deferral_metadata=deferral_metadata,
+            deferral=fields.get('deferral'),
+            args=fields.get('args'),
+            deferral_metadata=fields.get('deferral_metadata'),
         )
-        await self.append(record)
 
     # -- liveness ----------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ that the pipeline between them (produce, fetch, commit) changes nothing.
 
 from __future__ import annotations
 
+from stepstream.media import MediaStore
 from stepstream.producer import InMemoryLog
 from stepstream.projector._apply import EFFECTS, EVENTS, Applier, Rejection, SourceRecord
 from stepstream.readmodel import ProjectionReader
@@ -18,8 +19,10 @@ from stepstream.topics import Position
 class MemoryProjection:
     """`wait_for` applies what `log` stored since the last call; `reader()` reads the projection."""
 
-    def __init__(self, log: InMemoryLog) -> None:
+    def __init__(self, log: InMemoryLog, media_store: MediaStore | None = None) -> None:
+        """Apply `log`'s records; the reader restores offloaded media from `media_store` (None: none)."""
         settings = log.settings
+        self.media_store = media_store
         self.log = log
         self.shard = MemoryShard()
         self.applier = Applier(
@@ -52,5 +55,10 @@ class MemoryProjection:
     def live_shards(self) -> LiveShards:
         """Its one shard, holding every partition's runs (`ProjectionReader.of` reads it)."""
         return LiveShards(
-            {0: self.shard}, partitions=1, media_store=None, keys=None, stale_after_s=20.0, scope=None
+            {0: self.shard},
+            partitions=1,
+            media_store=self.media_store,
+            keys=None,
+            stale_after_s=20.0,
+            scope=None,
         )

@@ -18,6 +18,7 @@ from typing import Any
 from stepstream.cli import (
     _audit,
     _decide,
+    _import,
     _log_commands,
     _operator,
     _replay,
@@ -171,6 +172,7 @@ def _parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     _views.add_commands(command)
     _operator.add_commands(command)
     _decide.add_commands(command)
+    _import.add_commands(command)
     _audit.add_commands(command, sub)
     _replay.add_commands(command)
     return parser
