@@ -174,9 +174,11 @@ async def assert_imported(store: Any, reader: ProjectionReader) -> int:
                 theirs.idempotency_key,
             )
             if mine.kind == 'run_started':  # the run record's metadata and `started_at`
-                assert _plain(mine.metadata, ref.metadata) == ref.metadata and mine.timestamp == ref.started_at
+                assert _plain(mine.metadata, ref.metadata) == ref.metadata
+                assert mine.timestamp == ref.started_at
             else:
-                assert _plain(mine.metadata, theirs.metadata) == theirs.metadata and mine.timestamp == theirs.timestamp
+                assert _plain(mine.metadata, theirs.metadata) == theirs.metadata
+                assert mine.timestamp == theirs.timestamp
 
         ref_snapshots = await store.list_snapshots(run_id=run_id, include_interrupted=True)
         snapshots = await reader.list_snapshots(run_id, include_interrupted=True)
