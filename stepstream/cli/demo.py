@@ -220,8 +220,8 @@ async def _approve_and_resume(settings: Settings, log: EventLog, reader: Project
 
     Returns the id of the run that waited.
     """
-    waited = await _release_manager(log).run('tag the release', conversation_id='release-demo')
-    assert isinstance(waited.output, DeferredToolRequests)
+    paused = await _release_manager(log).run('tag the release', conversation_id='release-demo')
+    assert isinstance(paused.output, DeferredToolRequests)  # the run ends waiting on the call
     await wait_applied(reader, await log.flush(), settings.projection.db_path)
     [call] = await reader.list_waiting(agent_name='release-manager', newest_first=True, limit=1)
     run_id, effect = call.effect.run_id, call.effect
