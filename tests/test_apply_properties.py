@@ -4,9 +4,12 @@ a pure function of the log, and its views agree with each other.
 Logs mix genuine-looking records of a few runs with every kind of hostile record: duplicates
 with equal and different content, seqs across both topics, seq jumps, writers racing for a run,
 records before their registration, hostile ids, records in the wrong place, garbage bytes and
-oversized values. Each log is applied in one pass and again in a random interleaving of its
-partitions, cut into random batches, with crashes (a staged batch thrown away) and resumes from
-the stored offsets; the logical dumps must be identical.
+oversized values. Some runs end waiting on deferred calls (approval, question, external) and get
+decisions (decision 0056): valid ones, the same bytes resent, conflicting ones by other writers,
+decisions for calls that do not wait (unknown, started, completed, decided already, another run's,
+an unknown run's) and malformed ones. Each log is applied in one pass and again in a random
+interleaving of its partitions, cut into random batches, with crashes (a staged batch thrown away)
+and resumes from the stored offsets; the logical dumps must be identical.
 
 These run the real `Applier` without Kafka, each on an in-memory shard (`MemoryShard`, the fast
 tier) and on RocksDB on disk (`Shard`): the same transactions over two stores, so a property that
@@ -51,12 +54,17 @@ from stepstream.projector._listing import latest
 from stepstream.readmodel import ProjectionReader, inspect_recovery
 from stepstream.schemas import (
     CHAIN_STATUSES,
+    DECISIONS,
+    DEFERRALS,
+    MAX_NOTE_CHARS,
+    RESOLUTIONS,
     RUN_STATUSES,
     STEP_EVENT_SCHEMA,
     ModelUsage,
     RunUsage,
     SnapshotDelta,
     StepEvent,
+    ToolEffectRecord,
     ToolEffectTransition,
     chain_hash,
     decode,
@@ -68,22 +76,28 @@ from stepstream.storage import (
     CONFLICTING_COUNT,
     PARKED_COUNT,
     UNRESOLVED_COUNT,
+    EffectState,
     MemoryShard,
     Shard,
     agent_count,
     status_count,
+    waiting_count,
 )
 from stepstream.storage._keys import (
     AGENT,
     BROKEN,
+    BY_TAG,
     CONFLICT,
     COUNT,
+    EFFECT,
     KEYSPACES,
     LATEST,
     PARKED,
+    PROCESS_LOCAL,
     RUN,
     STATUS,
     UNRESOLVED_RUN,
+    WAITING,
     Keyspace,
 )
 from stepstream.storage._state import RunState
@@ -136,13 +150,15 @@ KINDS = [
     'tool_call_started',
     'tool_call_completed',
     'tool_call_failed',
+    'tool_call_deferred',
     'run_completed',
+    'run_waiting',
     'run_failed',
     'snapshot_saved',
     'snapshot_saved',
     'run_heartbeat',
 ]
-STATUSES = ['started', 'started', 'completed', 'failed', 'annotated', 'resolved']
+STATUSES = ['started', 'started', 'completed', 'failed', 'annotated', 'resolved', 'deferred']
 HOSTILE = [
     'garbage',
     'tombstone',
@@ -183,6 +199,30 @@ GARBLED_USAGE = [
 LINKS = ['good'] * 8 + ['none', 'wrong']
 """Mostly chained, some records without a link or with a forged one (decision 0048)."""
 
+DEFERRALS_SORTED = sorted(DEFERRALS)
+DECIDED_BY = {
+    'approval': ['approved', 'approved', 'denied'],
+    'question': ['returned', 'failed'],
+    'external': ['returned', 'returned', 'failed'],
+}
+"""The decisions a writer makes for each kind of deferred call (`decision_for` refuses the others)."""
+FLAWS: dict[str, tuple[str | None, dict[str, str | None]]] = {
+    'args_on_denial': ('denied', {'args': '{"amount": 1}'}),
+    'no_message': ('denied', {'error': None}),
+    'message_on_approval': ('approved', {'error': 'no reason'}),
+    'no_result': ('returned', {'result': None}),
+    'result_on_failure': ('failed', {'result': '1'}),
+    'result_not_json': ('returned', {'result': '{oops'}),
+    'args_not_object': ('approved', {'args': '[1, 2]'}),
+    'blank_note': (None, {'note': '  '}),
+    'long_note': (None, {'note': 'n' * (MAX_NOTE_CHARS + 1)}),
+    'no_operator': (None, {'resolved_by': ''}),
+    'deferral_on_decision': (None, {'deferral': 'approval'}),
+    'metadata_on_decision': (None, {'deferral_metadata': '{}'}),
+}
+"""Malformed decisions (`_check_decision`, `_check_deferral`): (the decision it is, or any; the fields it
+carries wrongly). The projector refuses each (`invalid`)."""
+
 
 @dataclass(frozen=True)
 class Op:
@@ -208,6 +248,14 @@ class Op:
     """Which `SNAPSHOT_MEDIA` a snapshot record holds."""
     link: str = 'good'
     """Its `prev_hash`: `good` (the hash of its run's genuine record before it), `none` or `wrong`."""
+    deferral: str = 'approval'
+    """What a `deferred` transition waits for."""
+    decision: str | None = None
+    """A `resolved` transition's decision (`approved`...), or None: an operator's resolution."""
+    flaw: str | None = None
+    """A decision's `FLAWS`: a malformed one."""
+    by: str = 'ops@example'
+    """Who resolved or decided (`resolved_by`)."""
 
 
 ops = st.builds(
@@ -230,14 +278,18 @@ ops = st.builds(
     trace_id=st.sampled_from(TRACE_IDS),
     media=st.integers(0, len(SNAPSHOT_MEDIA) - 1),
     link=st.sampled_from(LINKS),
+    deferral=st.sampled_from(DEFERRALS_SORTED),
+    decision=st.sampled_from([None, None, *sorted(DECISIONS)]),
+    flaw=st.one_of(st.none(), st.none(), st.none(), st.sampled_from(sorted(FLAWS))),
 )
 
 
 @st.composite
-def logs(draw: st.DrawFn) -> list[Op]:
+def logs(draw: st.DrawFn, min_waiting: int = 0, max_waiting: int = 1) -> list[Op]:
     """Coherent runs (an owner writing seqs 0..n across both topics) with twins on the other
     topic, exact repeats and different records at one seq, plus random and hostile records, all
-    in a random order (so seqs go backwards and records come before their registration)."""
+    in a random order (so seqs go backwards and records come before their registration); then
+    `min_waiting` to `max_waiting` runs that end waiting, and decisions (`ends_waiting`)."""
     out: list[Op] = []
     for run_id in draw(st.lists(st.sampled_from(RUN_IDS), unique=True, min_size=1, max_size=3)):
         parent = draw(st.sampled_from(PARENTS))
@@ -254,9 +306,122 @@ def logs(draw: st.DrawFn) -> list[Op]:
                 out.append(replace(op, minute=op.minute + 1))  # another record at the same seq
             if not op.is_event and op.status == 'started' and draw(st.integers(0, 2)) == 0:
                 # an operator's answer to it (it holds no seq of the run)
-                out.append(replace(op, writer='operator', status='resolved', minute=op.minute + 2))
+                out.append(
+                    replace(op, writer='operator', status='resolved', minute=op.minute + 2, decision=None)
+                )
+            if not op.is_event and op.status == 'deferred' and draw(st.integers(0, 2)) == 0:
+                decision = draw(st.sampled_from(DECIDED_BY[op.deferral]))  # someone decides it
+                out.append(replace(op, writer='approver', status='resolved', decision=decision, flaw=None))
     out += draw(st.lists(ops, max_size=12))
-    return draw(st.permutations(out))
+    out = draw(st.permutations(out))
+    if not min_waiting and draw(st.integers(0, 2)):  # a third of the logs, in the other properties
+        max_waiting = 0
+    for run_id in draw(
+        st.lists(st.sampled_from(DEFERRED_RUNS), unique=True, min_size=min_waiting, max_size=max_waiting)
+    ):
+        out = draw(ends_waiting(run_id, out, decided=min_waiting > 0))
+    return out
+
+
+DEFERRED_RUNS = ['wait-a', 'wait-d']
+"""Runs that end waiting (`ends_waiting`), one in each partition. No other record names them but
+the decisions aimed at them, so what their calls read follows from the log alone (`expected_calls`)."""
+CALL_SHAPES = ['deferred', 'deferred', 'started_deferred', 'started', 'completed']
+"""A waiting run's calls: deferred (`requires_approval`), started then deferred (`CallDeferred` in its
+body), and two that do not wait: one in doubt, one completed."""
+TARGETS = [
+    'decide',
+    'decide',
+    'decide',
+    'resend',
+    'stale',
+    'resolution',
+    'malformed',
+    'unknown_call',
+    'other_run',
+    'unknown_run',
+    'wrong_key',
+]
+"""What a decision aimed at a waiting run is: `decide` one of its calls (waiting or not: a second
+one conflicts), `resend` the same bytes as an earlier one, answer a `stale` seq, an operator's
+`resolution` instead, a `malformed` one (`FLAWS`), one for an `unknown_call`, for its call under
+an `other_run`'s id (whose call it is not), under an `unknown_run`'s, or keyed wrong (`wrong_key`)."""
+DECIDERS = [('stepstream-cli@ops-1:41', 'alice'), ('stepstream-serve@web:7', 'bob'), ('refunds-bot', 'carol')]
+"""(writer_id, resolved_by) of the processes that decide."""
+
+
+@st.composite
+def ends_waiting(draw: st.DrawFn, run_id: str, others: list[Op], *, decided: bool = False) -> list[Op]:
+    """`others` with a run that ends waiting on its deferred calls, and decisions aimed at it.
+
+    The run's own records keep their order among themselves; each decision lands anywhere (before
+    the call it decides, too) or, more often, after that call's last transition. `decided`: one at
+    least is a decision.
+    """
+    minute = draw(st.integers(0, 5))
+
+    def owner(seq: int, *, kind: str = 'run_started', status: str = '', call: str = '', **more: object) -> Op:
+        return Op(
+            is_event=not status, run_id=run_id, writer='owner', seq=seq, kind=kind,
+            status=status or 'started', call=call, snapshot_seq=0, prefix_len=0, parent=None,
+            minute=minute, hostile=None,
+            **more,  # type: ignore[arg-type]
+        )  # fmt: skip
+
+    run = [owner(0), owner(1, kind='model_request_started')]
+    calls: list[tuple[str, Op]] = []  # (shape, the call's last transition)
+    for n in range(draw(st.integers(1, 3))):
+        shape, call, seq = draw(st.sampled_from(CALL_SHAPES)), f'{run_id[-1]}{n}', len(run)
+        deferral = draw(st.sampled_from(DEFERRALS_SORTED))
+        if shape != 'deferred':
+            run.append(owner(seq, status='started', call=call))
+        if shape == 'completed':
+            run.append(owner(seq + 1, status='completed', call=call))
+        if shape.endswith('deferred'):
+            run.append(owner(len(run), status='deferred', call=call, deferral=deferral))
+            run.append(owner(len(run), kind='tool_call_deferred', call=call))
+        calls.append((shape, next(op for op in reversed(run) if op.call == call and not op.is_event)))
+    run.append(owner(len(run), kind='snapshot_saved', media=0))
+    run.append(owner(len(run), kind='run_waiting'))
+    out = list(others)
+    at = sorted(draw(st.lists(st.integers(0, len(out)), min_size=len(run), max_size=len(run))))
+    for offset, (position, op) in enumerate(zip(at, run, strict=True)):
+        out.insert(position + offset, op)
+
+    decisions: list[Op] = []
+    for target in ['decide'] * decided + draw(st.lists(st.sampled_from(TARGETS), max_size=5)):
+        shape, last = draw(st.sampled_from(calls))
+        writer, by = draw(st.sampled_from(DECIDERS))
+        kinds = DECIDED_BY[last.deferral] if shape.endswith('deferred') else sorted(DECISIONS)
+        decision = replace(
+            last,
+            writer=writer,
+            by=by,
+            status='resolved',
+            decision=draw(st.sampled_from(kinds)),
+            minute=draw(st.integers(0, 5)),
+        )
+        if target == 'resend' and decisions:
+            decision = draw(st.sampled_from(decisions))
+        elif target == 'stale':
+            decision = replace(decision, seq=last.seq - 1)  # the call's `started`, or no transition of it
+        elif target == 'resolution':
+            decision = replace(decision, decision=None)
+        elif target == 'malformed':
+            decision = replace(decision, flaw=draw(st.sampled_from(sorted(FLAWS))))
+        elif target == 'unknown_call':
+            decision = replace(decision, call='nope')
+        elif target in ('other_run', 'unknown_run'):
+            other = [r for r in (*DEFERRED_RUNS, *RUN_IDS) if r != run_id]
+            decision = replace(
+                decision, run_id=draw(st.sampled_from(other)) if target == 'other_run' else 'run-gone'
+            )
+        elif target == 'wrong_key':
+            decision = replace(decision, hostile='wrong_key')
+        decisions.append(decision)
+        after = max(i for i, op in enumerate(out) if op is last) + 1
+        out.insert(draw(st.integers(0 if draw(st.integers(0, 3)) == 0 else after, len(out))), decision)
+    return out
 
 
 def to_source(
@@ -333,13 +498,8 @@ def to_source(
             tool_call_id=call,
             tool_name=f'tool-{op.minute}',
             status=op.status,  # type: ignore[arg-type]
-            error=error,
-            resolution=('did_not_happen' if op.minute % 2 else 'happened') if resolved else None,
-            resolved_by='ops@example' if resolved else None,
-            note=('' if op.hostile == 'bad_resolution' else f'checked at minute {op.minute}')
-            if resolved
-            else None,
             prev_hash=None if resolved else prev_hash,
+            **(answer_fields(op, error) if resolved else deferral_fields(op, error)),
         )
     value: bytes | None = encode(record)
     key: bytes | None = run_id.encode()
@@ -362,6 +522,40 @@ def to_source(
     return SourceRecord(topic, partition, offset, key, value)
 
 
+def deferral_fields(op: Op, error: str | None) -> dict[str, str | None]:
+    """A transition's fields beyond its envelope: a `deferred` one's what it waits for."""
+    if op.status != 'deferred':
+        return {'error': error}
+    args = f'{{"order": {op.minute}}}' if op.minute % 3 else None
+    metadata = '{"queue": "refunds"}' if op.minute % 2 else None
+    return {'error': error, 'deferral': op.deferral, 'args': args, 'deferral_metadata': metadata}
+
+
+def answer_fields(op: Op, error: str | None) -> dict[str, str | None]:
+    """A `resolved` transition's fields: an operator's resolution, or a decision (maybe malformed)."""
+    bad_note = op.hostile == 'bad_resolution'
+    if op.decision is None:
+        return {
+            'error': error,
+            'resolution': 'did_not_happen' if op.minute % 2 else 'happened',
+            'resolved_by': op.by,
+            'note': '' if bad_note else f'checked at minute {op.minute}',
+        }
+    decision, wrong = FLAWS[op.flaw] if op.flaw is not None else (None, {})
+    decision = decision or op.decision
+    fields: dict[str, str | None] = {
+        'resolution': decision,
+        'resolved_by': op.by,
+        'note': '' if bad_note else None if op.minute % 3 == 0 else f'decided at minute {op.minute}',
+        'args': '{"order": 7, "amount": 100}' if decision == 'approved' and op.minute % 2 else None,
+        'result': f'{{"rows": {op.minute}}}' if decision == 'returned' else None,
+        'error': {'denied': 'over the limit, ask a manager', 'failed': 'the job failed'}.get(decision),
+    }
+    if error is not None:  # oversized: refused
+        fields['error'] = error
+    return fields | wrong
+
+
 def chain_heads(generated: list[Op]) -> dict[tuple[str, int], str]:
     """The hash of each run's genuine record at each seq (its owner's first, in log order), chained."""
     genuine: dict[tuple[str, int], Op] = {}
@@ -376,15 +570,24 @@ def chain_heads(generated: list[Op]) -> dict[tuple[str, int], str]:
     return heads
 
 
-def make_log(generated: list[Op]) -> dict[tuple[int, int], list[SourceRecord]]:
-    """Each (topic, partition) sequence of the log, in offset order; the runs' records chained."""
+def placed(generated: list[Op]) -> list[tuple[Op, SourceRecord]]:
+    """Each op with the record it writes, at its offset in its partition; the runs' records chained."""
     offsets: dict[tuple[int, int], int] = {}
-    log: dict[tuple[int, int], list[SourceRecord]] = {}
     heads = chain_heads(generated)
-    for op in generated:
-        source = to_source(op, offsets, heads)
+    return [(op, to_source(op, offsets, heads)) for op in generated]
+
+
+def partitioned(records: list[SourceRecord]) -> dict[tuple[int, int], list[SourceRecord]]:
+    """Each (topic, partition) sequence of `records`, in their order."""
+    log: dict[tuple[int, int], list[SourceRecord]] = {}
+    for source in records:
         log.setdefault((source.topic, source.partition), []).append(source)
     return log
+
+
+def make_log(generated: list[Op]) -> dict[tuple[int, int], list[SourceRecord]]:
+    """Each (topic, partition) sequence of the log, in offset order; the runs' records chained."""
+    return partitioned([source for _, source in placed(generated)])
 
 
 STORES = ['memory', 'rocksdb']
@@ -410,14 +613,20 @@ def applier() -> Applier:
     return Applier(TOPICS, partitions=PARTITIONS, max_snapshots_per_run=2, max_seq_jump=SEQ_JUMP)
 
 
+Observe = Callable[[AnyShard], None]
+"""Reads a store once its log is applied, before it is closed."""
+
+
 def apply_in_one_pass(
-    path: str, log: dict[tuple[int, int], list[SourceRecord]], store: str
+    path: str, log: dict[tuple[int, int], list[SourceRecord]], store: str, observe: Observe | None = None
 ) -> list[tuple[bytes, bytes]]:
     """One batch, the tool-effects topic first: every transition arrives before any step event."""
     db = open_store(path, store)
     try:
         txn, _ = applier().stage(db, [r for tp in sorted(log, reverse=True) for r in log[tp]])
         txn.commit()
+        if observe is not None:
+            observe(db)
         return list(db.logical_items())
     finally:
         db.close()
@@ -429,6 +638,7 @@ def apply_with_crashes(
     seed: int,
     store: str,
     make_applier: Callable[[], Applier] = applier,
+    observe: Observe | None = None,
 ) -> list[tuple[bytes, bytes]]:
     """Random interleaving, random batches, random crashes and resumes from the stored offsets."""
     rng = random.Random(seed)
@@ -439,6 +649,8 @@ def apply_with_crashes(
             stored = db.offsets()
             cursor = {tp: stored.get(_tp(tp), 0) for tp in log}
             if all(cursor[tp] >= len(seq) for tp, seq in log.items()):
+                if observe is not None:
+                    observe(db)
                 return list(db.logical_items())
             batch: list[SourceRecord] = []
             for _ in range(rng.randint(1, 12)):
@@ -489,7 +701,13 @@ def interleave(log: dict[tuple[int, int], list[SourceRecord]], rng: random.Rando
 
 
 def apply_in_batches(
-    path: str, records: list[SourceRecord], sizes: list[int], *, one_applier: bool, store: str
+    path: str,
+    records: list[SourceRecord],
+    sizes: list[int],
+    *,
+    one_applier: bool,
+    store: str,
+    observe: Observe | None = None,
 ) -> tuple[list[tuple[bytes, bytes]], list[tuple[str, tuple[int, int, int], str]], int, int]:
     """Every key and value of the store, with the batches' dead letters and counts, in order.
 
@@ -505,9 +723,20 @@ def apply_in_batches(
             at += size
             dead += [(d.reason, d.source.coordinates, d.detail) for d in outcome.dead]
             applied, duplicates = applied + outcome.applied, duplicates + outcome.duplicates
+        if observe is not None:
+            observe(db)
         return list(db.items()), dead, applied, duplicates
     finally:
         db.close()
+
+
+def batch_sizes(total: int, rng: random.Random) -> list[int]:
+    """Random batch sizes that add up to `total`."""
+    sizes: list[int] = []
+    while total:
+        sizes.append(min(total, rng.choice([1, 2, 3, 5, 8, 13, total])))
+        total -= sizes[-1]
+    return sizes
 
 
 @pytest.mark.parametrize('store', STORES)
@@ -526,12 +755,8 @@ def test_batch_cuts_change_nothing_in_the_store(
         parts = [interleave({tp: log[tp] for tp in log if tp[1] == p}, rng) for p in range(PARTITIONS)]
     else:
         parts = [interleave(log, rng)]
-    records, sizes = [r for part in parts for r in part], []
-    for part in parts:
-        left = len(part)
-        while left:
-            sizes.append(min(left, rng.choice([1, 2, 3, 5, 8, 13, len(part)])))
-            left -= sizes[-1]
+    records = [r for part in parts for r in part]
+    sizes = [size for part in parts for size in batch_sizes(len(part), rng)]
     with tempfile.TemporaryDirectory() as one, tempfile.TemporaryDirectory() as other:
         single = apply_in_batches(one, records, [1] * len(records), one_applier=False, store=store)
         batched = apply_in_batches(other, records, sizes, one_applier=True, store=store)
@@ -597,6 +822,11 @@ def check_run_indexes(shard: AnyShard) -> None:
         BROKEN.key(s.started_at, s.run_id) for s in states if s.chain_break is not None
     }
     expected[BROKEN_COUNT] = sum(1 for s in states if s.chain_break is not None)
+    waiting = [e for e in (EffectState.decode(v) for _, v in shard.scan(EFFECT.tag)) if e.waiting]
+    assert {k for k, _ in shard.scan(WAITING.tag)} == {
+        WAITING.key(e.ended_at or 0, e.run_id, e.tool_call_id) for e in waiting
+    }
+    expected.update(waiting_count(e.deferral or '') for e in waiting)
     conflicting = {CONFLICT.parse(k)[0] for k, _ in shard.scan(CONFLICT.tag)}
     assert conflicting == {s.run_id for s in states if s.conflicting_writers}
     expected[CONFLICTING_COUNT] = len(conflicting)
@@ -627,6 +857,7 @@ async def check_views(reader: ProjectionReader) -> None:
     assert counts.by_agent == dict(sorted(agents.items()))
     assert counts.unresolved_effects == len(every_unresolved)
     per_run_unresolved = set()
+    waits: list[ToolEffectRecord] = []  # the calls that wait, read from each run's ledger
     for run in runs:
         unresolved = await reader.list_unresolved_tool_effects(run.run_id)
         per_run_unresolved |= {(e.run_id, e.tool_call_id) for e in unresolved}
@@ -638,6 +869,7 @@ async def check_views(reader: ProjectionReader) -> None:
             applied = [r for r in effect.resolutions if r.applied]
             assert (effect.status == 'resolved') == bool(applied) == (effect.resolution is not None)
             assert len(applied) <= 1 and not (effect.unknown_after_crash and applied)
+        waits += [e for e in effects if e.status == 'deferred']
         report = await inspect_recovery(reader, run_id=run.run_id)
         assert [e.tool_call_id for e in report.unresolved] == [e.tool_call_id for e in unresolved]
 
@@ -657,6 +889,31 @@ async def check_views(reader: ProjectionReader) -> None:
         with contextlib.suppress(StepStreamError):
             await reader.list_snapshots(run.run_id, include_interrupted=True)
     assert per_run_unresolved == every_unresolved
+    await check_waiting(reader, waits)
+
+
+async def check_waiting(reader: ProjectionReader, waits: list[ToolEffectRecord]) -> None:
+    """What `list_waiting` and the counts say (the `WAITING` index) is what each run's ledger says."""
+    waiting = await reader.list_waiting()
+    assert [(w.effect.run_id, w.effect.tool_call_id) for w in waiting] == [
+        (e.run_id, e.tool_call_id)
+        for e in sorted(waits, key=lambda e: (e.ended_at, e.run_id, e.tool_call_id))
+    ]
+    assert all(w.effect.deferral is not None and w.waiting_since == w.effect.ended_at for w in waiting)
+    assert [w.cursor for w in await reader.list_waiting(newest_first=True)] == [
+        w.cursor for w in reversed(waiting)
+    ]
+    counts = await reader.counts()
+    assert counts is not None
+    assert counts.waiting_calls == {d: sum(e.deferral == d for e in waits) for d in DEFERRALS_SORTED}
+    for deferral in DEFERRALS_SORTED:
+        listed = await reader.list_waiting(deferral=deferral)  # type: ignore[arg-type]
+        assert listed == [w for w in waiting if w.effect.deferral == deferral]
+    paged, after = [], None  # a page at a time, from the last call seen
+    while page := await reader.list_waiting(limit=2, after=after):
+        paged += page
+        after = page[-1].cursor
+    assert paged == waiting
 
 
 @pytest.mark.parametrize('store', STORES)
@@ -962,3 +1219,166 @@ def usage_of(events: list[StepEvent]) -> RunUsage:
         with localcontext(prec=200):
             sums.cost_usd = format(sum(priced, Decimal(0)), 'f')
     return sums
+
+
+# -- decisions on deferred calls (decision 0056) ---------------------------------------------------
+
+Ledger = list[tuple[object, ...]]
+"""A call's resolutions and decisions, in log order: what each says, and whether it is applied."""
+
+
+def expected_calls(generated: list[Op]) -> dict[tuple[str, str], tuple[str, Ledger]]:
+    """What each call of the `DEFERRED_RUNS` must read, from the log alone: its status and ledger.
+
+    The ledger holds every well-formed `resolved` record keyed by the call's run that names the call
+    and comes after one of its transitions in their partition (one before any answers nothing: the
+    DLQ), in log order. The first that answers the transition deciding the call's status, in kind (a
+    decision a `deferred`, an operator's resolution a `started`), is applied: the call reads
+    `resolved`. A second implementation of the rule, from the records as written.
+    """
+    transitions: dict[tuple[str, str], list[ToolEffectTransition]] = {}
+    answers: dict[tuple[str, str], list[ToolEffectTransition]] = {}
+    for op, source in placed(generated):
+        if source.topic != EFFECTS or source.key not in {r.encode() for r in DEFERRED_RUNS}:
+            continue
+        if op.status == 'resolved' and op.flaw is not None:
+            continue  # malformed: refused whatever the state
+        assert source.value is not None
+        t = decode(source.value)
+        assert isinstance(t, ToolEffectTransition)
+        call = (t.run_id, t.tool_call_id)
+        if t.status != 'resolved':
+            transitions.setdefault(call, []).append(t)
+        elif call in transitions:
+            answers.setdefault(call, []).append(t)
+    expected: dict[tuple[str, str], tuple[str, Ledger]] = {}
+    for call, seen in transitions.items():
+        deciding = max(seen, key=lambda t: t.seq)
+        kinds = {'started': RESOLUTIONS, 'deferred': DECISIONS}.get(deciding.status, frozenset())
+        ledger = answers.get(call, [])
+        applied = next((r for r in ledger if r.seq == deciding.seq and r.resolution in kinds), None)
+        expected[call] = (
+            deciding.status if applied is None else 'resolved',
+            [
+                (
+                    r.resolution,
+                    r.resolved_by,
+                    r.writer_id,
+                    r.timestamp,
+                    r.note or '',
+                    r.seq,
+                    r.args,
+                    r.result,
+                    r.error,
+                    r is applied,
+                )
+                for r in ledger
+            ],
+        )
+    return expected
+
+
+async def read_calls(
+    reader: ProjectionReader,
+) -> tuple[dict[tuple[str, str], tuple[str, Ledger]], set[tuple[str, str]]]:
+    """Each call of the `DEFERRED_RUNS` as the projection reads it (`expected_calls`' terms), and
+    those `list_waiting` lists."""
+    found: dict[tuple[str, str], tuple[str, Ledger]] = {}
+    for run_id in DEFERRED_RUNS:
+        for e in await reader.list_tool_effects(run_id):
+            applied = [r for r in e.resolutions if r.applied]
+            assert applied == ([] if e.resolution is None else [e.resolution])  # one outcome at most
+            assert (e.status == 'resolved') == bool(applied)
+            found[(run_id, e.tool_call_id)] = (
+                e.status,
+                [
+                    (
+                        r.resolution,
+                        r.resolved_by,
+                        r.writer_id,
+                        r.resolved_at,
+                        r.note,
+                        r.resolves_seq,
+                        r.args,
+                        r.result,
+                        r.error,
+                        r.applied,
+                    )
+                    for r in e.resolutions
+                ],
+            )
+    waiting = {(w.effect.run_id, w.effect.tool_call_id) for w in await reader.list_waiting()}
+    return found, {call for call in waiting if call[0] in DEFERRED_RUNS}
+
+
+@pytest.mark.parametrize('store', STORES)
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(generated=logs(min_waiting=1, max_waiting=2), seed=st.integers(0, 2**32))
+def test_each_deferred_call_has_one_outcome_in_every_projection(
+    generated: list[Op], seed: int, store: str
+) -> None:
+    """Runs that end waiting, with valid, resent, conflicting, stale, misdirected and malformed
+    decisions among the other records: applied in one pass, in a random interleaving with crashes,
+    and in random batches to one `Applier`, every projection reads each call's first valid answer
+    in its partition's log order as its one outcome (`expected_calls`), lists exactly the calls left
+    undecided as waiting, and holds the same logical content (a rebuild is identical)."""
+    log = make_log(generated)
+    expected = expected_calls(generated)
+    waiting = {call for call, (status, _) in expected.items() if status == 'deferred'}
+    assert expected
+    rng = random.Random(seed)
+    records = interleave(log, rng)
+
+    def observe(db: AnyShard) -> None:
+        assert asyncio.run(read_calls(ProjectionReader(db))) == (expected, waiting)
+
+    with tempfile.TemporaryDirectory() as path:
+        reference = apply_in_one_pass(f'{path}/one', log, store, observe)
+        assert apply_with_crashes(f'{path}/crashes', log, seed, store, observe=observe) == reference
+        batched = apply_in_batches(
+            f'{path}/batches',
+            records,
+            batch_sizes(len(records), rng),
+            one_applier=True,
+            store=store,
+            observe=observe,
+        )
+    assert [(k, v) for k, v in batched[0] if not k.startswith(PROCESS_LOCAL)] == reference
+
+
+def by_run(items: list[tuple[bytes, bytes]], run_ids: set[str]) -> dict[str, dict[bytes, bytes]]:
+    """The keys and values of the store that name each run (its states, its entries in every index)."""
+    found: dict[str, dict[bytes, bytes]] = {}
+    for k, v in items:
+        for run_id in run_ids.intersection(p for p in BY_TAG[k[:1]].parse(k) if isinstance(p, str)):
+            found.setdefault(run_id, {})[k] = v
+    return found
+
+
+@pytest.mark.parametrize('store', STORES)
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(generated=logs(min_waiting=1, max_waiting=2), seed=st.integers(0, 2**32), data=st.data())
+def test_a_decision_never_changes_another_runs_projection(
+    generated: list[Op], seed: int, data: st.DataObject, store: str
+) -> None:
+    """The decisions keyed by one run (valid, resent, malformed, for another run's call or an
+    unknown run's) taken out of the log, the other records at their offsets: every other run's
+    states and index entries are the same, byte for byte."""
+    written = placed(generated)
+    decision = [op.status == 'resolved' and op.decision is not None and not op.is_event for op, _ in written]
+    key = data.draw(
+        st.sampled_from(sorted({s.key or b'' for (_, s), d in zip(written, decision, strict=True) if d}))
+    )
+    rest = [s for (_, s), d in zip(written, decision, strict=True) if not (d and (s.key or b'') == key)]
+    assert len(rest) < len(written)
+    run_ids = {op.run_id for op in generated} | {p for p in PARENTS if p is not None} | {'another-run'}
+    rng = random.Random(seed)
+    dumps = []
+    with tempfile.TemporaryDirectory() as path:
+        for n, records in enumerate(([s for _, s in written], rest)):
+            order = interleave(partitioned(records), rng)
+            items = apply_in_batches(
+                f'{path}/{n}', order, batch_sizes(len(order), rng), one_applier=True, store=store
+            )[0]
+            dumps.append(by_run(items, run_ids - {key.decode(errors='replace')}))
+    assert dumps[0] == dumps[1]

@@ -151,6 +151,15 @@ def test_demo_then_status_rebuild_verify_and_stack_down(tmp_path: Path) -> None:
             assert 'send_announcement' in unresolved and 'unknown_after_crash' in unresolved
             assert 'announce:#releases' in unresolved
             assert f'Run explorer (served by the stack): {url}' in first
+            # A call waited for an approval; the demo approved it on the log and resumed its run.
+            approval = first.split('== an approval: ')[1].split('\n\n')[0]
+            waited = approval.split()[0]
+            assert waited.startswith('release-manager-') and 'an approval of tag_release(' in approval
+            assert "demo-approver approved it on the log ('the release notes are checked')" in approval
+            resumed = approval.split('resumed as ')[1].split()[0]
+            assert resumed.startswith('release-manager-') and resumed != waited
+            assert 'in conversation release-demo: tagged v1.4.0' in approval
+            assert f'stepstream effects {waited}' in first
 
             # The stack's projector serves its metrics and probes where `stack up` said: ready, and
             # the demo's interrupted announcement counts as a tool call in doubt.
@@ -201,7 +210,24 @@ def test_demo_then_status_rebuild_verify_and_stack_down(tmp_path: Path) -> None:
                 120,
             )
             assert all(p['projector_pid'] in restarted.values() for p in served['partitions'])
-            assert len(http.get('/api/runs').json()['runs']) == 6
+            runs = http.get('/api/runs').json()['runs']
+            assert (
+                len(runs) == 10
+            )  # per demo: the orchestrator, its 2 delegates, a run that waited, its resumption
+            # The decision is on the waiting run's call, and the resumed run names the run it resumes.
+            [call] = http.get(f'/api/runs/{waited}/tool-effects').json()
+            assert (call['tool_name'], call['status']) == ('tag_release', 'resolved')
+            [decision] = call['resolutions']
+            assert (decision['resolution'], decision['resolved_by'], decision['applied']) == (
+                'approved',
+                'demo-approver',
+                True,
+            )
+            assert decision['note'] == 'the release notes are checked'
+            [resuming] = [r for r in runs if r['metadata'].get('stepstream.resumes') == waited]
+            assert (resuming['run_id'], resuming['conversation_id']) == (resumed, 'release-demo')
+            assert resuming['status'] == 'completed'
+            assert http.get('/api/deferred').json()['calls'] == []  # the demo's approvals decided every call
 
             # Every link of the stack's explorer answers (the browser crawler in test_explorer.py
             # does this over more kinds of runs; this one reads what `make run` made).
@@ -230,11 +256,14 @@ def test_demo_then_status_rebuild_verify_and_stack_down(tmp_path: Path) -> None:
             listed = until_sync(both_runs, 'the explorer to list the attached agent', 120)
             assert listed[-1]['run_id'] == librarian
 
-        # The demo model's price reaches the analytics export: each of its 7 requests per demo has a cost.
+        # The demo model's price reaches the analytics export: each of its 9 requests per demo has a cost.
         assert 'exported ' in stepstream(tmp_path, 'export', '--out', 'exported').stdout
         requests = ds.dataset(tmp_path / 'exported' / 'model_requests', format='parquet', partitioning='hive')
         demo = [r for r in requests.to_table().to_pylist() if r['model_name'] == 'demo-scripted']
-        assert len(demo) == 2 * 7 and all(r['cost_usd'] is not None and r['cost_usd'] > 0 for r in demo)
+        assert len(demo) == 2 * 9 and all(r['cost_usd'] is not None and r['cost_usd'] > 0 for r in demo)
+        # `stepstream effects` shows the approval: who decided, and why.
+        effects = stepstream(tmp_path, 'effects', waited).stdout
+        assert 'approved by demo-approver' in effects and 'the release notes are checked' in effects
 
         # What the demo's last lines suggest, without any Python.
         status = json.loads(stepstream(tmp_path, 'status', '--json', '--max-lag', '0').stdout)

@@ -6,6 +6,9 @@ heartbeats stop with it: once they have been missing for `stale_after_s` (20 s b
 reads `stale` and the call `unknown_after_crash`, and the demo waits for that before its summary.
 The researcher's first search fails (its call reads `failed`), every model response reports a
 price (so runs show a cost), and the orchestrator's answer says the publisher was interrupted.
+A release manager's tool needs an approval (`requires_approval=True`): its run ends waiting, the
+demo approves the call on the log as `demo-approver` (`decide_deferred_call`) and resumes the run
+from the log (`resume_run`) in the same conversation (docs/approvals.md).
 The demo runs on the stack `stepstream stack up` keeps under `.stepstream`, whose log is durable
 and whose projector applies what the demo writes (the demo only reads the projection), so
 running it again shows every earlier run too, and every `stepstream` command afterwards reads
@@ -28,15 +31,22 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from pydantic_ai import Agent, ModelRetry, RunContext
+from pydantic_ai import Agent, DeferredToolRequests, ModelRetry, RunContext
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.usage import RequestUsage
 
 from stepstream.console import effects_table, events_table, runs_table, tree
 from stepstream.errors import StepStreamError
-from stepstream.producer import EventLog, StepPersistence, annotate_tool_effect, current_run_id
-from stepstream.readmodel import ProjectionReader
+from stepstream.producer import (
+    EventLog,
+    StepPersistence,
+    annotate_tool_effect,
+    current_run_id,
+    decide_deferred_call,
+    resolver_id,
+)
+from stepstream.readmodel import RESUMES_KEY, ProjectionReader, resume_run
 from stepstream.settings import Settings
 
 Step = tuple[str, dict[str, object]] | str | Callable[[list[ModelMessage]], str]
@@ -185,6 +195,61 @@ async def wait_applied(reader: ProjectionReader, positions: Mapping[Any, int], d
         await asyncio.sleep(0.05)
 
 
+APPROVER = 'demo-approver'
+"""Who approves the release manager's call (`resolved_by` on the log)."""
+
+
+def _release_manager(log: EventLog, metadata: Mapping[str, str] | None = None) -> Agent[None, Any]:
+    """An agent whose one tool needs an approval: its first run ends waiting on it."""
+    agent = Agent(
+        _scripted(('tag_release', {'version': '1.4.0'}), lambda m: _returned(m, 'tag_release')),
+        name='release-manager',
+        output_type=[str, DeferredToolRequests],
+        capabilities=[StepPersistence(log=log, agent_name='release-manager', metadata=dict(metadata or {}))],
+    )
+
+    @agent.tool_plain(requires_approval=True)
+    def tag_release(version: str) -> str:
+        return f'tagged v{version}, approved by {APPROVER}'
+
+    return agent
+
+
+async def _approve_and_resume(settings: Settings, log: EventLog, reader: ProjectionReader) -> str:
+    """A run that waits for an approval, the approval on the log, and the run resumed from the log.
+
+    Returns the id of the run that waited.
+    """
+    paused = await _release_manager(log).run('tag the release', conversation_id='release-demo')
+    assert isinstance(paused.output, DeferredToolRequests)  # the run ends waiting on the call
+    await wait_applied(reader, await log.flush(), settings.projection.db_path)
+    [call] = await reader.list_waiting(agent_name='release-manager', newest_first=True, limit=1)
+    run_id, effect = call.effect.run_id, call.effect
+    await decide_deferred_call(
+        log,
+        effect,
+        decision='approved',
+        operator=APPROVER,
+        writer_id=resolver_id('demo'),
+        note='the release notes are checked',
+    )
+    await wait_applied(reader, await log.flush(), settings.projection.db_path)
+    decided = await reader.get_tool_effect(run_id, effect.tool_call_id)
+    assert decided is not None and decided.resolution is not None
+    print(
+        f'== an approval: {run_id} waited for an approval of {effect.tool_name}({effect.args}); '
+        f'{decided.resolution.resolved_by} {decided.resolution.resolution} it on the log '
+        f'({decided.resolution.note!r})'
+    )
+    resumption = await resume_run(reader, run_id)
+    resumed = await _release_manager(log, resumption.metadata).run(**resumption.run_kwargs())
+    await wait_applied(reader, await log.flush(), settings.projection.db_path)
+    newest = await reader.list_runs(agent_name='release-manager', newest_first=True, limit=5)
+    again = next(r for r in newest if r.metadata.get(RESUMES_KEY) == run_id)
+    print(f'resumed as {again.run_id} in conversation {again.conversation_id}: {resumed.output}\n')
+    return run_id
+
+
 async def run_demo(settings: Settings, *, stack_dir: str | Path = '.stepstream') -> None:
     """Run the demo against `settings` (the stack under `stack_dir`); print lineage, events and effects.
 
@@ -234,6 +299,7 @@ async def _demo(settings: Settings, log: EventLog, reader: ProjectionReader, sta
 
     result = await orchestrator.run('research the release and announce it', conversation_id='release-demo')
     print(f'orchestrator answered: {result.output}\n')
+    waited = await _approve_and_resume(settings, log, reader)  # while the killed publisher's heartbeats age
     await wait_applied(reader, await log.flush(), settings.projection.db_path)
     for run_id in killed:
         await _until_stale(reader, run_id, settings.liveness.stale_after_s)
@@ -258,6 +324,8 @@ async def _demo(settings: Settings, log: EventLog, reader: ProjectionReader, sta
         'Inspect it (`.venv/bin/stepstream` in a checkout):\n'
         f'  stepstream runs{here}                  # every run; also tree, events, snapshot, unresolved\n'
         f'  stepstream tree {orchestrator_id}{here}\n'
+        f'  stepstream effects {waited}{here}   # the approval: who, when, why\n'
+        f'  stepstream deferred{here}              # the calls that wait for a decision (the Waiting page)\n'
         f'  stepstream status{here}                # lag, apply rate, dead letters\n'
         f'  stepstream rebuild --into /tmp/rebuilt{here} && '
         f'stepstream verify {settings.projection.db_path} /tmp/rebuilt\n'
