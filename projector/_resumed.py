@@ -37,7 +37,11 @@ def apply_resumed(
             f'run {resumer!r} resumes run {run.run_id!r}, which is {run.status}: only a run that ended '
             'waiting is resumed',
         )
-    run.status, run.resumed_by = 'resumed', resumer  # its listings move at the batch's end
+    run.status, run.resumed_by, run.resumed_at = (
+        'resumed',
+        resumer,
+        mark['timestamp'],
+    )  # relisted at the batch's end
     if retention is not None:
         retention.ended(txn, home, run.run_id, mark['timestamp'])
     return True

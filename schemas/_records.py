@@ -107,6 +107,8 @@ class RunRecord:
     """The run this run resumes (its `run_started` metadata `stepstream.resumes`, `resume_run`), or None."""
     resumed_by: str | None = None
     """The run that resumes this one, a run that ended waiting (status `resumed`), or None."""
+    resumed_at: datetime | None = None
+    """When the run that resumes it started to (its `run_resumed` mark's time), or None."""
 
 
 @dataclass(kw_only=True, slots=True)

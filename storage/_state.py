@@ -151,6 +151,8 @@ class RunState(_Json):
     """The keys applied at that sequence: a snapshot keyed below it, or again at it, is a duplicate."""
     resumed_by: str | None = None
     """The run that resumes this one (the first `run_resumed` mark applied); its status is then `resumed`."""
+    resumed_at: int | None = None
+    """When that mark was written (micros): the run's end, for a retention policy."""
 
     @property
     def chain(self) -> str:

@@ -58,6 +58,7 @@ from stepstream.schemas import (
     DEFERRALS,
     MAX_NOTE_CHARS,
     RESOLUTIONS,
+    RESUMED_BY_KEY,
     RUN_STATUSES,
     STEP_EVENT_SCHEMA,
     ModelUsage,
@@ -157,6 +158,7 @@ KINDS = [
     'snapshot_saved',
     'snapshot_saved',
     'run_heartbeat',
+    'run_resumed',
 ]
 STATUSES = ['started', 'started', 'completed', 'failed', 'annotated', 'resolved', 'deferred']
 HOSTILE = [
@@ -256,6 +258,8 @@ class Op:
     """A decision's `FLAWS`: a malformed one."""
     by: str = 'ops@example'
     """Who resolved or decided (`resolved_by`)."""
+    resumer: str | None = None
+    """A `run_resumed` mark's resuming run (`RESUMED_BY_KEY`); None: a mark that names none."""
 
 
 ops = st.builds(
@@ -281,6 +285,7 @@ ops = st.builds(
     deferral=st.sampled_from(DEFERRALS_SORTED),
     decision=st.sampled_from([None, None, *sorted(DECISIONS)]),
     flaw=st.one_of(st.none(), st.none(), st.none(), st.sampled_from(sorted(FLAWS))),
+    resumer=st.sampled_from([None, 'run-r1', 'run-a', '../escape']),
 )
 
 
@@ -421,7 +426,44 @@ def ends_waiting(draw: st.DrawFn, run_id: str, others: list[Op], *, decided: boo
         decisions.append(decision)
         after = max(i for i, op in enumerate(out) if op is last) + 1
         out.insert(draw(st.integers(0 if draw(st.integers(0, 3)) == 0 else after, len(out))), decision)
+
+    marks: list[Op] = []  # runs that resume it (decision 0057): the first valid mark after it waits
+    for resumer in draw(st.lists(st.sampled_from(RESUMERS), max_size=3)):
+        mark = replace(
+            run[0], kind='run_resumed', writer=f'resumer-{resumer}', minute=draw(st.integers(0, 5)),
+            resumer=None if resumer == 'none' else run_id if resumer == 'self' else resumer,
+        )  # fmt: skip
+        if resumer == 'resend' and marks:
+            mark = draw(st.sampled_from(marks))
+        marks.append(mark)
+        after = max(i for i, op in enumerate(out) if op is run[-1]) + 1
+        out.insert(draw(st.integers(0 if draw(st.integers(0, 3)) == 0 else after, len(out))), mark)
     return out
+
+
+RESUMERS = ['run-r1', 'run-r2', 'run-r1', 'resend', 'self', 'none']
+"""The runs a waiting run's `run_resumed` marks name: two resuming runs, a resend of an earlier mark,
+the waiting run itself (`invalid`) and none (`invalid`)."""
+
+
+def expected_resumed(generated: list[Op]) -> dict[str, str | None]:
+    """Which run resumes each of the `DEFERRED_RUNS`, from the log alone: the first mark in its
+    partition's log order that names another run and comes after its `run_waiting`."""
+    found: dict[str, str | None] = dict.fromkeys(DEFERRED_RUNS)
+    waiting: set[str] = set()
+    for op, source in placed(generated):
+        if op.run_id not in found or source.topic != EVENTS or source.key != op.run_id.encode():
+            continue
+        if op.kind == 'run_waiting' and op.writer == 'owner':
+            waiting.add(op.run_id)
+        elif (
+            op.kind == 'run_resumed'
+            and op.run_id in waiting
+            and found[op.run_id] is None
+            and op.resumer not in (None, op.run_id)
+        ):
+            found[op.run_id] = op.resumer
+    return found
 
 
 def to_source(
@@ -487,6 +529,7 @@ def to_source(
             trace_id=op.trace_id,
             span_id=op.trace_id[:16] if op.trace_id is not None else None,
             prev_hash=prev_hash,
+            metadata={RESUMED_BY_KEY: op.resumer} if op.kind == 'run_resumed' and op.resumer else {},
         )
     else:
         resolved = op.status == 'resolved' or op.hostile == 'bad_resolution'
@@ -1343,6 +1386,44 @@ def test_each_deferred_call_has_one_outcome_in_every_projection(
             store=store,
             observe=observe,
         )
+    assert [(k, v) for k, v in batched[0] if not k.startswith(PROCESS_LOCAL)] == reference
+
+
+@pytest.mark.parametrize('store', STORES)
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(generated=logs(min_waiting=1, max_waiting=2), seed=st.integers(0, 2**32))
+def test_a_waiting_run_reads_resumed_by_its_first_mark_in_every_projection(
+    generated: list[Op], seed: int, store: str
+) -> None:
+    """Runs that end waiting, with `run_resumed` marks before and after their end, resent, naming
+    two resuming runs, the run itself or none: in one pass, with crashes and in random batches, each
+    reads `resumed` by the first valid mark after it waits (`expected_resumed`), else `waiting`."""
+    log = make_log(generated)
+    expected = expected_resumed(generated)
+    rng = random.Random(seed)
+
+    def observe(db: AnyShard) -> None:
+        async def read() -> dict[str, str | None]:
+            found: dict[str, str | None] = {}
+            for run_id in DEFERRED_RUNS:
+                run = await ProjectionReader(db).get_run(run_id)
+                if run is None:
+                    found[run_id] = None
+                    continue
+                assert (run.status == 'resumed') == (run.resumed_by is not None), run
+                found[run_id] = run.resumed_by
+            return found
+
+        assert asyncio.run(read()) == expected
+
+    with tempfile.TemporaryDirectory() as path:
+        reference = apply_in_one_pass(f'{path}/one', log, store, observe)
+        assert apply_with_crashes(f'{path}/crashes', log, seed, store, observe=observe) == reference
+        records = interleave(log, rng)
+        batched = apply_in_batches(
+            f'{path}/batches', records, batch_sizes(len(records), rng), one_applier=True, store=store,
+            observe=observe,
+        )  # fmt: skip
     assert [(k, v) for k, v in batched[0] if not k.startswith(PROCESS_LOCAL)] == reference
 
 

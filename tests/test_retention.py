@@ -183,8 +183,10 @@ def _valid(source: SourceRecord) -> bool:
 
 
 def _end_times(full: MemoryShard, run_id: str) -> list[int]:
-    """The times of a run's applied end events (its stored step events of an end kind)."""
-    out = []
+    """The times of a run's applied end events (its stored step events of an end kind), and of
+    the mark of the run that resumed it (a waiting run is kept while it waits: decision 0057)."""
+    state = full.get_state(RUN.key(run_id), RunState)
+    out = [] if state is None or state.resumed_at is None else [state.resumed_at]
     for _, value in full.scan(EVENT.prefix(run_id)):
         read = read_plain(value)
         assert read is not None
