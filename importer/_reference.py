@@ -17,21 +17,7 @@ from pydantic import ValidationError
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
 
 from stepstream.errors import StepStreamError
-
-REFERENCE_EVENT_KINDS = frozenset(
-    {
-        'run_started',
-        'run_completed',
-        'run_failed',
-        'model_request_started',
-        'model_request_completed',
-        'model_request_failed',
-        'tool_call_started',
-        'tool_call_completed',
-        'tool_call_failed',
-    }
-)
-"""The event kinds the reference writes (its `EventKind`); each is one of stepstream's too."""
+from stepstream.schemas import REFERENCE_EVENT_KINDS
 
 REFERENCE_EFFECT_STATUSES = frozenset({'started', 'completed', 'failed'})
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from stepstream.erasure import ContentErased
 from stepstream.reference._harness import harness
-from stepstream.schemas import DECISIONS
+from stepstream.schemas import DECISIONS, REFERENCE_EVENT_KINDS
 
 if TYPE_CHECKING:
     from pydantic_ai_harness.step_persistence import ContinuableSnapshot as ReferenceSnapshot
@@ -51,6 +51,7 @@ EVENT_KIND: Mapping[str, str | None] = {
     'run_resumed': None,
 }
 """Our event kind -> the reference's (`None`: the event is left out of `list_events`)."""
+assert {k for k, v in EVENT_KIND.items() if v == k} == REFERENCE_EVENT_KINDS
 
 EFFECT_STATUS: Mapping[str, str] = {
     'started': 'started',

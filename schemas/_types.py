@@ -56,6 +56,22 @@ RESUMED_BY_KEY = 'stepstream.resumed_by'
 
 EVENT_KINDS: frozenset[str] = frozenset(EventKind.__args__)  # type: ignore[attr-defined]
 
+REFERENCE_EVENT_KINDS: frozenset[str] = frozenset(
+    {
+        'run_started',
+        'run_completed',
+        'run_failed',
+        'model_request_started',
+        'model_request_completed',
+        'model_request_failed',
+        'tool_call_started',
+        'tool_call_completed',
+        'tool_call_failed',
+    }
+)
+"""The event kinds the reference (pydantic-ai-harness's step persistence) records, each one of ours:
+what `stepstream import` reads and `stepstream.reference` answers with (docs/migrating.md)."""
+
 ToolEffectStatus = Literal['started', 'annotated', 'completed', 'failed', 'resolved', 'deferred']
 """A tool call's effect status. `started` as the latest transition means the call has not ended:
 `in_flight` while its run is live, `unknown_after_crash` once it is not;

@@ -8,6 +8,8 @@ that the pipeline between them (produce, fetch, commit) changes nothing.
 
 from __future__ import annotations
 
+from typing import Any
+
 from stepstream.media import MediaStore
 from stepstream.producer import InMemoryLog
 from stepstream.projector._apply import EFFECTS, EVENTS, Applier, Rejection, SourceRecord
@@ -62,3 +64,15 @@ class MemoryProjection:
             stale_after_s=20.0,
             scope=None,
         )
+
+
+class CountingShard(MemoryShard):
+    """A shard that counts the keys its scans hand out (how much a page reads)."""
+
+    handed = 0
+
+    def scan(self, prefix: bytes, *, start: bytes | None = None, reverse: bool = False) -> Any:
+        """`MemoryShard.scan`, counting each key it yields in `CountingShard.handed`."""
+        for item in super().scan(prefix, start=start, reverse=reverse):
+            CountingShard.handed += 1
+            yield item

@@ -33,23 +33,12 @@ from pydantic_ai_harness.step_persistence import (
 )
 
 from stepstream.readmodel import ProjectionReader
+from stepstream.schemas import REFERENCE_EVENT_KINDS
 
 LONG_ANSWER = 'the whole manual: ' + 'lorem ipsum ' * 7000
 """Above both sides' 64 KiB media threshold: the reference externalizes it, stepstream offloads it."""
 
-REFERENCE_KINDS = frozenset(
-    {
-        'run_started',
-        'run_completed',
-        'run_failed',
-        'model_request_started',
-        'model_request_completed',
-        'model_request_failed',
-        'tool_call_started',
-        'tool_call_completed',
-        'tool_call_failed',
-    }
-)
+REFERENCE_KINDS = REFERENCE_EVENT_KINDS
 
 PNG = b'\x89PNG\r\n\x1a\n' + bytes(range(256)) * 300
 """An image above the media threshold, in a user prompt."""

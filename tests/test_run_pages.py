@@ -31,6 +31,8 @@ from stepstream.storage import (
 from stepstream.timestamps import micros
 from stepstream.topics import murmur2_partition
 
+from memory_projection import CountingShard
+
 pytestmark = pytest.mark.fast
 
 RunSpec = tuple[str, int, str | None, str | None, str, str | None]
@@ -142,27 +144,16 @@ def test_every_listing_pages_in_its_order_from_any_cursor(
                     shard.close()
 
 
-class _Counting(MemoryShard):
-    """A shard that counts the keys its scans hand out."""
-
-    handed = 0
-
-    def scan(self, prefix: bytes, *, start: bytes | None = None, reverse: bool = False) -> Any:
-        for item in super().scan(prefix, start=start, reverse=reverse):
-            _Counting.handed += 1
-            yield item
-
-
 @pytest.mark.parametrize('newest_first', [True, False])
 def test_a_page_reads_about_its_own_keys_whatever_the_number_of_runs(newest_first: bool) -> None:
     partitions = 3
     runs: list[RunSpec] = [(f'run-{i:05d}', i * 1000, None, None, 'completed', None) for i in range(3000)]
-    shards: dict[int, Any] = {p: _Counting() for p in range(partitions)}
+    shards: dict[int, Any] = {p: CountingShard() for p in range(partitions)}
     _write(shards, runs, partitions)
     reader = ProjectionReader(shards, partitions=partitions)
     middle = runs[1500][0]
     for after in (None, middle):
-        _Counting.handed = 0
+        CountingShard.handed = 0
         page = asyncio.run(reader.list_runs(newest_first=newest_first, after=after, limit=50))
         assert len(page) == 50
-        assert _Counting.handed <= 50 + 2 * partitions, (after, _Counting.handed)
+        assert CountingShard.handed <= 50 + 2 * partitions, (after, CountingShard.handed)

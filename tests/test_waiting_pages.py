@@ -40,7 +40,7 @@ from stepstream.storage import (
 from stepstream.topics import murmur2_partition
 
 from deferred_runs import run_until_waiting
-from memory_projection import MemoryProjection
+from memory_projection import CountingShard, MemoryProjection
 
 pytestmark = pytest.mark.fast
 
@@ -203,17 +203,6 @@ def test_every_waiting_listing_pages_in_its_order_from_any_cursor(
                     shard.close()
 
 
-class _Counting(MemoryShard):
-    """A shard that counts the keys its scans hand out."""
-
-    handed = 0
-
-    def scan(self, prefix: bytes, *, start: bytes | None = None, reverse: bool = False) -> Any:
-        for item in super().scan(prefix, start=start, reverse=reverse):
-            _Counting.handed += 1
-            yield item
-
-
 @pytest.mark.parametrize('newest_first', [True, False])
 def test_a_page_of_waiting_calls_reads_about_its_own_keys_whatever_matches(newest_first: bool) -> None:
     """3,000 approvals of one agent wait in one conversation: a filter that matches none reads no key."""
@@ -221,7 +210,7 @@ def test_a_page_of_waiting_calls_reads_about_its_own_keys_whatever_matches(newes
     specs: list[CallSpec] = [
         (f'run-{i:05d}', 'call-0', i * 1000, 'deferred', 'approval', 'a1', 'c1') for i in range(3000)
     ]
-    shards: dict[int, Any] = {p: _Counting() for p in range(partitions)}
+    shards: dict[int, Any] = {p: CountingShard() for p in range(partitions)}
     _write(shards, specs, partitions)
     reader = ProjectionReader(shards, partitions=partitions)
     middle = asyncio.run(reader.list_waiting(limit=1500))[-1].cursor
@@ -237,10 +226,10 @@ def test_a_page_of_waiting_calls_reads_about_its_own_keys_whatever_matches(newes
         ({'conversation_id': 'nope'}, 0),
         ({'conversation_id': 'c1', 'deferral': 'question'}, 0),
     ):
-        _Counting.handed = 0
+        CountingShard.handed = 0
         page = asyncio.run(reader.list_waiting(newest_first=newest_first, limit=50, **filters))
         assert len(page) == found, filters
-        assert _Counting.handed <= found + 2 * partitions * len(KINDS), (filters, _Counting.handed)
+        assert CountingShard.handed <= found + 2 * partitions * len(KINDS), (filters, CountingShard.handed)
 
 
 def _waiting_keys(shard: MemoryShard) -> set[bytes]:
