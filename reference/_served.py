@@ -9,10 +9,10 @@ a `ProjectionReader`'s. httpx (the `serve` extra) is imported when one is made.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from stepstream.errors import StepStreamUnavailable
-from stepstream.schemas import ContinuableSnapshot, EffectResolution, RunRecord, StepEvent, ToolEffectRecord
+from stepstream.schemas import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord
 
 if TYPE_CHECKING:
     import httpx
@@ -168,63 +168,27 @@ class ServedReader:
 
 
 def _run(data: dict[str, Any]) -> RunRecord:
-    return RunRecord(
-        run_id=data['run_id'],
-        agent_name=data['agent_name'],
-        conversation_id=data['conversation_id'],
-        parent_run_id=data['parent_run_id'],
-        status=data['status'],
-        started_at=_time(data['started_at']),
-        ended_at=_time(data['ended_at']),
-        error=data['error'],
-        metadata=data['metadata'],
-        registration_id=data['registration_id'],
-        last_seq=data['last_seq'],
-    )
+    return _record(RunRecord, data)
 
 
 def _event(data: dict[str, Any]) -> StepEvent:
-    return StepEvent(
-        run_id=data['run_id'],
-        seq=data['seq'],
-        writer_id=data['writer_id'],
-        timestamp=datetime.fromisoformat(data['timestamp']),
-        kind=data['kind'],
-        step_index=data['step_index'],
-        agent_name=data['agent_name'],
-        conversation_id=data['conversation_id'],
-        parent_run_id=data['parent_run_id'],
-        tool_call_id=data['tool_call_id'],
-        tool_name=data['tool_name'],
-        error=data['error'],
-        metadata=data['metadata'],
-        idempotency_key=data['idempotency_key'],
-    )
+    return _record(StepEvent, data)
 
 
 def _effect(data: dict[str, Any]) -> ToolEffectRecord:
-    resolution = data.get('resolution')
-    return ToolEffectRecord(
-        run_id=data['run_id'],
-        tool_call_id=data['tool_call_id'],
-        tool_name=data['tool_name'],
-        status=data['status'],
-        in_flight=data['in_flight'],
-        started_at=_time(data['started_at']),
-        ended_at=_time(data['ended_at']),
-        idempotency_key=data['idempotency_key'],
-        effect_summary=data['effect_summary'],
-        error=data['error'],
-        resolution=None
-        if resolution is None
-        else EffectResolution(
-            resolution=resolution['resolution'],
-            resolved_by=resolution['resolved_by'],
-            writer_id=resolution['writer_id'],
-            resolved_at=datetime.fromisoformat(resolution['resolved_at']),
-            note=resolution['note'],
-            resolves_seq=resolution['resolves_seq'],
-            applied=resolution['applied'],
-        ),
-        deferral=data['deferral'],
-    )
+    return _record(ToolEffectRecord, data)
+
+
+_R = TypeVar('_R')
+_ADAPTERS: dict[type, Any] = {}
+
+
+def _record(record: type[_R], data: dict[str, Any]) -> _R:
+    """The API's JSON of a record as the record: its one declaration read back (decision 0044)."""
+    from pydantic import TypeAdapter
+
+    adapter = _ADAPTERS.get(record)
+    if adapter is None:
+        adapter = _ADAPTERS[record] = TypeAdapter(record)
+    found: _R = adapter.validate_python(data)
+    return found
