@@ -119,3 +119,32 @@ async def test_a_wrong_broker_address_says_what_is_wrong(tmp_path: Path) -> None
         port = server.sockets[0].getsockname()[1]
         err = await attempt(f'127.0.0.1:{port}')
     assert f'the service on 127.0.0.1:{port} accepts connections but does not answer a Kafka request' in err
+
+
+@pytest.mark.broker
+async def test_a_stack_dir_that_holds_no_running_stack_is_a_usage_error_naming_it(tmp_path: Path) -> None:
+    """`--stack-dir` names a place: missing, or no stack there, is exit 2 with the path and the fix,
+    never the projection of whatever folder the command runs in (issue 51)."""
+    (tmp_path / '.stepstream' / 'projection').mkdir(parents=True)  # a checkout's own, not to be read
+    missing = tmp_path / 'does-not-exist'
+    code, out, err = await run('runs', '--stack-dir', str(missing), cwd=tmp_path)
+    assert (code, out) == (2, '')
+    assert f'no stack is running under {missing} (no such folder)' in err
+    assert f'`stepstream stack up --stack-dir {missing}`' in err
+    stopped = tmp_path / 'stopped'
+    (stopped / 'projection').mkdir(parents=True)
+    code, _, err = await run('events', 'some-run', f'--stack-dir={stopped}', cwd=tmp_path)
+    assert code == 2 and 'no stack was started there' in err
+    assert f'read its projection as it stands with --db-path {stopped / "projection"}' in err
+
+
+@pytest.mark.broker
+async def test_no_projection_at_the_default_path_says_it_is_the_default_and_how_to_point_elsewhere(
+    tmp_path: Path,
+) -> None:
+    code, out, err = await run('runs', cwd=tmp_path)
+    assert (code, out) == (2, '')
+    assert 'no projection at .stepstream/projection, the default --db-path' in err and str(tmp_path) in err
+    assert '--db-path DIR (or STEPSTREAM_DB_PATH)' in err and '`stepstream stack up`' in err
+    code, _, err = await run('runs', '--db-path', str(tmp_path / 'elsewhere'), cwd=tmp_path)
+    assert code == 2 and f'no projection at {tmp_path / "elsewhere"}' in err and 'default' not in err

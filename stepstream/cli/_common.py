@@ -13,6 +13,7 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol
 
+from stepstream.errors import UsageError
 from stepstream.settings import Settings
 
 if TYPE_CHECKING:
@@ -51,8 +52,30 @@ def add_json(*parsers: argparse.ArgumentParser) -> None:
 
 @contextlib.asynccontextmanager
 async def open_reader(settings: Settings) -> AsyncIterator[ProjectionReader]:
-    """`ProjectionReader.from_settings`, imported only by the commands that read the projection."""
+    """`ProjectionReader.from_settings`, imported only by the commands that read the projection.
+
+    With no projection at the default `--db-path` (no flag, no variable, no stack running here),
+    `UsageError` says that it is the default, and how to point elsewhere.
+    """
     from stepstream.readmodel import ProjectionReader as Reader
 
+    check_default_projection(settings)
     async with Reader.from_settings(settings) as reader:
         yield reader
+
+
+def check_default_projection(settings: Settings) -> None:
+    """`UsageError` when the projection is looked for at the default path, and is not there."""
+    from pathlib import Path
+
+    from stepstream.settings import ProjectionSettings
+
+    where = settings.projection.db_path
+    if where != ProjectionSettings().db_path or Path(where).exists():
+        return
+    raise UsageError(
+        f'no projection at {where}, the default --db-path (under {Path.cwd()}), and no stack is running '
+        'here: start one with `stepstream stack up` (or `make run` in a checkout), give the folder of a '
+        'running stack with --stack-dir DIR, or point at a projection with --db-path DIR (or '
+        'STEPSTREAM_DB_PATH)'
+    )

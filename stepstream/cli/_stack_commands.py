@@ -18,6 +18,7 @@ def add_commands(command: Declare, sub: Any) -> None:
         action='store_true',
         help='kept for old scripts: the stack serves the run explorer already (its URL is printed)',
     )
+    demo.set_defaults(makes_stack=True)  # `--stack-dir` names where it starts one
 
     stack = sub.add_parser(
         'stack',
@@ -32,7 +33,11 @@ def add_commands(command: Declare, sub: Any) -> None:
     up.add_argument(
         '--broker', choices=['tansu', 'kafka'], default=None, help='the embedded broker (default: tansu)'
     )
-    command('down', _stack_down, 'Stop the stack; its log and projection stay on disk.', parent=stack_sub)
+    down = command(
+        'down', _stack_down, 'Stop the stack; its log and projection stay on disk.', parent=stack_sub
+    )
+    for managing in (up, down):  # they say themselves what is or is not under `--stack-dir`
+        managing.set_defaults(makes_stack=True)
     command('env', _stack_env, 'Print `export STEPSTREAM_...` lines for the running stack.', parent=stack_sub)
 
 

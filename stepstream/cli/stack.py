@@ -118,13 +118,28 @@ def running_stack(directory: str | Path) -> RunningStack:
         pid = int((root / PID_FILE).read_text().strip())
         environ = _read_env(root / ENV_FILE)
     except (OSError, ValueError):
-        raise UsageError(f'no stack is running under {root}: start one with `stepstream stack up`') from None
+        where = 'no such folder' if not root.exists() else 'no stack was started there'
+        raise UsageError(
+            f'no stack is running under {root} ({where}): start one with '
+            f'`stepstream stack up{_flag(directory)}`{_projection_hint(root)}'
+        ) from None
     if not _is_stack_process(pid):
         raise UsageError(
             f'the stack under {root} is not running any more (pid {pid} is gone): '
-            'start it again with `stepstream stack up`'
+            f'start it again with `stepstream stack up{_flag(directory)}`{_projection_hint(root)}'
         )
     return RunningStack(root, pid, environ, _read_url(root / URL_FILE), _read_url(root / METRICS_FILE))
+
+
+def _flag(directory: str | Path) -> str:
+    """` --stack-dir DIR` for a folder other than the default, to paste into a command."""
+    return '' if str(directory) == DEFAULT_STACK_DIR else f' --stack-dir {directory}'
+
+
+def _projection_hint(root: Path) -> str:
+    """How to read a stopped stack's projection, when it left one."""
+    projection = root / 'projection'
+    return f', or read its projection as it stands with --db-path {projection}' if projection.is_dir() else ''
 
 
 def _read_url(path: Path) -> str | None:
