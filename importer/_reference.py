@@ -1,7 +1,7 @@
 """A reference store's runs as the importer reads them: plain records, each saying where it was read.
 
 pydantic-ai-harness writes four kinds of record per run (its `RunRecord`, `StepEvent`s,
-`ContinuableSnapshot`s and `ToolEffectRecord`s). The readers (`_sqlite.py`, `_files.py`) turn each
+`ContinuableSnapshot`s and `ToolEffectRecord`s). The readers (`_stores.py`, `_postgres.py`) turn each
 into one of the types here, checking every field as they go, so that a damaged record is refused
 with the run and the record named (`DamagedStore`) before anything of its run is written.
 """
@@ -76,7 +76,7 @@ class ReferenceSnapshot:
 class ReferenceEffect:
     """One ledger record (the reference's `ToolEffectRecord`).
 
-    A SQLite store keeps a call's latest, a file store every one it wrote.
+    A SQLite or Postgres store keeps a call's latest, a file store every one it wrote.
     """
 
     tool_call_id: str

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import shutil
 import sqlite3
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -319,3 +320,16 @@ async def test_runs_the_retention_policy_dropped_are_not_written_again(tmp_path:
 
     assert (again.runs_expired, again.runs_already_imported, len(log.records)) == (5, 1, written)
     assert '5 run(s) the retention policy dropped' in again.text()
+
+
+async def test_a_postgres_store_without_asyncpg_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    from stepstream.importer import is_dsn, open_postgres
+    from stepstream.importer._postgres import shown
+
+    monkeypatch.setitem(sys.modules, 'asyncpg', None)  # as if it were not installed
+    assert is_dsn('postgresql://app@db:5432/agents') and is_dsn('postgres://db/agents')
+    assert not is_dsn('agents.db') and not is_dsn(Path('postgresql:'))
+    # How messages and the report name it: never with the password or the options.
+    assert shown('postgresql://app:secret@db:5432/agents?password=x') == 'postgresql://app@db:5432/agents'
+    with pytest.raises(StepStreamError, match=r'needs asyncpg: pip install "stepstream\[import-postgres\]"'):
+        await open_postgres('postgresql://app:secret@db:5432/agents')

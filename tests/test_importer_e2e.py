@@ -1,6 +1,7 @@
-"""`stepstream import` on the stack: a reference SQLite store made by real agents, imported by the command.
+"""`stepstream import` on the stack: reference stores made by real agents, imported by the command.
 
-The command runs as a user runs it (a subprocess with the stack's settings), against a real broker
+A SQLite file, a file directory and a Postgres database (on a server the module starts). The
+command runs as a user runs it (a subprocess with the stack's settings), against a real broker
 and a projector; each imported run reads back from the projection as the reference store returns
 it (media from the stack's S3 bucket), a second import writes nothing (the log's end does not move),
 and a rebuild of the projection from the log is identical to the live one.
@@ -9,9 +10,11 @@ and a rebuild of the projection from the log is identical to the live one.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pydantic_ai_harness.step_persistence import PostgresStepStore
 from test_cli import cli
 
 from stepstream import Settings
@@ -19,6 +22,7 @@ from stepstream.producer import EventLog
 from stepstream.projector import Projector
 from stepstream.readmodel import ProjectionReader
 
+from postgres_server import postgres_server
 from reference_stores import assert_imported, make_runs, reference_store, store_path
 
 pytestmark = pytest.mark.broker
@@ -67,3 +71,46 @@ async def test_a_damaged_store_exits_1_naming_the_run_and_the_line(
     await projector.catch_up()
     reader = ProjectionReader.of(projector)
     assert await reader.get_run(first) is not None and await reader.get_run(second) is None
+
+
+@pytest.fixture(scope='module')
+def postgres() -> Iterator[str]:
+    """A PostgreSQL server for the module: the DSN of its `postgres` database."""
+    with postgres_server() as dsn:
+        yield dsn
+
+
+async def test_import_a_postgres_store_by_its_dsn(
+    settings: Settings,
+    event_log: EventLog,
+    projector: Projector,
+    db_path: Path,
+    postgres: str,
+    tmp_path: Path,
+) -> None:
+    import asyncpg
+
+    pool = await asyncpg.create_pool(postgres, min_size=1, max_size=4)
+    try:
+        store = PostgresStepStore(pool, table='agents')  # a prefix of its own: `--table`
+        await make_runs(store)
+        await projector.wait_for(await event_log.flush())
+
+        code, out, err = await cli(settings, db_path, 'import', postgres, '--table', 'agents', '--json')
+        assert code == 0, err
+        report = json.loads(out)
+        assert (report['runs_read'], report['runs_written'], report['error']) == (5, 5, None), report
+        assert report['store'].startswith("Postgres 'postgresql://postgres@127.0.0.1:"), report
+        end = await projector.catch_up()
+        assert await assert_imported(store, ProjectionReader.of(projector)) == 5
+
+        code, out, err = await cli(settings, db_path, 'import', postgres, '--table', 'agents')
+        assert code == 0 and 'skipped 5 run(s) imported before' in out, (out, err)
+        assert await projector.catch_up() == end  # nothing was written
+    finally:
+        await pool.close()
+
+    code, out, err = await cli(settings, db_path, 'import', postgres)  # the default prefix: no store there
+    assert code == 1 and 'has no table step_persistence_runs' in err and 'Traceback' not in err, err
+    code, out, err = await cli(settings, db_path, 'import', str(tmp_path), '--table', 'agents')
+    assert code == 2 and '--table is a PostgresStepStore option' in err, err

@@ -22,10 +22,21 @@ def add_commands(command: Declare) -> None:
     parser = command(
         'import',
         _import,
-        'Append the runs of a pydantic-ai-harness store (a SqliteStepStore file or a FileStepStore '
-        'directory) to the log, each once, by its own writer; a second import writes nothing.',
+        'Append the runs of a pydantic-ai-harness store (a SqliteStepStore file, a FileStepStore '
+        'directory or a PostgresStepStore database) to the log, each once, by its own writer; a second '
+        'import writes nothing.',
     )
-    parser.add_argument('path', help='the SqliteStepStore file, or the FileStepStore directory')
+    parser.add_argument(
+        'path',
+        help='the SqliteStepStore file, the FileStepStore directory, or the PostgresStepStore database as a '
+        'DSN (postgresql://user@host:5432/db; needs stepstream[import-postgres])',
+    )
+    parser.add_argument(
+        '--table',
+        default=None,
+        metavar='PREFIX',
+        help="a PostgresStepStore's table prefix, when it was given one (default step_persistence)",
+    )
     parser.add_argument(
         '--concurrency',
         type=int,
@@ -38,13 +49,22 @@ def add_commands(command: Declare) -> None:
 
 async def _import(args: argparse.Namespace, settings: Settings) -> int:
     from stepstream.errors import UsageError
-    from stepstream.importer import DamagedStore, ImportReport, import_store, open_store
+    from stepstream.importer import (
+        DamagedStore,
+        ImportReport,
+        import_store,
+        is_dsn,
+        open_postgres,
+        open_store,
+    )
     from stepstream.media import S3MediaStore
     from stepstream.producer import EventLog
 
     if args.concurrency < 1:
         raise UsageError(f'--concurrency must be at least 1, got {args.concurrency}')
-    store = open_store(args.path)
+    if args.table is not None and not is_dsn(args.path):
+        raise UsageError('--table is a PostgresStepStore option: give the store as postgresql://...')
+    store = await open_postgres(args.path, prefix=args.table) if is_dsn(args.path) else open_store(args.path)
     report: ImportReport | None = None
     error: DamagedStore | None = None
     try:
