@@ -25,6 +25,7 @@ from stepstream.lazy import lazy_exports
 if TYPE_CHECKING:
     from stepstream.storage._checkpoints import CheckpointObject, Checkpoints, HeldShards
     from stepstream.storage._keys import (
+        ACTIVITY,
         AGENT,
         APART,
         BROKEN,
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
         CONFLICT,
         CONFLICTING_COUNT,
         CONVERSATION,
+        CONVERSATION_STATE,
         COUNT,
         EFFECT,
         ENDED,
@@ -93,6 +95,7 @@ if TYPE_CHECKING:
     from stepstream.storage._state import (
         ANSWERS,
         RUN_INDEX_VERSION,
+        ConversationState,
         EffectState,
         Identity,
         RunState,
@@ -119,6 +122,9 @@ _WHERE = {
     'CONFLICT': 'stepstream.storage._keys',
     'CONFLICTING_COUNT': 'stepstream.storage._keys',
     'CONVERSATION': 'stepstream.storage._keys',
+    'CONVERSATION_STATE': 'stepstream.storage._keys',
+    'ACTIVITY': 'stepstream.storage._keys',
+    'ConversationState': 'stepstream.storage._state',
     'COUNT': 'stepstream.storage._keys',
     'dumps': 'stepstream.storage._state',
     'EFFECT': 'stepstream.storage._keys',
@@ -187,6 +193,7 @@ _WHERE = {
 """Where each public name lives: imported on first use, so a reader does not pay for S3 checkpoints."""
 
 __all__ = [
+    'ACTIVITY',
     'AGENT',
     'ANSWERS',
     'APART',
@@ -197,6 +204,7 @@ __all__ = [
     'CONFLICT',
     'CONFLICTING_COUNT',
     'CONVERSATION',
+    'CONVERSATION_STATE',
     'COUNT',
     'EFFECT',
     'ENDED',
@@ -229,6 +237,7 @@ __all__ = [
     'WAITING_KIND',
     'CheckpointObject',
     'Checkpoints',
+    'ConversationState',
     'EffectState',
     'HeldShards',
     'Identity',

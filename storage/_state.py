@@ -295,11 +295,36 @@ class SnapshotEntry(_Json):
     retained: bool = True
 
 
-RUN_INDEX_VERSION = 5
+@dataclass(slots=True)
+class ConversationState(_Json):
+    """One shard's share of a conversation: its runs in this shard, summed (decision 0062).
+
+    Every field is a sum or a max over the shard's runs of the conversation, so the state is a
+    function of their states, whatever order their records came in; the reader combines the
+    shards' shares.
+    """
+
+    conversation_id: str
+    runs: int = 0
+    active: int = 0
+    """The newest activity (micros): the newest of its runs' newest records (`_listing.latest`)."""
+    latest: list[Any] = field(default_factory=list)
+    """[started_at, run_id] of its latest-started run here (the greatest pair)."""
+    usage: dict[str, int] = field(default_factory=_no_counts)
+    """Its runs' `RunState.usage`, summed by field (only the ones not zero)."""
+    priced: int = 0
+    """How many of its runs have a `cost_usd`."""
+    cost_usd: str | None = None
+    """Their costs summed, as normalized decimal text; None while none has one."""
+
+
+RUN_INDEX_VERSION = 6
 """The run indexes a shard made now holds: 2 adds `STATUS` and `AGENT` (decision 0045); 3 files
 `AGENT` by status too and adds `LATEST` and the `COUNT`s (decision 0046); 4 checks each run's
 hash chain and lists the broken ones in `BROKEN` (decision 0049); 5 lists the waiting calls by
-kind, agent and conversation (`WAITING_KIND`, `WAITING_AGENT`, `WAITING_CONVERSATION`; decision 0056)."""
+kind, agent and conversation (`WAITING_KIND`, `WAITING_AGENT`, `WAITING_CONVERSATION`; decision 0056);
+6 sums each conversation's runs (`CONVERSATION_STATE`) and lists them by activity (`ACTIVITY`;
+decision 0062)."""
 
 
 @dataclass(slots=True)

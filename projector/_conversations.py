@@ -1,0 +1,122 @@
+"""A conversation's share in each shard: its runs here summed, and its place by newest activity.
+
+Runs are keyed by run id, so one conversation's runs are spread over the shards. Each shard keeps
+its share of every conversation that has runs in it (`CONVERSATION_STATE`: how many, their usage
+and cost summed, the newest activity, the latest-started run) and lists the conversations by
+that newest activity (`ACTIVITY`); the reader combines the shares (decision 0062).
+
+A share changes where the run's listing does: at the end of the batch, from what the run
+contributed before the batch and what it contributes now (`refile_conversation`, called by
+`_listing.relist_run`), and when retention drops a run (`unfile_conversation`). Every field is a
+sum or a max over the shard's runs of the conversation, so the share is a function of those runs'
+states, whatever the batch cuts (tests/test_conversations.py).
+"""
+
+from __future__ import annotations
+
+from decimal import Context, Decimal
+
+from stepstream.storage import (
+    ACTIVITY,
+    CONVERSATION,
+    CONVERSATION_STATE,
+    RUN,
+    ConversationState,
+    RunState,
+    Transaction,
+)
+
+Share = tuple[int, dict[str, int], str | None]
+"""What one run adds to its conversation's share: its newest record's time, its usage and its cost."""
+
+_SUMS = Context(prec=200)
+"""Exact for every sum of checked costs (`_usage._SUMS`)."""
+
+
+def share_of(run: RunState) -> Share:
+    """What the run adds to its conversation's share now (its usage copied: the run changes)."""
+    return (max(run.started_at, run.last_record_at), dict(run.usage), run.cost_usd)
+
+
+def refile_conversation(txn: Transaction, run: RunState, was: Share | None) -> None:
+    """Bring the run's conversation's share up to date with the run.
+
+    `was` is the run's share before the batch (None: registered in this batch).
+    """
+    conversation_id = run.conversation_id
+    assert conversation_id is not None
+    now = share_of(run)
+    if now == was:
+        return
+    key = CONVERSATION_STATE.key(conversation_id)
+    state = txn.get_state(key, ConversationState) or ConversationState(conversation_id)
+    before = state.active if state.runs else None
+    if was is None:
+        state.runs += 1
+        place = [run.started_at, run.run_id]
+        if not state.latest or place > state.latest:
+            state.latest = place
+    else:
+        _add(state, was, -1)
+    _add(state, now, 1)
+    state.active = max(state.active, now[0])
+    _refile_activity(txn, state, before)
+    txn.put_state(key, state)
+
+
+def unfile_conversation(txn: Transaction, run: RunState) -> None:
+    """Take a dropped run out of its conversation's share (after its `CONVERSATION` entry is gone)."""
+    conversation_id = run.conversation_id
+    assert conversation_id is not None
+    key = CONVERSATION_STATE.key(conversation_id)
+    state = txn.get_state(key, ConversationState)
+    assert state is not None, f'run {run.run_id!r} has no share in conversation {conversation_id!r}'
+    before = state.active
+    state.runs -= 1
+    if not state.runs:
+        txn.delete(ACTIVITY.key(before, conversation_id))
+        txn.delete(key)
+        return
+    dropped = share_of(run)
+    _add(state, dropped, -1)
+    if dropped[0] >= state.active or state.latest == [run.started_at, run.run_id]:
+        # The newest or latest run left: the next is found among the runs that stay (rare: a
+        # dropped run ended long ago).
+        state.active, state.latest = 0, []
+        for k, _ in txn.scan(CONVERSATION.prefix(conversation_id)):
+            _, started, run_id = CONVERSATION.parse(k)
+            other = txn.get_state(RUN.key(str(run_id)), RunState)
+            assert other is not None
+            state.active = max(state.active, share_of(other)[0])
+            state.latest = [started, run_id]
+    _refile_activity(txn, state, before)
+    txn.put_state(key, state)
+
+
+def _refile_activity(txn: Transaction, state: ConversationState, before: int | None) -> None:
+    """Move the conversation's `ACTIVITY` entry from `before` (None: it had none) to its newest activity."""
+    if before == state.active:
+        return
+    if before is not None:
+        txn.delete(ACTIVITY.key(before, state.conversation_id))
+    txn.put(ACTIVITY.key(state.active, state.conversation_id), b'')
+
+
+def _add(state: ConversationState, share: Share, sign: int) -> None:
+    """Add (`sign` 1) or take out (-1) a run's usage and cost; zero sums leave no entry."""
+    _, usage, cost = share
+    sums = state.usage
+    for name, value in usage.items():
+        total = sums.get(name, 0) + sign * value
+        if total:
+            sums[name] = total
+        else:
+            sums.pop(name, None)
+    if cost is None:
+        return
+    state.priced += sign
+    if not state.priced:
+        state.cost_usd = None
+        return
+    summed = _SUMS.add(Decimal(state.cost_usd or 0), _SUMS.multiply(Decimal(sign), Decimal(cost)))
+    state.cost_usd = format(_SUMS.normalize(summed), 'f')

@@ -1,0 +1,216 @@
+"""Conversations as a view (decision 0062): each shard's share of a conversation is what its runs'
+states say, whatever the batches and the retention drops, and the listing across shards gives each
+conversation once, newest activity first, with what `list_runs(conversation_id=...)` says of it.
+
+The logs are `test_apply_properties.py`'s generated ones (every run in one of two conversations,
+hostile records among them); the store-wide properties there (a pure function of the log, batch
+cuts change nothing) hold these keys too, since they compare every key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from collections import defaultdict
+from collections.abc import Awaitable
+from decimal import Decimal
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_apply_properties import (
+    PARTITIONS,
+    SEQ_JUMP,
+    STORES,
+    T0,
+    TOPICS,
+    Op,
+    apply_with_crashes,
+    logs,
+    make_log,
+)
+from test_retention import spread
+
+from stepstream.errors import ConversationLive, NotFound
+from stepstream.projector._apply import Applier
+from stepstream.projector._listing import latest
+from stepstream.readmodel import (
+    ProjectionReader,
+    continue_conversation,
+    continue_run,
+    decode_conversation_cursor,
+    encode_conversation_cursor,
+)
+from stepstream.storage import ACTIVITY, CONVERSATION_STATE, RUN, ConversationState, MemoryShard, RunState
+
+pytestmark = pytest.mark.fast
+
+MINUTE = 60_000_000
+
+
+Items = list[tuple[bytes, bytes]]
+
+
+def under(items: Items, tag: bytes) -> Items:
+    """The items of one keyspace."""
+    return [(k, v) for k, v in items if k[:1] == tag]
+
+
+def shares_said_by_the_runs(items: Items) -> dict[str, ConversationState]:
+    """Each conversation's share as the runs' states among `items` (a shard's) say it, computed afresh."""
+    shares: dict[str, ConversationState] = {}
+    costs: dict[str, list[Decimal]] = defaultdict(list)
+    for _, value in under(items, RUN.tag):
+        run = RunState.decode(value)
+        if run.conversation_id is None:
+            continue
+        share = shares.setdefault(run.conversation_id, ConversationState(run.conversation_id))
+        share.runs += 1
+        share.active = max(share.active, latest(run))
+        share.latest = max(share.latest, [run.started_at, run.run_id])
+        for name, n in run.usage.items():
+            share.usage[name] = share.usage.get(name, 0) + n
+        if run.cost_usd is not None:
+            share.priced += 1
+            costs[run.conversation_id].append(Decimal(run.cost_usd))
+    for conversation_id, spent in costs.items():
+        shares[conversation_id].cost_usd = format(sum(spent, Decimal(0)).normalize(), 'f')
+    for share in shares.values():
+        share.usage = {name: n for name, n in share.usage.items() if n}
+    return shares
+
+
+def check_shares(items: Items) -> None:
+    """`CONVERSATION_STATE` and `ACTIVITY` hold exactly what the runs say."""
+    expected = shares_said_by_the_runs(items)
+    stored = {
+        CONVERSATION_STATE.last_str(k): ConversationState.decode(v)
+        for k, v in under(items, CONVERSATION_STATE.tag)
+    }
+    assert stored == expected
+    assert {k for k, _ in under(items, ACTIVITY.tag)} == {
+        ACTIVITY.key(s.active, s.conversation_id) for s in expected.values()
+    }
+
+
+@pytest.mark.parametrize('store', STORES)
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    generated=logs(),
+    data=st.data(),
+    seed=st.integers(0, 2**32),
+    retain_minutes=st.sampled_from([None, 1, 4, 12]),
+)
+def test_each_shards_share_is_what_its_runs_say(
+    generated: list[Op], data: st.DataObject, seed: int, retain_minutes: int | None, store: str
+) -> None:
+    """In random batches, with crashes, with and without a retention policy dropping runs."""
+    retain_us = None if retain_minutes is None else retain_minutes * MINUTE
+
+    def make_applier() -> Applier:
+        return Applier(
+            TOPICS,
+            partitions=PARTITIONS,
+            max_snapshots_per_run=2,
+            max_seq_jump=SEQ_JUMP,
+            retain_ended_us=retain_us,
+        )
+
+    with tempfile.TemporaryDirectory() as path:
+        items = apply_with_crashes(path, make_log(spread(generated, data)), seed, store, make_applier)
+    check_shares(items)
+
+
+def shards_of(generated: list[Op]) -> dict[int, MemoryShard]:
+    """One shard per partition, each applied from its partition's records (as projectors do)."""
+    log = make_log(generated)
+    shards = {p: MemoryShard() for p in range(PARTITIONS)}
+    for p, shard in shards.items():
+        records = [r for (_, partition), seq in sorted(log.items()) if partition == p for r in seq]
+        txn, _ = Applier(TOPICS, partitions=PARTITIONS, max_seq_jump=SEQ_JUMP).stage(shard, records)
+        txn.commit()
+    return shards
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(generated=logs(), page=st.integers(1, 3), stale_after_s=st.sampled_from([20.0, 1e10]))
+def test_the_listing_across_shards_is_what_the_runs_say(
+    generated: list[Op], page: int, stale_after_s: float
+) -> None:
+    shards = shards_of(generated)
+    for shard in shards.values():
+        check_shares(list(shard.logical_items()))
+    reader = ProjectionReader(shards, partitions=PARTITIONS, stale_after_s=stale_after_s)
+
+    async def check() -> None:
+        listed = await reader.list_conversations(limit=None)
+        paged, after = [], None
+        while batch := await reader.list_conversations(limit=page, after=after):
+            paged += batch
+            after = decode_conversation_cursor(encode_conversation_cursor(batch[-1].cursor))
+        assert paged == listed
+        ids = [c.conversation_id for c in listed]
+        assert len(set(ids)) == len(ids)
+        assert [c.cursor for c in listed] == sorted((c.cursor for c in listed), reverse=True)
+        every = await reader.list_runs(newest_first=True)
+        assert set(ids) == {r.conversation_id for r in every if r.conversation_id is not None}
+        for conversation in listed:
+            runs = await reader.list_runs(conversation_id=conversation.conversation_id, newest_first=True)
+            assert conversation == await reader.get_conversation(conversation.conversation_id)
+            assert conversation.runs == len(runs)
+            assert conversation.latest_run == runs[0]
+            assert conversation.live == (runs[0].status == 'running')
+            assert conversation.writer == runs[0].registration_id
+            assert conversation.last_activity == max(r.last_record_at for r in runs)
+            assert conversation.last_activity >= T0
+            for name in ('input_tokens', 'output_tokens', 'model_requests', 'tool_calls'):
+                assert getattr(conversation.usage, name) == sum(getattr(r.usage, name) for r in runs)
+            costs = [Decimal(r.usage.cost_usd) for r in runs if r.usage.cost_usd is not None]
+            expected = None if not costs else sum(costs, Decimal(0))
+            got = conversation.usage.cost_usd
+            assert (None if got is None else Decimal(got)) == expected
+        assert await reader.get_conversation('no such conversation') is None
+
+    asyncio.run(check())
+
+
+async def outcome(call: Awaitable[object]) -> object:
+    """What a call returns, or the type of what it raises."""
+    try:
+        return await call
+    except Exception as exc:
+        return type(exc)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(generated=logs(), stale_after_s=st.sampled_from([20.0, 1e10]))
+def test_continuing_a_live_conversation_is_refused_naming_its_run_and_writer(
+    generated: list[Op], stale_after_s: float
+) -> None:
+    """Unless told otherwise; else it is `continue_run` of its latest run. (The generated runs are of
+    T0: with a threshold of 20 s none is live, with 1e10 s every running one is.)"""
+    reader = ProjectionReader(shards_of(generated), partitions=PARTITIONS, stale_after_s=stale_after_s)
+
+    async def check() -> None:
+        for conversation in await reader.list_conversations(limit=None):
+            run = conversation.latest_run
+            latest = await outcome(continue_run(reader, run_id=run.run_id))
+            allowed = continue_conversation(reader, conversation.conversation_id, allow_live=True)
+            assert await outcome(allowed) == latest
+            if not conversation.live:
+                assert await outcome(continue_conversation(reader, conversation.conversation_id)) == latest
+                continue
+            assert stale_after_s > 20
+            with pytest.raises(ConversationLive) as refused:
+                await continue_conversation(reader, conversation.conversation_id)
+            assert (refused.value.run_id, refused.value.writer) == (run.run_id, run.registration_id)
+            assert repr(run.run_id) in str(refused.value) and repr(run.registration_id) in str(refused.value)
+        with pytest.raises(NotFound):
+            await continue_conversation(reader, 'no such conversation')
+
+    asyncio.run(check())
+
+
+def test_a_cursor_that_is_not_one_is_not_found() -> None:
+    with pytest.raises(NotFound, match='not a place in the list of conversations'):
+        decode_conversation_cursor('garbage!')
