@@ -14,20 +14,23 @@ states, whatever the batch cuts (tests/test_conversations.py).
 
 from __future__ import annotations
 
+import json
 from decimal import Context, Decimal
 
 from stepstream.storage import (
     ACTIVITY,
     CONVERSATION,
     CONVERSATION_STATE,
+    MAX_PROMPT_CHARS,
     RUN,
     ConversationState,
     RunState,
     Transaction,
 )
 
-Share = tuple[int, dict[str, int], str | None]
-"""What one run adds to its conversation's share: its newest record's time, its usage and its cost."""
+Share = tuple[int, dict[str, int], str | None, str | None]
+"""What one run adds to its conversation's share: its newest record's time, its usage, its cost
+and its first prompt."""
 
 _SUMS = Context(prec=200)
 """Exact for every sum of checked costs (`_usage._SUMS`)."""
@@ -35,7 +38,32 @@ _SUMS = Context(prec=200)
 
 def share_of(run: RunState) -> Share:
     """What the run adds to its conversation's share now (its usage copied: the run changes)."""
-    return (max(run.started_at, run.last_record_at), dict(run.usage), run.cost_usd)
+    return (max(run.started_at, run.last_record_at), dict(run.usage), run.cost_usd, run.first_prompt)
+
+
+def first_prompt(messages: str) -> str | None:
+    """The text of the first user prompt among a snapshot's messages (JSON, as the log holds them).
+
+    Cut to `MAX_PROMPT_CHARS`, its whitespace folded; None when there is none, or when the messages
+    do not read as plain messages (sealed content, with erasure on, reads as none).
+    """
+    try:
+        loaded = json.loads(messages)
+    except ValueError:
+        return None
+    for message in loaded if isinstance(loaded, list) else ():
+        if not isinstance(message, dict) or message.get('kind') != 'request':
+            continue
+        for part in message.get('parts') or ():
+            if isinstance(part, dict) and part.get('part_kind') == 'user-prompt':
+                content = part.get('content')
+                items = (
+                    [content] if isinstance(content, str) else content if isinstance(content, list) else []
+                )
+                text = ' '.join(' '.join(item for item in items if isinstance(item, str)).split())
+                if text:
+                    return text[:MAX_PROMPT_CHARS]
+    return None
 
 
 def refile_conversation(txn: Transaction, run: RunState, was: Share | None) -> None:
@@ -51,13 +79,15 @@ def refile_conversation(txn: Transaction, run: RunState, was: Share | None) -> N
     key = CONVERSATION_STATE.key(conversation_id)
     state = txn.get_state(key, ConversationState) or ConversationState(conversation_id)
     before = state.active if state.runs else None
+    place = [run.started_at, run.run_id]
     if was is None:
         state.runs += 1
-        place = [run.started_at, run.run_id]
         if not state.latest or place > state.latest:
             state.latest = place
     else:
         _add(state, was, -1)
+    if run.first_prompt is not None and (not state.prompt or place < state.prompt[:2]):
+        state.prompt = [*place, run.first_prompt]
     _add(state, now, 1)
     state.active = max(state.active, now[0])
     _refile_activity(txn, state, before)
@@ -79,16 +109,19 @@ def unfile_conversation(txn: Transaction, run: RunState) -> None:
         return
     dropped = share_of(run)
     _add(state, dropped, -1)
-    if dropped[0] >= state.active or state.latest == [run.started_at, run.run_id]:
-        # The newest or latest run left: the next is found among the runs that stay (rare: a
-        # dropped run ended long ago).
-        state.active, state.latest = 0, []
+    place = [run.started_at, run.run_id]
+    if dropped[0] >= state.active or place in (state.latest, state.prompt[:2]):
+        # The newest, latest or first prompted run left: the next is found among the runs that
+        # stay (rare: a dropped run ended long ago).
+        state.active, state.latest, state.prompt = 0, [], []
         for k, _ in txn.scan(CONVERSATION.prefix(conversation_id)):
             _, started, run_id = CONVERSATION.parse(k)
             other = txn.get_state(RUN.key(str(run_id)), RunState)
             assert other is not None
             state.active = max(state.active, share_of(other)[0])
             state.latest = [started, run_id]
+            if other.first_prompt is not None and not state.prompt:
+                state.prompt = [started, run_id, other.first_prompt]
     _refile_activity(txn, state, before)
     txn.put_state(key, state)
 
@@ -104,7 +137,7 @@ def _refile_activity(txn: Transaction, state: ConversationState, before: int | N
 
 def _add(state: ConversationState, share: Share, sign: int) -> None:
     """Add (`sign` 1) or take out (-1) a run's usage and cost; zero sums leave no entry."""
-    _, usage, cost = share
+    _, usage, cost, _ = share
     sums = state.usage
     for name, value in usage.items():
         total = sums.get(name, 0) + sign * value

@@ -53,6 +53,9 @@ class Conversation:
     """Its latest-started run, its status judged now (`last_status`, `live`, `writer`)."""
     usage: RunUsage
     """Its runs' usage and cost summed."""
+    title: str | None = None
+    """The first user prompt of its earliest run that has one (cut to `MAX_PROMPT_CHARS`); None: none
+    readable (no snapshot yet, or sealed content)."""
 
     @property
     def last_status(self) -> str:
@@ -147,6 +150,7 @@ class Conversations:
         run = self._runs.run(latest_run_id)
         if run is None:  # dropped between the reads: read again
             return self.conversation(conversation_id)
+        prompts = [share.prompt for share in shares if share.prompt]
         active = max(share.active for share in shares)
         when = ts(active)
         assert when is not None
@@ -156,6 +160,7 @@ class Conversations:
             last_activity=when,
             latest_run=run,
             usage=RunUsage(**usage, cost_usd=None if cost is None else format(cost, 'f')),
+            title=min(prompts)[2] if prompts else None,
         )
 
     def _newest_first(self, after: ConversationCursor | None) -> Iterator[Conversation]:

@@ -36,6 +36,7 @@ class ConversationView(BaseModel):
     """A conversation: its runs on the log summed, and its latest run."""
 
     conversation_id: str
+    title: str | None = Field(description='The first user prompt of its earliest run (cut), or null.')
     runs: int = Field(description='How many of its runs the projection holds.')
     last_activity: datetime = Field(description='The newest record of any of its runs.')
     latest_run_id: str = Field(description='Its latest-started run.')
@@ -49,6 +50,7 @@ class ConversationView(BaseModel):
         """The API shape of a read-model `Conversation`."""
         return cls(
             conversation_id=conversation.conversation_id,
+            title=conversation.title,
             runs=conversation.runs,
             last_activity=conversation.last_activity,
             latest_run_id=conversation.latest_run.run_id,

@@ -94,6 +94,7 @@ if TYPE_CHECKING:
     from stepstream.storage._shard_set import SHARD_HANDOFF_TIMEOUT_S, LiveShards, ShardSet
     from stepstream.storage._state import (
         ANSWERS,
+        MAX_PROMPT_CHARS,
         RUN_INDEX_VERSION,
         ConversationState,
         EffectState,
@@ -125,6 +126,7 @@ _WHERE = {
     'CONVERSATION_STATE': 'stepstream.storage._keys',
     'ACTIVITY': 'stepstream.storage._keys',
     'ConversationState': 'stepstream.storage._state',
+    'MAX_PROMPT_CHARS': 'stepstream.storage._state',
     'COUNT': 'stepstream.storage._keys',
     'dumps': 'stepstream.storage._state',
     'EFFECT': 'stepstream.storage._keys',
@@ -212,6 +214,7 @@ __all__ = [
     'EVENT',
     'EXPIRED',
     'LATEST',
+    'MAX_PROMPT_CHARS',
     'MEDIA',
     'MEDIA_INDEX_VERSION',
     'PARKED',

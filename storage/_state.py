@@ -151,6 +151,9 @@ class RunState(_Json):
     """The keys applied at that sequence: a snapshot keyed below it, or again at it, is a duplicate."""
     resumed_by: str | None = None
     """The run that resumes this one (the first `run_resumed` mark applied); its status is then `resumed`."""
+    first_prompt: str | None = None
+    """A run of a conversation: the first user prompt of its first snapshot (`snapshot_seq` 0), its
+    text cut to `MAX_PROMPT_CHARS` (decision 0062); None while there is none, or none readable."""
 
     @property
     def chain(self) -> str:
@@ -316,7 +319,12 @@ class ConversationState(_Json):
     """How many of its runs have a `cost_usd`."""
     cost_usd: str | None = None
     """Their costs summed, as normalized decimal text; None while none has one."""
+    prompt: list[Any] = field(default_factory=list)
+    """[started_at, run_id, first_prompt] of its earliest-started run here that has a first prompt."""
 
+
+MAX_PROMPT_CHARS = 200
+"""The most of a run's first user prompt the projection keeps (a conversation's title when none is set)."""
 
 RUN_INDEX_VERSION = 6
 """The run indexes a shard made now holds: 2 adds `STATUS` and `AGENT` (decision 0045); 3 files

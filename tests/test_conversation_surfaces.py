@@ -84,6 +84,8 @@ async def test_the_api_lists_conversations_newest_activity_first_in_pages(api: h
     )
     assert (a['runs'], a['latest_run_id'], a['last_status'], a['live']) == (2, 'a-2', 'completed', False)
     assert b['runs'] == 1
+    # Titled by the first prompt of the earliest run; the live run saved no snapshot yet: none.
+    assert (a['title'], b['title'], live['title']) == ('question a-1', 'question b-1', None)
     assert a['usage']['model_requests'] == 2
     run = (await api.get('/api/runs/a-1')).json()
     other = (await api.get('/api/runs/a-2')).json()

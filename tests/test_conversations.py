@@ -18,6 +18,13 @@ from decimal import Decimal
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic_ai.messages import (
+    ImageUrl,
+    ModelMessagesTypeAdapter,
+    ModelRequest,
+    SystemPromptPart,
+    UserPromptPart,
+)
 from test_apply_properties import (
     PARTITIONS,
     SEQ_JUMP,
@@ -33,6 +40,7 @@ from test_retention import spread
 
 from stepstream.errors import ConversationLive, NotFound
 from stepstream.projector._apply import Applier
+from stepstream.projector._conversations import first_prompt
 from stepstream.projector._listing import latest
 from stepstream.readmodel import (
     ProjectionReader,
@@ -41,7 +49,15 @@ from stepstream.readmodel import (
     decode_conversation_cursor,
     encode_conversation_cursor,
 )
-from stepstream.storage import ACTIVITY, CONVERSATION_STATE, RUN, ConversationState, MemoryShard, RunState
+from stepstream.storage import (
+    ACTIVITY,
+    CONVERSATION_STATE,
+    MAX_PROMPT_CHARS,
+    RUN,
+    ConversationState,
+    MemoryShard,
+    RunState,
+)
 
 pytestmark = pytest.mark.fast
 
@@ -68,6 +84,9 @@ def shares_said_by_the_runs(items: Items) -> dict[str, ConversationState]:
         share.runs += 1
         share.active = max(share.active, latest(run))
         share.latest = max(share.latest, [run.started_at, run.run_id])
+        if run.first_prompt is not None:
+            place = [run.started_at, run.run_id, run.first_prompt]
+            share.prompt = min(share.prompt, place) if share.prompt else place
         for name, n in run.usage.items():
             share.usage[name] = share.usage.get(name, 0) + n
         if run.cost_usd is not None:
@@ -214,3 +233,20 @@ def test_continuing_a_live_conversation_is_refused_naming_its_run_and_writer(
 def test_a_cursor_that_is_not_one_is_not_found() -> None:
     with pytest.raises(NotFound, match='not a place in the list of conversations'):
         decode_conversation_cursor('garbage!')
+
+
+def test_a_title_is_the_text_of_the_first_user_prompt_cut_and_folded() -> None:
+    def messages(*requests: ModelRequest) -> str:
+        return ModelMessagesTypeAdapter.dump_json(list(requests)).decode()
+
+    system = ModelRequest(parts=[SystemPromptPart('be brief')])
+    asked = ModelRequest(
+        parts=[UserPromptPart(['look at', ImageUrl('https://x.test/a.png'), ' this\n  picture'])]
+    )
+    assert first_prompt(messages(system, asked, ModelRequest(parts=[UserPromptPart('later')]))) == (
+        'look at this picture'
+    )
+    assert first_prompt(messages(ModelRequest(parts=[UserPromptPart('x' * 500)]))) == 'x' * MAX_PROMPT_CHARS
+    assert first_prompt(messages(system)) is None
+    assert first_prompt('["stepstream.sealed", "' + 'a' * 32 + '", "body"]') is None  # sealed: unreadable
+    assert first_prompt('not json') is None

@@ -20,12 +20,15 @@ if TYPE_CHECKING:
 
 CONVERSATIONS_PAGE = 50
 """How many conversations `stepstream conversations` shows when not given `--limit`."""
+TITLE_WIDTH = 50
+"""The table shows this much of a title (`--json` shows it whole)."""
 
 
 def conversation_json(c: Conversation) -> dict[str, Any]:
     """One conversation as `--json` (and the read service's console) shows it."""
     return {
         'conversation_id': c.conversation_id,
+        'title': c.title,
         'runs': c.runs,
         'last_activity': c.last_activity,
         'latest_run_id': c.latest_run.run_id,
@@ -52,6 +55,7 @@ def conversations_table(found: Sequence[Conversation]) -> str:
             f'{c.usage.input_tokens}/{c.usage.output_tokens}',
             c.usage.cost_usd or '',
             time_text(c.last_activity),
+            _cut(c.title or ''),
         )
         for c in found
     ]
@@ -65,8 +69,13 @@ def conversations_table(found: Sequence[Conversation]) -> str:
         'tokens',
         'cost',
         'active',
+        'title',
     ]
     return table(headers, rows)
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= TITLE_WIDTH else text[: TITLE_WIDTH - 3] + '...'
 
 
 async def conversations(args: ViewArgs, reader: ProjectionReader, settings: Settings) -> str:
