@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 from decimal import Context, Decimal
 
+from stepstream.projector._batch import Rejected
+from stepstream.schemas import ARCHIVED_KEY, TITLE_KEY, Fields
 from stepstream.storage import (
     ACTIVITY,
     CONVERSATION,
@@ -92,6 +94,36 @@ def refile_conversation(txn: Transaction, run: RunState, was: Share | None) -> N
     state.active = max(state.active, now[0])
     _refile_activity(txn, state, before)
     txn.put_state(key, state)
+
+
+def apply_marked(txn: Transaction, run: RunState, mark: Fields) -> bool:
+    """A `conversation_marked` record keyed by `run`: its title and archived flag join the share.
+
+    The newest of each by the record's time stands, the greater value on a tie, so the order
+    marks arrive in is moot; False when the share holds the same already (the mark again, or an
+    older one). `Rejected` (`invalid`) for a mark of another conversation than the run's.
+    """
+    if mark['conversation_id'] != run.conversation_id:
+        raise Rejected(
+            'invalid',
+            f'a mark of conversation {mark["conversation_id"]!r} keyed by run {run.run_id!r}, '
+            f'which is of conversation {run.conversation_id!r}',
+        )
+    key = CONVERSATION_STATE.key(mark['conversation_id'])
+    state = txn.get_state(key, ConversationState) or ConversationState(mark['conversation_id'])
+    before = (list(state.title), list(state.archived))
+    at, metadata = mark['timestamp'], mark['metadata']
+    if TITLE_KEY in metadata:
+        state.title = (
+            max(state.title, [at, metadata[TITLE_KEY]]) if state.title else [at, metadata[TITLE_KEY]]
+        )
+    if ARCHIVED_KEY in metadata:
+        flag = [at, metadata[ARCHIVED_KEY] == 'true']
+        state.archived = max(state.archived, flag) if state.archived else flag
+    if (state.title, state.archived) == before:
+        return False
+    txn.put_state(key, state)
+    return True
 
 
 def unfile_conversation(txn: Transaction, run: RunState) -> None:

@@ -54,8 +54,11 @@ class Conversation:
     usage: RunUsage
     """Its runs' usage and cost summed."""
     title: str | None = None
-    """The first user prompt of its earliest run that has one (cut to `MAX_PROMPT_CHARS`); None: none
-    readable (no snapshot yet, or sealed content)."""
+    """The newest title a `conversation_marked` record gave it, else the first user prompt of its
+    earliest run that has one (cut to `MAX_PROMPT_CHARS`); None: neither (no snapshot yet, or
+    sealed content)."""
+    archived: bool = False
+    """Whether the newest archived flag a `conversation_marked` record gave it is `true`."""
 
     @property
     def last_status(self) -> str:
@@ -109,7 +112,7 @@ class Conversations:
         self._runs = runs
 
     async def list_conversations(
-        self, *, limit: int | None = 50, after: ConversationCursor | None = None
+        self, *, limit: int | None = 50, after: ConversationCursor | None = None, archived: bool | None = None
     ) -> list[Conversation]:
         """`ProjectionReader.list_conversations`."""
 
@@ -119,7 +122,8 @@ class Conversations:
             for conversation in self._newest_first(after):
                 if limit is not None and len(found) >= limit:
                     break
-                found.append(conversation)
+                if archived in (None, conversation.archived):
+                    found.append(conversation)
             return found
 
         return await self._shards.query(query)
@@ -151,6 +155,8 @@ class Conversations:
         if run is None:  # dropped between the reads: read again
             return self.conversation(conversation_id)
         prompts = [share.prompt for share in shares if share.prompt]
+        titles = [share.title for share in shares if share.title]
+        flags = [share.archived for share in shares if share.archived]
         active = max(share.active for share in shares)
         when = ts(active)
         assert when is not None
@@ -160,7 +166,8 @@ class Conversations:
             last_activity=when,
             latest_run=run,
             usage=RunUsage(**usage, cost_usd=None if cost is None else format(cost, 'f')),
-            title=min(prompts)[2] if prompts else None,
+            title=max(titles)[1] if titles else min(prompts)[2] if prompts else None,
+            archived=bool(flags) and max(flags)[1],
         )
 
     def _newest_first(self, after: ConversationCursor | None) -> Iterator[Conversation]:

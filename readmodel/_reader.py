@@ -383,14 +383,15 @@ class ProjectionReader:
         return await self._waiting.list_waiting(**query)
 
     async def list_conversations(
-        self, *, limit: int | None = 50, after: ConversationCursor | None = None
+        self, *, limit: int | None = 50, after: ConversationCursor | None = None, archived: bool | None = None
     ) -> list[Conversation]:
         """Every conversation, newest activity first, in pages of `limit` after `after` (its `cursor`).
 
         Each with its runs, their usage summed, and its latest run (last status, live, writer);
-        a page reads at most `limit` x shards index entries (decision 0062).
+        a page reads at most `limit` x shards index entries (decision 0062). `archived` True lists only
+        the archived ones, False only the others (each walked and skipped), None every one.
         """
-        return await self._conversations.list_conversations(limit=limit, after=after)
+        return await self._conversations.list_conversations(limit=limit, after=after, archived=archived)
 
     async def get_conversation(self, conversation_id: str) -> Conversation | None:
         """One conversation as `list_conversations` gives it, or None when no run of it is held."""

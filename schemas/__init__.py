@@ -48,15 +48,18 @@ if TYPE_CHECKING:
         ToolEffectRecord,
     )
     from stepstream.schemas._types import (
+        ARCHIVED_KEY,
         CHAIN_STATUSES,
         DECISIONS,
         DEFERRALS,
         EVENT_KINDS,
         MAX_NOTE_CHARS,
+        MAX_TITLE_CHARS,
         RESOLUTIONS,
         RESUMED_BY_KEY,
         RESUMES_KEY,
         RUN_STATUSES,
+        TITLE_KEY,
         TOOL_EFFECT_STATUSES,
         UNCHAINED_KINDS,
         ChainStatus,
@@ -94,6 +97,9 @@ _WHERE = {
     'TOOL_EFFECT_STATUSES': 'stepstream.schemas._types',
     'RESUMED_BY_KEY': 'stepstream.schemas._types',
     'RESUMES_KEY': 'stepstream.schemas._types',
+    'TITLE_KEY': 'stepstream.schemas._types',
+    'ARCHIVED_KEY': 'stepstream.schemas._types',
+    'MAX_TITLE_CHARS': 'stepstream.schemas._types',
     'UNCHAINED_KINDS': 'stepstream.schemas._types',
     'ChainStatus': 'stepstream.schemas._types',
     'ContinuableSnapshot': 'stepstream.schemas._records',
@@ -141,6 +147,7 @@ _WHERE = {
 """Where each public name lives: imported on first use, so a command pays only for what it uses."""
 
 __all__ = [
+    'ARCHIVED_KEY',
     'CHAIN_STATUSES',
     'CONFLUENT_MAGIC',
     'DECISIONS',
@@ -148,6 +155,7 @@ __all__ = [
     'EVENT_KINDS',
     'MAGIC',
     'MAX_NOTE_CHARS',
+    'MAX_TITLE_CHARS',
     'RECORD_TYPES',
     'RESOLUTIONS',
     'RESUMED_BY_KEY',
@@ -156,6 +164,7 @@ __all__ = [
     'SCHEMA_DIR',
     'STEP_EVENTS',
     'STEP_EVENT_SCHEMA',
+    'TITLE_KEY',
     'TOOL_EFFECTS',
     'TOOL_EFFECT_SCHEMA',
     'TOOL_EFFECT_STATUSES',

@@ -312,6 +312,9 @@ async def console(
     oldest_first: Annotated[bool, Query(description='`runs`: in the order they started.')] = False,
     deferral: Annotated[Deferral | None, Query(description='`deferred`: calls of this kind.')] = None,
     newest_first: Annotated[bool, Query(description='`deferred`: the last to start waiting first.')] = False,
+    archived: Annotated[
+        Literal['true', 'false'] | None, Query(description='`conversations`: only archived, or only not.')
+    ] = None,
 ) -> Response:
     """The text (with `json`, the JSON) `stepstream VIEW` prints, read from this service's projection.
 
@@ -330,6 +333,7 @@ async def console(
         oldest_first=oldest_first,
         deferral=deferral,
         newest_first=newest_first,
+        archived=archived,
     )
     return await _console(request, view, args)
 

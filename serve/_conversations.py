@@ -36,13 +36,16 @@ class ConversationView(BaseModel):
     """A conversation: its runs on the log summed, and its latest run."""
 
     conversation_id: str
-    title: str | None = Field(description='The first user prompt of its earliest run (cut), or null.')
+    title: str | None = Field(
+        description='The title a record gave it, else the first prompt of its earliest run (cut), or null.'
+    )
     runs: int = Field(description='How many of its runs the projection holds.')
     last_activity: datetime = Field(description='The newest record of any of its runs.')
     latest_run_id: str = Field(description='Its latest-started run.')
     last_status: str = Field(description="That run's status, judged now (running, stale, completed, ...).")
     live: bool = Field(description='Whether that run reads running now: its writer is still at it.')
     writer: str | None = Field(description='The writer that owns that run.')
+    archived: bool = Field(description='Whether it is archived (`stepstream conversation archive`).')
     usage: Usage = Field(description="Its runs' usage and cost, summed.")
 
     @classmethod
@@ -57,6 +60,7 @@ class ConversationView(BaseModel):
             last_status=conversation.last_status,
             live=conversation.live,
             writer=conversation.writer,
+            archived=conversation.archived,
             usage=Usage.of(conversation.usage),
         )
 
@@ -84,11 +88,13 @@ def _whole(source: Source) -> None:
         )
 
 
-async def conversation_page(source: Source, *, after: str | None, limit: int) -> ConversationPage:
+async def conversation_page(
+    source: Source, *, after: str | None, limit: int, archived: bool | None = None
+) -> ConversationPage:
     """One page of conversations; `NotFound` for an `after` no page gave."""
     _whole(source)
     cursor = None if after is None else decode_conversation_cursor(after)
-    found = await source.reader.list_conversations(limit=limit + 1, after=cursor)
+    found = await source.reader.list_conversations(limit=limit + 1, after=cursor, archived=archived)
     shown = found[:limit]
     more = len(found) > limit and shown
     return ConversationPage(
@@ -107,13 +113,16 @@ async def list_conversations(
     request: Request,
     after: Annotated[str | None, Query(description="The previous page's next_after.")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+    archived: Annotated[
+        bool | None, Query(description='Only the archived ones (true), or only the others (false).')
+    ] = None,
 ) -> ConversationPage:
     """Every conversation with a run on the log, the one with the newest activity first.
 
     Each with how many runs it has, their usage and cost summed, and its latest run: its status
     judged now, whether it is live, and its writer.
     """
-    return await conversation_page(_source(request), after=after, limit=limit)
+    return await conversation_page(_source(request), after=after, limit=limit, archived=archived)
 
 
 @api.get(
@@ -135,9 +144,11 @@ async def get_conversation(
 
 
 @pages.get('/conversations')
-async def conversations(request: Request, after: str = '') -> Response:
-    """The explorer's list of conversations, newest activity first."""
-    page = await conversation_page(_source(request), after=after or None, limit=CONVERSATIONS_PAGE)
-    query: dict[str, Any] = {'after': page.next_after}
+async def conversations(request: Request, after: str = '', archived: bool = False) -> Response:
+    """The explorer's list of conversations, newest activity first: those not archived, or `archived=1`."""
+    page = await conversation_page(
+        _source(request), after=after or None, limit=CONVERSATIONS_PAGE, archived=archived
+    )
+    query: dict[str, Any] = {'after': page.next_after} | ({'archived': 1} if archived else {})
     more = f'/conversations?{urlencode(query)}' if page.next_after else None
-    return _page(request, 'conversations.html', page=page, more=more)
+    return _page(request, 'conversations.html', page=page, more=more, archived=archived)

@@ -321,6 +321,10 @@ class ConversationState(_Json):
     """Their costs summed, as normalized decimal text; None while none has one."""
     prompt: list[Any] = field(default_factory=list)
     """[started_at, run_id, first_prompt] of its earliest-started run here that has a first prompt."""
+    title: list[Any] = field(default_factory=list)
+    """[timestamp, title] of the newest `conversation_marked` title applied here (the greatest pair)."""
+    archived: list[Any] = field(default_factory=list)
+    """[timestamp, archived] of the newest `conversation_marked` archived flag applied here."""
 
 
 MAX_PROMPT_CHARS = 200

@@ -20,7 +20,7 @@ from pydantic_ai import Agent
 
 from stepstream.console import ViewArgs, show
 from stepstream.errors import ConversationLive
-from stepstream.producer import InMemoryLog, StepPersistence
+from stepstream.producer import InMemoryLog, StepPersistence, mark_conversation
 from stepstream.readmodel import ProjectionReader, continue_conversation, continue_run
 from stepstream.serve import Source, create_app
 
@@ -36,6 +36,7 @@ class Projected:
     reader: ProjectionReader
     release: asyncio.Event
     live: asyncio.Task[object]
+    projection: MemoryProjection
 
 
 @pytest_asyncio.fixture
@@ -58,7 +59,7 @@ async def projected() -> AsyncIterator[Projected]:
     await entered.wait()
     await projection.wait_for()
     assert projection.dead == []
-    yield Projected(log, projection.reader(), release, live)
+    yield Projected(log, projection.reader(), release, live, projection)
     release.set()
     await live
 
@@ -148,3 +149,32 @@ async def test_the_console_view_is_what_the_cli_prints_here_and_through_the_serv
     assert following == found[1:]
     served = await api.get('/api/console/conversations', params={'limit': 1})
     assert served.status_code == 200 and served.text == first
+
+
+async def test_a_title_and_an_archive_mark_on_the_log_show_everywhere(
+    projected: Projected, api: httpx.AsyncClient
+) -> None:
+    log = projected.log
+    await mark_conversation(log, run_id='a-2', conversation_id='conv-a', title='  Orders \n of May ')
+    await mark_conversation(log, run_id='b-1', conversation_id='conv-b', archived=True)
+    await projected.projection.wait_for()
+    assert projected.projection.dead == []
+    a = (await api.get('/api/conversations/conv-a')).json()
+    assert (a['title'], a['archived']) == ('Orders of May', False)
+    archived = (await api.get('/api/conversations', params={'archived': 'true'})).json()['conversations']
+    assert [c['conversation_id'] for c in archived] == ['conv-b']
+    others = (await api.get('/api/conversations', params={'archived': 'false'})).json()['conversations']
+    assert [c['conversation_id'] for c in others] == ['conv-c', 'conv-a']
+    page = (await api.get('/conversations')).text
+    assert 'data-conversation-id="conv-b"' not in page and 'Orders of May' in page
+    assert 'data-conversation-id="conv-b"' in (await api.get('/conversations?archived=1')).text
+    shown = json.loads(
+        await show('conversations', ViewArgs(json=True, archived='true'), projected.reader, log.settings)
+    )
+    assert [(c['conversation_id'], c['archived']) for c in shown] == [('conv-b', True)]
+    # Naming and archiving are no activity: the order stands.
+    every = (await api.get('/api/conversations')).json()['conversations']
+    assert [c['conversation_id'] for c in every] == ['conv-c', 'conv-a', 'conv-b']
+    await mark_conversation(log, run_id='b-1', conversation_id='conv-b', archived=False)
+    await projected.projection.wait_for()
+    assert not (await api.get('/api/conversations/conv-b')).json()['archived']

@@ -13,6 +13,8 @@ import asyncio
 import tempfile
 from collections import defaultdict
 from collections.abc import Awaitable
+from dataclasses import replace
+from datetime import timedelta
 from decimal import Decimal
 
 import pytest
@@ -39,7 +41,8 @@ from test_apply_properties import (
 from test_retention import spread
 
 from stepstream.errors import ConversationLive, NotFound
-from stepstream.projector._apply import Applier
+from stepstream.producer import conversation_mark
+from stepstream.projector._apply import EVENTS, Applier, SourceRecord
 from stepstream.projector._conversations import first_prompt
 from stepstream.projector._listing import latest
 from stepstream.readmodel import (
@@ -49,6 +52,7 @@ from stepstream.readmodel import (
     decode_conversation_cursor,
     encode_conversation_cursor,
 )
+from stepstream.schemas import MAX_TITLE_CHARS, StepEvent, encode
 from stepstream.storage import (
     ACTIVITY,
     CONVERSATION_STATE,
@@ -58,6 +62,7 @@ from stepstream.storage import (
     MemoryShard,
     RunState,
 )
+from stepstream.timestamps import micros
 
 pytestmark = pytest.mark.fast
 
@@ -250,3 +255,80 @@ def test_a_title_is_the_text_of_the_first_user_prompt_cut_and_folded() -> None:
     assert first_prompt(messages(system)) is None
     assert first_prompt('["stepstream.sealed", "' + 'a' * 32 + '", "body"]') is None  # sealed: unreadable
     assert first_prompt('not json') is None
+
+
+TITLES = st.sampled_from(['Orders', 'Refunds', 'orders', 'A' * MAX_TITLE_CHARS])
+MARKS = st.lists(
+    st.tuples(st.integers(0, 5), st.one_of(st.none(), TITLES), st.one_of(st.none(), st.booleans())).filter(
+        lambda m: m[1:] != (None, None)
+    ),
+    max_size=8,
+)
+
+
+def mark_record(
+    offset: int, minute: int, title: str | None, archived: bool | None, run_id: str = 'run-m'
+) -> SourceRecord:
+    """A `conversation_marked` record of conversation `conv-m`, keyed by `run_id`, at minute `minute`."""
+    mark = replace(
+        conversation_mark(
+            run_id=run_id, conversation_id='conv-m', title=title, archived=archived, writer_id='op'
+        ),
+        timestamp=T0 + timedelta(minutes=minute),
+    )
+    return SourceRecord(EVENTS, 0, offset, run_id.encode(), encode(mark))
+
+
+def started_record(run_id: str, conversation_id: str) -> SourceRecord:
+    started = StepEvent(
+        run_id=run_id,
+        seq=0,
+        writer_id='w',
+        timestamp=T0,
+        kind='run_started',
+        agent_name=None,
+        conversation_id=conversation_id,
+    )
+    return SourceRecord(EVENTS, 0, 0, run_id.encode(), encode(started))
+
+
+@settings(max_examples=100, deadline=None)
+@given(marks=MARKS, data=st.data())
+def test_the_newest_title_and_archived_flag_stand_whatever_the_order_and_the_batches(
+    marks: list[tuple[int, str | None, bool | None]], data: st.DataObject
+) -> None:
+    """Marks in any order and batch cuts leave the same share: the newest of each by time (the
+    greater value on a tie), a duplicate changing nothing; the reader shows them."""
+    order = data.draw(st.permutations(range(len(marks))))
+    records = [started_record('run-m', 'conv-m')]
+    records += [mark_record(i + 1, *marks[i]) for i in order]
+    cuts = sorted(data.draw(st.sets(st.integers(1, max(len(records) - 1, 1)), max_size=4)))
+    shard = MemoryShard()
+    for low, high in zip([0, *cuts], [*cuts, len(records)], strict=True):
+        txn, outcome = Applier(TOPICS, partitions=1).stage(shard, records[low:high])
+        txn.commit()
+        assert outcome.dead == []
+    share = ConversationState.decode(shard.get(CONVERSATION_STATE.key('conv-m')) or b'')
+    titles = [[micros(T0 + timedelta(minutes=m)), t] for m, t, _ in marks if t is not None]
+    flags = [[micros(T0 + timedelta(minutes=m)), a] for m, _, a in marks if a is not None]
+    assert share.title == (max(titles) if titles else [])
+    assert share.archived == (max(flags) if flags else [])
+    found = asyncio.run(ProjectionReader(shard).get_conversation('conv-m'))
+    assert found is not None and found.runs == 1
+    assert found.title == (max(titles)[1] if titles else None)
+    assert found.archived == (bool(flags) and max(flags)[1])
+
+
+def test_a_mark_of_another_conversation_or_of_no_run_is_dead_lettered() -> None:
+    shard = MemoryShard()
+    other = mark_record(1, 0, 'Orders', None, run_id='run-x')
+    records = [started_record('run-m', 'conv-other'), mark_record(2, 0, 'Orders', None), other]
+    txn, outcome = Applier(TOPICS, partitions=1).stage(shard, records)
+    txn.commit()
+    assert [(d.reason, d.source.offset) for d in outcome.dead] == [('invalid', 2), ('invalid', 1)]
+    assert "conversation 'conv-other'" in outcome.dead[0].detail
+    assert 'no run_started before it' in outcome.dead[1].detail
+    with pytest.raises(ValueError, match='give a title'):
+        conversation_mark(run_id='run-m', conversation_id='conv-m')
+    with pytest.raises(ValueError, match='1 to 200'):
+        conversation_mark(run_id='run-m', conversation_id='conv-m', title='  ')

@@ -59,3 +59,38 @@ async def test_the_cli_lists_conversations_whose_runs_are_in_several_shards(
     assert conversation is not None and conversation.latest_run == runs[0]
     assert conversation.usage.input_tokens == sum(r.usage.input_tokens for r in runs)
     assert 'answer a-4' in str(await continue_conversation(reader, 'conv-a'))
+
+
+async def test_the_cli_titles_archives_and_unarchives_a_conversation(
+    settings: Settings, event_log: EventLog, projector: Projector, db_path: Path
+) -> None:
+    for run_id, conversation in RUNS[:4]:
+        persistence = StepPersistence(log=event_log, run_id=run_id)
+        await Agent(answers('ok'), capabilities=[persistence]).run(
+            f'q {run_id}', conversation_id=conversation
+        )
+    await projector.wait_for(await event_log.flush())
+    reader = ProjectionReader.of(projector)
+
+    async def applied(conversation_id: str, **expected: object) -> None:
+        await projector.catch_up()  # the CLI's mark, acknowledged before it exited, is applied
+        found = await reader.get_conversation(conversation_id)
+        assert found is not None
+        assert {k: getattr(found, k) for k in expected} == expected
+
+    code, out, err = await cli(settings, db_path, 'conversation', 'title', 'conv-a', 'Orders of May')
+    assert code == 0, err
+    assert "conversation conv-a titled 'Orders of May'" in out and 'keyed by run a-3' in out
+    await applied('conv-a', title='Orders of May')
+    code, _, err = await cli(settings, db_path, 'conversation', 'archive', 'conv-b')
+    assert code == 0, err
+    await applied('conv-b', archived=True)
+    code, out, _ = await cli(settings, db_path, 'conversations', '--archived', 'false', '--json')
+    assert [(c['conversation_id'], c['title']) for c in json.loads(out)] == [('conv-a', 'Orders of May')]
+    code, out, _ = await cli(settings, db_path, 'conversations', '--archived', 'true', '--json')
+    assert [c['conversation_id'] for c in json.loads(out)] == ['conv-b']
+    code, _, err = await cli(settings, db_path, 'conversation', 'unarchive', 'conv-b')
+    assert code == 0, err
+    await applied('conv-b', archived=False)
+    code, _, err = await cli(settings, db_path, 'conversation', 'archive', 'nowhere')
+    assert code == 1 and "no run of conversation 'nowhere'" in err

@@ -81,6 +81,9 @@ def add_commands(command: Declare) -> None:
     )
     conversations.add_argument('--limit', type=_positive, help='conversations per page (default 50)')
     conversations.add_argument(
+        '--archived', choices=('true', 'false'), help='only the archived ones (true) or the others (false)'
+    )
+    conversations.add_argument(
         '--after', metavar='CURSOR', help='the page after this one: the cursor a page ends with (next_after)'
     )
     parsers = {

@@ -35,6 +35,8 @@ class ViewArgs:
     """`deferred`: only calls waiting for this (`approval`, `question`, `external`)."""
     newest_first: bool = False
     """`deferred`: the calls that started waiting last first (default: the longest waiting first)."""
+    archived: str | None = None
+    """`conversations`: `true` only the archived ones, `false` only the others (default: every one)."""
 
     @classmethod
     def of(cls, namespace: Any) -> ViewArgs:

@@ -35,6 +35,7 @@ def conversation_json(c: Conversation) -> dict[str, Any]:
         'last_status': c.last_status,
         'live': c.live,
         'writer': c.writer,
+        'archived': c.archived,
         'usage': c.usage,
         'cursor': c.cursor_text,
     }
@@ -49,7 +50,7 @@ def conversations_table(found: Sequence[Conversation]) -> str:
             c.conversation_id,
             c.runs,
             c.last_status,
-            'live' if c.live else '',
+            ('live' if c.live else '') + (' archived' if c.archived else ''),
             c.latest_run.run_id,
             c.writer,
             f'{c.usage.input_tokens}/{c.usage.output_tokens}',
@@ -84,11 +85,15 @@ async def conversations(args: ViewArgs, reader: ProjectionReader, settings: Sett
 
     limit = args.limit or CONVERSATIONS_PAGE
     after = None if args.after is None else decode_conversation_cursor(args.after)
-    found = await reader.list_conversations(limit=limit + 1, after=after)
+    if args.archived not in (None, 'true', 'false'):
+        raise ValueError(f'archived is true or false, got {args.archived!r}')
+    archived = None if args.archived is None else args.archived == 'true'
+    found = await reader.list_conversations(limit=limit + 1, after=after, archived=archived)
     shown = found[:limit]
     if args.json:
         return to_json([conversation_json(c) for c in shown])
     text = conversations_table(shown)
     if len(found) > limit:
-        text += f'\n... more: the next page is `stepstream conversations --after {shown[-1].cursor_text}`'
+        more = f'stepstream conversations --after {shown[-1].cursor_text}'
+        text += f'\n... more: the next page is `{more}`' + ('' if archived is None else ' (same filter)')
     return text
