@@ -448,7 +448,7 @@ class Applier:
     def _apply_marked(self, txn: Transaction, run: RunState, source: SourceRecord, mark: Fields) -> None:
         """A title or an archived flag for the run's conversation (`_conversations.apply_marked`)."""
         try:
-            applied = apply_marked(txn, run, mark)
+            applied = apply_marked(run, mark)
         except Rejected as rejected:
             self._run_dead_letter(txn, run, source, rejected.reason, rejected.detail)
             return

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from decimal import Context, Decimal
+from typing import Any
 
 from stepstream.projector._batch import Rejected
 from stepstream.schemas import ARCHIVED_KEY, TITLE_KEY, Fields
@@ -30,9 +31,12 @@ from stepstream.storage import (
     Transaction,
 )
 
-Share = tuple[int, dict[str, int], str | None, str | None]
-"""What one run adds to its conversation's share: its newest record's time, its usage, its cost
-and its first prompt."""
+Share = tuple[int, dict[str, int], str | None, str | None, dict[str, list[Any]]]
+"""What one run adds to its conversation's share: its newest record's time, its usage, its cost,
+its first prompt and the marks keyed by it."""
+
+MARKED = ('title', 'archived')
+"""What a `conversation_marked` record sets (`RunState.marks`, `ConversationState`'s fields)."""
 
 _SUMS = Context(prec=200)
 """Exact for every sum of checked costs (`_usage._SUMS`)."""
@@ -40,7 +44,13 @@ _SUMS = Context(prec=200)
 
 def share_of(run: RunState) -> Share:
     """What the run adds to its conversation's share now (its usage copied: the run changes)."""
-    return (max(run.started_at, run.last_record_at), dict(run.usage), run.cost_usd, run.first_prompt)
+    return (
+        max(run.started_at, run.last_record_at),
+        dict(run.usage),
+        run.cost_usd,
+        run.first_prompt,
+        dict(run.marks),
+    )
 
 
 def first_prompt(messages: str) -> str | None:
@@ -92,16 +102,22 @@ def refile_conversation(txn: Transaction, run: RunState, was: Share | None) -> N
         state.prompt = [*place, run.first_prompt]
     _add(state, now, 1)
     state.active = max(state.active, now[0])
+    for name in MARKED:  # a run's marks only grow newer: the share's is the newest of its runs'
+        mark = run.marks.get(name)
+        if mark is not None and mark > (getattr(state, name) or [-1]):
+            setattr(state, name, mark)
     _refile_activity(txn, state, before)
     txn.put_state(key, state)
 
 
-def apply_marked(txn: Transaction, run: RunState, mark: Fields) -> bool:
-    """A `conversation_marked` record keyed by `run`: its title and archived flag join the share.
+def apply_marked(run: RunState, mark: Fields) -> bool:
+    """A `conversation_marked` record keyed by `run`: its title and archived flag join the run's marks.
 
     The newest of each by the record's time stands, the greater value on a tie, so the order
-    marks arrive in is moot; False when the share holds the same already (the mark again, or an
-    older one). `Rejected` (`invalid`) for a mark of another conversation than the run's.
+    marks arrive in is moot; False when the run holds the same already (the mark again, or an
+    older one). The share takes them at the batch's end (`refile_conversation`), and gives them
+    up when the run is dropped, as the run's other records. `Rejected` (`invalid`) for a mark of
+    another conversation than the run's.
     """
     if mark['conversation_id'] != run.conversation_id:
         raise Rejected(
@@ -109,21 +125,16 @@ def apply_marked(txn: Transaction, run: RunState, mark: Fields) -> bool:
             f'a mark of conversation {mark["conversation_id"]!r} keyed by run {run.run_id!r}, '
             f'which is of conversation {run.conversation_id!r}',
         )
-    key = CONVERSATION_STATE.key(mark['conversation_id'])
-    state = txn.get_state(key, ConversationState) or ConversationState(mark['conversation_id'])
-    before = (list(state.title), list(state.archived))
-    at, metadata = mark['timestamp'], mark['metadata']
-    if TITLE_KEY in metadata:
-        state.title = (
-            max(state.title, [at, metadata[TITLE_KEY]]) if state.title else [at, metadata[TITLE_KEY]]
-        )
-    if ARCHIVED_KEY in metadata:
-        flag = [at, metadata[ARCHIVED_KEY] == 'true']
-        state.archived = max(state.archived, flag) if state.archived else flag
-    if (state.title, state.archived) == before:
-        return False
-    txn.put_state(key, state)
-    return True
+    at, metadata, changed = mark['timestamp'], mark['metadata'], False
+    given = {'title': metadata.get(TITLE_KEY), 'archived': metadata.get(ARCHIVED_KEY)}
+    for name, value in given.items():
+        if value is None:
+            continue
+        new = [at, value == 'true' if name == 'archived' else value]
+        if new > run.marks.get(name, [-1]):
+            run.marks = {**run.marks, name: new}  # a new dict: the share taken before the batch keeps its own
+            changed = True
+    return changed
 
 
 def unfile_conversation(txn: Transaction, run: RunState) -> None:
@@ -142,10 +153,11 @@ def unfile_conversation(txn: Transaction, run: RunState) -> None:
     dropped = share_of(run)
     _add(state, dropped, -1)
     place = [run.started_at, run.run_id]
-    if dropped[0] >= state.active or place in (state.latest, state.prompt[:2]):
-        # The newest, latest or first prompted run left: the next is found among the runs that
-        # stay (rare: a dropped run ended long ago).
-        state.active, state.latest, state.prompt = 0, [], []
+    marked = any(run.marks.get(name) == getattr(state, name) for name in MARKED if getattr(state, name))
+    if marked or dropped[0] >= state.active or place in (state.latest, state.prompt[:2]):
+        # The newest, latest, first prompted or marked run left: the next is found among the runs
+        # that stay (rare: a dropped run ended long ago).
+        state.active, state.latest, state.prompt, state.title, state.archived = 0, [], [], [], []
         for k, _ in txn.scan(CONVERSATION.prefix(conversation_id)):
             _, started, run_id = CONVERSATION.parse(k)
             other = txn.get_state(RUN.key(str(run_id)), RunState)
@@ -154,6 +166,10 @@ def unfile_conversation(txn: Transaction, run: RunState) -> None:
             state.latest = [started, run_id]
             if other.first_prompt is not None and not state.prompt:
                 state.prompt = [started, run_id, other.first_prompt]
+            for name in MARKED:
+                mark = other.marks.get(name)
+                if mark is not None and mark > (getattr(state, name) or [-1]):
+                    setattr(state, name, mark)
     _refile_activity(txn, state, before)
     txn.put_state(key, state)
 
@@ -169,7 +185,7 @@ def _refile_activity(txn: Transaction, state: ConversationState, before: int | N
 
 def _add(state: ConversationState, share: Share, sign: int) -> None:
     """Add (`sign` 1) or take out (-1) a run's usage and cost; zero sums leave no entry."""
-    _, usage, cost, _ = share
+    _, usage, cost, _, _ = share
     sums = state.usage
     for name, value in usage.items():
         total = sums.get(name, 0) + sign * value

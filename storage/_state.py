@@ -151,6 +151,9 @@ class RunState(_Json):
     """The keys applied at that sequence: a snapshot keyed below it, or again at it, is a duplicate."""
     resumed_by: str | None = None
     """The run that resumes this one (the first `run_resumed` mark applied); its status is then `resumed`."""
+    marks: dict[str, list[Any]] = field(default_factory=dict)
+    """A run of a conversation: the newest `conversation_marked` title and archived flag keyed by it,
+    as [timestamp, value] under `title` and `archived` (decision 0062)."""
     first_prompt: str | None = None
     """A run of a conversation: the first user prompt of its first snapshot (`snapshot_seq` 0), its
     text cut to `MAX_PROMPT_CHARS` (decision 0062); None while there is none, or none readable."""
@@ -322,9 +325,9 @@ class ConversationState(_Json):
     prompt: list[Any] = field(default_factory=list)
     """[started_at, run_id, first_prompt] of its earliest-started run here that has a first prompt."""
     title: list[Any] = field(default_factory=list)
-    """[timestamp, title] of the newest `conversation_marked` title applied here (the greatest pair)."""
+    """[timestamp, title]: the newest of its runs' title marks here (`RunState.marks`, the greatest pair)."""
     archived: list[Any] = field(default_factory=list)
-    """[timestamp, archived] of the newest `conversation_marked` archived flag applied here."""
+    """[timestamp, archived]: the newest of its runs' archived marks here."""
 
 
 MAX_PROMPT_CHARS = 200

@@ -92,6 +92,8 @@ def shares_said_by_the_runs(items: Items) -> dict[str, ConversationState]:
         if run.first_prompt is not None:
             place = [run.started_at, run.run_id, run.first_prompt]
             share.prompt = min(share.prompt, place) if share.prompt else place
+        for name, mark in run.marks.items():
+            setattr(share, name, max(getattr(share, name), mark) if getattr(share, name) else mark)
         for name, n in run.usage.items():
             share.usage[name] = share.usage.get(name, 0) + n
         if run.cost_usd is not None:
@@ -332,3 +334,67 @@ def test_a_mark_of_another_conversation_or_of_no_run_is_dead_lettered() -> None:
         conversation_mark(run_id='run-m', conversation_id='conv-m')
     with pytest.raises(ValueError, match='1 to 200'):
         conversation_mark(run_id='run-m', conversation_id='conv-m', title='  ')
+
+
+def run_records(run_id: str, kinds: list[tuple[str, int]]) -> list[StepEvent]:
+    """A run's step events of `kinds` (kind, minute), seq 0 up, in conversation `conv-m`."""
+    return [
+        StepEvent(
+            run_id=run_id,
+            seq=seq,
+            writer_id='w',
+            timestamp=T0 + timedelta(minutes=minute),
+            kind=kind,  # type: ignore[arg-type]
+            agent_name=None,
+            conversation_id='conv-m',
+        )
+        for seq, (kind, minute) in enumerate(kinds)
+    ]
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    marks=st.lists(st.tuples(st.sampled_from(['run-a', 'run-b']), st.integers(0, 12), TITLES, st.booleans())),
+    data=st.data(),
+)
+def test_a_runs_marks_leave_with_it_whatever_the_batches(
+    marks: list[tuple[str, int, str, bool]], data: st.DataObject
+) -> None:
+    """Run `run-a` ends early and is dropped by retention as `run-b` moves the clock on; marks keyed
+    by either come anywhere after their run's start. One pass and random batch cuts leave the same
+    bytes, and the share holds the marks of the runs that stay."""
+    events = {
+        'run-a': run_records('run-a', [('run_started', 0), ('run_completed', 1)]),
+        'run-b': run_records('run-b', [('run_started', 2), ('model_request_started', 10)]),
+    }
+    log: list[StepEvent] = [events['run-a'][0], events['run-b'][0]]
+    rest = [events['run-a'][1], events['run-b'][1]]
+    rest += [
+        replace(
+            conversation_mark(run_id=r, conversation_id='conv-m', title=t, archived=a, writer_id='op'),
+            timestamp=T0 + timedelta(minutes=m),
+        )
+        for r, m, t, a in marks
+    ]
+    log += data.draw(st.permutations(rest))
+    records = [SourceRecord(EVENTS, 0, i, e.run_id.encode(), encode(e)) for i, e in enumerate(log)]
+
+    def applied(sizes: list[int]) -> list[tuple[bytes, bytes]]:
+        shard, at = MemoryShard(), 0
+        for size in sizes:
+            applier = Applier(TOPICS, partitions=1, retain_ended_us=4 * MINUTE)
+            txn, _ = applier.stage(shard, records[at : at + size])
+            txn.commit()
+            at += size
+        return list(shard.logical_items())
+
+    cuts = data.draw(st.lists(st.integers(1, 3), min_size=len(records), max_size=len(records)))
+    sizes, left = [], len(records)
+    for cut in cuts:
+        if left:
+            sizes.append(min(cut, left))
+            left -= sizes[-1]
+    one_pass, batched = applied([len(records)]), applied(sizes)
+    assert batched == one_pass
+    assert RUN.key('run-a') not in dict(one_pass) and RUN.key('run-b') in dict(one_pass)  # dropped, kept
+    check_shares(one_pass)
