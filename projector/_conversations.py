@@ -26,9 +26,11 @@ from stepstream.storage import (
     CONVERSATION_STATE,
     MAX_PROMPT_CHARS,
     RUN,
+    WORD,
     ConversationState,
     RunState,
     Transaction,
+    words_of,
 )
 
 Share = tuple[int, dict[str, int], str | None, str | None, dict[str, list[Any]]]
@@ -40,6 +42,21 @@ MARKED = ('title', 'archived')
 
 _SUMS = Context(prec=200)
 """Exact for every sum of checked costs (`_usage._SUMS`)."""
+
+
+def _run_words(run: RunState) -> set[str]:
+    """The words a run files its conversation under: of its first prompt and of its title mark."""
+    title = run.marks.get('title')
+    return {*words_of(run.first_prompt), *words_of(title[1] if title else None)}
+
+
+def _refile_words(txn: Transaction, run: RunState, old: set[str], new: set[str]) -> None:
+    conversation_id = run.conversation_id
+    assert conversation_id is not None
+    for word in old - new:
+        txn.delete(WORD.key(word, conversation_id, run.run_id))
+    for word in new - old:
+        txn.put(WORD.key(word, conversation_id, run.run_id), b'')
 
 
 def share_of(run: RunState) -> Share:
@@ -88,6 +105,9 @@ def refile_conversation(txn: Transaction, run: RunState, was: Share | None) -> N
     now = share_of(run)
     if now == was:
         return
+    if was is None or (was[3], was[4].get('title')) != (now[3], now[4].get('title')):
+        old = set() if was is None else {*words_of(was[3]), *words_of((was[4].get('title') or [0, None])[1])}
+        _refile_words(txn, run, old, _run_words(run))
     key = CONVERSATION_STATE.key(conversation_id)
     state = txn.get_state(key, ConversationState) or ConversationState(conversation_id)
     before = state.active if state.runs else None
@@ -141,6 +161,7 @@ def unfile_conversation(txn: Transaction, run: RunState) -> None:
     """Take a dropped run out of its conversation's share (after its `CONVERSATION` entry is gone)."""
     conversation_id = run.conversation_id
     assert conversation_id is not None
+    _refile_words(txn, run, _run_words(run), set())
     key = CONVERSATION_STATE.key(conversation_id)
     state = txn.get_state(key, ConversationState)
     assert state is not None, f'run {run.run_id!r} has no share in conversation {conversation_id!r}'

@@ -23,8 +23,11 @@ from stepstream.errors import NotFound, StepStreamError
 from stepstream.readmodel._runs import Runs
 from stepstream.readmodel._shards import Shards, ts
 from stepstream.schemas import RunRecord, RunUsage
-from stepstream.storage import ACTIVITY, CONVERSATION_STATE, ConversationState
+from stepstream.storage import ACTIVITY, CONVERSATION_STATE, WORD, ConversationState, words_of
 from stepstream.timestamps import micros
+
+MAX_SEARCH_WORDS = 8
+"""A search takes the first this many words it is given."""
 
 CONVERSATIONS_INDEX = 6
 """The `RUN_INDEX_VERSION` from which a shard keeps the conversations' shares."""
@@ -127,6 +130,54 @@ class Conversations:
             return found
 
         return await self._shards.query(query)
+
+    async def search_conversations(
+        self,
+        words: str,
+        *,
+        limit: int | None = 50,
+        after: ConversationCursor | None = None,
+        archived: bool | None = None,
+    ) -> list[Conversation]:
+        """`ProjectionReader.search_conversations`."""
+
+        def query() -> list[Conversation]:
+            self._require_index()
+            found: list[Conversation] = []
+            for conversation in self._matching(words_of(words)[:MAX_SEARCH_WORDS], after):
+                if limit is not None and len(found) >= limit:
+                    break
+                if archived in (None, conversation.archived):
+                    found.append(conversation)
+            return found
+
+        return await self._shards.query(query)
+
+    def _matching(self, words: list[str], after: ConversationCursor | None) -> Iterator[Conversation]:
+        """The conversations filed under every word, by conversation id, from after `after`'s.
+
+        The first word's entries are walked (every shard's, merged); each conversation there is
+        checked for the others by a seek per word and shard.
+        """
+        if not words:
+            return
+        first, *others = words
+        prefix = WORD.prefix(first)
+        start = None if after is None else WORD.prefix(first, after[1]) + b'\xff'
+        seen = None if after is None else after[1]
+        for k, _ in self._shards.scan(prefix, start=start):
+            conversation_id = str(WORD.parse(k)[1])
+            if conversation_id == seen:
+                continue
+            seen = conversation_id
+            if all(self._filed(word, conversation_id) for word in others):
+                conversation = self.conversation(conversation_id)
+                if conversation is not None:
+                    yield conversation
+
+    def _filed(self, word: str, conversation_id: str) -> bool:
+        prefix = WORD.prefix(word, conversation_id)
+        return any(next(iter(db.scan(prefix)), None) is not None for db in self._shards.all())
 
     async def get_conversation(self, conversation_id: str) -> Conversation | None:
         """`ProjectionReader.get_conversation`."""

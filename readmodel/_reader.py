@@ -393,6 +393,24 @@ class ProjectionReader:
         """
         return await self._conversations.list_conversations(limit=limit, after=after, archived=archived)
 
+    async def search_conversations(
+        self,
+        words: str,
+        *,
+        limit: int | None = 50,
+        after: ConversationCursor | None = None,
+        archived: bool | None = None,
+    ) -> list[Conversation]:
+        """The conversations whose title or a run's first prompt holds every word of `words`, by id.
+
+        Words are runs of letters and digits, matched whole and without case (the first 8);
+        `after` is the last one's `cursor`. A page walks the first word's entries until it has
+        `limit` (decision 0062).
+        """
+        return await self._conversations.search_conversations(
+            words, limit=limit, after=after, archived=archived
+        )
+
     async def get_conversation(self, conversation_id: str) -> Conversation | None:
         """One conversation as `list_conversations` gives it, or None when no run of it is held."""
         return await self._conversations.get_conversation(conversation_id)

@@ -315,6 +315,9 @@ async def console(
     archived: Annotated[
         Literal['true', 'false'] | None, Query(description='`conversations`: only archived, or only not.')
     ] = None,
+    search: Annotated[
+        str | None, Query(max_length=1000, description='`conversations`: only those holding these words.')
+    ] = None,
 ) -> Response:
     """The text (with `json`, the JSON) `stepstream VIEW` prints, read from this service's projection.
 
@@ -334,6 +337,7 @@ async def console(
         deferral=deferral,
         newest_first=newest_first,
         archived=archived,
+        search=search,
     )
     return await _console(request, view, args)
 

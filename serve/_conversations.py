@@ -89,12 +89,16 @@ def _whole(source: Source) -> None:
 
 
 async def conversation_page(
-    source: Source, *, after: str | None, limit: int, archived: bool | None = None
+    source: Source, *, after: str | None, limit: int, archived: bool | None = None, q: str | None = None
 ) -> ConversationPage:
-    """One page of conversations; `NotFound` for an `after` no page gave."""
+    """One page of conversations (those `q`'s words find, by id); `NotFound` for an `after` no page gave."""
     _whole(source)
     cursor = None if after is None else decode_conversation_cursor(after)
-    found = await source.reader.list_conversations(limit=limit + 1, after=cursor, archived=archived)
+    reader = source.reader
+    if q:
+        found = await reader.search_conversations(q, limit=limit + 1, after=cursor, archived=archived)
+    else:
+        found = await reader.list_conversations(limit=limit + 1, after=cursor, archived=archived)
     shown = found[:limit]
     more = len(found) > limit and shown
     return ConversationPage(
@@ -116,13 +120,20 @@ async def list_conversations(
     archived: Annotated[
         bool | None, Query(description='Only the archived ones (true), or only the others (false).')
     ] = None,
+    q: Annotated[
+        str | None,
+        Query(
+            max_length=1000,
+            description="Only those whose title or a run's first prompt holds every word (by id).",
+        ),
+    ] = None,
 ) -> ConversationPage:
     """Every conversation with a run on the log, the one with the newest activity first.
 
     Each with how many runs it has, their usage and cost summed, and its latest run: its status
     judged now, whether it is live, and its writer.
     """
-    return await conversation_page(_source(request), after=after, limit=limit, archived=archived)
+    return await conversation_page(_source(request), after=after, limit=limit, archived=archived, q=q)
 
 
 @api.get(
@@ -144,11 +155,13 @@ async def get_conversation(
 
 
 @pages.get('/conversations')
-async def conversations(request: Request, after: str = '', archived: bool = False) -> Response:
+async def conversations(request: Request, after: str = '', archived: bool = False, q: str = '') -> Response:
     """The explorer's list of conversations, newest activity first: those not archived, or `archived=1`."""
     page = await conversation_page(
-        _source(request), after=after or None, limit=CONVERSATIONS_PAGE, archived=archived
+        _source(request), after=after or None, limit=CONVERSATIONS_PAGE, archived=archived, q=q[:1000] or None
     )
-    query: dict[str, Any] = {'after': page.next_after} | ({'archived': 1} if archived else {})
+    query: dict[str, Any] = (
+        {'after': page.next_after} | ({'archived': 1} if archived else {}) | ({'q': q} if q else {})
+    )
     more = f'/conversations?{urlencode(query)}' if page.next_after else None
-    return _page(request, 'conversations.html', page=page, more=more, archived=archived)
+    return _page(request, 'conversations.html', page=page, more=more, archived=archived, q=q)

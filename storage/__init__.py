@@ -62,6 +62,7 @@ if TYPE_CHECKING:
         WAITING_AGENT,
         WAITING_CONVERSATION,
         WAITING_KIND,
+        WORD,
         Keyspace,
         agent_count,
         render_key,
@@ -104,6 +105,7 @@ if TYPE_CHECKING:
         dumps,
         ranges_add,
         ranges_hold,
+        words_of,
     )
     from stepstream.storage._transaction import ShardTransaction, Transaction, Transactional
 
@@ -125,8 +127,10 @@ _WHERE = {
     'CONVERSATION': 'stepstream.storage._keys',
     'CONVERSATION_STATE': 'stepstream.storage._keys',
     'ACTIVITY': 'stepstream.storage._keys',
+    'WORD': 'stepstream.storage._keys',
     'ConversationState': 'stepstream.storage._state',
     'MAX_PROMPT_CHARS': 'stepstream.storage._state',
+    'words_of': 'stepstream.storage._state',
     'COUNT': 'stepstream.storage._keys',
     'dumps': 'stepstream.storage._state',
     'EFFECT': 'stepstream.storage._keys',
@@ -238,6 +242,7 @@ __all__ = [
     'WAITING_AGENT',
     'WAITING_CONVERSATION',
     'WAITING_KIND',
+    'WORD',
     'CheckpointObject',
     'Checkpoints',
     'ConversationState',
@@ -278,6 +283,7 @@ __all__ = [
     'stored_clock',
     'unpack_transition',
     'waiting_count',
+    'words_of',
 ]
 
 __getattr__ = lazy_exports(__name__, _WHERE)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import re
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Self
 
@@ -332,6 +333,26 @@ class ConversationState(_Json):
 
 MAX_PROMPT_CHARS = 200
 """The most of a run's first user prompt the projection keeps (a conversation's title when none is set)."""
+
+MAX_WORDS = 32
+"""The most words of one text (a prompt, a title) the search index keeps: its first ones."""
+MAX_WORD_CHARS = 40
+"""A longer word is kept cut to this many characters (a search for it is cut alike)."""
+_WORD = re.compile(r'[^\W_]+')
+
+
+def words_of(text: str | None) -> list[str]:
+    """The words a text is found by: runs of letters and digits, lowercased, each once, in order.
+
+    Each cut to `MAX_WORD_CHARS`, at most `MAX_WORDS` of them.
+    """
+    found: dict[str, None] = {}
+    for word in _WORD.findall((text or '').lower()):
+        found.setdefault(word[:MAX_WORD_CHARS])
+        if len(found) >= MAX_WORDS:
+            break
+    return list(found)
+
 
 RUN_INDEX_VERSION = 6
 """The run indexes a shard made now holds: 2 adds `STATUS` and `AGENT` (decision 0045); 3 files

@@ -178,3 +178,34 @@ async def test_a_title_and_an_archive_mark_on_the_log_show_everywhere(
     await mark_conversation(log, run_id='b-1', conversation_id='conv-b', archived=False)
     await projected.projection.wait_for()
     assert not (await api.get('/api/conversations/conv-b')).json()['archived']
+
+
+async def test_a_search_finds_conversations_by_every_word_of_titles_and_first_prompts(
+    projected: Projected, api: httpx.AsyncClient
+) -> None:
+    reader = projected.reader
+
+    async def found(words: str, **query: object) -> list[str]:
+        return [c.conversation_id for c in await reader.search_conversations(words, **query)]  # type: ignore[arg-type]
+
+    assert await found('QUESTION') == ['conv-a', 'conv-b']  # by id; any case
+    assert await found('question a') == ['conv-a']  # every word, each of its runs' prompts
+    assert await found('question 2') == ['conv-a']  # 'question a-2': a word of the second run's
+    assert await found('question c') == [] and await found('') == [] and await found('...') == []
+    first = await reader.search_conversations('question', limit=1)
+    assert [
+        c.conversation_id for c in await reader.search_conversations('question', after=first[0].cursor)
+    ] == ['conv-b']
+    await mark_conversation(projected.log, run_id='b-1', conversation_id='conv-b', title='Refund for order 7')
+    await projected.projection.wait_for()
+    assert await found('refund 7') == ['conv-b'] and await found('refund question') == ['conv-b']
+    answer = (await api.get('/api/conversations', params={'q': 'order refund'})).json()
+    assert [c['conversation_id'] for c in answer['conversations']] == ['conv-b']
+    assert 'data-conversation-id="conv-b"' in (await api.get('/conversations', params={'q': 'refund'})).text
+    assert (
+        'data-conversation-id="conv-a"' not in (await api.get('/conversations', params={'q': 'refund'})).text
+    )
+    shown = json.loads(
+        await show('conversations', ViewArgs(json=True, search='question'), reader, projected.log.settings)
+    )
+    assert [c['conversation_id'] for c in shown] == ['conv-a', 'conv-b']

@@ -58,9 +58,11 @@ from stepstream.storage import (
     CONVERSATION_STATE,
     MAX_PROMPT_CHARS,
     RUN,
+    WORD,
     ConversationState,
     MemoryShard,
     RunState,
+    words_of,
 )
 from stepstream.timestamps import micros
 
@@ -116,6 +118,14 @@ def check_shares(items: Items) -> None:
     assert stored == expected
     assert {k for k, _ in under(items, ACTIVITY.tag)} == {
         ACTIVITY.key(s.active, s.conversation_id) for s in expected.values()
+    }
+    runs = [RunState.decode(v) for _, v in under(items, RUN.tag)]
+    assert {k for k, _ in under(items, WORD.tag)} == {
+        WORD.key(word, run.conversation_id, run.run_id)
+        for run in runs
+        if run.conversation_id is not None
+        for text in (run.first_prompt, run.marks.get('title', [0, None])[1])
+        for word in words_of(text)
     }
 
 

@@ -53,6 +53,11 @@ async def test_the_cli_lists_conversations_whose_runs_are_in_several_shards(
     code, _, err = await cli(settings, db_path, 'conversations', '--after', 'nonsense')
     assert code == 1 and 'not a place in the list of conversations' in err
 
+    code, out, _ = await cli(settings, db_path, 'conversations', '--search', 'QUESTION b', '--json')
+    assert code == 0 and [c['conversation_id'] for c in json.loads(out)] == ['conv-b']
+    code, out, _ = await cli(settings, db_path, 'conversations', '--search', 'question 3', '--json')
+    assert code == 0 and [c['conversation_id'] for c in json.loads(out)] == ['conv-a']  # 'question a-3'
+
     reader = ProjectionReader.of(projector)
     runs = await reader.list_runs(conversation_id='conv-a', newest_first=True)
     conversation = await reader.get_conversation('conv-a')

@@ -88,12 +88,19 @@ async def conversations(args: ViewArgs, reader: ProjectionReader, settings: Sett
     if args.archived not in (None, 'true', 'false'):
         raise ValueError(f'archived is true or false, got {args.archived!r}')
     archived = None if args.archived is None else args.archived == 'true'
-    found = await reader.list_conversations(limit=limit + 1, after=after, archived=archived)
+    if args.search:
+        found = await reader.search_conversations(
+            args.search, limit=limit + 1, after=after, archived=archived
+        )
+    else:
+        found = await reader.list_conversations(limit=limit + 1, after=after, archived=archived)
     shown = found[:limit]
     if args.json:
         return to_json([conversation_json(c) for c in shown])
     text = conversations_table(shown)
     if len(found) > limit:
         more = f'stepstream conversations --after {shown[-1].cursor_text}'
-        text += f'\n... more: the next page is `{more}`' + ('' if archived is None else ' (same filter)')
+        text += f'\n... more: the next page is `{more}`' + (
+            '' if archived is None and not args.search else ' (same filters)'
+        )
     return text
