@@ -14,8 +14,10 @@ listing meets the older entries of a conversation in the other shards and skips 
 that costs the most. (Records are made from ten templates, one per place in a conversation,
 re-keyed by replacing the run and conversation ids' bytes: every id has the same length.)
 
-Each figure is the median of 15 after one warm-up: `list_conversations` (the first page of 50, the
-page after the 50,000th conversation, through a cursor), `get_conversation`, and `GET
+Each figure is the median of 15 after one warm-up: `search_conversations` (a word every
+conversation's prompts hold, a word none does, and both: the worst case, every entry of the first
+word walked, median of 3), `list_conversations` (the first page of 50, the page after the middle
+conversation, through a cursor), `get_conversation`, and `GET
 /api/conversations` (first page, after a cursor) of the service (`serve.app_for`, uvicorn in this
 loop) over the same shards. Every page is checked against what it must hold, every request must
 be answered 200. The first line says which stepstream it imported.
@@ -42,6 +44,8 @@ from stepstream.readmodel import ProjectionReader, encode_conversation_cursor
 from stepstream.serve import app_for, running
 
 RUNS_PER_CONVERSATION = 10
+SEARCH_ALL = 'records'
+"""A word of every run's first prompt (`plan_run`'s 'Look up the records.')."""
 PAGE = 50
 PREFIX = 'conv'
 START = datetime(2026, 12, 1, tzinfo=UTC)
@@ -100,9 +104,25 @@ def measure(root: Path, runs: int) -> dict[str, float]:
                 raise RuntimeError(f'the page after {middle}: {len(page)} conversations')
             return page
 
+        async def search(words: str, expected: int) -> Any:
+            page = await reader.search_conversations(words, limit=PAGE)
+            if len(page) != expected:
+                raise RuntimeError(f'search {words!r}: {len(page)} conversations, not {expected}')
+            return page
+
+        every = min(PAGE, conversations)
         figures = {
+            f'search_conversations {SEARCH_ALL!r} (every one matches), first page': median_ms(
+                lambda: search(SEARCH_ALL, every)
+            ),
+            "search_conversations 'nope' (no entry)": median_ms(lambda: search('nope', 0)),
+            f"search_conversations '{SEARCH_ALL} nope' (walks every entry of the first word)": median_ms(
+                lambda: search(f'{SEARCH_ALL} nope', 0), rounds=3
+            ),
             f'list_conversations, first page ({PAGE})': median_ms(first),
-            f'list_conversations, the page after the {conversations // 2:,}th': median_ms(after),
+            f'list_conversations, the page after the middle one ({conversations // 2:,} newer)': (
+                median_ms(after)
+            ),
             'get_conversation': median_ms(lambda: reader.get_conversation(middle)),
         }
     finally:
