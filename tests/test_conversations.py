@@ -16,6 +16,7 @@ from collections.abc import Awaitable
 from dataclasses import replace
 from datetime import timedelta
 from decimal import Decimal
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -46,12 +47,14 @@ from stepstream.projector._apply import EVENTS, Applier, SourceRecord
 from stepstream.projector._conversations import first_prompt
 from stepstream.projector._listing import latest
 from stepstream.readmodel import (
+    ConversationsNotIndexed,
     ProjectionReader,
     continue_conversation,
     continue_run,
     decode_conversation_cursor,
     encode_conversation_cursor,
 )
+from stepstream.readmodel._runs import Runs
 from stepstream.schemas import MAX_TITLE_CHARS, StepEvent, encode
 from stepstream.storage import (
     ACTIVITY,
@@ -408,3 +411,19 @@ def test_a_runs_marks_leave_with_it_whatever_the_batches(
     assert batched == one_pass
     assert RUN.key('run-a') not in dict(one_pass) and RUN.key('run-b') in dict(one_pass)  # dropped, kept
     check_shares(one_pass)
+
+
+def test_shards_made_before_the_conversations_were_indexed_say_rebuild() -> None:
+    shard = MemoryShard()
+    txn, _ = Applier(TOPICS, partitions=1).stage(shard, [started_record('run-m', 'conv-m')])
+    txn.commit()
+    reader = ProjectionReader(shard)
+    with mock.patch.object(Runs, 'index_version', return_value=5):
+        for call in (
+            reader.list_conversations(),
+            reader.get_conversation('conv-m'),
+            reader.search_conversations('m'),
+        ):
+            with pytest.raises(ConversationsNotIndexed, match='rebuild'):
+                asyncio.run(call)  # type: ignore[arg-type]
+    assert asyncio.run(reader.get_conversation('conv-m')) is not None
