@@ -268,7 +268,7 @@ def test_a_title_is_the_text_of_the_first_user_prompt_cut_and_folded() -> None:
     )
     assert first_prompt(messages(ModelRequest(parts=[UserPromptPart('x' * 500)]))) == 'x' * MAX_PROMPT_CHARS
     assert first_prompt(messages(system)) is None
-    assert first_prompt('["stepstream.sealed", "' + 'a' * 32 + '", "body"]') is None  # sealed: unreadable
+    assert first_prompt('["stepstream-sealed/1", "' + 'a' * 32 + '", "body"]') is None  # sealed: unreadable
     assert first_prompt('not json') is None
 
 
