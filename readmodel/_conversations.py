@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import itertools
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,6 +29,8 @@ from stepstream.timestamps import micros
 
 MAX_SEARCH_WORDS = 8
 """A search takes the first this many words it is given."""
+SEARCH_PROBE = 1_000
+"""A search counts each word's entries up to this many, to walk the rarest."""
 
 CONVERSATIONS_INDEX = 6
 """The `RUN_INDEX_VERSION` from which a shard keeps the conversations' shares."""
@@ -156,12 +159,13 @@ class Conversations:
     def _matching(self, words: list[str], after: ConversationCursor | None) -> Iterator[Conversation]:
         """The conversations filed under every word, by conversation id, from after `after`'s.
 
-        The first word's entries are walked (every shard's, merged); each conversation there is
-        checked for the others by a seek per word and shard.
+        The rarest word's entries are walked (every shard's, merged; rarest as counted up to
+        `SEARCH_PROBE` entries each); each conversation there is checked for the others by a seek
+        per word and shard. A word filed nowhere ends the search at once.
         """
         if not words:
             return
-        first, *others = words
+        first, *others = sorted(words, key=self._entries)
         prefix = WORD.prefix(first)
         start = None if after is None else WORD.prefix(first, after[1]) + b'\xff'
         seen = None if after is None else after[1]
@@ -174,6 +178,10 @@ class Conversations:
                 conversation = self.conversation(conversation_id)
                 if conversation is not None:
                     yield conversation
+
+    def _entries(self, word: str) -> int:
+        """How many entries `word` has in the shards, counted up to `SEARCH_PROBE`."""
+        return sum(1 for _ in itertools.islice(self._shards.scan(WORD.prefix(word)), SEARCH_PROBE))
 
     def _filed(self, word: str, conversation_id: str) -> bool:
         prefix = WORD.prefix(word, conversation_id)
