@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from stepstream.audit._answers import check_answers
-from stepstream.audit._records import TERMINAL_KINDS, Break, Problem, Seen, break_at
+from stepstream.audit._records import NOT_THE_TRAIL, TERMINAL_KINDS, Break, Problem, Seen, break_at
 from stepstream.schemas import STEP_EVENTS
 from stepstream.signing import SIGNED_KIND, TrustedKeys, statement
 
@@ -87,7 +87,7 @@ def verify_run(run_id: str, seen: Iterable[Seen], keys: TrustedKeys | None) -> R
             heads.append(record)
         elif record.answers:
             answers.setdefault(record.digest, record)  # a resent duplicate is one record
-        elif record.kind != 'run_heartbeat':
+        elif record.kind not in NOT_THE_TRAIL:
             trail.append(record)
     by_seq: dict[int, list[Seen]] = {}
     for record in trail:

@@ -22,7 +22,7 @@ from typing import Any
 
 from stepstream.audit._answers import SawAnswer, answers_of
 from stepstream.audit._read import Expected, read_partitions
-from stepstream.audit._records import TOPIC_NAMES
+from stepstream.audit._records import NOT_THE_TRAIL, TOPIC_NAMES
 from stepstream.settings import Settings
 from stepstream.signing import Signer, TrustedKeys
 
@@ -209,7 +209,7 @@ async def take_checkpoint(settings: Settings, signer: Signer) -> Checkpoint:
             trail = [
                 s
                 for s in seen
-                if s.placed and not s.answers and s.kind not in ('run_heartbeat', 'chain_signed')
+                if s.placed and not s.answers and s.kind not in (*NOT_THE_TRAIL, 'chain_signed')
             ]
             if trail:
                 top = max(trail, key=lambda s: (s.seq, s.offset))

@@ -33,6 +33,9 @@ Problem = Literal['altered', 'missing', 'reordered', 'inserted', 'unsigned', 'un
 TERMINAL_KINDS = frozenset({'run_completed', 'run_failed', 'run_cancelled', 'run_waiting'})
 TOPIC_NAMES = ('step_events', 'tool_effects')
 """A topic's role as audits and checkpoints name it (not its name: a copy has another prefix)."""
+NOT_THE_TRAIL = frozenset({'run_heartbeat', 'conversation_marked'})
+"""Step event kinds keyed by a run that are neither its trail nor an answer, nor signed: a writer's
+heartbeat, and a conversation's title or archived mark (decision 0062), which anyone may write."""
 ANSWER_KINDS = frozenset({(TOOL_EFFECTS, 'resolved'), (STEP_EVENTS, 'run_resumed')})
 """(topic, kind) of the records another process writes beside a run's trail, keyed by the run:
 decisions and resolutions, and resuming runs' marks."""

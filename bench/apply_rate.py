@@ -52,13 +52,13 @@ HEADER = 10
 """The single-object header: the `C3 01` marker and the 8-byte schema fingerprint."""
 
 
-def workload(total: int) -> tuple[Settings, list[SourceRecord]]:
+def workload(total: int, conversation_id: str | None = None) -> tuple[Settings, list[SourceRecord]]:
     """About `total` records of 50-step runs, placed in partitions and offsets as Kafka would."""
     settings = Settings(topic_prefix='bench')
     topics = {settings.topics.step_events_topic: EVENTS, settings.topics.tool_effects_topic: EFFECTS}
     offsets: dict[tuple[int, int], int] = {}
     records = []
-    for wire in many_runs(settings, 'apply', total, 50):
+    for wire in many_runs(settings, 'apply', total, 50, conversation_id=conversation_id):
         topic, partition = topics[wire.topic], murmur2_partition(wire.key, PARTITIONS)
         offset = offsets.get((topic, partition), 0)
         offsets[(topic, partition)] = offset + 1
@@ -137,8 +137,11 @@ def main() -> None:
     parser.add_argument('--rounds', type=int, default=3, help='ceiling + apply pairs (default 3)')
     parser.add_argument('--batch', type=int, default=BATCH, help=f'records per batch (default {BATCH})')
     parser.add_argument('--baseline', metavar='REV', help='also measure the apply module at git revision REV')
+    parser.add_argument(
+        '--conversation', metavar='ID', help='every run in this one conversation (its upkeep measured)'
+    )
     args = parser.parse_args()
-    settings, records = workload(args.records)
+    settings, records = workload(args.records, args.conversation)
     rounds, before, cpu_now, cpu_before = [], [], [], []
     with tempfile.TemporaryDirectory() as scratch:
         old = baseline_module(args.baseline, Path(scratch)) if args.baseline else None

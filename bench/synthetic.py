@@ -55,8 +55,10 @@ def _tail_json(messages: list[ModelMessage]) -> str:
     return ModelMessagesTypeAdapter.dump_json(messages).decode()
 
 
-def plan_run(rid: str, steps: int, *, start: datetime | None = None) -> list[Planned]:
-    """The records of one run with `steps` tool calls, in append order."""
+def plan_run(
+    rid: str, steps: int, *, start: datetime | None = None, conversation_id: str | None = None
+) -> list[Planned]:
+    """The records of one run with `steps` tool calls, in append order (in `conversation_id`, if given)."""
     writer = secrets.token_hex(8)
     now = start or datetime.now(UTC)
     seq = 0
@@ -71,7 +73,7 @@ def plan_run(rid: str, steps: int, *, start: datetime | None = None) -> list[Pla
             'writer_id': writer,
             'timestamp': now + timedelta(microseconds=seq),
             'agent_name': 'bench',
-            'conversation_id': None,
+            'conversation_id': conversation_id,
             'parent_run_id': None,
         }
 
@@ -158,14 +160,19 @@ def to_wire(record: LogRecord, settings: Settings) -> Wire:
     return Wire(topic, record.run_id.encode(), encode(record), record_headers(record))
 
 
-def many_runs(settings: Settings, prefix: str, total: int, steps: int) -> Iterator[Wire]:
+def many_runs(
+    settings: Settings, prefix: str, total: int, steps: int, *, conversation_id: str | None = None
+) -> Iterator[Wire]:
     """About `total` records from runs of `steps` steps: one template run, re-keyed per run.
+
+    With `conversation_id`, every run is of that one conversation.
 
     Encoding a million records takes longer than sending them; since every run id has the
     same length, replacing the id's bytes in an encoded template keeps each record valid Avro.
     """
     template_id = run_id(prefix, 0)
-    template = [to_wire(p.record, settings) for p in plan_run(template_id, steps)]
+    planned = plan_run(template_id, steps, conversation_id=conversation_id)
+    template = [to_wire(p.record, settings) for p in planned]
     old = template_id.encode()
     runs = -(-total // len(template))
     for index in range(runs):

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from stepstream.producer._current import FORKED_AT_STEP, FORKED_FROM, replaying
     from stepstream.producer._definitions import definitions_of, fingerprint
     from stepstream.producer._log import EventLog
+    from stepstream.producer._marks import conversation_mark, mark_conversation
     from stepstream.producer._memory import InMemoryLog, StoredRecord
     from stepstream.producer._protocol import StepLog
     from stepstream.producer._redaction import REDACTED, REDACTION_KEY, Redaction, Redactor
@@ -63,6 +64,8 @@ _WHERE = {
     'fingerprint': 'stepstream.producer._definitions',
     'is_provider_valid': 'stepstream.producer._validity',
     'replaying': 'stepstream.producer._current',
+    'conversation_mark': 'stepstream.producer._marks',
+    'mark_conversation': 'stepstream.producer._marks',
     'decide_deferred_call': 'stepstream.producer._resolution',
     'decision_for': 'stepstream.producer._resolution',
     'resolution_for': 'stepstream.producer._resolution',
@@ -89,12 +92,14 @@ __all__ = [
     'StoredRecord',
     'annotate_tool_effect',
     'check_run_id',
+    'conversation_mark',
     'current_run_id',
     'decide_deferred_call',
     'decision_for',
     'definitions_of',
     'fingerprint',
     'is_provider_valid',
+    'mark_conversation',
     'replaying',
     'resolution_for',
     'resolve_tool_effect',

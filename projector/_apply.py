@@ -63,6 +63,7 @@ from stepstream.projector._batch import (
 )
 from stepstream.projector._chain import Link, advance_chain, link_of
 from stepstream.projector._checks import check_record
+from stepstream.projector._conversations import apply_marked
 from stepstream.projector._listing import Listed, listed, relist_run
 from stepstream.projector._parked import PARKED_DECODED, PARKED_DECODED_BYTES, DecodedParked
 from stepstream.projector._resumed import apply_resumed
@@ -136,6 +137,8 @@ def _beside(event: Fields) -> tuple[str, str]:
         return 'a heartbeat', 'stray_heartbeat'
     if event['kind'] == 'run_resumed':
         return 'a resumption', 'not_resumable'
+    if event['kind'] == 'conversation_marked':
+        return 'a conversation mark', 'invalid'
     return 'a signed chain head', 'stray_signature'
 
 
@@ -357,6 +360,8 @@ class Applier:
         if source.topic == EVENTS and record['kind'] in UNCHAINED_KINDS:
             if record['kind'] == 'run_resumed':
                 self._apply_resumed(txn, keys, run, source, record)
+            elif record['kind'] == 'conversation_marked':
+                self._apply_marked(txn, run, source, record)
             else:
                 self._apply_heartbeat(txn, run, source, record)
             return
@@ -432,6 +437,18 @@ class Applier:
         """Another run resumes this one, which ended waiting (`_resumed.py`)."""
         try:
             applied = apply_resumed(txn, keys.home, run, mark, self.retention)
+        except Rejected as rejected:
+            self._run_dead_letter(txn, run, source, rejected.reason, rejected.detail)
+            return
+        if applied:
+            self._outcome.applied += 1
+        else:
+            self._outcome.duplicates += 1
+
+    def _apply_marked(self, txn: Transaction, run: RunState, source: SourceRecord, mark: Fields) -> None:
+        """A title or an archived flag for the run's conversation (`_conversations.apply_marked`)."""
+        try:
+            applied = apply_marked(run, mark)
         except Rejected as rejected:
             self._run_dead_letter(txn, run, source, rejected.reason, rejected.detail)
             return

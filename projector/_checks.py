@@ -18,13 +18,16 @@ from stepstream.media import is_media_uri
 from stepstream.projector._batch import EVENTS, Rejected, RunKeys, SourceRecord
 from stepstream.projector._usage import check_usage
 from stepstream.schemas import (
+    ARCHIVED_KEY,
     DECISIONS,
     DEFERRALS,
     EVENT_KINDS,
     MAX_NOTE_CHARS,
+    MAX_TITLE_CHARS,
     RECORD_TYPES,
     RESOLUTIONS,
     RESUMED_BY_KEY,
+    TITLE_KEY,
     TOOL_EFFECT_STATUSES,
     Fields,
     read_record,
@@ -115,6 +118,8 @@ def _check_event(event: Fields) -> None:
         check_usage(event)
     if kind == 'run_resumed':
         _check_resumed(event)
+    elif kind == 'conversation_marked':
+        _check_marked(event)
     snap = event['snapshot']
     if (kind == 'snapshot_saved') != (snap is not None):
         raise Rejected('invalid', 'a snapshot payload belongs to snapshot_saved events, and only to them')
@@ -143,6 +148,24 @@ def _check_resumed(mark: Fields) -> None:
             f'a run_resumed mark must name the run that resumes its run in {RESUMED_BY_KEY!r}, '
             f'not {str(resumer)[:100]!r}',
         )
+
+
+def _check_marked(mark: Fields) -> None:
+    """A `conversation_marked` record names its conversation and gives a title, an archived flag, or both.
+
+    A title has 1 to `MAX_TITLE_CHARS` characters; the flag is `true` or `false`.
+    """
+    title, archived = mark['metadata'].get(TITLE_KEY), mark['metadata'].get(ARCHIVED_KEY)
+    if mark['conversation_id'] is None or (title, archived) == (None, None):
+        raise Rejected(
+            'invalid', 'a conversation mark names its conversation and gives a title or an archived flag'
+        )
+    if title is not None and not 0 < len(title) <= MAX_TITLE_CHARS:
+        raise Rejected(
+            'invalid', f'a conversation title has 1 to {MAX_TITLE_CHARS} characters, not {len(title)}'
+        )
+    if archived not in (None, 'true', 'false'):
+        raise Rejected('invalid', f'{ARCHIVED_KEY} is true or false, not {archived[:100]!r}')
 
 
 def _check_deferral(t: Fields) -> None:

@@ -1,7 +1,8 @@
 """A run's place in the listings: its index entries and the counts, kept in the run's transaction.
 
 Every registered run is listed in `RUNS`, `STATUS` (by its stored status), `AGENT` (by agent
-name, then status), `CONVERSATION` and `CHILDREN`, and counted in `COUNT` (runs per stored status
+name, then status), `CONVERSATION` (with its share of the conversation, `_conversations.py`)
+and `CHILDREN`, and counted in `COUNT` (runs per stored status
 and per agent). A run stored as `running` is also in `LATEST`, by the time of its newest record:
 whether a running run reads `stale` depends only on that time, so the runs that read `running`
 are one bounded range of `LATEST` (the last few seconds) and a count of the stale ones is the
@@ -18,6 +19,7 @@ change (`_tool_effects`, `_apply`, `_retention`).
 
 from __future__ import annotations
 
+from stepstream.projector._conversations import Share, refile_conversation, share_of, unfile_conversation
 from stepstream.storage import (
     AGENT,
     BROKEN,
@@ -33,13 +35,15 @@ from stepstream.storage import (
     status_count,
 )
 
-Listed = tuple[str, int, bool]
-"""Where a run is filed: its stored status, its newest record's time, whether its chain is broken."""
+Listed = tuple[str, int, bool, Share | None]
+"""Where a run is filed: its stored status, its newest record's time, whether its chain is broken,
+and what it adds to its conversation's share (None: it has no conversation)."""
 
 
 def listed(run: RunState) -> Listed:
     """Where the run's state files it now (what `relist_run` compares with at the batch's end)."""
-    return (run.status, latest(run), run.chain_break is not None)
+    share = None if run.conversation_id is None else share_of(run)
+    return (run.status, latest(run), run.chain_break is not None, share)
 
 
 def latest(run: RunState) -> int:
@@ -70,9 +74,11 @@ def relist_run(txn: Transaction, run: RunState, was: Listed | None) -> None:
     `was` is where it was filed before the batch (`listed`; None: registered in this batch, not
     filed yet).
     """
+    if run.conversation_id is not None:
+        refile_conversation(txn, run, None if was is None else was[3])
     now = latest(run)
     broken = run.chain_break is not None
-    if was == (run.status, now, broken):
+    if was is not None and was[:3] == (run.status, now, broken):
         return
     if broken != (was is not None and was[2]):
         _file_broken(txn, run, 1 if broken else -1)
@@ -92,6 +98,7 @@ def unlist_run(txn: Transaction, run: RunState) -> None:
     txn.delete(RUNS.key(started, run_id))
     if run.conversation_id is not None:
         txn.delete(CONVERSATION.key(run.conversation_id, started, run_id))
+        unfile_conversation(txn, run)
     if run.parent_run_id is not None:
         txn.delete(CHILDREN.key(run.parent_run_id, started, run_id))
     if run.agent_name is not None:

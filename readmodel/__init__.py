@@ -22,7 +22,21 @@ from typing import TYPE_CHECKING
 from stepstream.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from stepstream.readmodel._continue import RESUMES_KEY, Resumption, continue_run, fork_run, resume_run
+    from stepstream.readmodel._continue import (
+        RESUMES_KEY,
+        Resumption,
+        continue_conversation,
+        continue_run,
+        fork_run,
+        resume_run,
+    )
+    from stepstream.readmodel._conversations import (
+        Conversation,
+        ConversationCursor,
+        ConversationsNotIndexed,
+        decode_conversation_cursor,
+        encode_conversation_cursor,
+    )
     from stepstream.readmodel._effects import UnresolvedCursor, UnresolvedSummary
     from stepstream.readmodel._reader import ProjectionReader
     from stepstream.readmodel._recovery import RecoveryReport, inspect_recovery
@@ -38,6 +52,11 @@ if TYPE_CHECKING:
     )
 
 _WHERE = {
+    'Conversation': 'stepstream.readmodel._conversations',
+    'ConversationCursor': 'stepstream.readmodel._conversations',
+    'ConversationsNotIndexed': 'stepstream.readmodel._conversations',
+    'decode_conversation_cursor': 'stepstream.readmodel._conversations',
+    'encode_conversation_cursor': 'stepstream.readmodel._conversations',
     'RESUMES_KEY': 'stepstream.readmodel._continue',
     'Resumption': 'stepstream.readmodel._continue',
     'resume_run': 'stepstream.readmodel._continue',
@@ -53,6 +72,7 @@ _WHERE = {
     'SweepReport': 'stepstream.readmodel._sweep',
     'UnresolvedCursor': 'stepstream.readmodel._effects',
     'UnresolvedSummary': 'stepstream.readmodel._effects',
+    'continue_conversation': 'stepstream.readmodel._continue',
     'continue_run': 'stepstream.readmodel._continue',
     'fork_run': 'stepstream.readmodel._continue',
     'inspect_recovery': 'stepstream.readmodel._recovery',
@@ -63,6 +83,9 @@ nothing until a reader is wanted (RocksDB, the schemas, ...)."""
 
 __all__ = [
     'RESUMES_KEY',
+    'Conversation',
+    'ConversationCursor',
+    'ConversationsNotIndexed',
     'ProjectionReader',
     'ProjectionStatus',
     'RecoveryReport',
@@ -74,8 +97,11 @@ __all__ = [
     'UnresolvedSummary',
     'WaitingCall',
     'WaitingCursor',
+    'continue_conversation',
     'continue_run',
+    'decode_conversation_cursor',
     'decode_waiting_cursor',
+    'encode_conversation_cursor',
     'encode_waiting_cursor',
     'fork_run',
     'inspect_recovery',

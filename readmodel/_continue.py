@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from stepstream.erasure import ContentErased
-from stepstream.errors import NotWaiting, UsageError
+from stepstream.errors import ConversationLive, NotFound, NotWaiting, UsageError
 from stepstream.schemas import RESUMES_KEY, ContinuableSnapshot, ToolEffectRecord
 
 if TYPE_CHECKING:
@@ -32,6 +32,34 @@ async def continue_run(
         kind = 'snapshot' if include_interrupted else 'complete snapshot'
         raise LookupError(f'no {kind} for run_id {run_id!r} in the projection')
     return _content(snapshot)
+
+
+async def continue_conversation(
+    reader: ProjectionReader,
+    conversation_id: str,
+    *,
+    allow_live: bool = False,
+    include_interrupted: bool = False,
+) -> list[ModelMessage]:
+    """The latest continuable history of a conversation: its latest-started run's (`continue_run`).
+
+    Refused (`ConversationLive`, naming the run and its writer) while that run is live (reads
+    `running`: its writer is still at it), unless `allow_live=True`; `NotFound` for a conversation
+    the projection holds no run of (decision 0062).
+    """
+    conversation = await reader.get_conversation(conversation_id)
+    if conversation is None:
+        raise NotFound(f'no run of conversation {conversation_id!r} in the projection')
+    run = conversation.latest_run
+    if conversation.live and not allow_live:
+        raise ConversationLive(
+            f'conversation {conversation_id!r} is live: its latest run {run.run_id!r} is running, '
+            f'written by {run.registration_id!r}; wait for it to end, or pass allow_live=True to '
+            'continue from its history anyway',
+            run.run_id,
+            run.registration_id,
+        )
+    return await continue_run(reader, run_id=run.run_id, include_interrupted=include_interrupted)
 
 
 async def fork_run(

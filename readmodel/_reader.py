@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, Self, Unpack
 
 from stepstream.erasure import KeyRing
+from stepstream.readmodel._conversations import Conversation, ConversationCursor, Conversations
 from stepstream.readmodel._effects import Effects, UnresolvedCursor, UnresolvedSummary
 from stepstream.readmodel._events import Events
 from stepstream.readmodel._lineage import Lineage
@@ -89,6 +90,7 @@ class ProjectionReader:
         self._status = Status(self._shards, self._runs)
         self._retention = Retention(self._shards, self._snapshots)
         self._waiting = Waiting(self._shards, self._effects, self._runs)
+        self._conversations = Conversations(self._shards, self._runs)
         self._owned_keys: KeyRing | None = None
 
     @classmethod
@@ -379,6 +381,39 @@ class ProjectionReader:
         index of its own: a page reads about its own entries, however few calls match.
         """
         return await self._waiting.list_waiting(**query)
+
+    async def list_conversations(
+        self, *, limit: int | None = 50, after: ConversationCursor | None = None, archived: bool | None = None
+    ) -> list[Conversation]:
+        """Every conversation, newest activity first, in pages of `limit` after `after` (its `cursor`).
+
+        Each with its runs, their usage summed, and its latest run (last status, live, writer);
+        a page reads at most `limit` x shards index entries (decision 0062). `archived` True lists only
+        the archived ones, False only the others (each walked and skipped), None every one.
+        """
+        return await self._conversations.list_conversations(limit=limit, after=after, archived=archived)
+
+    async def search_conversations(
+        self,
+        words: str,
+        *,
+        limit: int | None = 50,
+        after: ConversationCursor | None = None,
+        archived: bool | None = None,
+    ) -> list[Conversation]:
+        """The conversations whose title or a run's first prompt holds every word of `words`, by id.
+
+        Words are runs of letters and digits, matched whole and without case (the first 8);
+        `after` is the last one's `cursor`. A page walks the first word's entries until it has
+        `limit` (decision 0062).
+        """
+        return await self._conversations.search_conversations(
+            words, limit=limit, after=after, archived=archived
+        )
+
+    async def get_conversation(self, conversation_id: str) -> Conversation | None:
+        """One conversation as `list_conversations` gives it, or None when no run of it is held."""
+        return await self._conversations.get_conversation(conversation_id)
 
     async def list_unresolved_tool_effects(
         self,

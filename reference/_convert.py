@@ -43,12 +43,13 @@ EVENT_KIND: Mapping[str, str | None] = {
     'run_cancelled': 'run_failed',
     # No counterpart: the reference records a deferred call's start and nothing more, keeps no
     # snapshot events (its snapshots are their own records), and has no heartbeats, signed chain
-    # heads or resumption marks.
+    # heads, resumption marks or conversation marks (its conversation store is apart).
     'tool_call_deferred': None,
     'snapshot_saved': None,
     'run_heartbeat': None,
     'chain_signed': None,
     'run_resumed': None,
+    'conversation_marked': None,
 }
 """Our event kind -> the reference's (`None`: the event is left out of `list_events`)."""
 assert {k for k, v in EVENT_KIND.items() if v == k} == REFERENCE_EVENT_KINDS

@@ -48,16 +48,19 @@ if TYPE_CHECKING:
         ToolEffectRecord,
     )
     from stepstream.schemas._types import (
+        ARCHIVED_KEY,
         CHAIN_STATUSES,
         DECISIONS,
         DEFERRALS,
         EVENT_KINDS,
         MAX_NOTE_CHARS,
+        MAX_TITLE_CHARS,
         REFERENCE_EVENT_KINDS,
         RESOLUTIONS,
         RESUMED_BY_KEY,
         RESUMES_KEY,
         RUN_STATUSES,
+        TITLE_KEY,
         TOOL_EFFECT_STATUSES,
         UNCHAINED_KINDS,
         ChainStatus,
@@ -96,6 +99,9 @@ _WHERE = {
     'TOOL_EFFECT_STATUSES': 'stepstream.schemas._types',
     'RESUMED_BY_KEY': 'stepstream.schemas._types',
     'RESUMES_KEY': 'stepstream.schemas._types',
+    'TITLE_KEY': 'stepstream.schemas._types',
+    'ARCHIVED_KEY': 'stepstream.schemas._types',
+    'MAX_TITLE_CHARS': 'stepstream.schemas._types',
     'UNCHAINED_KINDS': 'stepstream.schemas._types',
     'ChainStatus': 'stepstream.schemas._types',
     'ContinuableSnapshot': 'stepstream.schemas._records',
@@ -143,6 +149,7 @@ _WHERE = {
 """Where each public name lives: imported on first use, so a command pays only for what it uses."""
 
 __all__ = [
+    'ARCHIVED_KEY',
     'CHAIN_STATUSES',
     'CONFLUENT_MAGIC',
     'DECISIONS',
@@ -150,6 +157,7 @@ __all__ = [
     'EVENT_KINDS',
     'MAGIC',
     'MAX_NOTE_CHARS',
+    'MAX_TITLE_CHARS',
     'RECORD_TYPES',
     'REFERENCE_EVENT_KINDS',
     'RESOLUTIONS',
@@ -159,6 +167,7 @@ __all__ = [
     'SCHEMA_DIR',
     'STEP_EVENTS',
     'STEP_EVENT_SCHEMA',
+    'TITLE_KEY',
     'TOOL_EFFECTS',
     'TOOL_EFFECT_SCHEMA',
     'TOOL_EFFECT_STATUSES',

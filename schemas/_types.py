@@ -34,6 +34,7 @@ EventKind = Literal[
     'run_heartbeat',
     'chain_signed',
     'run_resumed',
+    'conversation_marked',
 ]
 """Boundary that produced a `StepEvent`; `run_heartbeat` is no boundary but the writer saying it is alive.
 
@@ -43,13 +44,24 @@ Nor is `chain_signed`, the writer's signature of its run's chain head at a durab
 (`stepstream.signing`): its `seq` is the number of records the head covers, its `prev_hash` the head.
 Nor is `run_resumed`, which another run's writer appends, keyed by a run that ended waiting, when it
 starts to resume it: its metadata names the resuming run (`RESUMED_BY_KEY`), its `seq` is 0
-(docs/decisions/0057-resumed-runs.md)."""
+(docs/decisions/0057-resumed-runs.md). Nor is `conversation_marked`, which anyone may append keyed by
+a run of a conversation to title or archive the conversation: its metadata holds `TITLE_KEY` and
+`ARCHIVED_KEY`, its `seq` is 0 (docs/decisions/0062-conversations-as-a-view.md)."""
 
-UNCHAINED_KINDS = frozenset({'run_heartbeat', 'chain_signed', 'run_resumed'})
+UNCHAINED_KINDS = frozenset({'run_heartbeat', 'chain_signed', 'run_resumed', 'conversation_marked'})
 """Step event kinds appended beside a run's trail: they take no `seq` and are not chained."""
 
 RESUMES_KEY = 'stepstream.resumes'
 """The `run_started` metadata key of a run that resumes another: the run id it resumes."""
+
+TITLE_KEY = 'stepstream.title'
+"""The `conversation_marked` metadata key: the conversation's title (at most `MAX_TITLE_CHARS`)."""
+
+ARCHIVED_KEY = 'stepstream.archived'
+"""The `conversation_marked` metadata key: `true` (archived) or `false` (listed again)."""
+
+MAX_TITLE_CHARS = 200
+"""The longest title a conversation may be given."""
 
 RESUMED_BY_KEY = 'stepstream.resumed_by'
 """The `run_resumed` metadata key: the run id that resumes the run the mark is keyed by."""

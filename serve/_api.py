@@ -295,7 +295,9 @@ CONSOLE_RESPONSES: dict[int | str, dict[str, Any]] = {
 )
 async def console(
     request: Request,
-    view: Annotated[Literal['runs', 'unresolved', 'conflicts', 'deferred'], Path(description='The view.')],
+    view: Annotated[
+        Literal['runs', 'unresolved', 'conflicts', 'deferred', 'conversations'], Path(description='The view.')
+    ],
     conversation_id: str | None = None,
     parent_run_id: str | None = None,
     status: RunStatus | None = None,
@@ -303,10 +305,19 @@ async def console(
     chain: ChainStatus | None = None,
     json: bool = False,
     limit: Annotated[int | None, Query(ge=1, le=1000, description='`runs`: the page size (50).')] = None,
-    after: Annotated[str | None, Query(description='`runs`: the page after this run.')] = None,
+    after: Annotated[
+        str | None,
+        Query(description='`runs`: after this run; `deferred`, `conversations`: a cursor.'),
+    ] = None,
     oldest_first: Annotated[bool, Query(description='`runs`: in the order they started.')] = False,
     deferral: Annotated[Deferral | None, Query(description='`deferred`: calls of this kind.')] = None,
     newest_first: Annotated[bool, Query(description='`deferred`: the last to start waiting first.')] = False,
+    archived: Annotated[
+        Literal['true', 'false'] | None, Query(description='`conversations`: only archived, or only not.')
+    ] = None,
+    search: Annotated[
+        str | None, Query(max_length=1000, description='`conversations`: only those holding these words.')
+    ] = None,
 ) -> Response:
     """The text (with `json`, the JSON) `stepstream VIEW` prints, read from this service's projection.
 
@@ -325,6 +336,8 @@ async def console(
         oldest_first=oldest_first,
         deferral=deferral,
         newest_first=newest_first,
+        archived=archived,
+        search=search,
     )
     return await _console(request, view, args)
 

@@ -120,3 +120,16 @@ class ReadOnlyStore(StepStreamError):
     Runs reach the log through their writer: stepstream's `StepPersistence` capability for new
     runs, `stepstream import` for the runs of an existing pydantic-ai-harness store.
     """
+
+
+class ConversationLive(StepStreamError):
+    """Continuing a conversation whose latest run is live: its writer is still at it.
+
+    A second writer continuing from the same history would fork the conversation under it. The
+    message names the run and its writer; `allow_live=True` continues anyway (decision 0062).
+    """
+
+    def __init__(self, message: str, run_id: str, writer: str | None) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+        self.writer = writer

@@ -25,6 +25,7 @@ from stepstream.lazy import lazy_exports
 if TYPE_CHECKING:
     from stepstream.storage._checkpoints import CheckpointObject, Checkpoints, HeldShards
     from stepstream.storage._keys import (
+        ACTIVITY,
         AGENT,
         APART,
         BROKEN,
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
         CONFLICT,
         CONFLICTING_COUNT,
         CONVERSATION,
+        CONVERSATION_STATE,
         COUNT,
         EFFECT,
         ENDED,
@@ -60,6 +62,7 @@ if TYPE_CHECKING:
         WAITING_AGENT,
         WAITING_CONVERSATION,
         WAITING_KIND,
+        WORD,
         Keyspace,
         agent_count,
         render_key,
@@ -92,7 +95,9 @@ if TYPE_CHECKING:
     from stepstream.storage._shard_set import SHARD_HANDOFF_TIMEOUT_S, LiveShards, ShardSet
     from stepstream.storage._state import (
         ANSWERS,
+        MAX_PROMPT_CHARS,
         RUN_INDEX_VERSION,
+        ConversationState,
         EffectState,
         Identity,
         RunState,
@@ -100,6 +105,7 @@ if TYPE_CHECKING:
         dumps,
         ranges_add,
         ranges_hold,
+        words_of,
     )
     from stepstream.storage._transaction import ShardTransaction, Transaction, Transactional
 
@@ -119,6 +125,12 @@ _WHERE = {
     'CONFLICT': 'stepstream.storage._keys',
     'CONFLICTING_COUNT': 'stepstream.storage._keys',
     'CONVERSATION': 'stepstream.storage._keys',
+    'CONVERSATION_STATE': 'stepstream.storage._keys',
+    'ACTIVITY': 'stepstream.storage._keys',
+    'WORD': 'stepstream.storage._keys',
+    'ConversationState': 'stepstream.storage._state',
+    'MAX_PROMPT_CHARS': 'stepstream.storage._state',
+    'words_of': 'stepstream.storage._state',
     'COUNT': 'stepstream.storage._keys',
     'dumps': 'stepstream.storage._state',
     'EFFECT': 'stepstream.storage._keys',
@@ -187,6 +199,7 @@ _WHERE = {
 """Where each public name lives: imported on first use, so a reader does not pay for S3 checkpoints."""
 
 __all__ = [
+    'ACTIVITY',
     'AGENT',
     'ANSWERS',
     'APART',
@@ -197,6 +210,7 @@ __all__ = [
     'CONFLICT',
     'CONFLICTING_COUNT',
     'CONVERSATION',
+    'CONVERSATION_STATE',
     'COUNT',
     'EFFECT',
     'ENDED',
@@ -204,6 +218,7 @@ __all__ = [
     'EVENT',
     'EXPIRED',
     'LATEST',
+    'MAX_PROMPT_CHARS',
     'MEDIA',
     'MEDIA_INDEX_VERSION',
     'PARKED',
@@ -227,8 +242,10 @@ __all__ = [
     'WAITING_AGENT',
     'WAITING_CONVERSATION',
     'WAITING_KIND',
+    'WORD',
     'CheckpointObject',
     'Checkpoints',
+    'ConversationState',
     'EffectState',
     'HeldShards',
     'Identity',
@@ -266,6 +283,7 @@ __all__ = [
     'stored_clock',
     'unpack_transition',
     'waiting_count',
+    'words_of',
 ]
 
 __getattr__ = lazy_exports(__name__, _WHERE)

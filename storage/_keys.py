@@ -32,6 +32,12 @@ No other module spells key bytes: they ask a `Keyspace` for a key, a prefix or t
 |                    |      | run_id, tool_call_id                  | kind                           |
 | `RUNS`             | `a`  | started_at, run_id                    | empty: every run, in order     |
 | `CONVERSATION`     | `c`  | conversation_id, started_at, run_id   | empty                          |
+| `CONVERSATION_STATE` | `V` | conversation_id                    | `ConversationState`: this      |
+|                    |      |                                       | shard's share of it            |
+| `ACTIVITY`         | `Y`  | newest activity, conversation_id      | empty: conversations, by their |
+|                    |      |                                       | newest activity in this shard  |
+| `WORD`             | `X`  | word, conversation_id, run_id         | empty: the words of a run's    |
+|                    |      |                                       | first prompt and title mark    |
 | `CHILDREN`         | `p`  | parent_run_id, started_at, run_id     | empty                          |
 | `STATUS`           | `b`  | status, started_at, run_id            | empty: runs by stored status   |
 | `AGENT`            | `d`  | agent_name, status, started_at, run_id| empty: an agent's runs, by     |
@@ -213,6 +219,9 @@ EXPIRED = Keyspace('expired', b'g', ('str',))
 MEDIA = Keyspace('media', b'h', ('str', 'str'))
 RUN_MEDIA = Keyspace('run_media', b'j', ('str', 'str'))
 TALLY = Keyspace('tally', b'y', ('str',))
+CONVERSATION_STATE = Keyspace('conversation_state', b'V', ('str',))
+ACTIVITY = Keyspace('activity', b'Y', ('int', 'str'))
+WORD = Keyspace('word', b'X', ('str', 'str', 'str'))
 SNAPSHOT_KEY = Keyspace('snapshot_key', b'S', ('str', 'str'))
 """A run's snapshot idempotency keys without a sequence prefix, each once: a later snapshot with one
 is a keyed duplicate, whatever retention dropped since (`projector/_step_events.py`)."""
@@ -251,6 +260,9 @@ KEYSPACES = (
     RUN_MEDIA,
     TALLY,
     SNAPSHOT_KEY,
+    CONVERSATION_STATE,
+    ACTIVITY,
+    WORD,
 )
 BY_TAG = {ks.tag: ks for ks in KEYSPACES}
 assert len(BY_TAG) == len(KEYSPACES)

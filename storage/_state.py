@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import re
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Self
 
@@ -153,6 +154,12 @@ class RunState(_Json):
     """The run that resumes this one (the first `run_resumed` mark applied); its status is then `resumed`."""
     resumed_at: int | None = None
     """When that mark was written (micros): the run's end, for a retention policy."""
+    marks: dict[str, list[Any]] = field(default_factory=dict)
+    """A run of a conversation: the newest `conversation_marked` title and archived flag keyed by it,
+    as [timestamp, value] under `title` and `archived` (decision 0062)."""
+    first_prompt: str | None = None
+    """A run of a conversation: the first user prompt of its first snapshot (`snapshot_seq` 0), its
+    text cut to `MAX_PROMPT_CHARS` (decision 0062); None while there is none, or none readable."""
 
     @property
     def chain(self) -> str:
@@ -297,11 +304,65 @@ class SnapshotEntry(_Json):
     retained: bool = True
 
 
-RUN_INDEX_VERSION = 5
+@dataclass(slots=True)
+class ConversationState(_Json):
+    """One shard's share of a conversation: its runs in this shard, summed (decision 0062).
+
+    Every field is a sum or a max over the shard's runs of the conversation, so the state is a
+    function of their states, whatever order their records came in; the reader combines the
+    shards' shares.
+    """
+
+    conversation_id: str
+    runs: int = 0
+    active: int = 0
+    """The newest activity (micros): the newest of its runs' newest records (`_listing.latest`)."""
+    latest: list[Any] = field(default_factory=list)
+    """[started_at, run_id] of its latest-started run here (the greatest pair)."""
+    usage: dict[str, int] = field(default_factory=_no_counts)
+    """Its runs' `RunState.usage`, summed by field (only the ones not zero)."""
+    priced: int = 0
+    """How many of its runs have a `cost_usd`."""
+    cost_usd: str | None = None
+    """Their costs summed, as normalized decimal text; None while none has one."""
+    prompt: list[Any] = field(default_factory=list)
+    """[started_at, run_id, first_prompt] of its earliest-started run here that has a first prompt."""
+    title: list[Any] = field(default_factory=list)
+    """[timestamp, title]: the newest of its runs' title marks here (`RunState.marks`, the greatest pair)."""
+    archived: list[Any] = field(default_factory=list)
+    """[timestamp, archived]: the newest of its runs' archived marks here."""
+
+
+MAX_PROMPT_CHARS = 200
+"""The most of a run's first user prompt the projection keeps (a conversation's title when none is set)."""
+
+MAX_WORDS = 32
+"""The most words of one text (a prompt, a title) the search index keeps: its first ones."""
+MAX_WORD_CHARS = 40
+"""A longer word is kept cut to this many characters (a search for it is cut alike)."""
+_WORD = re.compile(r'[^\W_]+')
+
+
+def words_of(text: str | None) -> list[str]:
+    """The words a text is found by: runs of letters and digits, lowercased, each once, in order.
+
+    Each cut to `MAX_WORD_CHARS`, at most `MAX_WORDS` of them.
+    """
+    found: dict[str, None] = {}
+    for word in _WORD.findall((text or '').lower()):
+        found.setdefault(word[:MAX_WORD_CHARS])
+        if len(found) >= MAX_WORDS:
+            break
+    return list(found)
+
+
+RUN_INDEX_VERSION = 6
 """The run indexes a shard made now holds: 2 adds `STATUS` and `AGENT` (decision 0045); 3 files
 `AGENT` by status too and adds `LATEST` and the `COUNT`s (decision 0046); 4 checks each run's
 hash chain and lists the broken ones in `BROKEN` (decision 0049); 5 lists the waiting calls by
-kind, agent and conversation (`WAITING_KIND`, `WAITING_AGENT`, `WAITING_CONVERSATION`; decision 0056)."""
+kind, agent and conversation (`WAITING_KIND`, `WAITING_AGENT`, `WAITING_CONVERSATION`; decision 0056);
+6 sums each conversation's runs (`CONVERSATION_STATE`) and lists them by activity (`ACTIVITY`;
+decision 0062)."""
 
 
 @dataclass(slots=True)

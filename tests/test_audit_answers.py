@@ -277,3 +277,12 @@ def test_a_checkpoint_keeps_its_answers_and_one_of_format_1_still_loads(tmp_path
     path.write_text(json.dumps(tampered))
     with pytest.raises(ValueError, match='signature is not valid'):
         Checkpoint.load(path, keys)
+
+
+def test_a_conversation_mark_is_not_the_runs_record_nor_an_answer() -> None:
+    """Anyone may title or archive a conversation (decision 0062): its mark, keyed by a run at seq 0,
+    is neither a second record at seq 0 nor counted as the run's."""
+    marked = Seen(0, 0, 40, 0, digest_of('conversation', 'title'), None, 'conversation_marked')
+    result = verify_run(RUN, [*trail(), marked], None)
+    assert result.breaks == [] and result.chain == 'intact'
+    assert (result.records, result.answers) == (4, 0)

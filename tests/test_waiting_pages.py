@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stepstream.producer import InMemoryLog, decide_deferred_call
-from stepstream.projector._listing import list_run
+from stepstream.projector._listing import list_run, relist_run
 from stepstream.projector._retention import drop_run
 from stepstream.projector._tool_effects import effect_index, reindex
 from stepstream.readmodel import ProjectionReader
@@ -88,6 +88,7 @@ def _write(shards: dict[int, Any], specs: list[CallSpec], partitions: int) -> No
             run.status = 'waiting'
             txn.put_state(RUN.key(run_id), run)
             list_run(txn, run)
+            relist_run(txn, run, None)  # filed as a batch leaves it
         effect = EffectState(
             run_id=run_id,
             tool_call_id=call,

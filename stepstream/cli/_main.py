@@ -17,6 +17,7 @@ from typing import Any
 
 from stepstream.cli import (
     _audit,
+    _conversations,
     _decide,
     _import,
     _log_commands,
@@ -173,6 +174,7 @@ def _parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     _services.add_commands(command)
     _log_commands.add_commands(command)
     _views.add_commands(command)
+    _conversations.add_commands(command, sub)
     _operator.add_commands(command)
     _decide.add_commands(command)
     _import.add_commands(command)

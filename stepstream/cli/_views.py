@@ -73,6 +73,22 @@ def add_commands(command: Declare) -> None:
     unresolved.add_argument('run_id', nargs='?', help='only this run (default: every run)')
     conflicts = command('conflicts', view, 'List run ids claimed by more than one writer.')
     deferred = _deferred(command)
+    conversations = command(
+        'conversations',
+        view,
+        'List conversations, the newest activity first: runs, last status, live, latest run and its writer, '
+        'tokens and cost (continue one with continue_conversation).',
+    )
+    conversations.add_argument('--limit', type=_positive, help='conversations per page (default 50)')
+    conversations.add_argument(
+        '--archived', choices=('true', 'false'), help='only the archived ones (true) or the others (false)'
+    )
+    conversations.add_argument(
+        '--search', metavar='WORDS', help="only those whose title or a run's first prompt holds every word"
+    )
+    conversations.add_argument(
+        '--after', metavar='CURSOR', help='the page after this one: the cursor a page ends with (next_after)'
+    )
     parsers = {
         'runs': runs,
         'tree': tree,
@@ -81,6 +97,7 @@ def add_commands(command: Declare) -> None:
         'effects': effects,
         'unresolved': unresolved,
         'deferred': deferred,
+        'conversations': conversations,
         'conflicts': conflicts,
     }
     for name, parser in parsers.items():

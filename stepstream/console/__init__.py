@@ -1,7 +1,7 @@
 """The console: what a terminal shows of the read model, each view's query and its text or JSON.
 
 `show(name, args, reader, settings)` runs one view (`runs`, `tree`, `events`, `snapshot`,
-`effects`, `unresolved`, `deferred`, `conflicts`); `timeline` puts a run's resolutions and
+`effects`, `unresolved`, `deferred`, `conversations`, `conflicts`); `timeline` puts a run's resolutions and
 decisions among its events, for `events` and the explorer's run page. The CLI runs a view over a
 projection it opens, the read service (`stepstream serve`) runs it for a CLI that asks over
 HTTP; the renderers beside it

@@ -35,6 +35,10 @@ class ViewArgs:
     """`deferred`: only calls waiting for this (`approval`, `question`, `external`)."""
     newest_first: bool = False
     """`deferred`: the calls that started waiting last first (default: the longest waiting first)."""
+    archived: str | None = None
+    search: str | None = None
+    """`conversations`: only those whose title or a run's first prompt holds every word (by id)."""
+    """`conversations`: `true` only the archived ones, `false` only the others (default: every one)."""
 
     @classmethod
     def of(cls, namespace: Any) -> ViewArgs:

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from stepstream.console._args import ViewArgs
+from stepstream.console._conversations import conversations
 from stepstream.console._deferred import deferred
 from stepstream.console._render import (
     UnresolvedEffect,
@@ -166,6 +167,7 @@ VIEWS: dict[str, View] = {
     'effects': effects,
     'unresolved': unresolved,
     'deferred': deferred,
+    'conversations': conversations,
     'conflicts': conflicts,
 }
 """Every console view by its command's name; the read service serves each at `/api/console/{name}`

@@ -1,0 +1,224 @@
+"""A conversation's share in each shard: its runs here summed, and its place by newest activity.
+
+Runs are keyed by run id, so one conversation's runs are spread over the shards. Each shard keeps
+its share of every conversation that has runs in it (`CONVERSATION_STATE`: how many, their usage
+and cost summed, the newest activity, the latest-started run) and lists the conversations by
+that newest activity (`ACTIVITY`); the reader combines the shares (decision 0062).
+
+A share changes where the run's listing does: at the end of the batch, from what the run
+contributed before the batch and what it contributes now (`refile_conversation`, called by
+`_listing.relist_run`), and when retention drops a run (`unfile_conversation`). Every field is a
+sum or a max over the shard's runs of the conversation, so the share is a function of those runs'
+states, whatever the batch cuts (tests/test_conversations.py).
+"""
+
+from __future__ import annotations
+
+import json
+from decimal import Context, Decimal
+from typing import Any
+
+from stepstream.projector._batch import Rejected
+from stepstream.schemas import ARCHIVED_KEY, TITLE_KEY, Fields
+from stepstream.storage import (
+    ACTIVITY,
+    CONVERSATION,
+    CONVERSATION_STATE,
+    MAX_PROMPT_CHARS,
+    RUN,
+    WORD,
+    ConversationState,
+    RunState,
+    Transaction,
+    words_of,
+)
+
+Share = tuple[int, dict[str, int], str | None, str | None, dict[str, list[Any]]]
+"""What one run adds to its conversation's share: its newest record's time, its usage, its cost,
+its first prompt and the marks keyed by it."""
+
+MARKED = ('title', 'archived')
+"""What a `conversation_marked` record sets (`RunState.marks`, `ConversationState`'s fields)."""
+
+_SUMS = Context(prec=200)
+"""Exact for every sum of checked costs (`_usage._SUMS`)."""
+
+
+def _run_words(run: RunState) -> set[str]:
+    """The words a run files its conversation under: of its first prompt and of its title mark."""
+    title = run.marks.get('title')
+    return {*words_of(run.first_prompt), *words_of(title[1] if title else None)}
+
+
+def _refile_words(txn: Transaction, run: RunState, old: set[str], new: set[str]) -> None:
+    conversation_id = run.conversation_id
+    assert conversation_id is not None
+    for word in old - new:
+        txn.delete(WORD.key(word, conversation_id, run.run_id))
+    for word in new - old:
+        txn.put(WORD.key(word, conversation_id, run.run_id), b'')
+
+
+def share_of(run: RunState) -> Share:
+    """What the run adds to its conversation's share now (its usage copied: the run changes)."""
+    return (
+        max(run.started_at, run.last_record_at),
+        dict(run.usage),
+        run.cost_usd,
+        run.first_prompt,
+        dict(run.marks),
+    )
+
+
+def first_prompt(messages: str) -> str | None:
+    """The text of the first user prompt among a snapshot's messages (JSON, as the log holds them).
+
+    Cut to `MAX_PROMPT_CHARS`, its whitespace folded; None when there is none, or when the messages
+    do not read as plain messages (sealed content, with erasure on, reads as none).
+    """
+    try:
+        loaded = json.loads(messages)
+    except ValueError:
+        return None
+    for message in loaded if isinstance(loaded, list) else ():
+        if not isinstance(message, dict) or message.get('kind') != 'request':
+            continue
+        for part in message.get('parts') or ():
+            if isinstance(part, dict) and part.get('part_kind') == 'user-prompt':
+                content = part.get('content')
+                items = (
+                    [content] if isinstance(content, str) else content if isinstance(content, list) else []
+                )
+                text = ' '.join(' '.join(item for item in items if isinstance(item, str)).split())
+                if text:
+                    return text[:MAX_PROMPT_CHARS]
+    return None
+
+
+def refile_conversation(txn: Transaction, run: RunState, was: Share | None) -> None:
+    """Bring the run's conversation's share up to date with the run.
+
+    `was` is the run's share before the batch (None: registered in this batch).
+    """
+    conversation_id = run.conversation_id
+    assert conversation_id is not None
+    now = share_of(run)
+    if now == was:
+        return
+    if was is None or (was[3], was[4].get('title')) != (now[3], now[4].get('title')):
+        old = set() if was is None else {*words_of(was[3]), *words_of((was[4].get('title') or [0, None])[1])}
+        _refile_words(txn, run, old, _run_words(run))
+    key = CONVERSATION_STATE.key(conversation_id)
+    state = txn.get_state(key, ConversationState) or ConversationState(conversation_id)
+    before = state.active if state.runs else None
+    place = [run.started_at, run.run_id]
+    if was is None:
+        state.runs += 1
+        if not state.latest or place > state.latest:
+            state.latest = place
+    else:
+        _add(state, was, -1)
+    if run.first_prompt is not None and (not state.prompt or place < state.prompt[:2]):
+        state.prompt = [*place, run.first_prompt]
+    _add(state, now, 1)
+    state.active = max(state.active, now[0])
+    for name in MARKED:  # a run's marks only grow newer: the share's is the newest of its runs'
+        mark = run.marks.get(name)
+        if mark is not None and mark > (getattr(state, name) or [-1]):
+            setattr(state, name, mark)
+    _refile_activity(txn, state, before)
+    txn.put_state(key, state)
+
+
+def apply_marked(run: RunState, mark: Fields) -> bool:
+    """A `conversation_marked` record keyed by `run`: its title and archived flag join the run's marks.
+
+    The newest of each by the record's time stands, the greater value on a tie, so the order
+    marks arrive in is moot; False when the run holds the same already (the mark again, or an
+    older one). The share takes them at the batch's end (`refile_conversation`), and gives them
+    up when the run is dropped, as the run's other records. `Rejected` (`invalid`) for a mark of
+    another conversation than the run's.
+    """
+    if mark['conversation_id'] != run.conversation_id:
+        raise Rejected(
+            'invalid',
+            f'a mark of conversation {mark["conversation_id"]!r} keyed by run {run.run_id!r}, '
+            f'which is of conversation {run.conversation_id!r}',
+        )
+    at, metadata, changed = mark['timestamp'], mark['metadata'], False
+    given = {'title': metadata.get(TITLE_KEY), 'archived': metadata.get(ARCHIVED_KEY)}
+    for name, value in given.items():
+        if value is None:
+            continue
+        new = [at, value == 'true' if name == 'archived' else value]
+        if new > run.marks.get(name, [-1]):
+            run.marks = {**run.marks, name: new}  # a new dict: the share taken before the batch keeps its own
+            changed = True
+    return changed
+
+
+def unfile_conversation(txn: Transaction, run: RunState) -> None:
+    """Take a dropped run out of its conversation's share (after its `CONVERSATION` entry is gone)."""
+    conversation_id = run.conversation_id
+    assert conversation_id is not None
+    _refile_words(txn, run, _run_words(run), set())
+    key = CONVERSATION_STATE.key(conversation_id)
+    state = txn.get_state(key, ConversationState)
+    assert state is not None, f'run {run.run_id!r} has no share in conversation {conversation_id!r}'
+    before = state.active
+    state.runs -= 1
+    if not state.runs:
+        txn.delete(ACTIVITY.key(before, conversation_id))
+        txn.delete(key)
+        return
+    dropped = share_of(run)
+    _add(state, dropped, -1)
+    place = [run.started_at, run.run_id]
+    marked = any(run.marks.get(name) == getattr(state, name) for name in MARKED if getattr(state, name))
+    if marked or dropped[0] >= state.active or place in (state.latest, state.prompt[:2]):
+        # The newest, latest, first prompted or marked run left: the next is found among the runs
+        # that stay (rare: a dropped run ended long ago).
+        state.active, state.latest, state.prompt, state.title, state.archived = 0, [], [], [], []
+        for k, _ in txn.scan(CONVERSATION.prefix(conversation_id)):
+            _, started, run_id = CONVERSATION.parse(k)
+            other = txn.get_state(RUN.key(str(run_id)), RunState)
+            assert other is not None
+            state.active = max(state.active, share_of(other)[0])
+            state.latest = [started, run_id]
+            if other.first_prompt is not None and not state.prompt:
+                state.prompt = [started, run_id, other.first_prompt]
+            for name in MARKED:
+                mark = other.marks.get(name)
+                if mark is not None and mark > (getattr(state, name) or [-1]):
+                    setattr(state, name, mark)
+    _refile_activity(txn, state, before)
+    txn.put_state(key, state)
+
+
+def _refile_activity(txn: Transaction, state: ConversationState, before: int | None) -> None:
+    """Move the conversation's `ACTIVITY` entry from `before` (None: it had none) to its newest activity."""
+    if before == state.active:
+        return
+    if before is not None:
+        txn.delete(ACTIVITY.key(before, state.conversation_id))
+    txn.put(ACTIVITY.key(state.active, state.conversation_id), b'')
+
+
+def _add(state: ConversationState, share: Share, sign: int) -> None:
+    """Add (`sign` 1) or take out (-1) a run's usage and cost; zero sums leave no entry."""
+    _, usage, cost, _, _ = share
+    sums = state.usage
+    for name, value in usage.items():
+        total = sums.get(name, 0) + sign * value
+        if total:
+            sums[name] = total
+        else:
+            sums.pop(name, None)
+    if cost is None:
+        return
+    state.priced += sign
+    if not state.priced:
+        state.cost_usd = None
+        return
+    summed = _SUMS.add(Decimal(state.cost_usd or 0), _SUMS.multiply(Decimal(sign), Decimal(cost)))
+    state.cost_usd = format(_SUMS.normalize(summed), 'f')

@@ -1,0 +1,106 @@
+"""`stepstream conversations`: every conversation, newest activity first (decision 0062).
+
+One line per conversation (its id, how many runs, its latest run's status judged now, whether it
+is live, that run and its writer, tokens and cost summed, its newest activity); or their JSON for
+scripts. A page ends with the command for the next (`--after` the last one's cursor, the API's
+`next_after`); in the JSON each carries its `cursor`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from stepstream.console._args import ViewArgs
+from stepstream.console._render import table, time_text, to_json
+
+if TYPE_CHECKING:
+    from stepstream.readmodel import Conversation, ProjectionReader
+    from stepstream.settings import Settings
+
+CONVERSATIONS_PAGE = 50
+"""How many conversations `stepstream conversations` shows when not given `--limit`."""
+TITLE_WIDTH = 50
+"""The table shows this much of a title (`--json` shows it whole)."""
+
+
+def conversation_json(c: Conversation) -> dict[str, Any]:
+    """One conversation as `--json` (and the read service's console) shows it."""
+    return {
+        'conversation_id': c.conversation_id,
+        'title': c.title,
+        'runs': c.runs,
+        'last_activity': c.last_activity,
+        'latest_run_id': c.latest_run.run_id,
+        'last_status': c.last_status,
+        'live': c.live,
+        'writer': c.writer,
+        'archived': c.archived,
+        'usage': c.usage,
+        'cursor': c.cursor_text,
+    }
+
+
+def conversations_table(found: Sequence[Conversation]) -> str:
+    """One line per conversation."""
+    if not found:
+        return 'no conversation in the projection'
+    rows = [
+        (
+            c.conversation_id,
+            c.runs,
+            c.last_status,
+            ('live' if c.live else '') + (' archived' if c.archived else ''),
+            c.latest_run.run_id,
+            c.writer,
+            f'{c.usage.input_tokens}/{c.usage.output_tokens}',
+            c.usage.cost_usd or '',
+            time_text(c.last_activity),
+            _cut(c.title or ''),
+        )
+        for c in found
+    ]
+    headers = [
+        'conversation',
+        'runs',
+        'last status',
+        'live',
+        'latest run',
+        'writer',
+        'tokens',
+        'cost',
+        'active',
+        'title',
+    ]
+    return table(headers, rows)
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= TITLE_WIDTH else text[: TITLE_WIDTH - 3] + '...'
+
+
+async def conversations(args: ViewArgs, reader: ProjectionReader, settings: Settings) -> str:
+    """`stepstream conversations`: one page, newest activity first, from `after` (a page's cursor)."""
+    from stepstream.readmodel import decode_conversation_cursor
+
+    limit = args.limit or CONVERSATIONS_PAGE
+    after = None if args.after is None else decode_conversation_cursor(args.after)
+    if args.archived not in (None, 'true', 'false'):
+        raise ValueError(f'archived is true or false, got {args.archived!r}')
+    archived = None if args.archived is None else args.archived == 'true'
+    if args.search:
+        found = await reader.search_conversations(
+            args.search, limit=limit + 1, after=after, archived=archived
+        )
+    else:
+        found = await reader.list_conversations(limit=limit + 1, after=after, archived=archived)
+    shown = found[:limit]
+    if args.json:
+        return to_json([conversation_json(c) for c in shown])
+    text = conversations_table(shown)
+    if len(found) > limit:
+        more = f'stepstream conversations --after {shown[-1].cursor_text}'
+        text += f'\n... more: the next page is `{more}`' + (
+            '' if archived is None and not args.search else ' (same filters)'
+        )
+    return text
