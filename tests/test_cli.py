@@ -318,8 +318,10 @@ async def test_rebuild_and_verify(
     _, difference = verify_paths(db_path, tmp_path / 'fresh')
     # Only the late runs differ (which key comes first depends on their partition and start).
     [late] = await ProjectionReader.of(projector).list_runs(conversation_id='conv-late')
-    late_ids = [r.run_id for r in await ProjectionReader.of(projector).run_tree(late.run_id)]
-    assert difference is not None and any(run_id in difference.key for run_id in late_ids), difference
+    late_runs = await ProjectionReader.of(projector).run_tree(late.run_id)
+    late_ids = [r.run_id for r in late_runs] + [r.conversation_id for r in late_runs if r.conversation_id]
+    # ...or their conversations' shares (decision 0062), keyed by conversation.
+    assert difference is not None and any(name in difference.key for name in late_ids), difference
     code, out, _ = await cli(settings, db_path, 'verify', str(db_path), str(tmp_path / 'fresh'))
     assert code == 1 and 'first difference at' in out
 
