@@ -33,7 +33,7 @@ from stepstream.importer._reference import (
     run_record,
     snapshot,
 )
-from stepstream.importer._stores import restore_media
+from stepstream.importer._stores import stored_history
 
 DSN_SCHEMES = ('postgresql://', 'postgres://')
 """What a store location starts with when it is a Postgres DSN rather than a path."""
@@ -272,13 +272,7 @@ class PostgresStore:
             found = [stored[r] for r in refs]
             marked = marked or any(MEDIA_MARK in m for m in found)
             text = '[' + ','.join(found) + ']'
-        try:
-            history: object = json.loads(text)
-        except ValueError as exc:
-            raise fields.damaged(f'its messages are not JSON ({exc})') from None
-        if marked:
-            history = await restore_media(history, self, self._media, fields)
-        return history
+        return await stored_history(text, marked, self, self._media, fields)
 
     def close(self) -> None:
         """Drop the connection: the server ends the read-only transaction (nothing was written)."""

@@ -68,6 +68,17 @@ def open_store(path: str | Path, *, media_store: Any = None) -> SourceStore:
     )
 
 
+async def stored_history(text: str, marked: bool, store: SourceStore, media: Any, fields: Fields) -> object:
+    """A snapshot's stored messages (JSON `text`) as a history, its media inlined when `marked`."""
+    try:
+        history: object = json.loads(text)
+    except ValueError as exc:
+        raise fields.damaged(f'its messages are not JSON ({exc})') from None
+    if marked:
+        history = await restore_media(history, store, media, fields)
+    return history
+
+
 async def restore_media(history: object, store: SourceStore, media: Any, fields: Fields) -> object:
     """`history` with the reference's externalized media inlined again, by the reference's own walker."""
     try:
@@ -234,13 +245,7 @@ class SqliteStore:
                 raise fields.damaged(f'{count} stored message(s) referenced, {len(found)} found')
             marked = marked or any(MEDIA_MARK in m for m in found)
             text = '[' + ','.join(found) + ']'
-        try:
-            history: object = json.loads(text)
-        except ValueError as exc:
-            raise fields.damaged(f'its messages are not JSON ({exc})') from None
-        if marked:
-            history = await restore_media(history, self, self._media, fields)
-        return history
+        return await stored_history(text, marked, self, self._media, fields)
 
     def close(self) -> None:
         """Close the connection."""
