@@ -49,7 +49,7 @@ the dead letters in batch order.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from operator import itemgetter
 
 from stepstream.projector._batch import (
@@ -347,21 +347,15 @@ class Applier:
     ) -> None:
         """Apply one record of a registered run: the owner's by the seq rules, others' apart."""
         if source.topic == EFFECTS and record['status'] == 'resolved':
-            try:
-                applied = apply_resolution(txn, keys, run, source, record)
-            except Rejected as rejected:
-                self._run_dead_letter(txn, run, source, rejected.reason, rejected.detail)
-                return
-            if applied:
-                self._outcome.applied += 1
-            else:
-                self._outcome.duplicates += 1
+            self._apply_beside(txn, run, source, lambda: apply_resolution(txn, keys, run, source, record))
             return
         if source.topic == EVENTS and record['kind'] in UNCHAINED_KINDS:
             if record['kind'] == 'run_resumed':
-                self._apply_resumed(txn, keys, run, source, record)
+                self._apply_beside(
+                    txn, run, source, lambda: apply_resumed(txn, keys.home, run, record, self.retention)
+                )
             elif record['kind'] == 'conversation_marked':
-                self._apply_marked(txn, run, source, record)
+                self._apply_beside(txn, run, source, lambda: apply_marked(run, record))
             else:
                 self._apply_heartbeat(txn, run, source, record)
             return
@@ -431,24 +425,16 @@ class Applier:
             run.last_record_at = heartbeat['timestamp']
         self._outcome.applied += 1
 
-    def _apply_resumed(
-        self, txn: Transaction, keys: RunKeys, run: RunState, source: SourceRecord, mark: Fields
+    def _apply_beside(
+        self, txn: Transaction, run: RunState, source: SourceRecord, rule: Callable[[], bool]
     ) -> None:
-        """Another run resumes this one, which ended waiting (`_resumed.py`)."""
-        try:
-            applied = apply_resumed(txn, keys.home, run, mark, self.retention)
-        except Rejected as rejected:
-            self._run_dead_letter(txn, run, source, rejected.reason, rejected.detail)
-            return
-        if applied:
-            self._outcome.applied += 1
-        else:
-            self._outcome.duplicates += 1
+        """Apply a record another process wrote beside the run's trail by its `rule`.
 
-    def _apply_marked(self, txn: Transaction, run: RunState, source: SourceRecord, mark: Fields) -> None:
-        """A title or an archived flag for the run's conversation (`_conversations.apply_marked`)."""
+        A resolution or decision, a resumption, a conversation's mark: the rule says applied (True),
+        a duplicate (False), or raises `Rejected` for the DLQ.
+        """
         try:
-            applied = apply_marked(run, mark)
+            applied = rule()
         except Rejected as rejected:
             self._run_dead_letter(txn, run, source, rejected.reason, rejected.detail)
             return
