@@ -12,7 +12,7 @@ $(BIN)/python:
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 $(STAMP): $(BIN)/python pyproject.toml requirements.lock
-	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[embedded,serve,export,registry,erasure,audit,metrics,dev]'
+	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[embedded,serve,export,registry,erasure,audit,metrics,docs,dev]'
 	# The reference (pydantic-ai-harness) for the migration tests: it pins an older Pydantic AI, so
 	# without its dependencies; its step persistence runs on ours. A test extra, never a runtime one.
 	$(BIN)/python -m pip install --quiet --no-deps 'pydantic-ai-harness==0.62.0'
@@ -96,7 +96,7 @@ bench: $(STAMP)
 
 # Re-resolve the pins after changing dependencies in pyproject.toml.
 lock: $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[embedded,serve,export,registry,erasure,audit,metrics,dev]'
+	$(BIN)/python -m pip install --quiet -e '.[embedded,serve,export,registry,erasure,audit,metrics,docs,dev]'
 	$(BIN)/python -m pip freeze --exclude-editable | grep -v '^-e ' > requirements.lock
 
 clean:
