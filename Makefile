@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install check test test-tansu test-kafka test-explorer soak browser lint format run bench clean lock
+.PHONY: install check test test-tansu test-kafka test-explorer soak browser lint format run bench clean lock docs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,8 +23,17 @@ install: $(STAMP)
 # The fast tier: unit and property tests on the in-memory implementations (MemoryShard,
 # InMemoryLog, DiskMediaStore) and RocksDB on disk; no broker, no S3, no processes started
 # (the tests marked `fast`; pyproject.toml lists the tiers). Under two minutes; run it before every commit.
+# Then the documentation site in strict mode: a broken link or anchor, or a page outside the nav, fails.
 check: $(STAMP)
 	$(BIN)/python -m pytest -q -m fast --durations=5
+	$(MKDOCS) build --strict
+
+# The documentation site from docs/ (mkdocs.yml; its hook generates the API reference and the
+# decisions' index: decision 0063) into site/; open site/index.html.
+# NO_MKDOCS_2_WARNING silences Material's notice of its end of life (the decision says why we stay).
+MKDOCS = NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs
+docs: $(STAMP)
+	$(MKDOCS) build
 
 # The fast tier, then the rest of the suite on both embedded brokers: Tansu (the default) and
 # Apache Kafka (a JVM; its jars are fetched once from Maven Central into ~/.cache/stepstream).

@@ -205,8 +205,8 @@ def _wake_here(waiter: asyncio.Future[None]) -> None:
 
 T = TypeVar('T')
 
-ONE_LOG_PER_PROCESS = 'README, "One EventLog per process"'
-"""Where the README says how to share one log among threads and loops."""
+ONE_LOG_PER_PROCESS = 'docs/recording.md, "One EventLog per process"'
+"""Where the docs say how to share one log among threads and loops."""
 
 
 async def run_on(loop: asyncio.AbstractEventLoop, work: Coroutine[Any, Any, T], limit: float) -> T:

@@ -64,7 +64,7 @@ async def main():
 
 asyncio.run(main())
 """
-"""The README's Usage section, with a model that needs no network."""
+"""docs/getting-started.md's "Attach your own agent", with a model that needs no network."""
 
 
 class _Links(HTMLParser):
@@ -235,7 +235,7 @@ def test_demo_then_status_rebuild_verify_and_stack_down(tmp_path: Path) -> None:
             assert not failures, failures
             assert sum('/snapshots/' in p for p in pages) >= 12 and any('/diff' in p for p in pages)
 
-            # The README's Usage: an agent attached to the running stack through `stack env`.
+            # docs/getting-started.md, "Attach your own agent": an agent on the running stack by `stack env`.
             exported = stepstream(tmp_path, 'stack', 'env').stdout
             assert 'export STEPSTREAM_BOOTSTRAP_SERVERS=127.0.0.1:' in exported
             attached = subprocess.run(

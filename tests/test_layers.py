@@ -4,7 +4,7 @@ tools/layers.py finds every circle between modules and every import of a part on
 higher layer, every import counted (module level, inside functions, under `TYPE_CHECKING`); it is
 proven here on small trees that break each rule, then run on stepstream itself. Every package's
 face names its public surface the same way (`__all__`, `_WHERE`, `lazy_exports`), and the
-README's "Where the code lives" gives each package the layer the decision gives it.
+docs/development.md's "Where the code lives" gives each package the layer the decision gives it.
 """
 
 from __future__ import annotations
@@ -158,12 +158,12 @@ def test_every_package_names_its_public_surface_one_way(package: str, path: Path
         assert getattr(module, name) is getattr(importlib.import_module(defined_in), name), name
 
 
-def test_the_readme_gives_each_package_the_layer_of_the_decision() -> None:
+def test_the_code_map_gives_each_package_the_layer_of_the_decision() -> None:
     decided = layers.read_layers(ROOT / layers.DECISION)
-    readme = (ROOT / 'README.md').read_text()
-    section = readme[readme.index('## Where the code lives') :]
+    page = (ROOT / 'docs' / 'development.md').read_text()
+    section = page[page.index('## Where the code lives') :]
     rows = re.findall(r'^\| ([\d-]+) \| `stepstream\.(\w+)` \|', section, re.M)
-    assert rows, 'the table of README.md "Where the code lives"'
+    assert rows, 'the table of docs/development.md "Where the code lives"'
     assert {part: int(layer) for layer, part in rows} == {part: decided[part] for _, part in rows}
     packages = {name.split('.')[1] for name, _ in _faces() if name.count('.') == 1}
     assert packages <= {part for _, part in rows}

@@ -1,7 +1,7 @@
 """One log shared by agents on worker threads and event loops of their own, without a broker.
 
 A web server or a task queue runs agents on its pool's threads: with `run_sync`, with `asyncio.run`
-per request, or on a loop each worker keeps. The process shares one log (the README's advice), so
+per request, or on a loop each worker keeps. The process shares one log (docs/recording.md's advice), so
 records arrive from every loop at once. Here the log is an `InMemoryLog` and its records are
 applied by the projector's rules (`MemoryProjection`); test_threads_e2e.py runs the same shapes
 through one `EventLog` and the broker. No test sleeps: each waits for the record or event it needs.

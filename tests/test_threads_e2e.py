@@ -1,6 +1,6 @@
 """One `EventLog`, started on one loop, serving agents on worker threads and loops of their own.
 
-The way a web or task-queue worker runs agents: the process opens one `EventLog` (the README's
+The way a web or task-queue worker runs agents: the process opens one `EventLog` (docs/recording.md's
 advice) on its loop, and each request runs its agent on a thread of the server's pool, with
 `run_sync` or with `asyncio.run`. Every run must complete with every record in the log, in `seq`
 order on its partition, durability points included. The acknowledgement timeout is short: a
@@ -168,7 +168,7 @@ def test_a_log_whose_loop_has_gone_refuses_the_first_append(settings: Settings) 
     agent = agent_for(log, 'late')
     with pytest.raises(StepStreamError, match='event loop it was started on was closed') as refused:
         agent.run_sync('find')
-    assert 'One EventLog per process' in str(refused.value)  # where the README says what to do
+    assert 'One EventLog per process' in str(refused.value)  # where docs/recording.md says what to do
     asyncio.run(log.close())  # says what is lost, does not hang
 
 

@@ -321,7 +321,7 @@ async def _holds(plan: Plan, truth: Truth, agent: Agent[None, Any], log: InMemor
         ):
             # Pydantic AI's run_stream adds the returns of the calls that ran beside the deferred ones
             # after the run's last hook: the snapshot holds what the run had when it ended (a known
-            # limit, README's table), and a resume from it is refused by Pydantic AI, not re-run.
+            # limit, docs/recording.md's table), and a resume from it is refused by Pydantic AI, not re-run.
             assert snapshot.messages == truth.history[: len(snapshot.messages)]
             return
         assert snapshot.messages == truth.history
