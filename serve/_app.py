@@ -18,6 +18,7 @@ from stepstream.serve import _api, _conversations, _explorer, _ops, _waiting_api
 from stepstream.serve._auth import authorized
 from stepstream.serve._decisions import Decisions
 from stepstream.serve._group import FORWARDED_HEADER, forwarded
+from stepstream.serve._public import Withheld, public_detail
 from stepstream.serve._source import Source
 
 PUBLIC_PATHS = ('/login', '/static/')
@@ -62,6 +63,9 @@ def create_app(
     app.state.source = source
     app.state.decisions = Decisions(source)
     app.state.token = token
+    app.state.withheld = Withheld.of(
+        source.settings.projection.db_path, source.reader.root, source.media_store
+    )
     instruments = _ops.Instruments(observer.registry if observer is not None else None)
     app.state.instruments = instruments
     app.state.probes = observer if observer is not None else _ops.ReaderProbes(source.reader)
@@ -129,5 +133,5 @@ async def _gated(
 
 def _problem(request: Request, status: int, detail: str) -> Response:
     if request.url.path.startswith('/api'):
-        return JSONResponse({'detail': detail}, status_code=status)
+        return JSONResponse({'detail': public_detail(request, status, detail)}, status_code=status)
     return _explorer.error_page(request, status, detail)
