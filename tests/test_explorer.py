@@ -331,7 +331,7 @@ async def test_the_run_page_says_what_each_step_took_and_cost(
     await page.goto(f'/runs/{served.crashed_run}')
     in_doubt = page.locator('table.spans tr.span-tool')
     await expect(in_doubt).to_have_class(re.compile(r'\bspan-unknown_after_crash\b'))
-    await expect(in_doubt.locator('.span-took')).to_have_text('not ended')
+    await expect(in_doubt.locator('.span-took')).to_have_text('no end')
     order = await page.eval_on_selector_all('main > section', 'els => els.map(e => e.className)')
     assert order.index('unknown') < order.index('waterfall')  # the in-doubt effects come first,
     first = await page.evaluate(  # before the totals too
