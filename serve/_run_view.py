@@ -89,6 +89,8 @@ class Totals:
     """Calls that started and never ended, their run not live (`unknown_after_crash`)."""
     in_flight: int = 0
     """Calls that started and have not ended yet, their run live."""
+    resolved: int = 0
+    """Calls that never ended, which an operator resolved (`happened` or `did_not_happen`)."""
 
 
 def totals(run: Run, now: datetime, effects: list[ToolEffect]) -> Totals:
@@ -107,6 +109,7 @@ def totals(run: Run, now: datetime, effects: list[ToolEffect]) -> Totals:
         tool_ms=u.tool_call_us / 1000,
         in_doubt=sum(e.unknown_after_crash for e in effects),
         in_flight=sum(e.in_flight for e in effects),
+        resolved=sum(e.status == 'resolved' for e in effects),
     )
 
 
@@ -139,6 +142,8 @@ def tool_io(messages: list[ModelMessage]) -> dict[str, ToolIO]:
 
 IN_DOUBT = 'unknown_after_crash'
 """The status of a call's bar that started and will never end: its run is not live."""
+NEVER_ENDS = frozenset({IN_DOUBT, 'resolved'})
+"""The statuses of a bar without an end that will get none: in doubt, or resolved by an operator."""
 
 TOOL_ENDS = {
     'tool_call_completed': 'completed',
@@ -198,7 +203,8 @@ def waterfall(
             call.ended_at_ms = ms(ev.timestamp)
             call.status = TOOL_ENDS[ev.kind]
             call.error = ev.error
-    _place(spans, duration_ms(run, now) or 0.0, open_tail=any(s.status == IN_DOUBT for s in spans))
+    never = any(s.duration_ms is None and s.status in NEVER_ENDS for s in spans)
+    _place(spans, duration_ms(run, now) or 0.0, open_tail=never)
     return spans
 
 
@@ -232,7 +238,11 @@ def _tool_span(ev: Event, start_ms: float, effects: dict[str, ToolEffect], io: d
     """A tool call's bar from its first event: in flight (or in doubt) until an end says otherwise."""
     call = ev.tool_call_id or ''
     effect = effects.get(call)
-    status = IN_DOUBT if effect is not None and effect.unknown_after_crash else 'in_flight'
+    status = 'in_flight'
+    if effect is not None and effect.unknown_after_crash:
+        status = IN_DOUBT
+    elif effect is not None and effect.status == 'resolved':  # never ended; an operator answered
+        status = 'resolved'
     return Span(
         'tool',
         ev.tool_name or 'tool',

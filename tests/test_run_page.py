@@ -146,9 +146,11 @@ async def test_a_call_in_doubt_is_counted_and_drawn_open_to_the_end(served: Serv
     assert row.one('in-doubt-note').text.startswith('in doubt: started +')
     label = row.tags('svg')[0].attrs['aria-label']
     assert 'no end: in doubt' in label and '—' not in label
-    # The calls that ended keep their place: the bar before the open one ends before it starts.
-    [model] = [r for r in run.find('span-model') if r.one('span-took').text != 'no end']
-    assert 'open-bar' not in model.tags('rect')[0].classes
+    # The model request before it ended: its bar is closed, and ends before the open one starts.
+    [model] = run.find('span-model')
+    assert model.tags('rect')[0].classes == []
+    left, right = float(model.tags('rect')[0].attrs['x']), bar(run, 'call-0')[0]
+    assert left + float(model.tags('rect')[0].attrs['width']) <= right
 
 
 async def test_a_killed_run_has_no_end_on_its_clock(served: Served) -> None:
@@ -214,12 +216,15 @@ async def test_a_resolution_is_confirmed_with_what_was_recorded_and_by_whom(serv
     del form['by']
     answer = await served.api.post(f'/runs/{KILLED}/effects/call-0/resolve', data=form)
     done = parse(answer.text)
-    assert (
-        done.one('recorded-by').text == 'oncall-alice' and 'no name was given' in done.one('decided-by').text
-    )
-    # The run's form asks who resolves.
-    resolved = await page(served, f'/runs/{KILLED}')
-    assert resolved.find('resolve') == []
+    assert done.one('recorded-by').text == 'oncall-alice'
+    assert 'no name was given' in done.one('decided-by').text
+    # The run's page: nothing left to resolve; the call still has no end, and says it was resolved.
+    killed = await page(served, f'/runs/{KILLED}')
+    assert killed.find('resolve') == [] and killed.find('total-in-doubt') == []
+    assert killed.one('total-resolved').text == '1 call never ended, resolved by an operator'
+    [row] = killed.find('span-resolved')
+    assert row.one('span-took').text == 'no end' and row.one('bar-note').text.startswith('resolved: started')
+    assert bar(killed, 'call-0')[1] == 1000.0 and row.find('in-doubt-bar') == []
     too_long = await served.api.post(
         f'/runs/{CRASHED}/effects/call-0/resolve', data={**form, 'by': 'x' * 201, 'note': 'again'}
     )
