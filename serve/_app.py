@@ -14,7 +14,15 @@ from fastapi.staticfiles import StaticFiles
 from stepstream.errors import NotFound, NotUnknown, StepStreamError
 from stepstream.projector import ProjectorObserver
 from stepstream.readmodel import ShardUnavailable
-from stepstream.serve import _api, _conversations, _explorer, _ops, _waiting_api, _waiting_pages
+from stepstream.serve import (
+    _api,
+    _conversations,
+    _explorer,
+    _ops,
+    _resolve_page,
+    _waiting_api,
+    _waiting_pages,
+)
 from stepstream.serve._auth import authorized
 from stepstream.serve._decisions import Decisions
 from stepstream.serve._group import FORWARDED_HEADER, forwarded
@@ -73,6 +81,7 @@ def create_app(
     app.include_router(_api.router)
     app.include_router(_waiting_api.router)
     app.include_router(_explorer.router)
+    app.include_router(_resolve_page.router)
     app.include_router(_waiting_pages.router)
     app.include_router(_conversations.api)
     app.include_router(_conversations.pages)

@@ -1,8 +1,9 @@
 """The run explorer: server-rendered pages over the same `Source` the JSON API reads.
 
 No build step: Jinja templates and one small script and stylesheet, committed beside this file.
-Every page is a plain GET, so a link to it can be shared; the forms that post are `/login` and
-the resolve form of an unknown effect (same origin only).
+Every page is a plain GET, so a link to it can be shared; the forms that post are `/login`, the
+resolve form of an unknown effect (`_resolve_page`) and the decide forms (`_waiting_pages`), both
+same origin only.
 """
 
 from __future__ import annotations
@@ -272,56 +273,6 @@ async def snapshot_diff(
     left, right = await source.snapshot(run_id, a), await source.snapshot(run_id, b)
     return _page(
         request, 'diff.html', run=record, a=a, b=b, seqs=seqs, rows=diff(left.messages, right.messages)
-    )
-
-
-MAX_BY_CHARS = 200
-"""The longest name a form's `by` may give (the API's `operator` takes as long)."""
-
-
-def named_by(form: dict[str, str]) -> str | None:
-    """Who a form says acts (`by`), or None (the service's operator); `ValueError` for too long a name.
-
-    The service's token names nobody (it says who may write, not who did), so a form asks.
-    """
-    by = form.get('by', '').strip() or None
-    if by is not None and len(by) > MAX_BY_CHARS:
-        raise ValueError(f'a name of at most {MAX_BY_CHARS} characters, got {len(by)}')
-    return by
-
-
-@router.post('/runs/{run_id}/effects/{tool_call_id}/resolve')
-async def resolve(request: Request, run_id: str, tool_call_id: str) -> Response:
-    """The resolve form of a highlighted unknown effect: append the resolution, say what was recorded.
-
-    The page that answers names the resolution, its note, the call's status now and who is recorded
-    as resolving it (`by`, else the service's operator), as a decision's does.
-    """
-    if not _same_origin(request):
-        return error_page(request, 403, "a resolution must be posted from this service's own pages")
-    form = {k: v[0] for k, v in parse_qs((await request.body()).decode('utf-8', 'replace')).items()}
-    resolution, note = form.get('resolution', ''), form.get('note', '')
-    if resolution not in ('happened', 'did_not_happen') or not note.strip():
-        return error_page(request, 422, 'say whether the side effect happened, and why (a note)')
-    try:
-        by = named_by(form)
-        resolved = await _source(request).resolve(
-            run_id,
-            tool_call_id,
-            resolution='happened' if resolution == 'happened' else 'did_not_happen',
-            note=note,
-            operator=by,
-        )
-    except ValueError as exc:  # a name the log would refuse
-        return error_page(request, 422, str(exc))
-    return _page(
-        request,
-        'decided.html',
-        run_id=run_id,
-        tool_call_id=tool_call_id,
-        decided=resolved,
-        resolution=True,
-        named=by is not None,
     )
 
 

@@ -22,7 +22,8 @@ from fastapi.responses import HTMLResponse, Response
 
 from stepstream.schemas import DEFERRALS, Decision
 from stepstream.serve._decisions import Decisions, Refused
-from stepstream.serve._explorer import _page, _same_origin, error_page, named_by
+from stepstream.serve._explorer import _page, _same_origin, error_page
+from stepstream.serve._resolve_page import named_by
 
 router = APIRouter(include_in_schema=False, default_response_class=HTMLResponse)
 
