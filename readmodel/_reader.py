@@ -187,6 +187,11 @@ class ProjectionReader:
         return self._snapshots.keys
 
     @property
+    def root(self) -> Path | None:
+        """The projection directory this reader opened (`open`, `from_settings`), or None (`of`)."""
+        return self._shards.root
+
+    @property
     def stale_after(self) -> timedelta:
         """How long a `running` run may go without a record before it reads as `stale`."""
         return self._runs.stale_after

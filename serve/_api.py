@@ -26,6 +26,7 @@ from stepstream.serve._models import (
     Status,
     ToolEffect,
 )
+from stepstream.serve._public import public_detail
 from stepstream.serve._source import Source
 
 NOT_FOUND: dict[int | str, dict[str, Any]] = {
@@ -359,7 +360,8 @@ async def console_run(
 ) -> Response:
     """`stepstream VIEW RUN` as the CLI prints it, read from this service's projection.
 
-    A run this service does not hold is a 404 whose `detail` is the CLI's message.
+    A run this service does not hold is a 404 whose `detail` is the CLI's message, with no path of
+    the server in it (`public_detail`).
     """
     return await _console(
         request, view, ViewArgs(run_id=run_id, include_interrupted=include_interrupted, json=json)
@@ -374,5 +376,6 @@ async def _console(request: Request, view: str, args: ViewArgs) -> Response:
     try:
         text = await show(view, args, found.reader, found.settings)
     except (NotFound, LookupError) as exc:  # a run it does not hold, a cursor outside the list
-        return JSONResponse({'detail': str(exc)}, status_code=404, headers=headers)
+        detail = public_detail(request, 404, str(exc))
+        return JSONResponse({'detail': detail}, status_code=404, headers=headers)
     return PlainTextResponse(text, headers=headers)

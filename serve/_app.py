@@ -14,10 +14,19 @@ from fastapi.staticfiles import StaticFiles
 from stepstream.errors import NotFound, NotUnknown, StepStreamError
 from stepstream.projector import ProjectorObserver
 from stepstream.readmodel import ShardUnavailable
-from stepstream.serve import _api, _conversations, _explorer, _ops, _waiting_api, _waiting_pages
+from stepstream.serve import (
+    _api,
+    _conversations,
+    _explorer,
+    _ops,
+    _resolve_page,
+    _waiting_api,
+    _waiting_pages,
+)
 from stepstream.serve._auth import authorized
 from stepstream.serve._decisions import Decisions
 from stepstream.serve._group import FORWARDED_HEADER, forwarded
+from stepstream.serve._public import Withheld, public_detail
 from stepstream.serve._source import Source
 
 PUBLIC_PATHS = ('/login', '/static/')
@@ -62,6 +71,9 @@ def create_app(
     app.state.source = source
     app.state.decisions = Decisions(source)
     app.state.token = token
+    app.state.withheld = Withheld.of(
+        source.settings.projection.db_path, source.reader.root, source.media_store
+    )
     instruments = _ops.Instruments(observer.registry if observer is not None else None)
     app.state.instruments = instruments
     app.state.probes = observer if observer is not None else _ops.ReaderProbes(source.reader)
@@ -69,6 +81,7 @@ def create_app(
     app.include_router(_api.router)
     app.include_router(_waiting_api.router)
     app.include_router(_explorer.router)
+    app.include_router(_resolve_page.router)
     app.include_router(_waiting_pages.router)
     app.include_router(_conversations.api)
     app.include_router(_conversations.pages)
@@ -129,5 +142,5 @@ async def _gated(
 
 def _problem(request: Request, status: int, detail: str) -> Response:
     if request.url.path.startswith('/api'):
-        return JSONResponse({'detail': detail}, status_code=status)
+        return JSONResponse({'detail': public_detail(request, status, detail)}, status_code=status)
     return _explorer.error_page(request, status, detail)

@@ -1,8 +1,9 @@
 """The run explorer: server-rendered pages over the same `Source` the JSON API reads.
 
 No build step: Jinja templates and one small script and stylesheet, committed beside this file.
-Every page is a plain GET, so a link to it can be shared; the forms that post are `/login` and
-the resolve form of an unknown effect (same origin only).
+Every page is a plain GET, so a link to it can be shared; the forms that post are `/login`, the
+resolve form of an unknown effect (`_resolve_page`) and the decide forms (`_waiting_pages`), both
+same origin only.
 """
 
 from __future__ import annotations
@@ -24,7 +25,18 @@ from stepstream.producer import FORKED_FROM
 from stepstream.schemas import CHAIN_STATUSES, RUN_STATUSES
 from stepstream.serve._auth import TOKEN_COOKIE, token_matches
 from stepstream.serve._models import Run
-from stepstream.serve._run_view import duration_ms, json_text, millis, money, tool_io, totals, waterfall
+from stepstream.serve._public import public_detail
+from stepstream.serve._run_view import (
+    duration_ms,
+    json_text,
+    link_delegates,
+    millis,
+    money,
+    siblings,
+    tool_io,
+    totals,
+    waterfall,
+)
 from stepstream.serve._source import Source
 from stepstream.serve._views import diff, message_views
 
@@ -67,8 +79,12 @@ def _page(request: Request, name: str, code: int = 200, **context: Any) -> HTMLR
 
 
 def error_page(request: Request, status_code: int, detail: str) -> Response:
-    """The explorer's page for a failed read (no such run, a shard not readable here, ...)."""
-    return _page(request, 'error.html', status_code, status_code=status_code, detail=detail)
+    """The explorer's page for a failed read (no such run, a shard not readable here, ...).
+
+    The page never names a place on the server (`public_detail`): the log has the whole message.
+    """
+    shown = public_detail(request, status_code, detail)
+    return _page(request, 'error.html', status_code, status_code=status_code, detail=shown)
 
 
 @router.get('/')
@@ -172,6 +188,9 @@ def _started(run: Run) -> tuple[str, str]:
 async def run(request: Request, run_id: str) -> Response:
     """A run: status, lineage, the timeline of its steps and effects, its snapshots.
 
+    Its siblings are the other runs of its conversation, but for its parent and its children; a
+    delegating call links the child runs it started (`link_delegates`: placed by time).
+
     The timeline has each resolution and decision on its calls at its time, among its events.
 
     Its calls in doubt come first, each with a Resolve form; then those in flight, and those
@@ -181,10 +200,9 @@ async def run(request: Request, run_id: str) -> Response:
     record = await source.run(run_id)
     lineage = await source.lineage(run_id)
     children = (await source.runs(parent_run_id=run_id, limit=1000)).runs
-    siblings = []
+    conversation = []
     if record.conversation_id is not None:
-        conversation = await source.runs(conversation_id=record.conversation_id, limit=1000)
-        siblings = [r for r in conversation.runs if r.run_id != run_id]
+        conversation = (await source.runs(conversation_id=record.conversation_id, limit=1000)).runs
     parent = None
     if record.parent_run_id is not None:
         parent = next((n.run for n in lineage.tree if n.run.run_id == record.parent_run_id), None)
@@ -197,6 +215,8 @@ async def run(request: Request, run_id: str) -> Response:
         latest, io = message_views(snap.messages), tool_io(snap.messages)
     now = datetime.now(UTC)
     by_call = {e.tool_call_id: e for e in effects}
+    spans = waterfall(record, events, by_call, io, now)
+    link_delegates(record, spans, children)
     return _page(
         request,
         'run.html',
@@ -204,13 +224,13 @@ async def run(request: Request, run_id: str) -> Response:
         lineage=lineage,
         parent=parent,
         children=children,
-        siblings=siblings,
-        forks=[r for r in siblings if r.metadata.get(FORKED_FROM) == run_id],
+        siblings=siblings(record, conversation, children),
+        forks=[r for r in conversation if r.metadata.get(FORKED_FROM) == run_id],
         events=timeline(events, effects),
         trace_url=source.settings.serve.trace_url,
         effects=by_call,
-        totals=totals(record, now),
-        spans=waterfall(record, events, by_call, io, now),
+        totals=totals(record, now, effects),
+        spans=spans,
         unknown=[e for e in effects if e.unknown_after_crash],
         in_flight=[e for e in effects if e.in_flight],
         deferred=[e for e in effects if e.status == 'deferred'],
@@ -254,25 +274,6 @@ async def snapshot_diff(
     return _page(
         request, 'diff.html', run=record, a=a, b=b, seqs=seqs, rows=diff(left.messages, right.messages)
     )
-
-
-@router.post('/runs/{run_id}/effects/{tool_call_id}/resolve')
-async def resolve(request: Request, run_id: str, tool_call_id: str) -> Response:
-    """The resolve form of a highlighted unknown effect: append the resolution, back to the run."""
-    if not _same_origin(request):
-        return error_page(request, 403, "a resolution must be posted from this service's own pages")
-    form = parse_qs((await request.body()).decode('utf-8', 'replace'))
-    resolution, note = form.get('resolution', [''])[0], form.get('note', [''])[0]
-    if resolution not in ('happened', 'did_not_happen') or not note.strip():
-        return error_page(request, 422, 'say whether the side effect happened, and why (a note)')
-    await _source(request).resolve(
-        run_id,
-        tool_call_id,
-        resolution='happened' if resolution == 'happened' else 'did_not_happen',
-        note=note,
-        operator=None,
-    )
-    return RedirectResponse(f'/runs/{quote(run_id, safe="")}', status_code=303)
 
 
 def _same_origin(request: Request) -> bool:

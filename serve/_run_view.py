@@ -29,6 +29,15 @@ class ToolIO:
 
 
 @dataclass
+class Delegate:
+    """A child run on the call it started during, and how many of the run's calls were running then."""
+
+    run: Run
+    calls: int
+    """1: this call started it; more: it started while this call and others ran (parallel calls)."""
+
+
+@dataclass
 class Span:
     """One bar of the waterfall: a model request or a tool call."""
 
@@ -52,6 +61,10 @@ class Span:
     error: str | None = None
     io: ToolIO | None = None
     effect: ToolEffect | None = None
+    ended_at_ms: float | None = None
+    """Where the event that ended it stands on the run's clock (None: no end recorded)."""
+    delegates: list[Delegate] = field(default_factory=list)
+    """The child runs that started while this call ran (`link_delegates`)."""
     left: float = 0.0
     """Where the bar starts, in thousandths of the run's span (for the SVG's `x`)."""
     width: float = 0.0
@@ -69,12 +82,19 @@ class Totals:
     model_requests: int
     model_ms: float
     tool_calls: int
+    """The calls that ended (their time is `tool_ms`)."""
     tool_failures: int
     tool_ms: float
+    in_doubt: int = 0
+    """Calls that started and never ended, their run not live (`unknown_after_crash`)."""
+    in_flight: int = 0
+    """Calls that started and have not ended yet, their run live."""
+    resolved: int = 0
+    """Calls that never ended, which an operator resolved (`happened` or `did_not_happen`)."""
 
 
-def totals(run: Run, now: datetime) -> Totals:
-    """The run's totals (a running run's duration is up to `now`)."""
+def totals(run: Run, now: datetime, effects: list[ToolEffect]) -> Totals:
+    """The run's totals (a running run's duration is up to `now`), with its calls that did not end."""
     u = run.usage
     return Totals(
         duration_ms=duration_ms(run, now),
@@ -87,6 +107,9 @@ def totals(run: Run, now: datetime) -> Totals:
         tool_calls=u.tool_calls,
         tool_failures=u.tool_call_failures,
         tool_ms=u.tool_call_us / 1000,
+        in_doubt=sum(e.unknown_after_crash for e in effects),
+        in_flight=sum(e.in_flight for e in effects),
+        resolved=sum(e.status == 'resolved' for e in effects),
     )
 
 
@@ -116,6 +139,11 @@ def tool_io(messages: list[ModelMessage]) -> dict[str, ToolIO]:
                 io.result, io.retried = [ItemView('text', content)], True
     return found
 
+
+IN_DOUBT = 'unknown_after_crash'
+"""The status of a call's bar that started and will never end: its run is not live."""
+NEVER_ENDS = frozenset({IN_DOUBT, 'resolved'})
+"""The statuses of a bar without an end that will get none: in doubt, or resolved by an operator."""
 
 TOOL_ENDS = {
     'tool_call_completed': 'completed',
@@ -172,17 +200,49 @@ def waterfall(
                 continue
             took = ev.duration_us / 1000 if ev.duration_us is not None else None
             call.duration_ms = took if took is not None else ms(ev.timestamp) - call.start_ms
+            call.ended_at_ms = ms(ev.timestamp)
             call.status = TOOL_ENDS[ev.kind]
             call.error = ev.error
-    _place(spans, duration_ms(run, now) or 0.0)
+    never = any(s.duration_ms is None and s.status in NEVER_ENDS for s in spans)
+    _place(spans, duration_ms(run, now) or 0.0, open_tail=never)
     return spans
+
+
+def link_delegates(run: Run, spans: list[Span], children: list[Run]) -> None:
+    """Put each child run on the tool call of `spans` it started during.
+
+    A child's record names its parent run, not the call that started it: it is placed by time, on
+    each call whose span (from its start event to its end event, or open) holds the child's start.
+    A child started while several calls ran (parallel calls) is on each of them, said so; one
+    whose clock puts it outside every call (another host's) is on none (the lineage lists it).
+    """
+    if run.started_at is None:
+        return
+    calls = [s for s in spans if s.kind == 'tool']
+    for child in children:
+        if child.started_at is None:
+            continue
+        at = (child.started_at - run.started_at).total_seconds() * 1000
+        during = [s for s in calls if s.start_ms <= at and (s.ended_at_ms is None or at <= s.ended_at_ms)]
+        for call in during:
+            call.delegates.append(Delegate(child, len(during)))
+
+
+def siblings(run: Run, conversation: list[Run], children: list[Run]) -> list[Run]:
+    """The other runs of the run's conversation: not the run itself, its parent, or its children."""
+    apart = {run.run_id, run.parent_run_id, *(c.run_id for c in children)}
+    return [r for r in conversation if r.run_id not in apart and r.parent_run_id != run.run_id]
 
 
 def _tool_span(ev: Event, start_ms: float, effects: dict[str, ToolEffect], io: dict[str, ToolIO]) -> Span:
     """A tool call's bar from its first event: in flight (or in doubt) until an end says otherwise."""
     call = ev.tool_call_id or ''
     effect = effects.get(call)
-    status = 'unknown_after_crash' if effect is not None and effect.unknown_after_crash else 'in_flight'
+    status = 'in_flight'
+    if effect is not None and effect.unknown_after_crash:
+        status = IN_DOUBT
+    elif effect is not None and effect.status == 'resolved':  # never ended; an operator answered
+        status = 'resolved'
     return Span(
         'tool',
         ev.tool_name or 'tool',
@@ -207,13 +267,23 @@ def json_text(text: str | None) -> str:
         return text
 
 
-def _place(spans: list[Span], run_ms: float) -> None:
-    """Each bar's offset and width in thousandths of the run (an open bar runs to the end)."""
+OPEN_TAIL = 100.0
+"""Thousandths of the waterfall's width kept past the run's last known moment when a call is in
+doubt: its open bar runs into them, so one that started just before the crash is still seen."""
+
+
+def _place(spans: list[Span], run_ms: float, *, open_tail: bool = False) -> None:
+    """Each bar's offset and width in thousandths of the waterfall: an open bar runs to its right edge.
+
+    The run's clock (its end, `now` while it runs, or its last known moment) fills the width, less
+    `OPEN_TAIL` with `open_tail`.
+    """
     total = max([run_ms, *(s.start_ms + (s.duration_ms or 0.0) for s in spans), 0.001])
+    scale = (1000 - (OPEN_TAIL if open_tail else 0.0)) / total
     for s in spans:
-        end = s.start_ms + s.duration_ms if s.duration_ms is not None else total
-        s.left = round(1000 * s.start_ms / total, 2)
-        s.width = round(max(1000 * (end - s.start_ms) / total, 2.0), 2)  # a sliver stays visible
+        end = (s.start_ms + s.duration_ms) * scale if s.duration_ms is not None else 1000.0
+        s.left = round(s.start_ms * scale, 2)
+        s.width = round(max(end - s.left, 2.0), 2)  # a sliver stays visible
 
 
 def money(cost_usd: str | None, unpriced: int = 0) -> str:

@@ -23,13 +23,12 @@ from fastapi.responses import HTMLResponse, Response
 from stepstream.schemas import DEFERRALS, Decision
 from stepstream.serve._decisions import Decisions, Refused
 from stepstream.serve._explorer import _page, _same_origin, error_page
+from stepstream.serve._resolve_page import named_by
 
 router = APIRouter(include_in_schema=False, default_response_class=HTMLResponse)
 
 WAITING_PAGE = 100
 """The waiting calls one page of the explorer shows; a link leads to the next."""
-MAX_BY_CHARS = 200
-"""The longest name a form's `by` may give (the API's `operator` takes as long)."""
 
 
 def _decisions(request: Request) -> Decisions:
@@ -76,11 +75,10 @@ async def decide(request: Request, run_id: str, tool_call_id: str) -> Response:
     if not _same_origin(request):
         return error_page(request, 403, "a decision must be posted from this service's own pages")
     form = {k: v[0] for k, v in parse_qs((await request.body()).decode('utf-8', 'replace')).items()}
-    by = form.get('by', '').strip() or None
+    by = None
     try:
         decision, what = decision_of(form)
-        if by is not None and len(by) > MAX_BY_CHARS:
-            raise ValueError(f'a name of at most {MAX_BY_CHARS} characters, got {len(by)}')
+        by = named_by(form)
         decided = await _decisions(request).decide(
             run_id, tool_call_id, decision=decision, operator=by, **what
         )

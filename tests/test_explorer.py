@@ -130,6 +130,7 @@ async def test_run_page_shows_lineage_and_timeline(served: Served, page: Page, t
     await expect(tree.nth(2)).to_have_attribute('data-run-id', second)
     await expect(page.locator('dd.parent')).to_contain_text(served.orchestrator_run)
     await expect(page.locator('dd.siblings')).to_contain_text(second)
+    await expect(page.locator('dd.siblings')).not_to_contain_text(served.orchestrator_run)  # the parent
     await expect(page.locator('.timeline tr.kind-tool_call_started')).to_contain_text('search')
     await expect(page.locator('.timeline tr.kind-tool_call_started .badge')).to_have_text('completed')
     await expect(page.locator('.snapshots .part-tool-return').first).to_contain_text('found 3 documents')
@@ -137,6 +138,11 @@ async def test_run_page_shows_lineage_and_timeline(served: Served, page: Page, t
 
     await page.click(f'ul.tree a:text("{served.orchestrator_run}")')
     await expect(page.locator('dd.children')).to_contain_text(second)
+    await expect(page.locator('dd.siblings')).not_to_contain_text(second)  # a child, not a sibling
+    delegates = page.locator('table.spans tr.span-tool .delegate a.run-link')  # each call, its child
+    await expect(delegates).to_have_text([first, second])
+    await delegates.first.click()
+    await expect(page.locator('dd.parent')).to_contain_text(served.orchestrator_run)
 
 
 async def test_a_crashed_run_highlights_its_unknown_effect(
@@ -152,6 +158,18 @@ async def test_a_crashed_run_highlights_its_unknown_effect(
     await expect(started.locator('.effect-unknown')).to_have_text('unknown_after_crash')
     color = await unknown.evaluate("e => getComputedStyle(e.closest('section')).borderTopColor")
     assert color == 'rgb(179, 38, 30)'  # drawn in the alarm colour, not just present in the DOM
+    await expect(page.locator('.total-tool .total-in-doubt')).to_have_text(
+        '1 call in doubt (started, never ended)'
+    )
+    # The call in doubt is a bar open to the waterfall's right edge, hatched and labelled.
+    row = page.locator('table.spans tr.span-unknown_after_crash')
+    await expect(row.locator('.in-doubt-note')).to_be_visible()
+    await expect(row.locator('.span-took')).to_have_text('no end')
+    bar, drawn = row.locator('svg.bar'), row.locator('rect.in-doubt-bar')
+    outer, inner = await bar.bounding_box(), await drawn.bounding_box()
+    assert outer is not None and inner is not None and inner['width'] >= 0.08 * outer['width']
+    assert abs((inner['x'] + inner['width']) - (outer['x'] + outer['width'])) < 1
+    assert (await drawn.evaluate('e => getComputedStyle(e).fill')).startswith('url(')
     await shot(page, tmp_path, 'crashed-run')
 
     await page.click('nav a:text("Unresolved")')
@@ -245,6 +263,16 @@ async def test_resolving_an_unknown_effect_changes_the_page(
     await shot(page, tmp_path, 'resolve-form')
     await unknown.locator('button[type=submit]').click()
 
+    confirmed = page.locator('.decided.resolved')  # the page that answers says what was recorded
+    await expect(confirmed.locator('.decision-recorded .resolution')).to_have_text('did not happen')
+    await expect(confirmed.locator('.decision-recorded .resolution-note')).to_have_text(
+        'no announcement in #releases; safe to retry'
+    )
+    await expect(confirmed.locator('.recorded-by')).to_have_text('oncall-alice')
+    await expect(confirmed.locator('.resolved-effect .badge')).to_have_text('resolved')
+    await shot(page, tmp_path, 'resolution-recorded')
+    await page.click('a.back-to-run')
+
     await expect(page.locator('section.unknown')).to_have_count(0)  # no longer highlighted
     await expect(row.locator('.badge')).to_have_text('resolved')
     await expect(row).not_to_have_class('effect unknown-row')
@@ -303,7 +331,7 @@ async def test_the_run_page_says_what_each_step_took_and_cost(
     await page.goto(f'/runs/{served.crashed_run}')
     in_doubt = page.locator('table.spans tr.span-tool')
     await expect(in_doubt).to_have_class(re.compile(r'\bspan-unknown_after_crash\b'))
-    await expect(in_doubt.locator('.span-took')).to_have_text('not ended')
+    await expect(in_doubt.locator('.span-took')).to_have_text('no end')
     order = await page.eval_on_selector_all('main > section', 'els => els.map(e => e.className)')
     assert order.index('unknown') < order.index('waterfall')  # the in-doubt effects come first,
     first = await page.evaluate(  # before the totals too

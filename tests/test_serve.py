@@ -425,3 +425,23 @@ async def test_the_resolve_command(served: Served) -> None:
     assert effect.resolution.writer_id.startswith('stepstream-cli@')
     code, _, err = await resolve(run_id, call, '--happened', '--note', 'again')
     assert code == 1 and 'is resolved, not unknown_after_crash' in err
+
+
+@pytest.mark.broker
+@in_module_loop
+async def test_a_problem_never_names_a_place_on_the_server(
+    served: Served, api: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run the projection does not hold: the page, the problem and the console's say so without
+    the projection's directory, which the service logs instead."""
+    where = str(served.projector.db_path)
+    with caplog.at_level('WARNING', logger='stepstream.serve'):
+        page = await api.get('/runs/no-such-run')
+        problem = await api.get('/api/runs/no-such-run/events')
+        console = await api.get('/api/console/tree/no-such-run')
+    said = [page.text, problem.json()['detail'], console.json()['detail']]
+    assert [a.status_code for a in (page, problem, console)] == [404, 404, 404]
+    for text in said:
+        assert 'no-such-run' in text and 'in the projection at [the projection directory]' in text
+        assert where not in text and '/tmp/' not in text
+    assert any(where in r.getMessage() for r in caplog.records)  # the operator still learns where
