@@ -17,12 +17,13 @@ from pydantic_ai.tools import RunContext
 from stepstream.errors import StepStreamError
 from stepstream.ids import to_run_id
 from stepstream.media import MediaStore
-from stepstream.producer._current import current_run
+from stepstream.producer._current import current_call, current_run
 from stepstream.producer._engines import writer_id
 from stepstream.producer._protocol import StepLog
 from stepstream.producer._redaction import Redaction
 from stepstream.producer._run import DurableOperations, RunWriter
 from stepstream.producer._snapshots import SnapshotWriter
+from stepstream.schemas import PARENT_CALL_KEY
 from stepstream.signing import Signer
 
 
@@ -59,6 +60,18 @@ def parent_for(explicit: str | None) -> str | None:
         return explicit
     enclosing = current_run.get()
     return enclosing.run_id if enclosing is not None else None
+
+
+def with_parent_call(metadata: dict[str, str], parent_run_id: str | None) -> dict[str, str]:
+    """`metadata`, naming the parent's tool call (`PARENT_CALL_KEY`) when this run starts inside one.
+
+    Only a call of the parent run itself: a delegate given another run as its parent, or started
+    outside any tool body, is linked to its parent run alone.
+    """
+    within = current_call.get()
+    if parent_run_id is None or within is None or within[0] != parent_run_id:
+        return metadata
+    return {**metadata, PARENT_CALL_KEY: within[1]}
 
 
 def run_writer(bound: Bound, ctx: RunContext[Any], store: MediaStore | None) -> RunWriter:

@@ -27,6 +27,7 @@ from pydantic_ai.messages import ToolCallPart
 from pydantic_ai.tools import RunContext
 from pydantic_core import to_json
 
+from stepstream.producer._current import current_call
 from stepstream.producer._run import RunWriter
 from stepstream.schemas import Deferral
 
@@ -98,6 +99,7 @@ async def execute(
     call never reads in doubt while it waits. A body that is cancelled leaves its call `started`:
     whether its effect happened is not known.
     """
+    within = current_call.set((run.run_id, call.tool_call_id))
     try:
         return await handler(args)
     except ENDED_AS_CONTROL_FLOW as error:
@@ -110,6 +112,8 @@ async def execute(
     except ApprovalRequired as deferral:
         await deferred(run, ctx, call, 'approval', deferral.metadata)
         raise
+    finally:
+        current_call.reset(within)
 
 
 async def deferred(

@@ -44,7 +44,7 @@ from pydantic_ai.tools import AgentDepsT, RunContext, ToolDefinition
 
 from stepstream.media import MediaStore, Offloaded, offload_media
 from stepstream.producer import _calls, _ends
-from stepstream.producer._binding import parent_for, run_id_for, run_writer
+from stepstream.producer._binding import parent_for, run_id_for, run_writer, with_parent_call
 from stepstream.producer._current import annotate_tool_effect as annotate_tool_effect
 from stepstream.producer._current import current_run as current_run
 from stepstream.producer._current import current_run_id as current_run_id
@@ -187,8 +187,13 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
                 )
             self._explicit_run_id_used = True
         run_id = run_id_for(self.run_id, self.agent_name, ctx.run_id)
+        parent_run_id = parent_for(self.parent_run_id)
         bound = replace(
-            self, run_id=run_id, parent_run_id=parent_for(self.parent_run_id), agent_name=agent_name
+            self,
+            run_id=run_id,
+            parent_run_id=parent_run_id,
+            agent_name=agent_name,
+            metadata=with_parent_call(self.metadata, parent_run_id),
         )
         # Under an engine the media store is only used by the offload operation (an activity or
         # step), so workflow code never builds the S3 client.

@@ -46,6 +46,14 @@ before the delegate's capability can see its parent.
 """
 
 
+current_call: ContextVar[tuple[str, str] | None] = ContextVar('stepstream.current_call', default=None)
+"""The tool call whose body runs in this task, as (run id, tool call id); None outside a tool body.
+
+Set by the capability around each tool body, so that a delegate started there records the exact
+call that started it (`PARENT_CALL_KEY`) beside its parent run.
+"""
+
+
 def current_run_id() -> str | None:
     """The run id of the innermost persisted run in this task, or None.
 

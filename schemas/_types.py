@@ -54,6 +54,10 @@ UNCHAINED_KINDS = frozenset({'run_heartbeat', 'chain_signed', 'run_resumed', 'co
 RESUMES_KEY = 'stepstream.resumes'
 """The `run_started` metadata key of a run that resumes another: the run id it resumes."""
 
+PARENT_CALL_KEY = 'stepstream.parent_call'
+"""The `run_started` metadata key of a delegate started inside a tool body of its parent run: that
+call's `tool_call_id`, so that the parent's call links the exact child it started."""
+
 TITLE_KEY = 'stepstream.title'
 """The `conversation_marked` metadata key: the conversation's title (at most `MAX_TITLE_CHARS`)."""
 

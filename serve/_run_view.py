@@ -14,6 +14,7 @@ from decimal import Decimal, InvalidOperation
 
 from pydantic_ai.messages import BaseToolCallPart, BaseToolReturnPart, ModelMessage, RetryPromptPart
 
+from stepstream.schemas import PARENT_CALL_KEY
 from stepstream.serve._models import Event, Run, ToolEffect
 from stepstream.serve._views import ItemView, items_of, pretty
 
@@ -30,11 +31,12 @@ class ToolIO:
 
 @dataclass
 class Delegate:
-    """A child run on the call it started during, and how many of the run's calls were running then."""
+    """A child run on the call that started it (or that ran when it started), and how many calls may have."""
 
     run: Run
     calls: int
-    """1: this call started it; more: it started while this call and others ran (parallel calls)."""
+    """1: this call started it (named by the child, or the only call running); more: it started
+    while this call and others ran (parallel calls) and names none of them."""
 
 
 @dataclass
@@ -64,7 +66,7 @@ class Span:
     ended_at_ms: float | None = None
     """Where the event that ended it stands on the run's clock (None: no end recorded)."""
     delegates: list[Delegate] = field(default_factory=list)
-    """The child runs that started while this call ran (`link_delegates`)."""
+    """The child runs this call started, or that started while it ran (`link_delegates`)."""
     left: float = 0.0
     """Where the bar starts, in thousandths of the run's span (for the SVG's `x`)."""
     width: float = 0.0
@@ -209,18 +211,23 @@ def waterfall(
 
 
 def link_delegates(run: Run, spans: list[Span], children: list[Run]) -> None:
-    """Put each child run on the tool call of `spans` it started during.
+    """Put each child run on the tool call of `spans` that started it.
 
-    A child's record names its parent run, not the call that started it: it is placed by time, on
-    each call whose span (from its start event to its end event, or open) holds the child's start.
-    A child started while several calls ran (parallel calls) is on each of them, said so; one
-    whose clock puts it outside every call (another host's) is on none (the lineage lists it).
+    A child started inside one of the run's tool bodies names that call (`PARENT_CALL_KEY`) and is
+    put on it alone. One that does not (started with an explicit parent, in another process, or
+    written before the key existed) is placed by time, on each call whose span (from its start
+    event to its end event, or open) holds the child's start; started while several calls ran
+    (parallel calls) it is on each of them, said so; one whose clock puts it outside every call
+    (another host's) is on none (the lineage lists it).
     """
-    if run.started_at is None:
-        return
     calls = [s for s in spans if s.kind == 'tool']
+    by_id = {s.tool_call_id: s for s in calls if s.tool_call_id is not None}
     for child in children:
-        if child.started_at is None:
+        named = by_id.get(child.metadata.get(PARENT_CALL_KEY, ''))
+        if named is not None:
+            named.delegates.append(Delegate(child, 1))
+            continue
+        if child.started_at is None or run.started_at is None:
             continue
         at = (child.started_at - run.started_at).total_seconds() * 1000
         during = [s for s in calls if s.start_ms <= at and (s.ended_at_ms is None or at <= s.ended_at_ms)]

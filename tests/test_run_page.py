@@ -20,11 +20,14 @@ import httpx
 import pytest
 import pytest_asyncio
 from pydantic_ai import Agent, RunContext
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
 from test_waiting_surfaces import Page, parse
 
 from stepstream.media import DiskMediaStore
 from stepstream.producer import InMemoryLog, StepPersistence, annotate_tool_effect
 from stepstream.readmodel import ProjectionReader
+from stepstream.schemas import PARENT_CALL_KEY
 from stepstream.serve import Source, create_app
 from stepstream.serve._public import SERVER_PATH, Withheld
 
@@ -254,3 +257,46 @@ def test_a_problem_names_no_place_on_the_server(tmp_path: Path) -> None:
     assert '/api/runs/x' in said and 'http://h:1/a/b' in said  # the service's own routes, a URL
     assert withheld.public('at .stepstream/projection.') == 'at [the projection directory].'
     assert withheld.public('a ratio 1/2 and a/b/c') == 'a ratio 1/2 and a/b/c'
+
+
+async def test_parallel_calls_each_link_the_delegate_they_started() -> None:
+    """Two calls of one response run together, each starting a researcher: the child names its
+    call (`PARENT_CALL_KEY`), so each call links its own child, not both, though their times overlap."""
+    log = InMemoryLog()
+    both_in = asyncio.Barrier(2)
+    researcher = Agent(answers('found'), capabilities=[StepPersistence(log=log, agent_name='researcher')])
+
+    def two_at_once(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if any(isinstance(p, ToolReturnPart) for m in messages for p in m.parts):
+            return ModelResponse(parts=[TextPart('done')])
+        return ModelResponse(
+            parts=[ToolCallPart('research', {'topic': t}, tool_call_id=f'call-{t}') for t in ('a', 'b')]
+        )
+
+    orchestrator = Agent(
+        FunctionModel(two_at_once),
+        capabilities=[StepPersistence(log=log, agent_name='orchestrator', run_id='orchestrator-p')],
+    )
+
+    @orchestrator.tool_plain
+    async def research(topic: str) -> str:
+        await both_in.wait()  # both calls are running when either child starts
+        return (await researcher.run(f'look up {topic}')).output
+
+    await orchestrator.run('plan')
+    projection = MemoryProjection(log)
+    await projection.wait_for()
+    reader = ProjectionReader({0: projection.shard}, partitions=1)
+    children = {
+        r.metadata[PARENT_CALL_KEY]: r.run_id for r in await reader.list_runs(parent_run_id='orchestrator-p')
+    }
+    assert sorted(children) == ['call-a', 'call-b']
+    source = Source(log.settings, reader, None, log=log)
+    transport = httpx.ASGITransport(app=create_app(source))
+    async with httpx.AsyncClient(transport=transport, base_url='http://stepstream.test') as client:
+        answer = await client.get('/runs/orchestrator-p')
+    calls = {e.attrs['data-tool-call-id']: e for e in parse(answer.text).find('span-tool')}
+    for call, child in children.items():
+        [delegate] = calls[call].find('delegate')
+        assert delegate.links == [f'/runs/{child}']
+        assert 'other' not in delegate.text  # named by the child: no "started while ... ran"
