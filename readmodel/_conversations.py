@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Context, Decimal
 
-from stepstream.errors import NotFound, StepStreamError
+from stepstream.errors import BadCursor, StepStreamError
 from stepstream.readmodel._runs import Runs
 from stepstream.readmodel._shards import Shards, ts
 from stepstream.schemas import RunRecord, RunUsage
@@ -38,7 +38,7 @@ CONVERSATIONS_INDEX = 6
 ConversationCursor = tuple[datetime, str]
 """A place in the list of conversations: the last one seen's `last_activity` and id."""
 
-_NOWHERE = "{!r:.80} is not a place in the list of conversations: give a page's `next_after`"
+_NOWHERE = "after={!r:.80} is not a place in the list of conversations: give a page's `next_after`"
 _SUMS = Context(prec=200)
 
 
@@ -99,14 +99,14 @@ def encode_conversation_cursor(cursor: ConversationCursor) -> str:
 
 
 def decode_conversation_cursor(text: str) -> ConversationCursor:
-    """The cursor a text of `encode_conversation_cursor` names; `NotFound` for any other text."""
+    """The cursor a text of `encode_conversation_cursor` names; `BadCursor` (a `NotFound`) for others."""
     try:
         when, conversation_id = json.loads(base64.urlsafe_b64decode(text + '=' * (-len(text) % 4)))
         at = datetime.fromisoformat(when)
     except (ValueError, TypeError, binascii.Error):
-        raise NotFound(_NOWHERE.format(text)) from None
+        raise BadCursor(_NOWHERE.format(text)) from None
     if at.tzinfo is None or not isinstance(conversation_id, str):
-        raise NotFound(_NOWHERE.format(text))
+        raise BadCursor(_NOWHERE.format(text))
     return (at, conversation_id)
 
 

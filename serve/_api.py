@@ -9,7 +9,7 @@ from fastapi import APIRouter, HTTPException, Path, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from stepstream.console import VIEW_HEADER, ViewArgs, show
-from stepstream.errors import NotFound
+from stepstream.errors import BadCursor, NotFound
 from stepstream.schemas import ChainStatus, Deferral, RunStatus
 from stepstream.serve._models import (
     Counts,
@@ -47,7 +47,12 @@ def source(request: Request) -> Source:
     return found
 
 
-@router.get('/runs', response_model=RunPage, summary='List runs', responses=NOT_FOUND)
+BAD_AFTER: dict[int | str, dict[str, Any]] = {
+    400: {'model': Problem, 'description': "An `after` that is no page's `next_after` (says why)."}
+}
+
+
+@router.get('/runs', response_model=RunPage, summary='List runs', responses=BAD_AFTER)
 async def list_runs(
     request: Request,
     conversation_id: str | None = None,
@@ -283,6 +288,7 @@ CONSOLE_RESPONSES: dict[int | str, dict[str, Any]] = {
         'description': 'What `stepstream VIEW ...` prints.',
     },
     **NOT_FOUND,
+    **BAD_AFTER,
     409: {'model': Problem, 'description': "A group member's service: the CLI reads the shards itself."},
 }
 
@@ -373,6 +379,8 @@ async def _console(request: Request, view: str, args: ViewArgs) -> Response:
     headers = {VIEW_HEADER: view}
     try:
         text = await show(view, args, found.reader, found.settings)
-    except (NotFound, LookupError) as exc:  # a run it does not hold, a cursor outside the list
+    except BadCursor as exc:  # a cursor outside the list: a bad parameter
+        return JSONResponse({'detail': str(exc)}, status_code=400, headers=headers)
+    except (NotFound, LookupError) as exc:  # a run it does not hold
         return JSONResponse({'detail': str(exc)}, status_code=404, headers=headers)
     return PlainTextResponse(text, headers=headers)

@@ -91,7 +91,7 @@ def _whole(source: Source) -> None:
 async def conversation_page(
     source: Source, *, after: str | None, limit: int, archived: bool | None = None, q: str | None = None
 ) -> ConversationPage:
-    """One page of conversations (those `q`'s words find, by id); `NotFound` for an `after` no page gave."""
+    """One page of conversations (those `q`'s words find, by id); `BadCursor` (400) for an `after` no page gave."""
     _whole(source)
     cursor = None if after is None else decode_conversation_cursor(after)
     reader = source.reader
@@ -111,7 +111,7 @@ async def conversation_page(
     '/conversations',
     response_model=ConversationPage,
     summary='Conversations, newest activity first',
-    responses={404: {'model': Problem, 'description': "An `after` that is no page's `next_after`."}},
+    responses={400: {'model': Problem, 'description': "An `after` that is no page's `next_after`."}},
 )
 async def list_conversations(
     request: Request,

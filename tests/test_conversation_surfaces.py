@@ -104,7 +104,31 @@ async def test_the_api_lists_conversations_newest_activity_first_in_pages(api: h
     assert (await api.get('/api/conversations/conv-a')).json() == a
     missing = await api.get('/api/conversations/nowhere')
     assert missing.status_code == 404 and 'nowhere' in missing.json()['detail']
-    assert (await api.get('/api/conversations', params={'after': 'nonsense'})).status_code == 404
+
+
+async def test_a_bad_after_is_a_bad_parameter_on_every_paged_read(api: httpx.AsyncClient) -> None:
+    # 400 naming `after`, never 404: a group's members read a 404 as "the run is not here".
+    for path, after in (
+        ('/api/runs', 'no-such-run'),
+        ('/api/conversations', 'nonsense'),
+        ('/api/deferred', 'not-a-cursor'),
+        ('/api/console/runs', 'no-such-run'),
+        ('/api/console/conversations', 'nonsense'),
+        ('/api/console/deferred', 'not-a-cursor'),
+    ):
+        answer = await api.get(path, params={'after': after})
+        assert answer.status_code == 400, (path, answer.text)
+        assert answer.json()['detail'].startswith(f'after={after!r} is not '), path
+    # A run that is there, but not in this listing: the same.
+    outside = await api.get('/api/runs', params={'conversation_id': 'conv-b', 'after': 'a-1'})
+    assert outside.status_code == 400 and "after='a-1' is not a run of this listing" in outside.text
+    inside = await api.get(
+        '/api/runs', params={'conversation_id': 'conv-a', 'after': 'a-1', 'order': 'started'}
+    )
+    assert [r['run_id'] for r in inside.json()['runs']] == ['a-2']
+    for page in ('/', '/conversations', '/deferred'):  # the explorer's pages of these lists
+        assert (await api.get(page, params={'after': 'nonsense'})).status_code == 400, page
+    assert (await api.get('/api/runs/no-such-run')).status_code == 404  # a run's reads still 404
 
 
 async def test_the_explorer_lists_conversations_from_the_top_bar(api: httpx.AsyncClient) -> None:
