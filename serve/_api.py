@@ -8,9 +8,10 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, HTTPException, Path, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from stepstream.console import VIEW_HEADER, ViewArgs, show
+from stepstream.console import VIEW_HEADER, ViewArgs, conversations, show
 from stepstream.errors import BadCursor, NotFound
 from stepstream.schemas import ChainStatus, Deferral, RunStatus
+from stepstream.serve._group_conversations import conversation_reads
 from stepstream.serve._models import (
     Counts,
     DeadLetters,
@@ -289,7 +290,10 @@ CONSOLE_RESPONSES: dict[int | str, dict[str, Any]] = {
     },
     **NOT_FOUND,
     **BAD_AFTER,
-    409: {'model': Problem, 'description': "A group member's service: the CLI reads the shards itself."},
+    409: {
+        'model': Problem,
+        'description': "A group member's service (but for `conversations`): the CLI reads the shards itself.",
+    },
 }
 
 
@@ -374,11 +378,14 @@ async def console_run(
 
 async def _console(request: Request, view: str, args: ViewArgs) -> Response:
     found = source(request)
-    if found.peers is not None:
+    if found.peers is not None and view != 'conversations':
         return JSONResponse({'detail': 'a group member serves its own shards only'}, status_code=409)
     headers = {VIEW_HEADER: view}
     try:
-        text = await show(view, args, found.reader, found.settings)
+        if view == 'conversations':  # a group member's service merges every member's
+            text = await conversations(args, conversation_reads(found), found.settings)
+        else:
+            text = await show(view, args, found.reader, found.settings)
     except BadCursor as exc:  # a cursor outside the list: a bad parameter
         return JSONResponse({'detail': str(exc)}, status_code=400, headers=headers)
     except (NotFound, LookupError) as exc:  # a run it does not hold

@@ -14,7 +14,15 @@ from fastapi.staticfiles import StaticFiles
 from stepstream.errors import BadCursor, NotFound, NotUnknown, StepStreamError
 from stepstream.projector import ProjectorObserver
 from stepstream.readmodel import ShardUnavailable
-from stepstream.serve import _api, _conversations, _explorer, _ops, _waiting_api, _waiting_pages
+from stepstream.serve import (
+    _api,
+    _conversations,
+    _explorer,
+    _group_conversations,
+    _ops,
+    _waiting_api,
+    _waiting_pages,
+)
 from stepstream.serve._auth import authorized
 from stepstream.serve._decisions import Decisions
 from stepstream.serve._group import FORWARDED_HEADER, forwarded
@@ -72,6 +80,7 @@ def create_app(
     app.include_router(_waiting_pages.router)
     app.include_router(_conversations.api)
     app.include_router(_conversations.pages)
+    app.include_router(_group_conversations.router)
     swagger = _explorer.swagger_ui_assets()
     if swagger is not None:
         app.mount('/static/swagger-ui', StaticFiles(directory=swagger), name='swagger-ui')

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -21,8 +22,10 @@ from pydantic_ai import Agent
 from stepstream.console import ViewArgs, show
 from stepstream.errors import ConversationLive
 from stepstream.producer import InMemoryLog, StepPersistence, mark_conversation
+from stepstream.projector import Membership
 from stepstream.readmodel import ProjectionReader, continue_conversation, continue_run
 from stepstream.serve import Source, create_app
+from stepstream.serve._group import Peers
 
 from agents import answers, calls_then_answers
 from memory_projection import MemoryProjection
@@ -233,3 +236,29 @@ async def test_a_search_finds_conversations_by_every_word_of_titles_and_first_pr
         await show('conversations', ViewArgs(json=True, search='question'), reader, projected.log.settings)
     )
     assert [c['conversation_id'] for c in shown] == ['conv-a', 'conv-b']
+
+
+async def test_a_group_member_names_the_member_that_does_not_answer(projected: Projected) -> None:
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(('127.0.0.1', 0))
+        gone = f'http://127.0.0.1:{probe.getsockname()[1]}'
+    membership = Membership(
+        endpoint='http://here.test', routes={0: 'http://here.test', 1: gone}, own=frozenset({0}), partitions=2
+    )
+    peers = Peers(membership, token=None, timeout_s=5)
+    source = Source(projected.log.settings, projected.reader, None, log=projected.log, peers=peers)
+    transport = httpx.ASGITransport(app=create_app(source))
+    async with httpx.AsyncClient(transport=transport, base_url='http://here.test') as member:
+        for path, params in (
+            ('/api/conversations', {}),
+            ('/api/conversations', {'q': 'question'}),
+            ('/api/conversations/conv-a', {}),
+            ('/api/console/conversations', {}),
+            ('/conversations', {}),
+        ):
+            answer = await member.get(path, params=params)
+            assert answer.status_code == 503, (path, answer.text)
+            assert f'the group member at {gone} did not answer' in answer.text, path
+        # Asked by another member, it answers from its own shards: never a second hop.
+        alone = await member.get('/api/conversations', headers={'x-stepstream-forwarded': '1'})
+        assert [c['conversation_id'] for c in alone.json()['conversations']] == ['conv-c', 'conv-a', 'conv-b']
