@@ -30,9 +30,17 @@ if TYPE_CHECKING:
         fork_run,
         resume_run,
     )
+    from stepstream.readmodel._conversation_group import (
+        MEMBER_BATCH,
+        ConversationMember,
+        ConversationReads,
+        GroupConversations,
+    )
     from stepstream.readmodel._conversations import (
+        MAX_SEARCH_WORDS,
         Conversation,
         ConversationCursor,
+        ConversationHolding,
         ConversationsNotIndexed,
         decode_conversation_cursor,
         encode_conversation_cursor,
@@ -52,6 +60,12 @@ if TYPE_CHECKING:
     )
 
 _WHERE = {
+    'MEMBER_BATCH': 'stepstream.readmodel._conversation_group',
+    'MAX_SEARCH_WORDS': 'stepstream.readmodel._conversations',
+    'ConversationMember': 'stepstream.readmodel._conversation_group',
+    'ConversationReads': 'stepstream.readmodel._conversation_group',
+    'GroupConversations': 'stepstream.readmodel._conversation_group',
+    'ConversationHolding': 'stepstream.readmodel._conversations',
     'Conversation': 'stepstream.readmodel._conversations',
     'ConversationCursor': 'stepstream.readmodel._conversations',
     'ConversationsNotIndexed': 'stepstream.readmodel._conversations',
@@ -82,10 +96,16 @@ _WHERE = {
 nothing until a reader is wanted (RocksDB, the schemas, ...)."""
 
 __all__ = [
+    'MAX_SEARCH_WORDS',
+    'MEMBER_BATCH',
     'RESUMES_KEY',
     'Conversation',
     'ConversationCursor',
+    'ConversationHolding',
+    'ConversationMember',
+    'ConversationReads',
     'ConversationsNotIndexed',
+    'GroupConversations',
     'ProjectionReader',
     'ProjectionStatus',
     'RecoveryReport',

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, Self, Unpack
 
 from stepstream.erasure import KeyRing
+from stepstream.readmodel._conversation_group import ConversationMember
 from stepstream.readmodel._conversations import Conversation, ConversationCursor, Conversations
 from stepstream.readmodel._effects import Effects, UnresolvedCursor, UnresolvedSummary
 from stepstream.readmodel._events import Events
@@ -419,6 +420,10 @@ class ProjectionReader:
     async def get_conversation(self, conversation_id: str) -> Conversation | None:
         """One conversation as `list_conversations` gives it, or None when no run of it is held."""
         return await self._conversations.get_conversation(conversation_id)
+
+    def conversation_member(self) -> ConversationMember:
+        """The shards of this reader as one member's part of a group's conversations."""
+        return self._conversations
 
     async def list_unresolved_tool_effects(
         self,

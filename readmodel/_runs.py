@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from stepstream.errors import NotFound
+from stepstream.errors import BadCursor, NotFound
 from stepstream.ids import is_run_id
 from stepstream.readmodel._shards import Shards, ShardUnavailable, carry
 from stepstream.schemas import DEFERRALS, RUN_STATUSES, RunRecord, RunUsage
@@ -308,13 +308,13 @@ class Runs:
         return min((i.run_index for i in versions if i is not None), default=RUN_INDEX_VERSION)
 
     def _started(self, run_id: str, index: Keyspace, parts: tuple[str, ...]) -> int:
-        """When `run_id` started, as its place in `index` says; `LookupError` if it has none there."""
+        """When `run_id` started, as its place in `index` says; `BadCursor` if it has none there."""
         state = None
         if is_run_id(run_id):
             with contextlib.suppress(ShardUnavailable):
                 state = self._shards.db(run_id).get_state(RUN.key(run_id), RunState)
         if state is None or self._shards.db(run_id).get(index.key(*parts, state.started_at, run_id)) is None:
-            raise LookupError(f'after={run_id!r} is not a run of this listing')
+            raise BadCursor(f'after={run_id!r} is not a run of this listing')
         return state.started_at
 
     async def list_conflicts(self) -> list[RunRecord]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TypedDict
 
-from stepstream.errors import NotFound
+from stepstream.errors import BadCursor
 from stepstream.readmodel._effects import Effects
 from stepstream.readmodel._runs import Runs
 from stepstream.readmodel._shards import Shards
@@ -29,7 +29,7 @@ from stepstream.timestamps import micros
 WaitingCursor = tuple[datetime, str, str]
 """A place in the list of waiting calls: the last call seen's `waiting_since`, run and call id."""
 
-_NOWHERE = "{!r:.80} is not a place in the list of waiting calls: give a page's `next_after`"
+_NOWHERE = "after={!r:.80} is not a place in the list of waiting calls: give a page's `next_after`"
 
 
 def encode_waiting_cursor(cursor: WaitingCursor) -> str:
@@ -40,7 +40,7 @@ def encode_waiting_cursor(cursor: WaitingCursor) -> str:
 
 
 def decode_waiting_cursor(text: str) -> WaitingCursor:
-    """The `WaitingCursor` a text of `encode_waiting_cursor` names; `NotFound` for any other text.
+    """The `WaitingCursor` a text of `encode_waiting_cursor` names; `BadCursor` (a `NotFound`) for others.
 
     Not found, as a run a runs page's `after` names that does not exist.
     """
@@ -48,9 +48,9 @@ def decode_waiting_cursor(text: str) -> WaitingCursor:
         since, run_id, call = json.loads(base64.urlsafe_b64decode(text + '=' * (-len(text) % 4)))
         when = datetime.fromisoformat(since)
     except (ValueError, TypeError, binascii.Error):
-        raise NotFound(_NOWHERE.format(text)) from None
+        raise BadCursor(_NOWHERE.format(text)) from None
     if when.tzinfo is None or not isinstance(run_id, str) or not isinstance(call, str):
-        raise NotFound(_NOWHERE.format(text))
+        raise BadCursor(_NOWHERE.format(text))
     return (when, run_id, call)
 
 

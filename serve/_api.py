@@ -8,9 +8,10 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, HTTPException, Path, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from stepstream.console import VIEW_HEADER, ViewArgs, show
-from stepstream.errors import NotFound
+from stepstream.console import VIEW_HEADER, ViewArgs, conversations, show
+from stepstream.errors import BadCursor, NotFound
 from stepstream.schemas import ChainStatus, Deferral, RunStatus
+from stepstream.serve._group_conversations import conversation_reads
 from stepstream.serve._models import (
     Counts,
     DeadLetters,
@@ -48,7 +49,12 @@ def source(request: Request) -> Source:
     return found
 
 
-@router.get('/runs', response_model=RunPage, summary='List runs', responses=NOT_FOUND)
+BAD_AFTER: dict[int | str, dict[str, Any]] = {
+    400: {'model': Problem, 'description': "An `after` that is no page's `next_after` (says why)."}
+}
+
+
+@router.get('/runs', response_model=RunPage, summary='List runs', responses=BAD_AFTER)
 async def list_runs(
     request: Request,
     conversation_id: str | None = None,
@@ -284,7 +290,11 @@ CONSOLE_RESPONSES: dict[int | str, dict[str, Any]] = {
         'description': 'What `stepstream VIEW ...` prints.',
     },
     **NOT_FOUND,
-    409: {'model': Problem, 'description': "A group member's service: the CLI reads the shards itself."},
+    **BAD_AFTER,
+    409: {
+        'model': Problem,
+        'description': "A group member's service (but for `conversations`): the CLI reads the shards itself.",
+    },
 }
 
 
@@ -370,12 +380,18 @@ async def console_run(
 
 async def _console(request: Request, view: str, args: ViewArgs) -> Response:
     found = source(request)
-    if found.peers is not None:
+    if found.peers is not None and view != 'conversations':
         return JSONResponse({'detail': 'a group member serves its own shards only'}, status_code=409)
     headers = {VIEW_HEADER: view}
     try:
-        text = await show(view, args, found.reader, found.settings)
-    except (NotFound, LookupError) as exc:  # a run it does not hold, a cursor outside the list
+        if view == 'conversations':  # a group member's service merges every member's
+            text = await conversations(args, conversation_reads(found), found.settings)
+        else:
+            text = await show(view, args, found.reader, found.settings)
+    except BadCursor as exc:  # a cursor outside the list: a bad parameter
+        detail = public_detail(request, 400, str(exc))
+        return JSONResponse({'detail': detail}, status_code=400, headers=headers)
+    except (NotFound, LookupError) as exc:  # a run it does not hold
         detail = public_detail(request, 404, str(exc))
         return JSONResponse({'detail': detail}, status_code=404, headers=headers)
     return PlainTextResponse(text, headers=headers)

@@ -11,13 +11,14 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
-from stepstream.errors import NotFound, NotUnknown, StepStreamError
+from stepstream.errors import BadCursor, NotFound, NotUnknown, StepStreamError
 from stepstream.projector import ProjectorObserver
 from stepstream.readmodel import ShardUnavailable
 from stepstream.serve import (
     _api,
     _conversations,
     _explorer,
+    _group_conversations,
     _ops,
     _resolve_page,
     _waiting_api,
@@ -85,10 +86,15 @@ def create_app(
     app.include_router(_waiting_pages.router)
     app.include_router(_conversations.api)
     app.include_router(_conversations.pages)
+    app.include_router(_group_conversations.router)
     swagger = _explorer.swagger_ui_assets()
     if swagger is not None:
         app.mount('/static/swagger-ui', StaticFiles(directory=swagger), name='swagger-ui')
     app.mount('/static', StaticFiles(directory=Path(__file__).parent / 'static'), name='static')
+
+    @app.exception_handler(BadCursor)
+    async def bad_cursor(request: Request, exc: BadCursor) -> Response:
+        return _problem(request, 400, str(exc))  # a bad `after`, never a 404 ("not here" to members)
 
     @app.exception_handler(NotFound)
     async def not_found(request: Request, exc: NotFound) -> Response:

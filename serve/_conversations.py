@@ -2,8 +2,8 @@
 
 `GET /api/conversations` pages them (`after`: a page's `next_after`), `GET /api/conversations/{id}`
 gives one; the explorer's `/conversations` page shows the same, each linking to its runs. A
-conversation's shares are in every shard, so only a service whose reader holds every shard lists
-them: a group member's answers 503, naming why, rather than a partial list.
+conversation's shares are in every shard: a group member's service merges every member's
+(`serve/_group_conversations.py`), and answers 503 naming a member that does not answer.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from fastapi.responses import HTMLResponse, Response
 from pydantic import BaseModel, Field
 
 from stepstream.errors import NotFound
-from stepstream.readmodel import Conversation, ShardUnavailable, decode_conversation_cursor
+from stepstream.readmodel import Conversation, decode_conversation_cursor
 from stepstream.serve._explorer import _page
+from stepstream.serve._group_conversations import conversation_reads
 from stepstream.serve._models import Problem, Usage
 from stepstream.serve._source import Source
 
@@ -79,22 +80,12 @@ def _source(request: Request) -> Source:
     return found
 
 
-def _whole(source: Source) -> None:
-    """Refuse a group member's service: its reader holds only its own shards' shares."""
-    if source.peers is not None:
-        raise ShardUnavailable(
-            'conversations are listed from every shard; this service is one member of a group and reads '
-            "only its own: ask a service (or `stepstream conversations`) that reads every shard's directory"
-        )
-
-
 async def conversation_page(
     source: Source, *, after: str | None, limit: int, archived: bool | None = None, q: str | None = None
 ) -> ConversationPage:
-    """One page of conversations (those `q`'s words find, by id); `NotFound` for an `after` no page gave."""
-    _whole(source)
+    """One page of conversations (those `q`'s words find, by id); `BadCursor` (400) for a bad `after`."""
     cursor = None if after is None else decode_conversation_cursor(after)
-    reader = source.reader
+    reader = conversation_reads(source)
     if q:
         found = await reader.search_conversations(q, limit=limit + 1, after=cursor, archived=archived)
     else:
@@ -111,7 +102,7 @@ async def conversation_page(
     '/conversations',
     response_model=ConversationPage,
     summary='Conversations, newest activity first',
-    responses={404: {'model': Problem, 'description': "An `after` that is no page's `next_after`."}},
+    responses={400: {'model': Problem, 'description': "An `after` that is no page's `next_after`."}},
 )
 async def list_conversations(
     request: Request,
@@ -146,9 +137,7 @@ async def get_conversation(
     request: Request, conversation_id: Annotated[str, Path(description='The conversation_id.')]
 ) -> ConversationView:
     """One conversation as the list shows it."""
-    source = _source(request)
-    _whole(source)
-    found = await source.reader.get_conversation(conversation_id)
+    found = await conversation_reads(_source(request)).get_conversation(conversation_id)
     if found is None:
         raise NotFound(f'no run of conversation {conversation_id!r} in the projection')
     return ConversationView.of(found)

@@ -71,7 +71,7 @@ class Decisions:
     ) -> DeferredPage:
         """One page of the calls that wait (oldest first, or newest), with the cursor of the next.
 
-        `NotFound` for an `after` no page gave. In a group, every member's page is merged.
+        `BadCursor` (400) for an `after` no page gave. In a group, every member's page is merged.
         """
         source = self.source
         cursor = None if after is None else decode_waiting_cursor(after)

@@ -18,7 +18,7 @@ from urllib.parse import quote
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
 
 from stepstream.erasure import ContentErased
-from stepstream.errors import NotFound, StepStreamError, UsageError
+from stepstream.errors import BadCursor, NotFound, StepStreamError, UsageError
 from stepstream.media import (
     MediaContext,
     MediaStore,
@@ -150,7 +150,10 @@ class Source:
         """
         merging = self._merging()
         if merging and after is not None and after_started is None:
-            after_started = (await self.run(after)).started_at
+            try:
+                after_started = (await self.run(after)).started_at
+            except NotFound:  # a bad parameter, never a 404 (members read one as "not here")
+                raise BadCursor(f'after={after!r} is not a run of this listing') from None
         filters = {
             'conversation_id': conversation_id,
             'parent_run_id': parent_run_id,
@@ -167,7 +170,7 @@ class Source:
                 limit=limit + 1,
             )
         except LookupError as exc:
-            raise NotFound(str(exc)) from None
+            raise BadCursor(str(exc)) from None
         parts = [[Run.of(r) for r in local]]
         more = len(local) > limit
         if merging:

@@ -66,7 +66,7 @@ def refused_input(exc: ValueError, where: str = 'body') -> RequestValidationErro
     '/deferred',
     response_model=DeferredPage,
     summary='Deferred calls that wait',
-    responses={404: {'model': Problem, 'description': "An `after` that is no page's `next_after`."}},
+    responses={400: {'model': Problem, 'description': "An `after` that is no page's `next_after`."}},
 )
 async def waiting(
     request: Request,

@@ -70,6 +70,15 @@ class NotFound(StepStreamError, LookupError):
     """
 
 
+class BadCursor(NotFound):
+    """A page's `after` that is no place in its listing: malformed, or naming nothing listed there.
+
+    Not found, to the read model and the CLI (exit code 1); a bad parameter to the read service,
+    which answers 400 (a 404 would say the run is not there: how a group's members decide whom
+    to ask).
+    """
+
+
 class NotUnknown(StepStreamError):
     """An operator tried to resolve a tool effect that is not `unknown_after_crash` (any more).
 

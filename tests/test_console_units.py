@@ -103,6 +103,13 @@ def service() -> Iterator[str]:
         (200, b'run_id  agent', {}, _remote.Answer(True, 'run_id  agent')),
         (404, b'{"detail": "no run \'x\'"}', {VIEW_HEADER: 'tree'}, _remote.Answer(False, "no run 'x'")),
         (404, b'{"detail": "Not Found"}', {}, None),  # an older service without the route
+        (
+            400,
+            b'{"detail": "after=\'x\' is not a run"}',
+            {VIEW_HEADER: 'tree'},
+            _remote.Answer(False, "after='x' is not a run"),
+        ),
+        (400, b'{"detail": "bad"}', {}, None),
         (401, b'{"detail": "a bearer token is required"}', {}, None),
         (409, b'{"detail": "a group member"}', {VIEW_HEADER: 'tree'}, None),
         (500, b'{"detail": "S3 is down"}', {}, None),

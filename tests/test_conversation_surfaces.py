@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -21,8 +22,10 @@ from pydantic_ai import Agent
 from stepstream.console import ViewArgs, show
 from stepstream.errors import ConversationLive
 from stepstream.producer import InMemoryLog, StepPersistence, mark_conversation
+from stepstream.projector import Membership
 from stepstream.readmodel import ProjectionReader, continue_conversation, continue_run
 from stepstream.serve import Source, create_app
+from stepstream.serve._group import Peers
 
 from agents import answers, calls_then_answers
 from memory_projection import MemoryProjection
@@ -104,7 +107,31 @@ async def test_the_api_lists_conversations_newest_activity_first_in_pages(api: h
     assert (await api.get('/api/conversations/conv-a')).json() == a
     missing = await api.get('/api/conversations/nowhere')
     assert missing.status_code == 404 and 'nowhere' in missing.json()['detail']
-    assert (await api.get('/api/conversations', params={'after': 'nonsense'})).status_code == 404
+
+
+async def test_a_bad_after_is_a_bad_parameter_on_every_paged_read(api: httpx.AsyncClient) -> None:
+    # 400 naming `after`, never 404: a group's members read a 404 as "the run is not here".
+    for path, after in (
+        ('/api/runs', 'no-such-run'),
+        ('/api/conversations', 'nonsense'),
+        ('/api/deferred', 'not-a-cursor'),
+        ('/api/console/runs', 'no-such-run'),
+        ('/api/console/conversations', 'nonsense'),
+        ('/api/console/deferred', 'not-a-cursor'),
+    ):
+        answer = await api.get(path, params={'after': after})
+        assert answer.status_code == 400, (path, answer.text)
+        assert answer.json()['detail'].startswith(f'after={after!r} is not '), path
+    # A run that is there, but not in this listing: the same.
+    outside = await api.get('/api/runs', params={'conversation_id': 'conv-b', 'after': 'a-1'})
+    assert outside.status_code == 400 and "after='a-1' is not a run of this listing" in outside.text
+    inside = await api.get(
+        '/api/runs', params={'conversation_id': 'conv-a', 'after': 'a-1', 'order': 'started'}
+    )
+    assert [r['run_id'] for r in inside.json()['runs']] == ['a-2']
+    for page in ('/', '/conversations', '/deferred'):  # the explorer's pages of these lists
+        assert (await api.get(page, params={'after': 'nonsense'})).status_code == 400, page
+    assert (await api.get('/api/runs/no-such-run')).status_code == 404  # a run's reads still 404
 
 
 async def test_the_explorer_lists_conversations_from_the_top_bar(api: httpx.AsyncClient) -> None:
@@ -209,3 +236,29 @@ async def test_a_search_finds_conversations_by_every_word_of_titles_and_first_pr
         await show('conversations', ViewArgs(json=True, search='question'), reader, projected.log.settings)
     )
     assert [c['conversation_id'] for c in shown] == ['conv-a', 'conv-b']
+
+
+async def test_a_group_member_names_the_member_that_does_not_answer(projected: Projected) -> None:
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(('127.0.0.1', 0))
+        gone = f'http://127.0.0.1:{probe.getsockname()[1]}'
+    membership = Membership(
+        endpoint='http://here.test', routes={0: 'http://here.test', 1: gone}, own=frozenset({0}), partitions=2
+    )
+    peers = Peers(membership, token=None, timeout_s=5)
+    source = Source(projected.log.settings, projected.reader, None, log=projected.log, peers=peers)
+    transport = httpx.ASGITransport(app=create_app(source))
+    async with httpx.AsyncClient(transport=transport, base_url='http://here.test') as member:
+        for path, params in (
+            ('/api/conversations', {}),
+            ('/api/conversations', {'q': 'question'}),
+            ('/api/conversations/conv-a', {}),
+            ('/api/console/conversations', {}),
+            ('/conversations', {}),
+        ):
+            answer = await member.get(path, params=params)
+            assert answer.status_code == 503, (path, answer.text)
+            assert f'the group member at {gone} did not answer' in answer.text, path
+        # Asked by another member, it answers from its own shards: never a second hop.
+        alone = await member.get('/api/conversations', headers={'x-stepstream-forwarded': '1'})
+        assert [c['conversation_id'] for c in alone.json()['conversations']] == ['conv-c', 'conv-a', 'conv-b']

@@ -125,7 +125,8 @@ async def test_what_waits_is_listed_filtered_and_paged(api: httpx.AsyncClient) -
     conversation = (await api.get('/api/deferred', params={'conversation': f'conv-{FIRST}'})).json()
     assert {run for run, _ in calls(conversation)} == {FIRST}
 
-    assert (await api.get('/api/deferred', params={'after': 'not-a-cursor'})).status_code == 404
+    bad = await api.get('/api/deferred', params={'after': 'not-a-cursor'})
+    assert bad.status_code == 400 and 'not a place in the list of waiting calls' in bad.json()['detail']
     for bad in ({'kind': 'nothing'}, {'limit': 0}, {'limit': 1001}):
         assert (await api.get('/api/deferred', params=bad)).status_code == 422, bad
 

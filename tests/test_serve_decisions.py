@@ -69,7 +69,7 @@ async def test_the_calls_that_wait_are_listed_filtered_and_paged(api: httpx.Asyn
     assert calls(questions) == [(BILLING, 'call-ask')]
     conversation = (await api.get('/api/deferred', params={'conversation': f'conv-{REFUNDS}'})).json()
     assert {run for run, _ in calls(conversation)} == {REFUNDS}
-    assert (await api.get('/api/deferred', params={'after': 'nope'})).status_code == 404
+    assert (await api.get('/api/deferred', params={'after': 'nope'})).status_code == 400
     counts = (await api.get('/api/counts')).json()
     assert counts['waiting_calls'] == {'approval': 2, 'external': 2, 'question': 2}
 

@@ -84,7 +84,7 @@ def ask(url: str, view: str, query: dict[str, str], serve: ServeSettings) -> Ans
         connection.close()
     if response.status == 200:
         return Answer(True, body)
-    if response.status == 404 and response.getheader(VIEW_HEADER) == view:  # the view's NotFound
+    if response.status in (400, 404) and response.getheader(VIEW_HEADER) == view:  # the view's NotFound
         detail = _detail(body)
         return Answer(False, detail) if detail is not None else None
     return None  # refused (401), unavailable (503), failed (500): the CLI reads it itself

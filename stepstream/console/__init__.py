@@ -17,6 +17,7 @@ from stepstream.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from stepstream.console._args import VIEW_HEADER, ViewArgs
+    from stepstream.console._conversations import conversations
     from stepstream.console._render import (
         effects_table,
         events_table,
@@ -37,6 +38,7 @@ _WHERE = {
     'VIEW_HEADER': 'stepstream.console._args',
     'VIEWS': 'stepstream.console._views',
     'ViewArgs': 'stepstream.console._args',
+    'conversations': 'stepstream.console._conversations',
     'effects_table': _RENDER,
     'events_table': _RENDER,
     'preview_text': _STATUS,
@@ -59,6 +61,7 @@ __all__ = [
     'VIEW_HEADER',
     'Answer',
     'ViewArgs',
+    'conversations',
     'effects_table',
     'events_table',
     'preview_text',

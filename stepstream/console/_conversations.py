@@ -15,7 +15,7 @@ from stepstream.console._args import ViewArgs
 from stepstream.console._render import table, time_text, to_json
 
 if TYPE_CHECKING:
-    from stepstream.readmodel import Conversation, ProjectionReader
+    from stepstream.readmodel import Conversation, ConversationReads
     from stepstream.settings import Settings
 
 CONVERSATIONS_PAGE = 50
@@ -79,8 +79,11 @@ def _cut(text: str) -> str:
     return text if len(text) <= TITLE_WIDTH else text[: TITLE_WIDTH - 3] + '...'
 
 
-async def conversations(args: ViewArgs, reader: ProjectionReader, settings: Settings) -> str:
-    """`stepstream conversations`: one page, newest activity first, from `after` (a page's cursor)."""
+async def conversations(args: ViewArgs, reader: ConversationReads, settings: Settings) -> str:
+    """`stepstream conversations`: one page, newest activity first, from `after` (a page's cursor).
+
+    `reader`: a `ProjectionReader`, or a group member's service's merge of every member's.
+    """
     from stepstream.readmodel import decode_conversation_cursor
 
     limit = args.limit or CONVERSATIONS_PAGE
