@@ -46,10 +46,9 @@ class ProjectionReader:
     From the projector's process use `ProjectionReader.of(projector)`; from any other process
     `ProjectionReader.from_settings(settings)` (or `ProjectionReader.open(path)`), which opens
     every shard as a RocksDB secondary instance and catches up with the writers before every
-    query. A run's own reads go to its shard (the
-    producer's partitioner decides which); lists merge the shards in key order. A read that
-    needs a shard the reader cannot see raises `ShardUnavailable` naming the partition, never
-    a partial answer.
+    query. A run's own reads go to its shard (the producer's partitioner decides which); lists
+    merge the shards in key order. A read that needs a shard the reader cannot see raises
+    `ShardUnavailable` naming the partition, never a partial answer.
     """
 
     def __init__(
