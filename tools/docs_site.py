@@ -18,7 +18,6 @@ import json
 import re
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from mkdocs.config.defaults import MkDocsConfig
@@ -90,11 +89,15 @@ def openapi() -> dict[str, Any]:
     """The OpenAPI schema of the application `stepstream serve` runs, built without a projection."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))  # this checkout's code, whatever the environment installed
-    from stepstream.serve import create_app
+    from stepstream.readmodel import ProjectionReader
+    from stepstream.serve import Source, create_app
+    from stepstream.settings import Settings
+    from stepstream.storage import MemoryShard
 
-    # Building the schema reads only the routes and models: no source is ever asked anything.
-    app = create_app(SimpleNamespace(reader=None))  # type: ignore[arg-type]
-    return app.openapi()
+    # Building the schema reads only the routes and models: the source, an empty projection in
+    # memory with the default settings, is never asked anything.
+    source = Source(Settings.from_env({}), ProjectionReader(MemoryShard(), partitions=1), None)
+    return create_app(source).openapi()
 
 
 def api_markdown(schema: dict[str, Any]) -> str:
