@@ -80,6 +80,7 @@ def postgres() -> Iterator[str]:
         yield dsn
 
 
+@pytest.mark.once  # reading Postgres does not depend on the broker; the SQLite import above runs on both
 async def test_import_a_postgres_store_by_its_dsn(
     settings: Settings,
     event_log: EventLog,
