@@ -318,6 +318,9 @@ async def console(
     search: Annotated[
         str | None, Query(max_length=1000, description='`conversations`: only those holding these words.')
     ] = None,
+    wide: Annotated[
+        bool, Query(description='A table with every column, each id in full (else 120 columns).')
+    ] = False,
 ) -> Response:
     """The text (with `json`, the JSON) `stepstream VIEW` prints, read from this service's projection.
 
@@ -338,6 +341,7 @@ async def console(
         newest_first=newest_first,
         archived=archived,
         search=search,
+        wide=wide,
     )
     return await _console(request, view, args)
 
@@ -356,13 +360,16 @@ async def console_run(
     run_id: RunId,
     include_interrupted: bool = False,
     json: bool = False,
+    wide: Annotated[
+        bool, Query(description='A table with every column, each id in full (else 120 columns).')
+    ] = False,
 ) -> Response:
     """`stepstream VIEW RUN` as the CLI prints it, read from this service's projection.
 
     A run this service does not hold is a 404 whose `detail` is the CLI's message.
     """
     return await _console(
-        request, view, ViewArgs(run_id=run_id, include_interrupted=include_interrupted, json=json)
+        request, view, ViewArgs(run_id=run_id, include_interrupted=include_interrupted, json=json, wide=wide)
     )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from stepstream.cli._common import EXIT_OK, Declare, add_json, open_reader
+from stepstream.cli._common import EXIT_OK, Declare, add_json, add_wide, open_reader
 from stepstream.settings import Settings
 
 if TYPE_CHECKING:
@@ -103,6 +103,7 @@ def add_commands(command: Declare) -> None:
     for name, parser in parsers.items():
         parser.set_defaults(view=name)
     add_json(*parsers.values())
+    add_wide(*(parser for name, parser in parsers.items() if name != 'snapshot'))
 
 
 def _deferred(command: Declare) -> argparse.ArgumentParser:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from stepstream.console._fit import fit, ident, time_text, when, wrap
 from stepstream.console._timeline import Answer, Answered
 from stepstream.schemas import RunRecord, StepEvent, ToolEffectRecord
 
@@ -40,31 +41,21 @@ def to_json(value: Any, *, indent: int | None = 2) -> str:
     return json.dumps(value, default=default, indent=indent)
 
 
-def time_text(ts: datetime | None) -> str:
-    """A time as the tables show it, to the millisecond (`-` for none)."""
-    return ts.strftime('%Y-%m-%d %H:%M:%S.%f')[:-3] if ts is not None else '-'
+def runs_table(runs: Sequence[RunRecord], *, wide: bool = False) -> str:
+    """One line per run: id, agent, status, chain, lineage, times, counts, tokens (in/out) and cost.
 
-
-def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """A left-aligned text table."""
-    cells = [[str(h) for h in headers], *[[('-' if c is None else str(c)) for c in row] for row in rows]]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    lines = ['  '.join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
-    lines.insert(1, '  '.join('-' * w for w in widths))
-    return '\n'.join(lines)
-
-
-def runs_table(runs: Sequence[RunRecord]) -> str:
-    """One line per run: id, agent, status, chain, lineage, times, counts, tokens (in/out) and cost."""
+    In 120 columns (not `wide`): ids shortened, the agent cut to fit, no conversation, record count
+    or tokens; the chain and the gaps only when a run on the page has a broken chain or a gap.
+    """
     rows = [
         (
-            r.run_id,
+            ident(r.run_id, wide),
             r.agent_name,
             r.status,
             f'broken@{r.chain_break_seq}' if r.chain == 'broken' else r.chain,
-            f'{r.parent_run_id} (expired)' if r.parent_expired else r.parent_run_id,
-            r.conversation_id,
-            time_text(r.started_at),
+            f'{ident(r.parent_run_id, wide)} (expired)' if r.parent_expired else ident(r.parent_run_id, wide),
+            ident(r.conversation_id, wide),
+            when(r.started_at, wide),
             r.event_count,
             ','.join(str(lo) if lo == hi else f'{lo}-{hi}' for lo, hi in r.gaps) or None,
             f'{r.usage.input_tokens}/{r.usage.output_tokens}' if r.usage.model_requests else None,
@@ -85,7 +76,10 @@ def runs_table(runs: Sequence[RunRecord]) -> str:
         'tokens',
         'cost',
     ]
-    return table(headers, rows)
+    shown = {'run_id', 'agent', 'status', 'parent', 'started', 'cost'}
+    shown |= {'chain'} if any(r.chain == 'broken' for r in runs) else set()
+    shown |= {'gaps'} if any(r.gaps for r in runs) else set()
+    return fit(headers, rows, wide=wide, shown=shown, cut={'agent'})
 
 
 def _cost(cost_usd: str | None, unpriced: int) -> str | None:
@@ -118,7 +112,7 @@ def _event_detail(e: StepEvent) -> str:
     return detail
 
 
-def tree(runs: Sequence[RunRecord]) -> str:
+def tree(runs: Sequence[RunRecord], *, wide: bool = False) -> str:
     """A lineage tree of `runs` (as `ProjectionReader.run_tree` returns them: the root first).
 
     ```
@@ -127,6 +121,8 @@ def tree(runs: Sequence[RunRecord]) -> str:
     │   └── searcher-4  [searcher, completed]
     └── publisher-3  [publisher, stale]
     ```
+
+    Ids shortened (`short_id`) unless `wide`.
     """
     if not runs:
         return ''
@@ -137,7 +133,7 @@ def tree(runs: Sequence[RunRecord]) -> str:
         children.setdefault(parent, []).append(run)
 
     def label(run: RunRecord) -> str:
-        return f'{run.run_id}  [{run.agent_name or "-"}, {run.status}]'
+        return f'{ident(run.run_id, wide)}  [{run.agent_name or "-"}, {run.status}]'
 
     lines = [label(runs[0])]
 
@@ -152,23 +148,24 @@ def tree(runs: Sequence[RunRecord]) -> str:
     return '\n'.join(lines)
 
 
-def events_table(events: Sequence[StepEvent | Answer[Any]]) -> str:
+def events_table(events: Sequence[StepEvent | Answer[Any]], *, wide: bool = False) -> str:
     """One line per event, in seq order, and per resolution or decision among them (`timeline`).
 
     A resolution's or decision's line has no seq or step (it takes none of the run's): its kind
-    (`resolution`, `decision`), then the call and what it says (`answer_text`).
+    (`resolution`, `decision`), then the call and what it says (`answer_text`). The detail is cut
+    to fit 120 columns unless `wide`.
     """
     rows = [
         (e.seq, time_text(e.timestamp), e.step_index, e.kind, _event_detail(e) or None)
         if isinstance(e, StepEvent)
-        else (None, time_text(e.timestamp), None, e.kind, _answer_detail(e))
+        else (None, time_text(e.timestamp), None, e.kind, _answer_detail(e, wide))
         for e in events
     ]
-    return table(['seq', 'time', 'step', 'kind', 'detail'], rows)
+    return fit(['seq', 'time', 'step', 'kind', 'detail'], rows, wide=wide, cut={'detail'})
 
 
-def _answer_detail(entry: Answer[Any]) -> str:
-    return f'{entry.tool_name} {entry.tool_call_id}: {answer_text(entry.answer, at=False)}'
+def _answer_detail(entry: Answer[Any], wide: bool) -> str:
+    return f'{entry.tool_name} {ident(entry.tool_call_id, wide)}: {answer_text(entry.answer, at=False)}'
 
 
 def answer_text(r: Answered, *, at: bool = True) -> str:
@@ -199,9 +196,9 @@ def effect_status(effect: ToolEffectRecord) -> str:
     return effect.doubt or effect.status
 
 
-def effects_table(effects: Sequence[ToolEffectRecord]) -> str:
+def effects_table(effects: Sequence[ToolEffectRecord], *, wide: bool = False) -> str:
     """One line per tool effect; `started` shows as in_flight or unknown_after_crash."""
-    return unresolved_table([UnresolvedEffect(e, None) for e in effects])
+    return unresolved_table([UnresolvedEffect(e, None) for e in effects], wide=wide)
 
 
 WAITS_FOR = {
@@ -217,23 +214,25 @@ def waits_for(deferral: str | None) -> str:
     return WAITS_FOR.get(deferral or '', 'a decision or a result')
 
 
-def ledger(effects: Sequence[ToolEffectRecord]) -> str:
+def ledger(effects: Sequence[ToolEffectRecord], *, wide: bool = False) -> str:
     """`stepstream effects RUN`: each call's effect, then what a deferred call waits for and every resolution.
 
     A deferred call's status says its kind (`deferred (approval)`, once decided `resolved
     (approval)`); a line under the table says what it waits (or waited) for, with its arguments
     and metadata as stored (redacted), and one line per resolution or decision in log order (the
     one that stands, and those that came later as history), with what it says (`answer_text`).
+    Unless `wide`: ids shortened, the key, summary and error cut, and the lines under it folded
+    to fit 120 columns.
     """
     if not effects:
         return 'no tool calls'
     rows = [
         (
-            e.tool_call_id,
+            ident(e.tool_call_id, wide),
             e.tool_name,
             f'{effect_status(e)} ({e.deferral})' if e.deferral is not None else effect_status(e),
-            time_text(e.started_at),
-            time_text(e.ended_at) if e.ended_at else None,
+            when(e.started_at, wide),
+            when(e.ended_at, wide) if e.ended_at else None,
             e.idempotency_key,
             e.effect_summary,
             e.error,
@@ -241,13 +240,14 @@ def ledger(effects: Sequence[ToolEffectRecord]) -> str:
         for e in effects
     ]
     headers = ['tool_call_id', 'tool', 'status', 'started', 'ended', 'idempotency_key', 'summary', 'error']
-    lines = [table(headers, rows)]
+    lines = [fit(headers, rows, wide=wide, cut={'tool', 'idempotency_key', 'summary', 'error'})]
     for e in effects:
+        call = ident(e.tool_call_id, wide)
         if e.deferral is not None:
             metadata = f'; metadata {e.deferral_metadata}' if e.deferral_metadata is not None else ''
             waits = f'{"waits" if e.status == "deferred" else "waited"} for {waits_for(e.deferral)}'
-            lines.append(f'{e.tool_call_id}: {waits}; arguments {e.args or "{}"}{metadata}')
-        lines += [f'{e.tool_call_id}: resolved {answer_text(r)}' for r in e.resolutions]
+            lines.append(wrap(f'{call}: {waits}; arguments {e.args or "{}"}{metadata}', wide))
+        lines += [wrap(f'{call}: resolved {answer_text(r)}', wide) for r in e.resolutions]
     return '\n'.join(lines)
 
 
@@ -308,21 +308,22 @@ class UnresolvedEffect:
     run_status: str | None
 
 
-def unresolved_table(items: Sequence[UnresolvedEffect]) -> str:
-    """One line per tool effect, with its run's status when known."""
+def unresolved_table(items: Sequence[UnresolvedEffect], *, wide: bool = False) -> str:
+    """One line per tool effect, with its run's status when known (ids shortened unless `wide`)."""
     with_run = any(item.run_status is not None for item in items)
     rows = [
         (
-            item.effect.run_id,
+            ident(item.effect.run_id, wide),
             *((item.run_status,) if with_run else ()),
-            item.effect.tool_call_id,
+            ident(item.effect.tool_call_id, wide),
             item.effect.tool_name,
             effect_status(item.effect),
-            time_text(item.effect.started_at),
+            when(item.effect.started_at, wide),
             item.effect.idempotency_key,
             item.effect.effect_summary,
         )
         for item in items
     ]
     headers = ['run_id', *(['run_status'] if with_run else []), 'tool_call_id', 'tool', 'status']
-    return table([*headers, 'started', 'idempotency_key', 'summary'], rows)
+    headers = [*headers, 'started', 'idempotency_key', 'summary']
+    return fit(headers, rows, wide=wide, cut={'tool', 'idempotency_key', 'summary'})
