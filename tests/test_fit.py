@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from stepstream.console._conversations import conversations_table
 from stepstream.console._deferred import waiting_table
-from stepstream.console._fit import WIDTH, fit
+from stepstream.console._fit import WIDTH, fit, table
 from stepstream.console._render import (
     UnresolvedEffect,
     events_table,
@@ -145,7 +145,19 @@ def test_every_table_fits_120_columns_with_long_ids() -> None:
         assert not wider, f'{name}: {wider}'
         assert BOSS not in text and CHILD not in text, name  # shortened, not in full
     runs = every_table(wide=False)['runs']
-    assert short_id(CHILD) in runs and short_id(BOSS) in runs and 'broken@17' in runs and '3,7-9' in runs
+    assert short_id(CHILD) in runs and short_id(BOSS) in runs and '123456/7890' in runs
+    assert 'chain broken@17; gaps 3,7-9; parent expired'[:10] in runs  # what is amiss, in one note
+    calm = runs_table([RUNS[0], RUNS[2]])
+    assert calm.splitlines()[0].split() == [
+        'run_id',
+        'agent',
+        'status',
+        'parent',
+        'started',
+        'tokens',
+        'cost',
+    ]
+    assert TRIAGE in calm and RESEARCH[:20] in calm  # the agent gives way first, and only as needed
 
 
 def test_wide_shows_every_id_and_column_in_full() -> None:
@@ -169,13 +181,16 @@ def test_ids_sharing_a_long_start_shorten_differently() -> None:
     assert len({line.split()[0] for line in lines}) == 3
 
 
-def test_fit_cuts_the_widest_column_it_may_first() -> None:
-    text = fit(['a', 'b', 'c'], [('x' * 100, 'y' * 60, 'z' * 10)], wide=False, cut={'a', 'b'})
+def test_fit_cuts_the_columns_it_may_in_their_order() -> None:
+    text = fit(['a', 'b', 'c'], [('x' * 150, 'y' * 80, 'z' * 10)], wide=False, cut=('b', 'a'))
     _, _, row = text.splitlines()
     a, b, c = row.split()
     assert len(row) == WIDTH and c == 'z' * 10  # a column not to cut stays whole
-    assert a.endswith('…') and b.endswith('…') and abs(len(a) - len(b)) <= 1
-    assert fit(['a'], [('x' * 200,)], wide=True, cut={'a'}).endswith('x' * 200)
+    assert b == 'yyyyy…' and a == 'x' * 99 + '…'  # b gave way to its least first, then a
+    assert fit(['a', 'b'], [('x' * 50, 'y' * 50)], wide=False, cut=('a',)) == table(
+        ['a', 'b'], [('x' * 50, 'y' * 50)]
+    )
+    assert fit(['a'], [('x' * 200,)], wide=True, cut=('a',)).endswith('x' * 200)
 
 
 IDS = st.text(st.sampled_from('abcdef0123456789-_.'), min_size=1, max_size=80)
@@ -193,3 +208,13 @@ def test_ids_that_differ_in_their_tail_stay_apart(start: str, other_start: str, 
         assert short_id(one) != short_id(two)
     assert len(short_id(one)) <= SHORT_ID_WIDTH and short_id(one).endswith(one[-6:])
     assert short_id(one).startswith(one[: min(len(one), SHORT_ID_WIDTH - 7)])
+
+
+def test_the_explorer_shortens_ids_with_the_same_function_the_whole_in_the_tooltip() -> None:
+    from stepstream.serve._explorer import templates
+
+    macros = templates.env.get_template('_macros.html').module
+    link = str(macros.run_link({'run_id': CHILD}))  # type: ignore[attr-defined]
+    assert f'title="{CHILD}">{short_id(CHILD)}</a>' in link and f'href="/runs/{CHILD}"' in link
+    assert f'>{short_id(SIBLING)}<' in str(macros.run_link({'run_id': SIBLING}))  # type: ignore[attr-defined]
+    assert '>publisher-crash</a>' in str(macros.run_link({'run_id': 'publisher-crash'}))  # type: ignore[attr-defined]

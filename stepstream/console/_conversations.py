@@ -77,7 +77,7 @@ def conversations_table(found: Sequence[Conversation], *, wide: bool = False) ->
         'title',
     ]
     shown = {'conversation', 'runs', 'last status', 'live', 'latest run', 'active', 'title'}
-    return fit(headers, rows, wide=wide, shown=shown, cut={'title'})
+    return fit(headers, rows, wide=wide, shown=shown, cut=('title',))
 
 
 def _cut(text: str) -> str:

@@ -79,7 +79,7 @@ def waiting_table(calls: Sequence[WaitingCall], now: datetime, *, wide: bool = F
     """`stepstream deferred`: one line per waiting call, its arguments cut to `ARGS_WIDTH` characters.
 
     In 120 columns (not `wide`): ids shortened, no conversation or start (how long it waited
-    stays), and the tool, agent and arguments cut to fit.
+    stays), and the arguments, then the agent, then the tool cut to fit.
     """
     if not calls:
         return 'no tool call waits for a decision'
@@ -99,7 +99,7 @@ def waiting_table(calls: Sequence[WaitingCall], now: datetime, *, wide: bool = F
     ]
     headers = ['run_id', 'tool_call_id', 'tool', 'kind', 'agent', 'conversation', 'since', 'waited', 'args']
     shown = {'run_id', 'tool_call_id', 'tool', 'kind', 'agent', 'waited', 'args'}
-    return fit(headers, rows, wide=wide, shown=shown, cut={'tool', 'agent', 'args'})
+    return fit(headers, rows, wide=wide, shown=shown, cut=('args', 'agent', 'tool'))
 
 
 def _cut(text: str) -> str:

@@ -1,8 +1,8 @@
 """Text tables, and how they fit a terminal: `WIDTH` columns unless asked `--wide` (issue 51).
 
 A view builds its rows in full and says which of its columns a narrow table shows and which it
-may cut; `fit` then cuts the widest of those first, each to no less than `MIN_CUT` characters,
-with `…` where it cut. Ids are shortened by `stepstream.ids.short_id`, the explorer's too, so an
+may cut, in the order they give way; `fit` cuts each to no less than `MIN_CUT` characters, with
+`…` where it cut. Ids are shortened by `stepstream.ids.short_id`, the explorer's too, so an
 id reads the same everywhere; `--wide` shows every column, every id and every time in full.
 """
 
@@ -59,42 +59,32 @@ def fit(
     *,
     wide: bool,
     shown: Collection[str] | None = None,
-    cut: Collection[str] = (),
+    cut: Sequence[str] = (),
 ) -> str:
     """`table` in `WIDTH` columns: only the `shown` columns (all when None), the `cut` ones cut to fit.
 
-    With `wide`, every column in full. The cut columns give way widest first; the others are
-    never cut (their width is the view's to keep: ids by `ident`, times by `when`).
+    The `cut` columns give way in that order, each down to `MIN_CUT` characters before the next;
+    the others are never cut (their width is the view's to keep: ids by `ident`, times by `when`).
+    With `wide`, every column in full.
     """
     if wide:
         return table(headers, rows)
     keep = [i for i, header in enumerate(headers) if shown is None or header in shown]
     names = [headers[i] for i in keep]
     cells = [['-' if row[i] is None else str(row[i]) for i in keep] for row in rows]
-    widths = [max(len(text) for text in [name, *(row[j] for row in cells)]) for j, name in enumerate(names)]
-    caps = _caps(widths, [j for j, name in enumerate(names) if name in cut])
+    caps = [max(len(text) for text in [name, *(row[j] for row in cells)]) for j, name in enumerate(names)]
+    over = sum(caps) + 2 * (len(caps) - 1) - WIDTH
+    for name in cut:
+        if over <= 0 or name not in names:
+            continue
+        j = names.index(name)
+        given = min(over, max(caps[j] - MIN_CUT, 0))
+        caps[j] -= given
+        over -= given
     return table(
         [_cut(name, caps[j]) for j, name in enumerate(names)],
         [[_cut(c, caps[j]) for j, c in enumerate(row)] for row in cells],
     )
-
-
-def _caps(widths: list[int], flexible: list[int]) -> list[int]:
-    """Each column's width, the `flexible` ones lowered widest first until the table fits `WIDTH`."""
-    caps = list(widths)
-    over = sum(caps) + 2 * (len(caps) - 1) - WIDTH
-    while over > 0:
-        wider = [j for j in flexible if caps[j] > MIN_CUT]
-        if not wider:
-            break
-        top = max(caps[j] for j in wider)
-        widest = [j for j in wider if caps[j] == top]
-        below = max([caps[j] for j in wider if caps[j] < top] + [MIN_CUT])
-        step = min(top - below, -(-over // len(widest)))
-        for j in widest:
-            caps[j] -= step
-        over -= step * len(widest)
-    return caps
 
 
 def _cut(text: str, cap: int) -> str:

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from stepstream.console._fit import fit, ident, time_text, when, wrap
+from stepstream.console._fit import fit, ident, table, time_text, when, wrap
 from stepstream.console._timeline import Answer, Answered
+from stepstream.ids import short_id
 from stepstream.schemas import RunRecord, StepEvent, ToolEffectRecord
 
 
@@ -44,42 +45,61 @@ def to_json(value: Any, *, indent: int | None = 2) -> str:
 def runs_table(runs: Sequence[RunRecord], *, wide: bool = False) -> str:
     """One line per run: id, agent, status, chain, lineage, times, counts, tokens (in/out) and cost.
 
-    In 120 columns (not `wide`): ids shortened, the agent cut to fit, no conversation, record count
-    or tokens; the chain and the gaps only when a run on the page has a broken chain or a gap.
+    In 120 columns (not `wide`): ids shortened, no conversation or record count, and what is amiss
+    (a broken chain, gaps, an expired parent) in one `note` column, there when a run on the page
+    has one; the agent, then the note, are cut to fit.
     """
-    rows = [
+    if not wide:
+        rows = [
+            (
+                short_id(r.run_id),
+                r.agent_name,
+                r.status,
+                ident(r.parent_run_id, wide),
+                when(r.started_at, wide),
+                _tokens(r),
+                _cost(r.usage.cost_usd, r.usage.unpriced_requests),
+                _amiss(r),
+            )
+            for r in runs
+        ]
+        headers = ['run_id', 'agent', 'status', 'parent', 'started', 'tokens', 'cost', 'note']
+        noted = any(row[-1] for row in rows)
+        return fit(headers, rows, wide=False, shown=headers if noted else headers[:-1], cut=('agent', 'note'))
+    full = [
         (
-            ident(r.run_id, wide),
+            r.run_id,
             r.agent_name,
             r.status,
             f'broken@{r.chain_break_seq}' if r.chain == 'broken' else r.chain,
-            f'{ident(r.parent_run_id, wide)} (expired)' if r.parent_expired else ident(r.parent_run_id, wide),
-            ident(r.conversation_id, wide),
-            when(r.started_at, wide),
+            f'{r.parent_run_id} (expired)' if r.parent_expired else r.parent_run_id,
+            r.conversation_id,
+            time_text(r.started_at),
             r.event_count,
-            ','.join(str(lo) if lo == hi else f'{lo}-{hi}' for lo, hi in r.gaps) or None,
-            f'{r.usage.input_tokens}/{r.usage.output_tokens}' if r.usage.model_requests else None,
+            _gaps(r) or None,
+            _tokens(r),
             _cost(r.usage.cost_usd, r.usage.unpriced_requests),
         )
         for r in runs
     ]
-    headers = [
-        'run_id',
-        'agent',
-        'status',
-        'chain',
-        'parent',
-        'conversation',
-        'started',
-        'records',
-        'gaps',
-        'tokens',
-        'cost',
-    ]
-    shown = {'run_id', 'agent', 'status', 'parent', 'started', 'cost'}
-    shown |= {'chain'} if any(r.chain == 'broken' for r in runs) else set()
-    shown |= {'gaps'} if any(r.gaps for r in runs) else set()
-    return fit(headers, rows, wide=wide, shown=shown, cut={'agent'})
+    headers = ['run_id', 'agent', 'status', 'chain', 'parent', 'conversation', 'started', 'records', 'gaps']
+    return table([*headers, 'tokens', 'cost'], full)
+
+
+def _gaps(r: RunRecord) -> str:
+    return ','.join(str(lo) if lo == hi else f'{lo}-{hi}' for lo, hi in r.gaps)
+
+
+def _tokens(r: RunRecord) -> str | None:
+    return f'{r.usage.input_tokens}/{r.usage.output_tokens}' if r.usage.model_requests else None
+
+
+def _amiss(r: RunRecord) -> str | None:
+    """What a narrow `runs_table` notes of a run: a broken chain, gaps, an expired parent."""
+    notes = [f'chain broken@{r.chain_break_seq}'] if r.chain == 'broken' else []
+    notes += [f'gaps {_gaps(r)}'] if r.gaps else []
+    notes += ['parent expired'] if r.parent_expired else []
+    return '; '.join(notes) or None
 
 
 def _cost(cost_usd: str | None, unpriced: int) -> str | None:
@@ -161,7 +181,7 @@ def events_table(events: Sequence[StepEvent | Answer[Any]], *, wide: bool = Fals
         else (None, time_text(e.timestamp), None, e.kind, _answer_detail(e, wide))
         for e in events
     ]
-    return fit(['seq', 'time', 'step', 'kind', 'detail'], rows, wide=wide, cut={'detail'})
+    return fit(['seq', 'time', 'step', 'kind', 'detail'], rows, wide=wide, cut=('detail',))
 
 
 def _answer_detail(entry: Answer[Any], wide: bool) -> str:
@@ -221,8 +241,8 @@ def ledger(effects: Sequence[ToolEffectRecord], *, wide: bool = False) -> str:
     (approval)`); a line under the table says what it waits (or waited) for, with its arguments
     and metadata as stored (redacted), and one line per resolution or decision in log order (the
     one that stands, and those that came later as history), with what it says (`answer_text`).
-    Unless `wide`: ids shortened, the key, summary and error cut, and the lines under it folded
-    to fit 120 columns.
+    Unless `wide`: ids shortened, no times, the summary, error, key and tool cut (in that order)
+    and the lines under it folded to fit 120 columns.
     """
     if not effects:
         return 'no tool calls'
@@ -240,7 +260,8 @@ def ledger(effects: Sequence[ToolEffectRecord], *, wide: bool = False) -> str:
         for e in effects
     ]
     headers = ['tool_call_id', 'tool', 'status', 'started', 'ended', 'idempotency_key', 'summary', 'error']
-    lines = [fit(headers, rows, wide=wide, cut={'tool', 'idempotency_key', 'summary', 'error'})]
+    shown = [h for h in headers if h not in ('started', 'ended')]
+    lines = [fit(headers, rows, wide=wide, shown=shown, cut=('summary', 'error', 'idempotency_key', 'tool'))]
     for e in effects:
         call = ident(e.tool_call_id, wide)
         if e.deferral is not None:
@@ -309,7 +330,10 @@ class UnresolvedEffect:
 
 
 def unresolved_table(items: Sequence[UnresolvedEffect], *, wide: bool = False) -> str:
-    """One line per tool effect, with its run's status when known (ids shortened unless `wide`)."""
+    """One line per tool effect, with its run's status when known.
+
+    Unless `wide`: ids shortened, no start time, the summary, key and tool cut (in that order) to fit.
+    """
     with_run = any(item.run_status is not None for item in items)
     rows = [
         (
@@ -326,4 +350,5 @@ def unresolved_table(items: Sequence[UnresolvedEffect], *, wide: bool = False) -
     ]
     headers = ['run_id', *(['run_status'] if with_run else []), 'tool_call_id', 'tool', 'status']
     headers = [*headers, 'started', 'idempotency_key', 'summary']
-    return fit(headers, rows, wide=wide, cut={'tool', 'idempotency_key', 'summary'})
+    shown = [h for h in headers if h != 'started']
+    return fit(headers, rows, wide=wide, shown=shown, cut=('summary', 'idempotency_key', 'tool'))

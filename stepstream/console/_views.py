@@ -166,7 +166,7 @@ async def conflicts(args: ViewArgs, reader: ProjectionReader, settings: Settings
         for r in found
     ]
     headers = ['run_id', 'registered_by', 'conflicting_writers']
-    return _either(args, found, fit(headers, rows, wide=wide, cut={'conflicting_writers'}))
+    return _either(args, found, fit(headers, rows, wide=wide, cut=('conflicting_writers',)))
 
 
 VIEWS: dict[str, View] = {
