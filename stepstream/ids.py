@@ -13,6 +13,9 @@ Two rules:
   hold any text, because the projection's keys encode each component injectively
   (`stepstream.storage._keys`); it only has to be UTF-8 encodable and at most
   `MAX_ID_BYTES` long, so that no record can make a key of unbounded size.
+
+And one way to show a long id where room is short: `short_id` (its start and its tail), used by the
+CLI's tables and the explorer alike.
 """
 
 from __future__ import annotations
