@@ -338,6 +338,9 @@ async def test_the_runs_list_nests_delegates_and_reads_at_800_px(
     assert overflow <= 800, overflow  # no sideways scrolling at 800 px
     heights = await page.eval_on_selector_all('tr.run-row', 'rows => rows.map(r => r.offsetHeight)')
     assert max(heights) < 40, heights  # one line per run: long ids do not wrap
+    # Two delegates of one agent, started together, share their start: their links still read apart.
+    shown = [await rows.nth(parent + i).locator('a.run-link').first.inner_text() for i in (1, 2)]
+    assert shown == [short_id(r) for r in served.delegate_runs] and shown[0] != shown[1]
     await shot(page, tmp_path, 'runs-800')
 
     await page.click('a.view-toggle')  # the flat view: every run in its own place, newest first
