@@ -76,8 +76,8 @@ def add_commands(command: Declare) -> None:
     conversations = command(
         'conversations',
         view,
-        'List conversations, the newest activity first: runs, last status, live, latest run and its writer, '
-        'tokens and cost (continue one with continue_conversation).',
+        'List conversations, the newest activity first: runs, last status, live, latest run, last active, '
+        'title (--wide: also its writer, tokens and cost; continue one with continue_conversation).',
     )
     conversations.add_argument('--limit', type=_positive, help='conversations per page (default 50)')
     conversations.add_argument(
@@ -112,7 +112,8 @@ def _deferred(command: Declare) -> argparse.ArgumentParser:
         'deferred',
         view,
         'List the tool calls that wait for a decision, across runs, the longest waiting first: run, '
-        'call, tool, kind, agent, conversation, how long, arguments (decide with approve, deny, complete).',
+        'call, tool, kind, agent, how long, arguments (--wide: also the conversation and since when; '
+        'decide with approve, deny, complete).',
     )
     deferred.add_argument(
         '--agent', dest='agent_name', metavar='NAME', help='only calls of runs of this agent'

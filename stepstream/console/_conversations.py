@@ -1,9 +1,9 @@
 """`stepstream conversations`: every conversation, newest activity first (decision 0062).
 
 One line per conversation (its id, how many runs, its latest run's status judged now, whether it
-is live, that run and its writer, tokens and cost summed, its newest activity); or their JSON for
-scripts. A page ends with the command for the next (`--after` the last one's cursor, the API's
-`next_after`); in the JSON each carries its `cursor`.
+is live, that run, its newest activity, its title; `--wide` adds the writer, tokens and cost
+summed); or their JSON for scripts. A page ends with the command for the next (`--after` the last
+one's cursor, the API's `next_after`); in the JSON each carries its `cursor`.
 """
 
 from __future__ import annotations

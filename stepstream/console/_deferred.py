@@ -1,7 +1,8 @@
 """`stepstream deferred`: the calls that wait for a decision, across runs (issue 49, decision 0056).
 
-One line per deferred call (run, call, tool, what it waits for, agent, conversation, how long it
-has waited, its arguments as stored, redacted), oldest first; or their JSON for scripts. A page
+One line per deferred call (run, call, tool, what it waits for, agent, how long it has waited, its
+arguments as stored, redacted; `--wide` adds the conversation and since when), oldest first; or
+their JSON for scripts. A page
 ends with the command for the next (`--after` the last call's cursor, the API's `next_after`); in
 the JSON each call carries its `cursor`. The CLI runs it over the projection it opens, and the read
 service can run it for a CLI that asks.
