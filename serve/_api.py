@@ -329,6 +329,9 @@ async def console(
     search: Annotated[
         str | None, Query(max_length=1000, description='`conversations`: only those holding these words.')
     ] = None,
+    wide: Annotated[
+        bool, Query(description='A table with every column, each id in full (else 120 columns).')
+    ] = False,
 ) -> Response:
     """The text (with `json`, the JSON) `stepstream VIEW` prints, read from this service's projection.
 
@@ -349,6 +352,7 @@ async def console(
         newest_first=newest_first,
         archived=archived,
         search=search,
+        wide=wide,
     )
     return await _console(request, view, args)
 
@@ -367,6 +371,9 @@ async def console_run(
     run_id: RunId,
     include_interrupted: bool = False,
     json: bool = False,
+    wide: Annotated[
+        bool, Query(description='A table with every column, each id in full (else 120 columns).')
+    ] = False,
 ) -> Response:
     """`stepstream VIEW RUN` as the CLI prints it, read from this service's projection.
 
@@ -374,7 +381,7 @@ async def console_run(
     the server in it (`public_detail`).
     """
     return await _console(
-        request, view, ViewArgs(run_id=run_id, include_interrupted=include_interrupted, json=json)
+        request, view, ViewArgs(run_id=run_id, include_interrupted=include_interrupted, json=json, wide=wide)
     )
 
 

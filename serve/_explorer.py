@@ -21,6 +21,7 @@ from fastapi.templating import Jinja2Templates
 
 from stepstream.console import timeline, waits_for
 from stepstream.errors import NotFound
+from stepstream.ids import short_id
 from stepstream.producer import FORKED_FROM
 from stepstream.schemas import CHAIN_STATUSES, RUN_STATUSES
 from stepstream.serve._auth import TOKEN_COOKIE, token_matches
@@ -66,6 +67,7 @@ templates.env.globals['millis'] = millis
 templates.env.globals['money'] = money
 templates.env.globals['json_text'] = json_text
 templates.env.globals['waits_for'] = waits_for
+templates.env.filters['short_id'] = short_id  # the CLI's tables shorten ids the same way
 router = APIRouter(include_in_schema=False, default_response_class=HTMLResponse)
 
 

@@ -13,6 +13,9 @@ Two rules:
   hold any text, because the projection's keys encode each component injectively
   (`stepstream.storage._keys`); it only has to be UTF-8 encodable and at most
   `MAX_ID_BYTES` long, so that no record can make a key of unbounded size.
+
+And one way to show a long id where room is short: `short_id` (its start and its tail), used by the
+CLI's tables and the explorer alike.
 """
 
 from __future__ import annotations
@@ -125,3 +128,28 @@ def to_run_id(text: str) -> str:
         readable = readable.replace('..', '._')
     readable = readable[: MAX_RUN_ID - _HASH_CHARS - 1].rstrip('.')
     return check_run_id(f'{readable}-{digest}' if readable else digest)
+
+
+SHORT_ID_WIDTH = 22
+"""The most characters `short_id` shows of an id: a table's or a link's column."""
+_SHORT_TAIL = 6
+
+
+def short_id(value: str) -> str:
+    """An id as a table or a link shows it: whole up to `SHORT_ID_WIDTH` characters, else its start and tail.
+
+    Ids of one agent share their start (`{agent_name}-{ctx.run_id}`, a time-ordered UUIDv7): what
+    tells them apart is at the end. So a long id keeps its first characters (the agent, the time)
+    and its last six, with `…` between: `orchestrator-01…89abef`. The same id always reads the same
+    (the CLI's tables and the explorer use this one function), two ids that differ in their last
+    six characters or in their first fifteen read differently, and `--wide` or the explorer's
+    tooltip shows the whole.
+
+    ```python
+    short_id('librarian-7')                                            # 'librarian-7' (short: as it is)
+    short_id('orchestrator-019ae8c2-5b1e-7c3d-9f40-0a1b2c89abef')      # 'orchestrator-01…89abef'
+    ```
+    """
+    if len(value) <= SHORT_ID_WIDTH:
+        return value
+    return f'{value[: SHORT_ID_WIDTH - _SHORT_TAIL - 1]}…{value[-_SHORT_TAIL:]}'

@@ -16,6 +16,7 @@ from pydantic_ai import Agent
 
 from stepstream import Settings
 from stepstream.embedded import EmbeddedStack
+from stepstream.ids import short_id
 from stepstream.producer import EventLog, StepPersistence
 from stepstream.projector import Projector, rebuild, verify_paths
 from stepstream.readmodel import ProjectionReader
@@ -79,7 +80,9 @@ async def test_runs_come_a_page_at_a_time_newest_first_or_all_as_json_lines(
     assert code == 0 and [r['run_id'] for r in json.loads(out)] == newest[:4]
     code, out, _ = await cli(settings, db_path, 'runs', '--limit', '4')
     assert code == 0 and out.rstrip().endswith(f'`stepstream runs --after {newest[3]}` (same filters)')
-    assert [line.split()[0] for line in out.splitlines()[2:6]] == newest[:4]
+    assert [line.split()[0] for line in out.splitlines()[2:6]] == [short_id(r) for r in newest[:4]]
+    code, out, _ = await cli(settings, db_path, 'runs', '--limit', '4', '--wide')  # every id in full
+    assert code == 0 and [line.split()[0] for line in out.splitlines()[2:6]] == newest[:4]
     code, out, _ = await cli(settings, db_path, 'runs', '--limit', '4', '--after', newest[3], '--json')
     assert code == 0 and [r['run_id'] for r in json.loads(out)] == newest[4:]
     code, out, _ = await cli(settings, db_path, 'runs', '--limit', '4', '--after', newest[3])
@@ -105,14 +108,19 @@ async def test_views_tables_and_json(
 
     code, out, _ = await cli(settings, db_path, 'runs', '--conversation-id', 'conv-cli')
     assert (
-        code == 0 and boss.run_id in out and 'completed' in out and out.splitlines()[0].startswith('run_id')
+        code == 0
+        and short_id(boss.run_id) in out
+        and 'completed' in out
+        and out.splitlines()[0].startswith('run_id')
     )
     code, out, _ = await cli(settings, db_path, 'runs', '--json')
     assert code == 0 and {r['agent_name'] for r in json.loads(out)} == {'boss', 'worker'}
     assert db_path.stat().st_mode & 0o777 == 0o700  # runs and tool inputs: the owner's only
 
     code, out, _ = await cli(settings, db_path, 'tree', boss.run_id)
-    assert code == 0 and out.splitlines()[0].startswith(boss.run_id) and '└── worker-' in out
+    assert code == 0 and out.splitlines()[0].startswith(short_id(boss.run_id)) and '└── worker-' in out
+    code, out, _ = await cli(settings, db_path, 'tree', boss.run_id, '--wide')
+    assert code == 0 and out.splitlines()[0].startswith(f'{boss.run_id}  [boss, completed]')
     code, out, _ = await cli(settings, db_path, 'events', boss.run_id, '--json')
     assert code == 0 and json.loads(out)[0]['kind'] == 'run_started'
     code, out, _ = await cli(settings, db_path, 'snapshot', boss.run_id)

@@ -60,6 +60,7 @@ async def test_a_view_asked_of_the_service_is_the_view_read_here(settings: Setti
             ('runs', '--agent-name', 'orchestrator', '--json'),
             ('runs', '--parent-run-id', served.orchestrator_run),
             ('runs', '--limit', '1'),
+            ('runs', '--wide'),
             ('runs', '--limit', '1', '--after', served.orchestrator_run, '--oldest-first', '--json'),
             ('runs', '--after', 'no-such-run'),
             ('unresolved',),
@@ -73,7 +74,7 @@ async def test_a_view_asked_of_the_service_is_the_view_read_here(settings: Setti
         ]
         for run_id in runs:
             for view in ('tree', 'events', 'effects'):
-                cases += [(view, run_id), (view, run_id, '--json')]
+                cases += [(view, run_id), (view, run_id, '--json'), (view, run_id, '--wide')]
         for view in ('tree', 'events', 'snapshot', 'effects', 'unresolved'):
             cases.append((view, 'no-such-run'))
 

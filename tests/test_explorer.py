@@ -18,6 +18,7 @@ import pytest
 import pytest_asyncio
 
 from stepstream.embedded import EmbeddedStack
+from stepstream.ids import short_id
 
 from served import Served, served_projection
 
@@ -117,7 +118,8 @@ async def test_runs_are_listed_filtered_and_refreshed_live(
     await page.fill('input[name=agent_name]', 'viewer')
     await page.click('button[type=submit]')
     await expect(rows).to_have_count(1)
-    await expect(rows).to_contain_text(served.image_run)
+    await expect(rows).to_contain_text(short_id(served.image_run))  # the whole in its tooltip
+    await expect(rows.locator('a.run-link').first).to_have_attribute('title', served.image_run)
 
 
 async def test_run_page_shows_lineage_and_timeline(served: Served, page: Page, tmp_path: Path) -> None:
@@ -128,21 +130,28 @@ async def test_run_page_shows_lineage_and_timeline(served: Served, page: Page, t
     await expect(tree.nth(0)).to_have_attribute('data-run-id', served.orchestrator_run)
     await expect(tree.nth(1)).to_have_class('tree-node depth-1 current')
     await expect(tree.nth(2)).to_have_attribute('data-run-id', second)
-    await expect(page.locator('dd.parent')).to_contain_text(served.orchestrator_run)
-    await expect(page.locator('dd.siblings')).to_contain_text(second)
-    await expect(page.locator('dd.siblings')).not_to_contain_text(served.orchestrator_run)  # the parent
+    await expect(page.locator('dd.parent')).to_contain_text(short_id(served.orchestrator_run))
+    await expect(page.locator('dd.siblings')).to_contain_text(short_id(second))
+    await expect(page.locator(f'dd.siblings a[title="{served.orchestrator_run}"]')).to_have_count(
+        0
+    )  # the parent
+    # Two runs of one agent share their start: their links read apart, each whole in its tooltip.
+    links = tree.locator('a.run-link')
+    assert short_id(first) != short_id(second) and first[:11] == second[:11] == 'researcher-'
+    await expect(links).to_have_text([short_id(r) for r in (served.orchestrator_run, first, second)])
+    await expect(links.nth(2)).to_have_attribute('title', second)
     await expect(page.locator('.timeline tr.kind-tool_call_started')).to_contain_text('search')
     await expect(page.locator('.timeline tr.kind-tool_call_started .badge')).to_have_text('completed')
     await expect(page.locator('.snapshots .part-tool-return').first).to_contain_text('found 3 documents')
     await shot(page, tmp_path, 'run')
 
-    await page.click(f'ul.tree a:text("{served.orchestrator_run}")')
-    await expect(page.locator('dd.children')).to_contain_text(second)
-    await expect(page.locator('dd.siblings')).not_to_contain_text(second)  # a child, not a sibling
+    await page.click(f'ul.tree a[title="{served.orchestrator_run}"]')
+    await expect(page.locator('dd.children')).to_contain_text(short_id(second))
+    await expect(page.locator(f'dd.siblings a[title="{second}"]')).to_have_count(0)  # a child, not a sibling
     delegates = page.locator('table.spans tr.span-tool .delegate a.run-link')  # each call, its child
-    await expect(delegates).to_have_text([first, second])
+    await expect(delegates).to_have_text([short_id(first), short_id(second)])
     await delegates.first.click()
-    await expect(page.locator('dd.parent')).to_contain_text(served.orchestrator_run)
+    await expect(page.locator('dd.parent')).to_contain_text(short_id(served.orchestrator_run))
 
 
 async def test_a_crashed_run_highlights_its_unknown_effect(
@@ -359,6 +368,9 @@ async def test_the_runs_list_nests_delegates_and_reads_at_800_px(
     assert overflow <= 800, overflow  # no sideways scrolling at 800 px
     heights = await page.eval_on_selector_all('tr.run-row', 'rows => rows.map(r => r.offsetHeight)')
     assert max(heights) < 40, heights  # one line per run: long ids do not wrap
+    # Two delegates of one agent, started together, share their start: their links still read apart.
+    shown = [await rows.nth(parent + i).locator('a.run-link').first.inner_text() for i in (1, 2)]
+    assert shown == [short_id(r) for r in served.delegate_runs] and shown[0] != shown[1]
     await shot(page, tmp_path, 'runs-800')
 
     await page.click('a.view-toggle')  # the flat view: every run in its own place, newest first

@@ -209,6 +209,8 @@ async def test_expired_runs_leave_the_projection_and_only_their_media_leaves_the
         and sum(s['would_drop'] for s in preview) == 0
     )
     code, out, _ = await cli(settings, db_path, 'runs', '--conversation-id', 'conv')
+    assert code == 0 and 'parent expired' in out  # the note of a narrow table
+    code, out, _ = await cli(settings, db_path, 'runs', '--conversation-id', 'conv', '--wide')
     assert code == 0 and f'{parent} (expired)' in out
     code, _, err = await cli(settings, db_path, 'events', parent)
     assert code == 1 and 'dropped by the retention policy' in err

@@ -143,7 +143,7 @@ async def test_the_events_view_the_ledger_and_the_run_page_show_each_decision_an
     await projection.wait_for()
 
     # `events RUN`: the step events, then both decisions at their time, what each says.
-    text = await show('events', ViewArgs(run_id='tl-w'), reader, settings)
+    text = await show('events', ViewArgs(run_id='tl-w', wide=True), reader, settings)  # each detail whole
     *_, approved, denied = text.splitlines()
     for line in (approved, denied):  # no seq, no step: a decision takes none of the run's
         assert line.split()[0] == '-' and line.split()[3:5] == ['-', 'decision']
@@ -153,12 +153,12 @@ async def test_the_events_view_the_ledger_and_the_run_page_show_each_decision_an
     )
     events = json.loads(await show('events', ViewArgs(run_id='tl-w', json=True), reader, settings))
     assert all(isinstance(e['seq'], int) for e in events)  # the JSON stays the step events
-    *_, resolved = (await show('events', ViewArgs(run_id='tl-c'), reader, settings)).splitlines()
+    *_, resolved = (await show('events', ViewArgs(run_id='tl-c', wide=True), reader, settings)).splitlines()
     assert resolved.split()[3:5] == ['-', 'resolution']
     assert resolved.endswith('publish call-publish: did not happen by carol: not on the blog')
 
     # `effects RUN`: the decided call says what it waited for, then each decision in log order.
-    ledger = await show('effects', ViewArgs(run_id='tl-w'), reader, settings)
+    ledger = await show('effects', ViewArgs(run_id='tl-w', wide=True), reader, settings)
     row = next(line for line in ledger.splitlines() if line.startswith('call-refund '))
     assert row.split()[2:4] == ['resolved', '(approval)']
     assert 'call-refund: waited for a person to approve or deny it (it has not run); arguments ' in ledger

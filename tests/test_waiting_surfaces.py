@@ -136,7 +136,7 @@ async def test_a_deferred_call_reads_deferred_with_what_it_waits_for(api: httpx.
     assert (by_tool['lookup']['deferral'], by_tool['lookup']['args']) == (None, None)
 
     # `stepstream effects RUN`: the kind in the status, then what each call waits for.
-    text = (await api.get(f'/api/console/effects/{WAITING}')).text
+    text = (await api.get(f'/api/console/effects/{WAITING}', params={'wide': 'true'})).text  # lines whole
     rows = {line.split()[0]: line for line in text.splitlines()[2:6]}
     assert 'deferred (approval)' in rows['call-refund'] and 'deferred (external)' in rows['call-export']
     assert 'deferred (question)' in rows['call-ask'] and 'completed' in rows['call-lookup']

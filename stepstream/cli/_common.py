@@ -50,6 +50,16 @@ def add_json(*parsers: argparse.ArgumentParser) -> None:
         parser.add_argument('--json', action='store_true', help='machine-readable output')
 
 
+def add_wide(*parsers: argparse.ArgumentParser) -> None:
+    """Give each table view its `--wide` flag: every column, ids in full (default: 120 columns)."""
+    for parser in parsers:
+        parser.add_argument(
+            '--wide',
+            action='store_true',
+            help='every column, each id and time in full (default: 120 columns)',
+        )
+
+
 @contextlib.asynccontextmanager
 async def open_reader(settings: Settings) -> AsyncIterator[ProjectionReader]:
     """`ProjectionReader.from_settings`, imported only by the commands that read the projection.

@@ -36,6 +36,7 @@ from stepstream.cli._common import (
     EXIT_USAGE,
     Command,
 )
+from stepstream.cli._help import SETTINGS_GROUP, ShortUsage, add_help
 from stepstream.errors import (
     MediaUnavailable,
     NotFound,
@@ -54,6 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra:  # the subcommand's usage and the closest flag, not the top-level usage
         _unknown(getattr(args, 'subparser', parser), extra)
+    if hasattr(args, 'helper'):  # `stepstream help ...`: no settings read, no stack looked for
+        return int(args.helper(args.topic, main))
     if not hasattr(args, 'command'):
         parser.print_help()
         return EXIT_USAGE
@@ -157,9 +160,11 @@ def _parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 
     def command(name: str, fn: Command, help_text: str, *, parent: Any = None) -> argparse.ArgumentParser:
         # No abbreviations: a prefix must never pass for a longer flag.
-        p = (parent or sub).add_parser(name, help=help_text, description=help_text, allow_abbrev=False)
+        p = (parent or sub).add_parser(
+            name, help=help_text, description=help_text, allow_abbrev=False, formatter_class=ShortUsage
+        )
         if wanted is None or name == wanted or parent is not None:
-            Settings.add_arguments(p, documented=documented)
+            Settings.add_arguments(p, documented=documented, title=SETTINGS_GROUP)
         p.add_argument(
             '--stack-dir',
             default=DEFAULT_STACK_DIR,
@@ -180,6 +185,7 @@ def _parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     _import.add_commands(command)
     _audit.add_commands(command, sub)
     _replay.add_commands(command)
+    add_help(sub)
     return parser
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from stepstream.cli._common import EXIT_OK, Declare, add_json, open_reader
+from stepstream.cli._common import EXIT_OK, Declare, add_json, add_wide, open_reader
 from stepstream.settings import Settings
 
 if TYPE_CHECKING:
@@ -76,8 +76,8 @@ def add_commands(command: Declare) -> None:
     conversations = command(
         'conversations',
         view,
-        'List conversations, the newest activity first: runs, last status, live, latest run and its writer, '
-        'tokens and cost (continue one with continue_conversation).',
+        'List conversations, the newest activity first: runs, last status, live, latest run, last active, '
+        'title (--wide: also its writer, tokens and cost; continue one with continue_conversation).',
     )
     conversations.add_argument('--limit', type=_positive, help='conversations per page (default 50)')
     conversations.add_argument(
@@ -103,6 +103,7 @@ def add_commands(command: Declare) -> None:
     for name, parser in parsers.items():
         parser.set_defaults(view=name)
     add_json(*parsers.values())
+    add_wide(*(parser for name, parser in parsers.items() if name != 'snapshot'))
 
 
 def _deferred(command: Declare) -> argparse.ArgumentParser:
@@ -111,7 +112,8 @@ def _deferred(command: Declare) -> argparse.ArgumentParser:
         'deferred',
         view,
         'List the tool calls that wait for a decision, across runs, the longest waiting first: run, '
-        'call, tool, kind, agent, conversation, how long, arguments (decide with approve, deny, complete).',
+        'call, tool, kind, agent, how long, arguments (--wide: also the conversation and since when; '
+        'decide with approve, deny, complete).',
     )
     deferred.add_argument(
         '--agent', dest='agent_name', metavar='NAME', help='only calls of runs of this agent'

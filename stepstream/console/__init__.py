@@ -18,11 +18,11 @@ from stepstream.lazy import lazy_exports
 if TYPE_CHECKING:
     from stepstream.console._args import VIEW_HEADER, ViewArgs
     from stepstream.console._conversations import conversations
+    from stepstream.console._fit import time_text
     from stepstream.console._render import (
         effects_table,
         events_table,
         runs_table,
-        time_text,
         to_json,
         tree,
         waits_for,
@@ -49,7 +49,7 @@ _WHERE = {
     'status_json': _STATUS,
     'status_text': _STATUS,
     'sweep_text': _STATUS,
-    'time_text': _RENDER,
+    'time_text': 'stepstream.console._fit',
     'timeline': 'stepstream.console._timeline',
     'to_json': _RENDER,
     'tree': _RENDER,

@@ -36,9 +36,11 @@ class ViewArgs:
     newest_first: bool = False
     """`deferred`: the calls that started waiting last first (default: the longest waiting first)."""
     archived: str | None = None
+    """`conversations`: `true` only the archived ones, `false` only the others (default: every one)."""
     search: str | None = None
     """`conversations`: only those whose title or a run's first prompt holds every word (by id)."""
-    """`conversations`: `true` only the archived ones, `false` only the others (default: every one)."""
+    wide: bool = False
+    """A table with every column, each id and time in full (default: it fits 120 columns)."""
 
     @classmethod
     def of(cls, namespace: Any) -> ViewArgs:

@@ -1,9 +1,9 @@
 """`stepstream conversations`: every conversation, newest activity first (decision 0062).
 
 One line per conversation (its id, how many runs, its latest run's status judged now, whether it
-is live, that run and its writer, tokens and cost summed, its newest activity); or their JSON for
-scripts. A page ends with the command for the next (`--after` the last one's cursor, the API's
-`next_after`); in the JSON each carries its `cursor`.
+is live, that run, its newest activity, its title; `--wide` adds the writer, tokens and cost
+summed); or their JSON for scripts. A page ends with the command for the next (`--after` the last
+one's cursor, the API's `next_after`); in the JSON each carries its `cursor`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from stepstream.console._args import ViewArgs
-from stepstream.console._render import table, time_text, to_json
+from stepstream.console._fit import fit, ident, when
+from stepstream.console._render import to_json
 
 if TYPE_CHECKING:
     from stepstream.readmodel import Conversation, ConversationReads
@@ -41,21 +42,24 @@ def conversation_json(c: Conversation) -> dict[str, Any]:
     }
 
 
-def conversations_table(found: Sequence[Conversation]) -> str:
-    """One line per conversation."""
+def conversations_table(found: Sequence[Conversation], *, wide: bool = False) -> str:
+    """One line per conversation.
+
+    In 120 columns (not `wide`): ids shortened, the title cut to fit, and no writer, tokens or cost.
+    """
     if not found:
         return 'no conversation in the projection'
     rows = [
         (
-            c.conversation_id,
+            ident(c.conversation_id, wide),
             c.runs,
             c.last_status,
             ('live' if c.live else '') + (' archived' if c.archived else ''),
-            c.latest_run.run_id,
+            ident(c.latest_run.run_id, wide),
             c.writer,
             f'{c.usage.input_tokens}/{c.usage.output_tokens}',
             c.usage.cost_usd or '',
-            time_text(c.last_activity),
+            when(c.last_activity, wide),
             _cut(c.title or ''),
         )
         for c in found
@@ -72,7 +76,8 @@ def conversations_table(found: Sequence[Conversation]) -> str:
         'active',
         'title',
     ]
-    return table(headers, rows)
+    shown = {'conversation', 'runs', 'last status', 'live', 'latest run', 'active', 'title'}
+    return fit(headers, rows, wide=wide, shown=shown, cut=('title',))
 
 
 def _cut(text: str) -> str:
@@ -100,7 +105,7 @@ async def conversations(args: ViewArgs, reader: ConversationReads, settings: Set
     shown = found[:limit]
     if args.json:
         return to_json([conversation_json(c) for c in shown])
-    text = conversations_table(shown)
+    text = conversations_table(shown, wide=args.wide)
     if len(found) > limit:
         more = f'stepstream conversations --after {shown[-1].cursor_text}'
         text += f'\n... more: the next page is `{more}`' + (

@@ -1,7 +1,8 @@
 """`stepstream deferred`: the calls that wait for a decision, across runs (issue 49, decision 0056).
 
-One line per deferred call (run, call, tool, what it waits for, agent, conversation, how long it
-has waited, its arguments as stored, redacted), oldest first; or their JSON for scripts. A page
+One line per deferred call (run, call, tool, what it waits for, agent, how long it has waited, its
+arguments as stored, redacted; `--wide` adds the conversation and since when), oldest first; or
+their JSON for scripts. A page
 ends with the command for the next (`--after` the last call's cursor, the API's `next_after`); in
 the JSON each call carries its `cursor`. The CLI runs it over the projection it opens, and the read
 service can run it for a CLI that asks.
@@ -15,7 +16,8 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
 
 from stepstream.console._args import ViewArgs
-from stepstream.console._render import table, time_text, to_json
+from stepstream.console._fit import fit, ident, when
+from stepstream.console._render import to_json
 from stepstream.schemas import DEFERRALS
 
 if TYPE_CHECKING:
@@ -74,26 +76,31 @@ def waiting_json(calls: Sequence[WaitingCall], now: datetime) -> str:
     )
 
 
-def waiting_table(calls: Sequence[WaitingCall], now: datetime) -> str:
-    """`stepstream deferred`: one line per waiting call, its arguments cut to `ARGS_WIDTH` characters."""
+def waiting_table(calls: Sequence[WaitingCall], now: datetime, *, wide: bool = False) -> str:
+    """`stepstream deferred`: one line per waiting call, its arguments cut to `ARGS_WIDTH` characters.
+
+    In 120 columns (not `wide`): ids shortened, no conversation or start (how long it waited
+    stays), and the arguments, then the agent, then the tool cut to fit.
+    """
     if not calls:
         return 'no tool call waits for a decision'
     rows = [
         (
-            c.effect.run_id,
-            c.effect.tool_call_id,
+            ident(c.effect.run_id, wide),
+            ident(c.effect.tool_call_id, wide),
             c.effect.tool_name,
             c.effect.deferral or 'approval',
             c.agent_name,
-            c.conversation_id,
-            time_text(c.waiting_since),
+            ident(c.conversation_id, wide),
+            when(c.waiting_since, wide),
             waited((now - c.waiting_since).total_seconds()),
             _cut(c.effect.args or '{}'),
         )
         for c in calls
     ]
     headers = ['run_id', 'tool_call_id', 'tool', 'kind', 'agent', 'conversation', 'since', 'waited', 'args']
-    return table(headers, rows)
+    shown = {'run_id', 'tool_call_id', 'tool', 'kind', 'agent', 'waited', 'args'}
+    return fit(headers, rows, wide=wide, shown=shown, cut=('args', 'agent', 'tool'))
 
 
 def _cut(text: str) -> str:
@@ -123,7 +130,7 @@ async def deferred(args: ViewArgs, reader: ProjectionReader, settings: Settings)
     calls, now = found[:limit], datetime.now(UTC)
     if args.json:
         return waiting_json(calls, now)
-    text = waiting_table(calls, now)
+    text = waiting_table(calls, now, wide=args.wide)
     if len(found) > limit:
         following = f'stepstream deferred --after {calls[-1].cursor_text}'
         text += f'\n... more wait: the next page is `{following}` (same filters)'

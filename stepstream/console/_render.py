@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from stepstream.console._fit import fit, ident, table, time_text, when, wrap
 from stepstream.console._timeline import Answer, Answered
+from stepstream.ids import short_id
 from stepstream.schemas import RunRecord, StepEvent, ToolEffectRecord
 
 
@@ -40,23 +42,31 @@ def to_json(value: Any, *, indent: int | None = 2) -> str:
     return json.dumps(value, default=default, indent=indent)
 
 
-def time_text(ts: datetime | None) -> str:
-    """A time as the tables show it, to the millisecond (`-` for none)."""
-    return ts.strftime('%Y-%m-%d %H:%M:%S.%f')[:-3] if ts is not None else '-'
+def runs_table(runs: Sequence[RunRecord], *, wide: bool = False) -> str:
+    """One line per run: id, agent, status, chain, lineage, times, counts, tokens (in/out) and cost.
 
-
-def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """A left-aligned text table."""
-    cells = [[str(h) for h in headers], *[[('-' if c is None else str(c)) for c in row] for row in rows]]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    lines = ['  '.join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
-    lines.insert(1, '  '.join('-' * w for w in widths))
-    return '\n'.join(lines)
-
-
-def runs_table(runs: Sequence[RunRecord]) -> str:
-    """One line per run: id, agent, status, chain, lineage, times, counts, tokens (in/out) and cost."""
-    rows = [
+    In 120 columns (not `wide`): ids shortened, no conversation or record count, and what is amiss
+    (a broken chain, gaps, an expired parent) in one `note` column, there when a run on the page
+    has one; the agent, then the note, are cut to fit.
+    """
+    if not wide:
+        rows = [
+            (
+                short_id(r.run_id),
+                r.agent_name,
+                r.status,
+                ident(r.parent_run_id, wide),
+                when(r.started_at, wide),
+                _tokens(r),
+                _cost(r.usage.cost_usd, r.usage.unpriced_requests),
+                _amiss(r),
+            )
+            for r in runs
+        ]
+        headers = ['run_id', 'agent', 'status', 'parent', 'started', 'tokens', 'cost', 'note']
+        noted = any(row[-1] for row in rows)
+        return fit(headers, rows, wide=False, shown=headers if noted else headers[:-1], cut=('agent', 'note'))
+    full = [
         (
             r.run_id,
             r.agent_name,
@@ -66,26 +76,30 @@ def runs_table(runs: Sequence[RunRecord]) -> str:
             r.conversation_id,
             time_text(r.started_at),
             r.event_count,
-            ','.join(str(lo) if lo == hi else f'{lo}-{hi}' for lo, hi in r.gaps) or None,
-            f'{r.usage.input_tokens}/{r.usage.output_tokens}' if r.usage.model_requests else None,
+            _gaps(r) or None,
+            _tokens(r),
             _cost(r.usage.cost_usd, r.usage.unpriced_requests),
         )
         for r in runs
     ]
-    headers = [
-        'run_id',
-        'agent',
-        'status',
-        'chain',
-        'parent',
-        'conversation',
-        'started',
-        'records',
-        'gaps',
-        'tokens',
-        'cost',
-    ]
-    return table(headers, rows)
+    headers = ['run_id', 'agent', 'status', 'chain', 'parent', 'conversation', 'started', 'records', 'gaps']
+    return table([*headers, 'tokens', 'cost'], full)
+
+
+def _gaps(r: RunRecord) -> str:
+    return ','.join(str(lo) if lo == hi else f'{lo}-{hi}' for lo, hi in r.gaps)
+
+
+def _tokens(r: RunRecord) -> str | None:
+    return f'{r.usage.input_tokens}/{r.usage.output_tokens}' if r.usage.model_requests else None
+
+
+def _amiss(r: RunRecord) -> str | None:
+    """What a narrow `runs_table` notes of a run: a broken chain, gaps, an expired parent."""
+    notes = [f'chain broken@{r.chain_break_seq}'] if r.chain == 'broken' else []
+    notes += [f'gaps {_gaps(r)}'] if r.gaps else []
+    notes += ['parent expired'] if r.parent_expired else []
+    return '; '.join(notes) or None
 
 
 def _cost(cost_usd: str | None, unpriced: int) -> str | None:
@@ -118,7 +132,7 @@ def _event_detail(e: StepEvent) -> str:
     return detail
 
 
-def tree(runs: Sequence[RunRecord]) -> str:
+def tree(runs: Sequence[RunRecord], *, wide: bool = False) -> str:
     """A lineage tree of `runs` (as `ProjectionReader.run_tree` returns them: the root first).
 
     ```
@@ -127,6 +141,8 @@ def tree(runs: Sequence[RunRecord]) -> str:
     │   └── searcher-4  [searcher, completed]
     └── publisher-3  [publisher, stale]
     ```
+
+    Ids shortened (`short_id`) unless `wide`.
     """
     if not runs:
         return ''
@@ -137,7 +153,7 @@ def tree(runs: Sequence[RunRecord]) -> str:
         children.setdefault(parent, []).append(run)
 
     def label(run: RunRecord) -> str:
-        return f'{run.run_id}  [{run.agent_name or "-"}, {run.status}]'
+        return f'{ident(run.run_id, wide)}  [{run.agent_name or "-"}, {run.status}]'
 
     lines = [label(runs[0])]
 
@@ -152,23 +168,24 @@ def tree(runs: Sequence[RunRecord]) -> str:
     return '\n'.join(lines)
 
 
-def events_table(events: Sequence[StepEvent | Answer[Any]]) -> str:
+def events_table(events: Sequence[StepEvent | Answer[Any]], *, wide: bool = False) -> str:
     """One line per event, in seq order, and per resolution or decision among them (`timeline`).
 
     A resolution's or decision's line has no seq or step (it takes none of the run's): its kind
-    (`resolution`, `decision`), then the call and what it says (`answer_text`).
+    (`resolution`, `decision`), then the call and what it says (`answer_text`). The detail is cut
+    to fit 120 columns unless `wide`.
     """
     rows = [
         (e.seq, time_text(e.timestamp), e.step_index, e.kind, _event_detail(e) or None)
         if isinstance(e, StepEvent)
-        else (None, time_text(e.timestamp), None, e.kind, _answer_detail(e))
+        else (None, time_text(e.timestamp), None, e.kind, _answer_detail(e, wide))
         for e in events
     ]
-    return table(['seq', 'time', 'step', 'kind', 'detail'], rows)
+    return fit(['seq', 'time', 'step', 'kind', 'detail'], rows, wide=wide, cut=('detail',))
 
 
-def _answer_detail(entry: Answer[Any]) -> str:
-    return f'{entry.tool_name} {entry.tool_call_id}: {answer_text(entry.answer, at=False)}'
+def _answer_detail(entry: Answer[Any], wide: bool) -> str:
+    return f'{entry.tool_name} {ident(entry.tool_call_id, wide)}: {answer_text(entry.answer, at=False)}'
 
 
 def answer_text(r: Answered, *, at: bool = True) -> str:
@@ -199,9 +216,9 @@ def effect_status(effect: ToolEffectRecord) -> str:
     return effect.doubt or effect.status
 
 
-def effects_table(effects: Sequence[ToolEffectRecord]) -> str:
+def effects_table(effects: Sequence[ToolEffectRecord], *, wide: bool = False) -> str:
     """One line per tool effect; `started` shows as in_flight or unknown_after_crash."""
-    return unresolved_table([UnresolvedEffect(e, None) for e in effects])
+    return unresolved_table([UnresolvedEffect(e, None) for e in effects], wide=wide)
 
 
 WAITS_FOR = {
@@ -217,23 +234,25 @@ def waits_for(deferral: str | None) -> str:
     return WAITS_FOR.get(deferral or '', 'a decision or a result')
 
 
-def ledger(effects: Sequence[ToolEffectRecord]) -> str:
+def ledger(effects: Sequence[ToolEffectRecord], *, wide: bool = False) -> str:
     """`stepstream effects RUN`: each call's effect, then what a deferred call waits for and every resolution.
 
     A deferred call's status says its kind (`deferred (approval)`, once decided `resolved
     (approval)`); a line under the table says what it waits (or waited) for, with its arguments
     and metadata as stored (redacted), and one line per resolution or decision in log order (the
     one that stands, and those that came later as history), with what it says (`answer_text`).
+    Unless `wide`: ids shortened, no times, the summary, error, key and tool cut (in that order)
+    and the lines under it folded to fit 120 columns.
     """
     if not effects:
         return 'no tool calls'
     rows = [
         (
-            e.tool_call_id,
+            ident(e.tool_call_id, wide),
             e.tool_name,
             f'{effect_status(e)} ({e.deferral})' if e.deferral is not None else effect_status(e),
-            time_text(e.started_at),
-            time_text(e.ended_at) if e.ended_at else None,
+            when(e.started_at, wide),
+            when(e.ended_at, wide) if e.ended_at else None,
             e.idempotency_key,
             e.effect_summary,
             e.error,
@@ -241,13 +260,15 @@ def ledger(effects: Sequence[ToolEffectRecord]) -> str:
         for e in effects
     ]
     headers = ['tool_call_id', 'tool', 'status', 'started', 'ended', 'idempotency_key', 'summary', 'error']
-    lines = [table(headers, rows)]
+    shown = [h for h in headers if h not in ('started', 'ended')]
+    lines = [fit(headers, rows, wide=wide, shown=shown, cut=('summary', 'error', 'idempotency_key', 'tool'))]
     for e in effects:
+        call = ident(e.tool_call_id, wide)
         if e.deferral is not None:
             metadata = f'; metadata {e.deferral_metadata}' if e.deferral_metadata is not None else ''
             waits = f'{"waits" if e.status == "deferred" else "waited"} for {waits_for(e.deferral)}'
-            lines.append(f'{e.tool_call_id}: {waits}; arguments {e.args or "{}"}{metadata}')
-        lines += [f'{e.tool_call_id}: resolved {answer_text(r)}' for r in e.resolutions]
+            lines.append(wrap(f'{call}: {waits}; arguments {e.args or "{}"}{metadata}', wide))
+        lines += [wrap(f'{call}: resolved {answer_text(r)}', wide) for r in e.resolutions]
     return '\n'.join(lines)
 
 
@@ -308,21 +329,26 @@ class UnresolvedEffect:
     run_status: str | None
 
 
-def unresolved_table(items: Sequence[UnresolvedEffect]) -> str:
-    """One line per tool effect, with its run's status when known."""
+def unresolved_table(items: Sequence[UnresolvedEffect], *, wide: bool = False) -> str:
+    """One line per tool effect, with its run's status when known.
+
+    Unless `wide`: ids shortened, no start time, the summary, key and tool cut (in that order) to fit.
+    """
     with_run = any(item.run_status is not None for item in items)
     rows = [
         (
-            item.effect.run_id,
+            ident(item.effect.run_id, wide),
             *((item.run_status,) if with_run else ()),
-            item.effect.tool_call_id,
+            ident(item.effect.tool_call_id, wide),
             item.effect.tool_name,
             effect_status(item.effect),
-            time_text(item.effect.started_at),
+            when(item.effect.started_at, wide),
             item.effect.idempotency_key,
             item.effect.effect_summary,
         )
         for item in items
     ]
     headers = ['run_id', *(['run_status'] if with_run else []), 'tool_call_id', 'tool', 'status']
-    return table([*headers, 'started', 'idempotency_key', 'summary'], rows)
+    headers = [*headers, 'started', 'idempotency_key', 'summary']
+    shown = [h for h in headers if h != 'started']
+    return fit(headers, rows, wide=wide, shown=shown, cut=('summary', 'idempotency_key', 'tool'))

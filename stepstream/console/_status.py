@@ -12,7 +12,8 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from stepstream.console._render import table, time_text, to_json
+from stepstream.console._fit import table, time_text
+from stepstream.console._render import to_json
 from stepstream.timestamps import from_micros
 
 if TYPE_CHECKING:

@@ -14,19 +14,20 @@ from typing import TYPE_CHECKING
 from stepstream.console._args import ViewArgs
 from stepstream.console._conversations import conversations
 from stepstream.console._deferred import deferred
+from stepstream.console._fit import fit, ident
 from stepstream.console._render import (
     UnresolvedEffect,
     events_table,
     ledger,
     messages_text,
     runs_table,
-    table,
     to_json,
     tree,
     unresolved_table,
 )
 from stepstream.console._timeline import timeline
 from stepstream.errors import NotFound
+from stepstream.ids import short_id
 
 if TYPE_CHECKING:
     from stepstream.readmodel import ProjectionReader
@@ -62,9 +63,9 @@ async def runs(args: ViewArgs, reader: ProjectionReader, settings: Settings) -> 
     page = found[:limit]
     if args.json:
         return to_json(page)
-    text = runs_table(page)
+    text = runs_table(page, wide=args.wide)
     if len(found) > limit:
-        text += f'\n... more: the next page is `stepstream runs --after {page[-1].run_id}` (same filters)'
+        text += f'\n... more: `stepstream runs --after {page[-1].run_id}` (same filters)'
     return text
 
 
@@ -88,7 +89,7 @@ async def run_tree(args: ViewArgs, reader: ProjectionReader, settings: Settings)
     """`stepstream tree RUN`: the run and all its descendants."""
     run_id = await _known_run(args, reader)
     found = await reader.run_tree(run_id)
-    return _either(args, found, tree(found))
+    return _either(args, found, tree(found, wide=args.wide))
 
 
 async def events(args: ViewArgs, reader: ProjectionReader, settings: Settings) -> str:
@@ -101,7 +102,7 @@ async def events(args: ViewArgs, reader: ProjectionReader, settings: Settings) -
     found = await reader.list_events(run_id)
     if args.json:
         return to_json(found)
-    return events_table(timeline(found, await reader.list_tool_effects(run_id)))
+    return events_table(timeline(found, await reader.list_tool_effects(run_id)), wide=args.wide)
 
 
 async def snapshot(args: ViewArgs, reader: ProjectionReader, settings: Settings) -> str:
@@ -135,7 +136,7 @@ async def effects(args: ViewArgs, reader: ProjectionReader, settings: Settings) 
     """`stepstream effects RUN`: the run's tool-effect ledger, each call and every resolution."""
     run_id = await _known_run(args, reader)
     found = await reader.list_tool_effects(run_id)
-    return _either(args, found, ledger(found))
+    return _either(args, found, ledger(found, wide=args.wide))
 
 
 async def unresolved(args: ViewArgs, reader: ProjectionReader, settings: Settings) -> str:
@@ -149,14 +150,23 @@ async def unresolved(args: ViewArgs, reader: ProjectionReader, settings: Setting
             run = await reader.get_run(effect.run_id)
             statuses[effect.run_id] = run.status if run is not None else 'unknown'
     items = [UnresolvedEffect(effect, statuses[effect.run_id]) for effect in found]
-    return _either(args, items, unresolved_table(items))
+    return _either(args, items, unresolved_table(items, wide=args.wide))
 
 
 async def conflicts(args: ViewArgs, reader: ProjectionReader, settings: Settings) -> str:
     """`stepstream conflicts`: run ids claimed by more than one writer."""
     found: list[RunRecord] = await reader.list_conflicts()
-    rows = [(r.run_id, r.registration_id, ', '.join(r.conflicting_writers)) for r in found]
-    return _either(args, found, table(['run_id', 'registered_by', 'conflicting_writers'], rows))
+    wide = args.wide
+    rows = [
+        (
+            ident(r.run_id, wide),
+            ident(r.registration_id, wide),
+            ', '.join(r.conflicting_writers if wide else map(short_id, r.conflicting_writers)),
+        )
+        for r in found
+    ]
+    headers = ['run_id', 'registered_by', 'conflicting_writers']
+    return _either(args, found, fit(headers, rows, wide=wide, cut=('conflicting_writers',)))
 
 
 VIEWS: dict[str, View] = {

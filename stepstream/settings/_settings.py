@@ -141,14 +141,21 @@ class Settings:
         return env
 
     @classmethod
-    def add_arguments(cls, parser: argparse.ArgumentParser, *, documented: bool = True) -> None:
-        """Add one `--flag` per setting but secrets; unset flags fall back to the environment.
+    def add_arguments(
+        cls,
+        parser: argparse.ArgumentParser,
+        *,
+        documented: bool = True,
+        title: str = 'settings (flags override STEPSTREAM_* variables)',
+    ) -> None:
+        """Add one `--flag` per setting but secrets, in a group of their own (`title`).
 
-        Secrets (`sasl_password`) have no flag: a command line shows in `ps` and shell history.
-        Each flag's help is its field's docstring (`documented=False`: none, for a parser that
-        will not print help and should not pay for reading the docstrings).
+        Unset flags fall back to the environment. Secrets (`sasl_password`) have no flag: a command
+        line shows in `ps` and shell history. Each flag's help is its field's docstring
+        (`documented=False`: none, for a parser that will not print help and should not pay for
+        reading the docstrings).
         """
-        group = parser.add_argument_group('settings (flags override STEPSTREAM_* variables)')
+        group = parser.add_argument_group(title)
         docs: dict[str, str] = {}
         if documented:
             for section_cls in SECTIONS.values():
