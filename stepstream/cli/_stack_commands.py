@@ -50,9 +50,7 @@ async def _demo(args: argparse.Namespace, settings: Settings) -> int:
     running = await asyncio.to_thread(stack_up, args.stack_dir, broker=None, quiet=True)
     # As every command: flags, then variables, then the stack's settings (now that it is up).
     demo_settings = Settings.from_args(args, stack_environ(args.stack_dir))
-    await run_demo(demo_settings, stack_dir=args.stack_dir)
-    if running.explorer_url is not None:
-        print(f'\nRun explorer (served by the stack): {running.explorer_url}')
+    await run_demo(demo_settings, stack_dir=args.stack_dir, explorer_url=running.explorer_url)
     return EXIT_OK
 
 
