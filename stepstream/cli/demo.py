@@ -168,7 +168,7 @@ async def _demo(settings: Settings, log: EventLog, reader: ProjectionReader, sta
     print(runs_table(latest))
     for run in latest:
         print(f'\n== events of {run.run_id} ({run.agent_name}, {run.status})')
-        print(events_table(await reader.list_events(run.run_id)))
+        print(events_table(await reader.list_events(run.run_id), run))
     print('\n== unresolved tool effects (in_flight or unknown_after_crash), all runs')
     print(effects_table(await reader.list_unresolved_tool_effects()))
     here = '' if str(stack_dir) == '.stepstream' else f' --stack-dir {stack_dir}'

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from stepstream.console._timeline import Answer, Answered
+from stepstream.console._timeline import Answer, Answered, other_topic_seqs, seq_note
 from stepstream.schemas import RunRecord, StepEvent, ToolEffectRecord
 
 
@@ -152,11 +152,12 @@ def tree(runs: Sequence[RunRecord]) -> str:
     return '\n'.join(lines)
 
 
-def events_table(events: Sequence[StepEvent | Answer[Any]]) -> str:
+def events_table(events: Sequence[StepEvent | Answer[Any]], run: RunRecord | None = None) -> str:
     """One line per event, in seq order, and per resolution or decision among them (`timeline`).
 
     A resolution's or decision's line has no seq or step (it takes none of the run's): its kind
-    (`resolution`, `decision`), then the call and what it says (`answer_text`).
+    (`resolution`, `decision`), then the call and what it says (`answer_text`). Given the `run`,
+    a line under the table names the seqs its tool calls' records took (`seq_note`).
     """
     rows = [
         (e.seq, time_text(e.timestamp), e.step_index, e.kind, _event_detail(e) or None)
@@ -164,7 +165,10 @@ def events_table(events: Sequence[StepEvent | Answer[Any]]) -> str:
         else (None, time_text(e.timestamp), None, e.kind, _answer_detail(e))
         for e in events
     ]
-    return table(['seq', 'time', 'step', 'kind', 'detail'], rows)
+    text = table(['seq', 'time', 'step', 'kind', 'detail'], rows)
+    if run is not None and (skipped := other_topic_seqs(events, run.last_seq, run.gaps)):
+        text += '\n' + seq_note(skipped, f'`stepstream effects {run.run_id}` shows those calls')
+    return text
 
 
 def _answer_detail(entry: Answer[Any]) -> str:
