@@ -154,10 +154,20 @@ orchestrator: Agent[DemoDeps, str] = Agent(
 """Asks the researcher (in this process), then the publisher (in a child process the demo kills)."""
 
 
+def _deps(ctx: RunContext[DemoDeps]) -> DemoDeps:
+    """The demo's deps; a clear refusal where a replay runs the tools live without them."""
+    if not isinstance(ctx.deps, DemoDeps):
+        raise RuntimeError(
+            "the orchestrator's tools need the demo's DemoDeps (its log and projection), which a replay "
+            'does not have: replay it with recorded tools (the default)'
+        )
+    return ctx.deps
+
+
 @orchestrator.tool
 async def research(ctx: RunContext[DemoDeps], topic: str) -> str:
     """The researcher's answer, from a run of its own (a child of this one on the log)."""
-    with_log = persistence(ctx.deps.log, 'researcher')
+    with_log = persistence(_deps(ctx).log, 'researcher')
     found = await researcher.run(f'research {topic}', conversation_id='release-demo', capabilities=with_log)
     return found.output
 
@@ -167,7 +177,7 @@ async def publish(ctx: RunContext[DemoDeps]) -> str:
     """Start the publisher in a child process and kill it in the middle of its tool."""
     parent = current_run_id()
     assert parent is not None
-    return await _publish_in_child(ctx.deps, parent)
+    return await _publish_in_child(_deps(ctx), parent)
 
 
 cautious_model = scripted(
