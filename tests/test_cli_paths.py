@@ -84,6 +84,14 @@ CASES: dict[str, Case] = {
         ['audit', 'key', '--new', str(d / 'a-file')],
         [f'--new {d / "a-file"} exists; it is never written over'],
     ),
+    'stack up --stack-dir in a missing folder': lambda d: (
+        ['stack', 'up', '--stack-dir', str(d / 'typo' / '.stepstream')],
+        [f'--stack-dir {d / "typo" / ".stepstream"}: the folder {d / "typo"} does not exist'],
+    ),
+    'demo --stack-dir a file': lambda d: (
+        ['demo', '--stack-dir', str(d / 'a-file')],
+        [f'--stack-dir {d / "a-file"} is a file, not a folder', 'give a folder to keep the stack in'],
+    ),
     '--ssl-cafile missing': lambda d: (
         [
             'runs',
