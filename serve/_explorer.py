@@ -19,7 +19,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
-from stepstream.console import timeline, waits_for
+from stepstream.console import other_topic_seqs, seq_note, timeline, waits_for
 from stepstream.errors import NotFound
 from stepstream.ids import short_id
 from stepstream.producer import FORKED_FROM
@@ -229,6 +229,10 @@ async def run(request: Request, run_id: str) -> Response:
         siblings=siblings(record, conversation, children),
         forks=[r for r in conversation if r.metadata.get(FORKED_FROM) == run_id],
         events=timeline(events, effects),
+        seq_note=seq_note(
+            other_topic_seqs(events, record.last_seq, record.gaps),
+            'the Tool effects table below shows those calls',
+        ),
         trace_url=source.settings.serve.trace_url,
         effects=by_call,
         totals=totals(record, now, effects),

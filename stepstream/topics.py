@@ -64,7 +64,8 @@ async def ensure_topics(settings: Settings, *, create: bool = True, dlq: bool = 
     producer passes `dlq=False`: it never writes the DLQ, and a least-privilege producer
     principal may not even see it.
     """
-    admin = await _admin(settings.kafka, 'could not connect to create or check topics')
+    failing = 'could not connect to create or check topics' if create else 'could not connect to check topics'
+    admin = await _admin(settings.kafka, failing)
     try:
         log_topics = [settings.topics.step_events_topic, settings.topics.tool_effects_topic]
         existing = set(await admin.list_topics())

@@ -26,12 +26,18 @@ pytestmark = pytest.mark.broker
 STEPSTREAM = str(Path(sys.executable).parent / 'stepstream')
 
 
-def stepstream(cwd: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    # No STEPSTREAM_* variables: the commands find the stack through ./.stepstream alone. Only the
-    # liveness window is shorter than the default (20 s), so the demo's wait for its killed
-    # publisher to read stale takes 2 s, not 20.
+def user_env() -> dict[str, str]:
+    """No STEPSTREAM_* variables: the commands find the stack through ./.stepstream alone.
+
+    Only the liveness window is shorter than the default (20 s), so the demo's wait for its killed
+    publisher to read stale takes 2 s, not 20.
+    """
     env = {k: v for k, v in os.environ.items() if not k.startswith('STEPSTREAM_') or k.endswith('_BROKER')}
-    env |= {'STEPSTREAM_HEARTBEAT_INTERVAL_S': '0.2', 'STEPSTREAM_STALE_AFTER_S': '2'}
+    return env | {'STEPSTREAM_HEARTBEAT_INTERVAL_S': '0.2', 'STEPSTREAM_STALE_AFTER_S': '2'}
+
+
+def stepstream(cwd: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    env = user_env()
     done = subprocess.run([STEPSTREAM, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
     if check:
         assert done.returncode == 0, done.stderr[-3000:]

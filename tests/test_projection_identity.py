@@ -40,7 +40,7 @@ async def test_paths_that_are_not_projections_are_refused_and_left_alone(
     assert sorted(p.name for p in someone_elses.iterdir()) == ['cat.jpg']  # nothing written
 
     code, _, err = await cli(settings, tmp_path, 'verify', str(tmp_path / 'nope'), str(tmp_path / 'nada'))
-    assert code == 2 and 'no projection at' in err and 'Traceback' not in err
+    assert code == 2 and f'verify LEFT {tmp_path / "nope"}: no such folder' in err and 'Traceback' not in err
 
 
 async def test_a_second_projector_is_told_who_holds_the_directory(settings: Settings, tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessage, ModelResponse, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-from stepstream.console import Answer, ViewArgs, show, timeline
+from stepstream.console import Answer, ViewArgs, other_topic_seqs, seq_note, show, timeline
 from stepstream.producer import InMemoryLog, StepPersistence, decision_for, resolve_tool_effect
 from stepstream.serve import Source, create_app
 from stepstream.settings import Settings
@@ -85,6 +85,19 @@ def test_every_event_and_answer_is_placed_once_after_what_it_answers(
             assert all(e.timestamp > entry.timestamp for e in line[index:] if isinstance(e, Ev))
 
 
+@given(st.sets(st.integers(0, 40)), st.lists(st.tuples(st.integers(0, 40), st.integers(0, 3)), max_size=4))
+def test_the_seqs_a_timeline_skips_are_neither_its_events_nor_its_gaps(
+    shown: set[int], gaps: list[tuple[int, int]]
+) -> None:
+    last = max(shown, default=-1)
+    lost = [(first, first + length) for first, length in gaps]
+    answer = Answer('c', 'tool', Entry('approved', T0, 0))  # takes no seq
+    skipped = other_topic_seqs([*(Ev(s, T0) for s in sorted(shown)), answer], last, lost)
+    gap_seqs = {s for first, end in lost for s in range(first, end + 1)}
+    assert skipped == sorted(set(range(last + 1)) - shown - gap_seqs)
+    assert (seq_note(skipped, 'see X') == '') == (not skipped)
+
+
 def test_answers_at_one_place_keep_the_order_they_were_written() -> None:
     events = [Ev(0, T0), Ev(5, T0 + timedelta(seconds=5))]
     first = Entry('approved', T0 + timedelta(seconds=9), 3)
@@ -144,7 +157,11 @@ async def test_the_events_view_the_ledger_and_the_run_page_show_each_decision_an
 
     # `events RUN`: the step events, then both decisions at their time, what each says.
     text = await show('events', ViewArgs(run_id='tl-w', wide=True), reader, settings)  # each detail whole
-    *_, approved, denied = text.splitlines()
+    *_, approved, denied, note = text.splitlines()
+    assert note == (  # seq skips the tool-effects topic's records, and says so
+        "seq counts the run's records on both topics: the numbers not listed (3, 5, 7, 9, 11, 13, 15) are "
+        "its tool calls' records on the tool-effects topic; `stepstream effects tl-w` shows those calls"
+    )
     for line in (approved, denied):  # no seq, no step: a decision takes none of the run's
         assert line.split()[0] == '-' and line.split()[3:5] == ['-', 'decision']
     assert approved.endswith('refund call-refund: approved by alice: fine; arguments {"amount":100}')
@@ -153,7 +170,10 @@ async def test_the_events_view_the_ledger_and_the_run_page_show_each_decision_an
     )
     events = json.loads(await show('events', ViewArgs(run_id='tl-w', json=True), reader, settings))
     assert all(isinstance(e['seq'], int) for e in events)  # the JSON stays the step events
-    *_, resolved = (await show('events', ViewArgs(run_id='tl-c', wide=True), reader, settings)).splitlines()
+    *_, resolved, note = (
+        await show('events', ViewArgs(run_id='tl-c', wide=True), reader, settings)
+    ).splitlines()
+    assert "the number not listed (3) is a tool call's record on the tool-effects topic" in note
     assert resolved.split()[3:5] == ['-', 'resolution']
     assert resolved.endswith('publish call-publish: did not happen by carol: not on the blog')
 
@@ -194,5 +214,9 @@ async def test_the_events_view_the_ledger_and_the_run_page_show_each_decision_an
     assert rows[0].one('decision-args').text == '{"amount":100}' and rows[0].find('answer-stands')
     assert rows[1].one('decision-error').text == 'too late' and rows[1].find('answer-history')
     assert page.one('timeline').find('event')  # the step events are still there, before them
+    assert page.one('seq-note').text.startswith(
+        "seq counts the run's records on both topics: the numbers not listed (3, 5, 7, 9, 11, 13, 15)"
+    )
+    assert page.one('seq-note').text.endswith('the Tool effects table below shows those calls')
     [resolution] = doubtful.one('timeline').find('answer-resolution')
     assert 'did not happen' in resolution.text and resolution.one('resolution-note').text == 'not on the blog'

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from stepstream.cli._common import EXIT_FAILED, EXIT_OK, Declare
+from stepstream.cli._paths import existing, to_make
 from stepstream.errors import UsageError
 from stepstream.settings import Settings
 
@@ -81,6 +82,21 @@ async def _verify(args: argparse.Namespace, settings: Settings) -> int:
 
     if not (args.run or args.conversation or args.all):
         raise UsageError('say which runs to verify: --run RUN, --conversation ID or --all')
+    if args.trusted_keys:
+        existing(
+            '--trusted-keys',
+            args.trusted_keys,
+            'file or folder',
+            "give the writers' Ed25519 public keys: a PEM file, or a folder of .pem files "
+            "(`stepstream audit key` prints a writer's)",
+        )
+    if args.checkpoint:
+        existing(
+            '--checkpoint',
+            args.checkpoint,
+            'file',
+            'give a file `stepstream audit checkpoint --out FILE` wrote',
+        )
     keys = TrustedKeys.load(args.trusted_keys) if args.trusted_keys else None
     checkpoint = None
     if args.checkpoint:
@@ -154,9 +170,7 @@ async def _checkpoint(args: argparse.Namespace, settings: Settings) -> int:
 
     if settings.security.signing_key is None:
         raise UsageError('a checkpoint is signed: set STEPSTREAM_SIGNING_KEY or STEPSTREAM_SIGNING_KEY_FILE')
-    out = Path(args.out)
-    if await asyncio.to_thread(out.exists):
-        raise UsageError(f'{out} exists: a checkpoint is never overwritten')
+    out = to_make('--out', args.out, 'file', 'give a new file for the checkpoint')
     checkpoint = await take_checkpoint(settings, Signer.from_secret(settings.security.signing_key))
     await asyncio.to_thread(_write_new, out, checkpoint.to_json())
     records = sum(p.count for p in checkpoint.partitions)
@@ -184,6 +198,7 @@ async def _key(args: argparse.Namespace, settings: Settings) -> int:
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
         from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 
+        to_make('--new', args.new, 'file', 'give a new file for the private key')
         pem = Ed25519PrivateKey.generate().private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption())
         fd = os.open(args.new, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, 'wb') as file:

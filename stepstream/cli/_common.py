@@ -67,9 +67,11 @@ async def open_reader(settings: Settings) -> AsyncIterator[ProjectionReader]:
     With no projection at the default `--db-path` (no flag, no variable, no stack running here),
     `UsageError` says that it is the default, and how to point elsewhere.
     """
+    from stepstream.cli._paths import check_projection
     from stepstream.readmodel import ProjectionReader as Reader
 
     check_default_projection(settings)
+    check_projection(settings)
     async with Reader.from_settings(settings) as reader:
         yield reader
 

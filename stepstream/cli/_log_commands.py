@@ -84,8 +84,18 @@ def add_commands(command: Declare) -> None:
 
 
 async def _rebuild(args: argparse.Namespace, settings: Settings) -> int:
+    from stepstream.cli._paths import projection, to_make
     from stepstream.projector import progress_bar, rebuild
 
+    to_make(
+        '--into', args.into, 'folder', 'give --into a new or empty folder, or an unfinished rebuild to resume'
+    )
+    if args.like is not None:
+        projection(
+            '--like',
+            args.like,
+            'give --like the folder of a projection whose options to copy, or leave it out',
+        )
     end = await rebuild(
         settings,
         args.into,
@@ -101,8 +111,16 @@ async def _rebuild(args: argparse.Namespace, settings: Settings) -> int:
 async def _verify(args: argparse.Namespace, settings: Settings) -> int:
     import asyncio
 
+    from stepstream.cli._paths import projection
     from stepstream.projector import verify_paths
 
+    for side, path in (('LEFT', args.left), ('RIGHT', args.right)):
+        projection(
+            f'verify {side}',
+            path,
+            "give two projection folders (a stack's is .stepstream/projection; "
+            '`stepstream rebuild --into DIR` makes one from the log)',
+        )
     equal, difference = await asyncio.to_thread(verify_paths, args.left, args.right)
     if difference is not None:
         print(f'projections differ after {equal} equal items; {difference}')
@@ -139,8 +157,16 @@ async def _export(args: argparse.Namespace, settings: Settings) -> int:
     import tempfile
 
     from stepstream.analytics import export_parquet, read_mark
+    from stepstream.cli._paths import to_make
     from stepstream.projector import progress_bar, rebuild
 
+    if not args.out.startswith('s3://'):
+        to_make(
+            '--out',
+            args.out,
+            'folder',
+            'give --out a folder (new, or an earlier export) or s3://BUCKET/PREFIX',
+        )
     mark = read_mark(args.since, settings) if args.since else None  # a bad mark fails before any work
     with tempfile.TemporaryDirectory(prefix='stepstream-export-') as scratch:
         if args.from_topics:  # the one replay of the log there is, into a projection thrown away after

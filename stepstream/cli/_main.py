@@ -61,12 +61,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return EXIT_USAGE
     try:
+        from stepstream.cli._paths import check_setting_files
         from stepstream.cli.stack import running_stack, stack_environ
 
         named = any(word == '--stack-dir' or word.startswith('--stack-dir=') for word in argv)
         if named and not getattr(args, 'makes_stack', False):
             running_stack(args.stack_dir)  # a folder given is a running stack, or exit 2 saying so
         settings = Settings.from_args(args, stack_environ(args.stack_dir))
+        check_setting_files(settings)  # a TLS or CA file named is there, or exit 2 saying which
         asks = getattr(args, 'view', None) is not None and not getattr(
             args, 'all', False
         )  # --all streams here

@@ -47,12 +47,11 @@ async def _demo(args: argparse.Namespace, settings: Settings) -> int:
     from stepstream.cli.demo import run_demo
     from stepstream.cli.stack import stack_environ, stack_up
 
+    _stack_place(args.stack_dir)
     running = await asyncio.to_thread(stack_up, args.stack_dir, broker=None, quiet=True)
     # As every command: flags, then variables, then the stack's settings (now that it is up).
     demo_settings = Settings.from_args(args, stack_environ(args.stack_dir))
-    await run_demo(demo_settings, stack_dir=args.stack_dir)
-    if running.explorer_url is not None:
-        print(f'\nRun explorer (served by the stack): {running.explorer_url}')
+    await run_demo(demo_settings, stack_dir=args.stack_dir, explorer_url=running.explorer_url)
     return EXIT_OK
 
 
@@ -62,12 +61,20 @@ async def _stack_up(args: argparse.Namespace, settings: Settings) -> int:
 
     from stepstream.cli.stack import running_stack, stack_up
 
+    _stack_place(args.stack_dir)
     with contextlib.suppress(UsageError):
         print(f'already running: {running_stack(args.stack_dir).describe()}')
         return EXIT_OK
     running = await asyncio.to_thread(stack_up, args.stack_dir, broker=args.broker)
     print(running.describe())
     return EXIT_OK
+
+
+def _stack_place(stack_dir: str) -> None:
+    """The folder a stack is started in: in a folder that exists, and not a file (exit 2 otherwise)."""
+    from stepstream.cli._paths import to_make
+
+    to_make('--stack-dir', stack_dir, 'folder', 'give a folder to keep the stack in (default: .stepstream)')
 
 
 async def _stack_down(args: argparse.Namespace, settings: Settings) -> int:

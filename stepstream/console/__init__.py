@@ -28,7 +28,7 @@ if TYPE_CHECKING:
         waits_for,
     )
     from stepstream.console._status import preview_text, retention_text, status_json, status_text, sweep_text
-    from stepstream.console._timeline import Answer, timeline
+    from stepstream.console._timeline import Answer, other_topic_seqs, seq_note, timeline
     from stepstream.console._views import VIEWS, runs_after, show
 
 _RENDER = 'stepstream.console._render'
@@ -41,10 +41,12 @@ _WHERE = {
     'conversations': 'stepstream.console._conversations',
     'effects_table': _RENDER,
     'events_table': _RENDER,
+    'other_topic_seqs': 'stepstream.console._timeline',
     'preview_text': _STATUS,
     'retention_text': _STATUS,
     'runs_after': 'stepstream.console._views',
     'runs_table': _RENDER,
+    'seq_note': 'stepstream.console._timeline',
     'show': 'stepstream.console._views',
     'status_json': _STATUS,
     'status_text': _STATUS,
@@ -64,10 +66,12 @@ __all__ = [
     'conversations',
     'effects_table',
     'events_table',
+    'other_topic_seqs',
     'preview_text',
     'retention_text',
     'runs_after',
     'runs_table',
+    'seq_note',
     'show',
     'status_json',
     'status_text',

@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from stepstream.console._fit import fit, ident, table, time_text, when, wrap
-from stepstream.console._timeline import Answer, Answered
+from stepstream.console._timeline import Answer, Answered, other_topic_seqs, seq_note
 from stepstream.ids import short_id
 from stepstream.schemas import RunRecord, StepEvent, ToolEffectRecord
 
@@ -168,12 +168,15 @@ def tree(runs: Sequence[RunRecord], *, wide: bool = False) -> str:
     return '\n'.join(lines)
 
 
-def events_table(events: Sequence[StepEvent | Answer[Any]], *, wide: bool = False) -> str:
+def events_table(
+    events: Sequence[StepEvent | Answer[Any]], run: RunRecord | None = None, *, wide: bool = False
+) -> str:
     """One line per event, in seq order, and per resolution or decision among them (`timeline`).
 
     A resolution's or decision's line has no seq or step (it takes none of the run's): its kind
     (`resolution`, `decision`), then the call and what it says (`answer_text`). The detail is cut
-    to fit 120 columns unless `wide`.
+    to fit 120 columns unless `wide`. Given the `run`, a line under the table names the seqs its
+    tool calls' records took (`seq_note`).
     """
     rows = [
         (e.seq, time_text(e.timestamp), e.step_index, e.kind, _event_detail(e) or None)
@@ -181,7 +184,10 @@ def events_table(events: Sequence[StepEvent | Answer[Any]], *, wide: bool = Fals
         else (None, time_text(e.timestamp), None, e.kind, _answer_detail(e, wide))
         for e in events
     ]
-    return fit(['seq', 'time', 'step', 'kind', 'detail'], rows, wide=wide, cut=('detail',))
+    text = fit(['seq', 'time', 'step', 'kind', 'detail'], rows, wide=wide, cut=('detail',))
+    if run is not None and (skipped := other_topic_seqs(events, run.last_seq, run.gaps)):
+        text += '\n' + wrap(seq_note(skipped, f'`stepstream effects {run.run_id}` shows those calls'), wide)
+    return text
 
 
 def _answer_detail(entry: Answer[Any], wide: bool) -> str:

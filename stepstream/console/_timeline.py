@@ -14,7 +14,7 @@ import bisect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Generic, Literal, Protocol, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from stepstream.schemas import DECISIONS
 
@@ -84,6 +84,34 @@ class Answer(Generic[A]):
     def timestamp(self) -> datetime:
         """When it was written (its writer's clock)."""
         return self.answer.resolved_at
+
+
+def other_topic_seqs(
+    events: Iterable[Timed | Answer[Any]], last_seq: int, gaps: Iterable[tuple[int, int]] = ()
+) -> list[int]:
+    """The seqs up to `last_seq` that a timeline's step events skip: its tool calls' records.
+
+    A run's seq counts its records on both topics; the tool-effects topic's transitions (a call
+    started, ended) take numbers the step events then skip. Those that never arrived (`gaps`,
+    the run's `RunRecord.gaps`) are not counted here. Resolutions and decisions take no seq.
+    """
+    shown = {e.seq for e in events if not isinstance(e, Answer)}
+    lost = {seq for first, last in gaps for seq in range(first, last + 1)}
+    return [seq for seq in range(last_seq + 1) if seq not in shown and seq not in lost]
+
+
+def seq_note(skipped: Sequence[int], where: str) -> str:
+    """The line under a timeline that skips `skipped`, pointing `where` they are shown ('' when none)."""
+    if not skipped:
+        return ''
+    more = f' and {len(skipped) - 8} more' if len(skipped) > 8 else ''
+    shown = ', '.join(str(seq) for seq in skipped[:8]) + more
+    said = (
+        f"the number not listed ({shown}) is a tool call's record"
+        if len(skipped) == 1
+        else f"the numbers not listed ({shown}) are its tool calls' records"
+    )
+    return f"seq counts the run's records on both topics: {said} on the tool-effects topic; {where}"
 
 
 def timeline(events: Sequence[E], effects: Iterable[Ledgered[A]]) -> list[E | Answer[A]]:

@@ -102,7 +102,8 @@ async def events(args: ViewArgs, reader: ProjectionReader, settings: Settings) -
     found = await reader.list_events(run_id)
     if args.json:
         return to_json(found)
-    return events_table(timeline(found, await reader.list_tool_effects(run_id)), wide=args.wide)
+    record = await reader.require_run(run_id)
+    return events_table(timeline(found, await reader.list_tool_effects(run_id)), record, wide=args.wide)
 
 
 async def snapshot(args: ViewArgs, reader: ProjectionReader, settings: Settings) -> str:
