@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from stepstream.cli._common import program
 from stepstream.cli._main import main
 
 pytestmark = pytest.mark.fast
@@ -149,3 +150,24 @@ def test_a_checkpoint_goes_into_an_existing_folder(
     )
     assert main(['audit', 'checkpoint', '--out', str(here / 'a-file')]) == 2
     assert f'--out {here / "a-file"} exists; it is never written over' in capsys.readouterr().err
+
+
+def test_a_printed_command_is_typed_as_this_program_is_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`make run` prints commands to paste: `stepstream` when the PATH finds this very program,
+    else its path (`.venv/bin/stepstream` from the checkout), never a name the shell cannot find."""
+    bin_dir = tmp_path / '.venv' / 'bin'
+    bin_dir.mkdir(parents=True)
+    me = bin_dir / 'stepstream'
+    me.write_text('#!/bin/sh\n')
+    me.chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    assert program(str(me), path='/usr/bin') == '.venv/bin/stepstream'  # not on the PATH
+    assert program('.venv/bin/stepstream', path='/usr/bin') == '.venv/bin/stepstream'
+    assert program(str(me), path=str(bin_dir)) == 'stepstream'  # an activated venv
+    other = tmp_path / 'elsewhere'
+    other.mkdir()
+    monkeypatch.chdir(other)
+    assert program(str(me), path='/usr/bin') == str(me)  # outside the folder: the whole path
+    assert program('/x/stepstream/cli/__main__.py') == 'stepstream'  # python -m stepstream.cli

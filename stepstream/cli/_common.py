@@ -91,3 +91,29 @@ def check_default_projection(settings: Settings) -> None:
         'running stack with --stack-dir DIR, or point at a projection with --db-path DIR (or '
         'STEPSTREAM_DB_PATH)'
     )
+
+
+def program(argv0: str | None = None, path: str | None = None) -> str:
+    """How to type this very `stepstream` here, for the commands a command prints.
+
+    `stepstream` when the PATH finds this program (an activated venv, an installed tool); else its
+    path, relative to the working folder when it is under it (`.venv/bin/stepstream` after
+    `make run` in a checkout), so that a printed command works when pasted as printed. Run as
+    `python -m stepstream.cli` (no program of that name): `stepstream`.
+    """
+    import os
+    import shutil
+    import sys
+    from pathlib import Path
+
+    me = Path(sys.argv[0] if argv0 is None else argv0)
+    if me.name != 'stepstream' or not me.exists():
+        return 'stepstream'
+    found = shutil.which('stepstream', path=path)
+    if found is not None and Path(found).resolve() == me.resolve():
+        return 'stepstream'
+    mine = me.absolute()
+    if not mine.is_relative_to(Path.cwd()):
+        return str(mine)
+    relative = str(mine.relative_to(Path.cwd()))
+    return relative if os.sep in relative else f'.{os.sep}{relative}'

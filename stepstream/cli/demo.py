@@ -26,6 +26,7 @@ from typing import Any
 
 from pydantic_ai import DeferredToolRequests
 
+from stepstream.cli._common import program
 from stepstream.console import effects_table, events_table, runs_table, tree
 from stepstream.demo import APPROVER, DemoDeps, orchestrator, persistence, release_manager
 from stepstream.errors import StepStreamError
@@ -133,8 +134,8 @@ def replay_commands(run_id: str, stack_dir: str | Path = '.stepstream') -> str:
     return (
         'Replay its orchestrator run with no model called, then fork it at step 2 with another model '
         '(docs/replay.md):\n'
-        f'  stepstream replay {run_id} {agent}\n'
-        f'  stepstream replay {run_id} {agent} --from-step {FORK_STEP} --model {FORK_MODEL}'
+        f'  {program()} replay {run_id} {agent}\n'
+        f'  {program()} replay {run_id} {agent} --from-step {FORK_STEP} --model {FORK_MODEL}'
     )
 
 
@@ -172,18 +173,19 @@ async def _demo(settings: Settings, log: EventLog, reader: ProjectionReader, sta
     print('\n== unresolved tool effects (in_flight or unknown_after_crash), all runs')
     print(effects_table(await reader.list_unresolved_tool_effects()))
     here = '' if str(stack_dir) == '.stepstream' else f' --stack-dir {stack_dir}'
+    me = program()
     print(
         f'\nThe stack keeps running, and its log and projection persist under {stack_dir}; '
         '`make run` again adds to this history.\n'
-        'Inspect it (`.venv/bin/stepstream` in a checkout):\n'
-        f'  stepstream runs{here}                  # every run; also tree, events, snapshot, unresolved\n'
-        f'  stepstream tree {run_id}{here}\n'
-        f'  stepstream effects {waited}{here}   # the approval: who, when, why\n'
-        f'  stepstream deferred{here}              # the calls that wait for a decision (the Waiting page)\n'
-        f'  stepstream status{here}                # lag, apply rate, dead letters\n'
-        f'  stepstream rebuild --into /tmp/rebuilt{here} && '
-        f'stepstream verify {settings.projection.db_path} /tmp/rebuilt\n'
-        f'  eval "$(stepstream stack env{here})"   # the settings, for other tools and terminals\n'
-        f'Stop it: stepstream stack down{here}'
+        'Inspect it:\n'
+        f'  {me} runs{here}                  # every run; also tree, events, snapshot, unresolved\n'
+        f'  {me} tree {run_id}{here}\n'
+        f'  {me} effects {waited}{here}   # the approval: who, when, why\n'
+        f'  {me} deferred{here}              # the calls that wait for a decision (the Waiting page)\n'
+        f'  {me} status{here}                # lag, apply rate, dead letters\n'
+        f'  {me} rebuild --into /tmp/rebuilt{here} && '
+        f'{me} verify {settings.projection.db_path} /tmp/rebuilt\n'
+        f'  eval "$({me} stack env{here})"   # the settings, for other tools and terminals\n'
+        f'Stop it: {me} stack down{here}'
     )
     return run_id

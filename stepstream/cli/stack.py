@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from stepstream.cli._common import program
 from stepstream.errors import StepStreamError, UsageError
 from stepstream.settings import ENV_PREFIX, Settings
 
@@ -81,6 +82,7 @@ class RunningStack:
         """What `stack up` prints: where things are and how to use and stop the stack."""
         s = self.settings
         explorer = self.explorer_url or f'none answering yet: see {self.directory / "serve.log"}'
+        me = program()
         return (
             f'stack up (pid {self.pid}) under {self.directory}\n'
             f'  Kafka: {s.kafka.bootstrap_servers}   S3: {s.media.s3_endpoint} (bucket {s.media.s3_bucket})\n'
@@ -91,9 +93,9 @@ class RunningStack:
                 if self.metrics_url
                 else ''
             )
-            + f'stepstream commands run here use it; elsewhere: eval "$(stepstream stack env '
+            + f'stepstream commands run here use it; elsewhere: eval "$({me} stack env '
             f'--stack-dir {self.directory})"\n'
-            'stop it with: stepstream stack down'
+            f'stop it with: {me} stack down'
         )
 
 
