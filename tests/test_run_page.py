@@ -24,6 +24,7 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCall
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from test_waiting_surfaces import Page, parse
 
+from stepstream.ids import short_id
 from stepstream.media import DiskMediaStore
 from stepstream.producer import InMemoryLog, StepPersistence, annotate_tool_effect
 from stepstream.readmodel import ProjectionReader
@@ -181,7 +182,7 @@ async def test_a_delegating_call_links_the_run_it_started(served: Served) -> Non
     for call, child in zip(['call-0', 'call-1'], children, strict=True):
         [delegate] = calls[call].find('delegate')
         assert delegate.links == [f'/runs/{child.run_id}']
-        assert delegate.text.startswith(f'started run {child.run_id} (researcher)')
+        assert delegate.text.startswith(f'started run {short_id(child.run_id)} (researcher)')
     # A run without children links none; a child's own calls do not link its parent.
     assert (await page(served, f'/runs/{children[0].run_id}')).find('delegate') == []
 
