@@ -1,10 +1,11 @@
-"""`make run`: `stack up`, the demo twice, then the operator's commands against its log, all
-through the installed command, as a new user types them."""
+"""`make run`: `stack up`, the demo twice, the replay and the fork it prints pasted as printed, then
+the operator's commands against its log, all through the installed command, as a new user types them."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -21,7 +22,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from waits import until_sync
 
-pytestmark = pytest.mark.broker
+# `make run` on the embedded default (Tansu): what it shows does not depend on the broker, and
+# test_embedded runs a stack on each.
+pytestmark = [pytest.mark.broker, pytest.mark.once]
 
 STEPSTREAM = str(Path(sys.executable).parent / 'stepstream')
 
@@ -125,6 +128,50 @@ def alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return Path(f'/proc/{pid}').exists() and 'Z' not in Path(f'/proc/{pid}/stat').read_text().split()[2]
+
+
+def pasted(cwd: Path, line: str) -> subprocess.CompletedProcess[str]:
+    """`line` run by a shell, as a user pastes it (the PATH as it is: the line names its program)."""
+    return subprocess.run(
+        line, shell=True, cwd=cwd, env=user_env(), capture_output=True, text=True, timeout=300
+    )
+
+
+def replay_and_fork(cwd: Path, out: str) -> None:
+    """The demo's last lines replay its orchestrator run and fork it at step 2, as printed."""
+    *_, heading, replay, fork = out.rstrip().splitlines()
+    assert heading.startswith('Replay its orchestrator run')
+    found = re.fullmatch(r'  (\S+) replay (orchestrator-\S+) --agent stepstream\.demo:orchestrator', replay)
+    assert found is not None, replay
+    program, run_id = found.groups()
+    assert program in ('stepstream', STEPSTREAM)  # as the shell finds this very program
+    assert f'== events of {run_id} (orchestrator, completed)' in out  # this demo's orchestrator run
+    assert fork == f'{replay} --from-step 2 --model stepstream.demo:cautious_model'
+
+    replayed = pasted(cwd, replay.strip())
+    assert replayed.returncode == 0, replayed.stderr[-3000:]
+    assert replayed.stdout == f'{run_id}: matched after 3 step(s), tools recorded\n'
+
+    forked = pasted(cwd, fork.strip())
+    assert forked.returncode == 0, forked.stderr[-3000:]
+    head = f'{run_id}: forked after 1 step(s), tools recorded: forked at step 2 into '
+    assert forked.stdout.startswith(head), forked.stdout
+    fork_id = forked.stdout.removeprefix(head).strip()
+    assert fork_id.startswith('orchestrator-') and fork_id != run_id
+
+    # The fork is a run on the log: it names where it came from, and its model did not publish.
+    def applied() -> dict[str, Any] | None:
+        runs = json.loads(stepstream(cwd, 'runs', '--json').stdout)
+        return next((r for r in runs if r['run_id'] == fork_id and r['status'] == 'completed'), None)
+
+    run = until_sync(applied, 'the stack to apply the fork', 120)
+    metadata = run['metadata']
+    assert (metadata['stepstream.forked_from'], metadata['stepstream.forked_at_step']) == (run_id, '2')
+    assert run['conversation_id'] == 'release-demo'
+    assert 'tool_call_started' not in stepstream(cwd, 'events', fork_id).stdout  # no tool ran
+    answer = stepstream(cwd, 'snapshot', fork_id).stdout.rstrip().splitlines()[-1]
+    assert "text: researched: the release adds delta snapshots (3 documents match 'changelog')" in answer
+    assert answer.endswith('; not publishing until a person has read the notes')
 
 
 def test_demo_then_status_rebuild_verify_and_stack_down(tmp_path: Path) -> None:
@@ -270,6 +317,9 @@ def test_demo_then_status_rebuild_verify_and_stack_down(tmp_path: Path) -> None:
         # `stepstream effects` shows the approval: who decided, and why.
         effects = stepstream(tmp_path, 'effects', waited).stdout
         assert 'approved by demo-approver' in effects and 'the release notes are checked' in effects
+
+        # The demo's last lines: a replay and a fork of its orchestrator run, pasted as printed.
+        replay_and_fork(tmp_path, second)
 
         # What the demo's last lines suggest, without any Python.
         status = json.loads(stepstream(tmp_path, 'status', '--json', '--max-lag', '0').stdout)
