@@ -90,7 +90,7 @@ class ProjectionReader:
         self._status = Status(self._shards, self._runs)
         self._retention = Retention(self._shards, self._snapshots)
         self._waiting = Waiting(self._shards, self._effects, self._runs)
-        self._conversations = Conversations(self._shards, self._runs)
+        self._conversations = Conversations(self._shards, self._runs, keys)
         self._owned_keys: KeyRing | None = None
 
     @classmethod
@@ -389,7 +389,9 @@ class ProjectionReader:
 
         Each with its runs, their usage summed, and its latest run (last status, live, writer);
         a page reads at most `limit` x shards index entries (decision 0062). `archived` True lists only
-        the archived ones, False only the others (each walked and skipped), None every one.
+        the archived ones, False only the others (each its own index range), None every one. A
+        filtered listing places a conversation whose newest mark is in another shard than its newest
+        activity at the newest activity of the shards that file it so (`Conversation.placed`).
         """
         return await self._conversations.list_conversations(limit=limit, after=after, archived=archived)
 
@@ -401,7 +403,7 @@ class ProjectionReader:
         after: ConversationCursor | None = None,
         archived: bool | None = None,
     ) -> list[Conversation]:
-        """The conversations whose title or a run's first prompt holds every word of `words`, by id.
+        """The conversations whose title or a run's user prompts hold every word of `words`, by id.
 
         Words are runs of letters and digits, matched whole and without case (the first 8);
         `after` is the last one's `cursor`. A page walks the first word's entries until it has

@@ -37,7 +37,7 @@ class ViewArgs:
     """`deferred`: the calls that started waiting last first (default: the longest waiting first)."""
     archived: str | None = None
     search: str | None = None
-    """`conversations`: only those whose title or a run's first prompt holds every word (by id)."""
+    """`conversations`: only those whose title or a run's user prompts hold every word (by id)."""
     """`conversations`: `true` only the archived ones, `false` only the others (default: every one)."""
 
     @classmethod
