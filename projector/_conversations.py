@@ -95,9 +95,8 @@ def note_prompts(run: RunState, snapshot_seq: int, messages: str) -> None:
     for prompt in prompts:
         for word in words_of(prompt, MAX_RUN_WORDS):
             words.setdefault(word)
-    run.prompt_words = list(words)[
-        :MAX_RUN_WORDS
-    ]  # a new list: the share taken before the batch keeps its own
+    # A new list: the share taken before the batch keeps its own.
+    run.prompt_words = list(words)[:MAX_RUN_WORDS]
 
 
 def first_prompt(messages: str) -> str | None:

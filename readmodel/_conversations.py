@@ -23,7 +23,7 @@ from datetime import datetime
 from decimal import Context, Decimal
 from typing import TYPE_CHECKING, TypeVar
 
-from stepstream.erasure import ErasureError, is_sealed_text, split_sealed_text
+from stepstream.erasure import SEALED_TITLE, ErasureError, is_sealed_text, split_sealed_text
 from stepstream.errors import NotFound, StepStreamError
 from stepstream.readmodel._runs import Runs
 from stepstream.readmodel._shards import Shards, ts
@@ -43,8 +43,6 @@ SEARCH_PROBE = 1_000
 
 CONVERSATIONS_INDEX = 7
 """The `RUN_INDEX_VERSION` from which a shard keeps the conversations' shares as this reader reads them."""
-TITLE_CONTEXT = 'title'
-"""What a sealed title is bound to, beside its conversation (`ConversationKey.seal_text`)."""
 
 ConversationCursor = tuple[datetime, str]
 """A place in the list of conversations: the last one seen's `last_activity` and id."""
@@ -293,7 +291,7 @@ class Conversations:
             raise ErasureError(
                 f"a title of conversation {conversation_id!r} is sealed with another one's key"
             )
-        return key.open_text(sealed, TITLE_CONTEXT)
+        return key.open_text(sealed, SEALED_TITLE)
 
     def _newest_first(
         self, after: ConversationCursor | None, archived: bool | None
