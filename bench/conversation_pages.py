@@ -121,10 +121,12 @@ def measure(root: Path, runs: int) -> dict[str, float]:
                 raise RuntimeError(f'the page after {middle}: {len(page)} conversations')
             return page
 
+        archived_ones = sum(1 for c in range(conversations) if archived(c * RUNS_PER_CONVERSATION))
+        how_many = {True: archived_ones, False: conversations - archived_ones}
+
         async def filtered(flag: bool) -> Any:
             page = await reader.list_conversations(limit=PAGE, archived=flag)
-            many = sum(1 for c in range(conversations) if archived(c * RUNS_PER_CONVERSATION) == flag)
-            if len(page) != min(PAGE, many) or any(c.archived != flag for c in page):
+            if len(page) != min(PAGE, how_many[flag]) or any(c.archived != flag for c in page):
                 raise RuntimeError(f'the first page archived={flag}: {len(page)} conversations')
             return page
 
