@@ -12,13 +12,16 @@ hundred thousand conversations. Run `i` is of conversation `i // 10` and starts 
 after the others' start: a conversation's runs fall in all three shards at different times, so a
 listing meets the older entries of a conversation in the other shards and skips them, the case
 that costs the most. (Records are made from ten templates, one per place in a conversation,
-re-keyed by replacing the run and conversation ids' bytes: every id has the same length.)
+re-keyed by replacing the run and conversation ids' bytes: every id has the same length.) One
+conversation in ARCHIVED_EVERY (20) is archived, by a `conversation_marked` record keyed by its
+latest run, as `stepstream conversation archive` writes it.
 
 Each figure is the median of 15 after one warm-up: `search_conversations` (a word every
 conversation's prompts hold, a word none does, and both: the rarest word is walked),
 `list_conversations` (the first page of 50, the page after the middle conversation, through a
-cursor), `get_conversation`, and `GET /api/conversations` (first page, after a cursor) of the
-service (`serve.app_for`, uvicorn in this loop) over the same shards. Every page is checked
+cursor; the first page of the archived ones and of the others), `get_conversation`, and
+`GET /api/conversations` (first page, after a cursor) of the service (`serve.app_for`, uvicorn in
+this loop) over the same shards. Every page is checked
 against what it must hold, every request must be answered 200. The first line says which
 stepstream it imported.
 """
@@ -32,6 +35,7 @@ import logging
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -40,6 +44,7 @@ import stepstream
 from bench.run_pages import PARTITIONS, apply_wires, http_figures, median_ms, open_shards, refusing_address
 from bench.synthetic import Wire, plan_run, run_id, to_wire
 from stepstream import Settings
+from stepstream.producer import conversation_mark
 from stepstream.readmodel import ProjectionReader, encode_conversation_cursor
 from stepstream.serve import app_for, running
 
@@ -47,6 +52,8 @@ RUNS_PER_CONVERSATION = 10
 SEARCH_ALL = 'records'
 """A word of every run's first prompt (`plan_run`'s 'Look up the records.')."""
 PAGE = 50
+ARCHIVED_EVERY = 20
+"""One conversation in this many is archived."""
 PREFIX = 'conv'
 START = datetime(2026, 12, 1, tzinfo=UTC)
 
@@ -65,11 +72,21 @@ def wires(settings: Settings, runs: int) -> Iterator[Wire]:
         planned = plan_run(template_run, 1, start=start, conversation_id=template_conversation)
         templates.append([to_wire(p.record, settings) for p in planned])
     old_run, old_conversation = template_run.encode(), template_conversation.encode()
+    mark = conversation_mark(run_id=template_run, conversation_id=template_conversation, archived=True)
+    archive = to_wire(replace(mark, timestamp=START + timedelta(days=1)), settings)
     for index in range(runs):
         new_run, new_conversation = run_id(PREFIX, index).encode(), conversation_id(index).encode()
         for w in templates[index % RUNS_PER_CONVERSATION]:
             value = w.value.replace(old_run, new_run).replace(old_conversation, new_conversation)
             yield Wire(w.topic, new_run, value, w.headers)
+        if index % RUNS_PER_CONVERSATION == RUNS_PER_CONVERSATION - 1 and archived(index):
+            value = archive.value.replace(old_run, new_run).replace(old_conversation, new_conversation)
+            yield Wire(archive.topic, new_run, value, archive.headers)
+
+
+def archived(index: int) -> bool:
+    """Whether the conversation of run `index` is archived."""
+    return (index // RUNS_PER_CONVERSATION) % ARCHIVED_EVERY == 0
 
 
 def build(root: Path, runs: int) -> float:
@@ -104,6 +121,15 @@ def measure(root: Path, runs: int) -> dict[str, float]:
                 raise RuntimeError(f'the page after {middle}: {len(page)} conversations')
             return page
 
+        archived_ones = sum(1 for c in range(conversations) if archived(c * RUNS_PER_CONVERSATION))
+        how_many = {True: archived_ones, False: conversations - archived_ones}
+
+        async def filtered(flag: bool) -> Any:
+            page = await reader.list_conversations(limit=PAGE, archived=flag)
+            if len(page) != min(PAGE, how_many[flag]) or any(c.archived != flag for c in page):
+                raise RuntimeError(f'the first page archived={flag}: {len(page)} conversations')
+            return page
+
         async def search(words: str, expected: int) -> Any:
             page = await reader.search_conversations(words, limit=PAGE)
             if len(page) != expected:
@@ -123,6 +149,10 @@ def measure(root: Path, runs: int) -> dict[str, float]:
             f'list_conversations, the page after the middle one ({conversations // 2:,} newer)': (
                 median_ms(after)
             ),
+            f'list_conversations, archived, first page (1 in {ARCHIVED_EVERY} is)': median_ms(
+                lambda: filtered(True)
+            ),
+            'list_conversations, not archived, first page': median_ms(lambda: filtered(False)),
             'get_conversation': median_ms(lambda: reader.get_conversation(middle)),
         }
     finally:

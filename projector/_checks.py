@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
+from stepstream.erasure import MAX_SEALED_TITLE_CHARS, ErasureError, is_sealed_text, split_sealed_text
 from stepstream.errors import SchemaError
 from stepstream.ids import MAX_ID_BYTES, OTHER_ID_FIELDS, check_record_ids, is_plain_id, is_run_id
 from stepstream.media import is_media_uri
@@ -153,14 +154,24 @@ def _check_resumed(mark: Fields) -> None:
 def _check_marked(mark: Fields) -> None:
     """A `conversation_marked` record names its conversation and gives a title, an archived flag, or both.
 
-    A title has 1 to `MAX_TITLE_CHARS` characters; the flag is `true` or `false`.
+    A title has 1 to `MAX_TITLE_CHARS` characters, or is sealed (erasure on: at most
+    `MAX_SEALED_TITLE_CHARS`); the flag is `true` or `false`.
     """
     title, archived = mark['metadata'].get(TITLE_KEY), mark['metadata'].get(ARCHIVED_KEY)
     if mark['conversation_id'] is None or (title, archived) == (None, None):
         raise Rejected(
             'invalid', 'a conversation mark names its conversation and gives a title or an archived flag'
         )
-    if title is not None and not 0 < len(title) <= MAX_TITLE_CHARS:
+    if title is not None and is_sealed_text(title):
+        if len(title) > MAX_SEALED_TITLE_CHARS:
+            raise Rejected(
+                'invalid', f'a sealed conversation title has at most {MAX_SEALED_TITLE_CHARS} characters'
+            )
+        try:
+            split_sealed_text(title)
+        except ErasureError as exc:
+            raise Rejected('invalid', f'a sealed conversation title: {exc}') from None
+    elif title is not None and not 0 < len(title) <= MAX_TITLE_CHARS:
         raise Rejected(
             'invalid', f'a conversation title has 1 to {MAX_TITLE_CHARS} characters, not {len(title)}'
         )

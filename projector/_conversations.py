@@ -3,7 +3,8 @@
 Runs are keyed by run id, so one conversation's runs are spread over the shards. Each shard keeps
 its share of every conversation that has runs in it (`CONVERSATION_STATE`: how many, their usage
 and cost summed, the newest activity, the latest-started run) and lists the conversations by
-that newest activity (`ACTIVITY`); the reader combines the shares (decision 0062).
+that newest activity (`ACTIVITY`), the ones its newest archived mark archived apart (`filed`);
+the reader combines the shares (decision 0062).
 
 A share changes where the run's listing does: at the end of the batch, from what the run
 contributed before the batch and what it contributes now (`refile_conversation`, called by
@@ -18,6 +19,7 @@ import json
 from decimal import Context, Decimal
 from typing import Any
 
+from stepstream.erasure import is_sealed_text
 from stepstream.projector._batch import Rejected
 from stepstream.schemas import ARCHIVED_KEY, TITLE_KEY, Fields
 from stepstream.storage import (
@@ -25,6 +27,7 @@ from stepstream.storage import (
     CONVERSATION,
     CONVERSATION_STATE,
     MAX_PROMPT_CHARS,
+    MAX_RUN_WORDS,
     RUN,
     WORD,
     ConversationState,
@@ -33,9 +36,9 @@ from stepstream.storage import (
     words_of,
 )
 
-Share = tuple[int, dict[str, int], str | None, str | None, dict[str, list[Any]]]
+Share = tuple[int, dict[str, int], str | None, str | None, dict[str, list[Any]], tuple[str, ...]]
 """What one run adds to its conversation's share: its newest record's time, its usage, its cost,
-its first prompt and the marks keyed by it."""
+its first prompt, the marks keyed by it and the words of its prompts."""
 
 MARKED = ('title', 'archived')
 """What a `conversation_marked` record sets (`RunState.marks`, `ConversationState`'s fields)."""
@@ -44,10 +47,13 @@ _SUMS = Context(prec=200)
 """Exact for every sum of checked costs (`_usage._SUMS`)."""
 
 
-def _run_words(run: RunState) -> set[str]:
-    """The words a run files its conversation under: of its first prompt and of its title mark."""
-    title = run.marks.get('title')
-    return {*words_of(run.first_prompt), *words_of(title[1] if title else None)}
+def _words(share: Share) -> set[str]:
+    """The words a run files its conversation under: of its user prompts and of its title mark.
+
+    A sealed title (erasure on) files it under none: its words would be plaintext `forget` cannot erase.
+    """
+    title = (share[4].get('title') or [0, None])[1]
+    return {*share[5], *([] if is_sealed_text(title) else words_of(title))}
 
 
 def _refile_words(txn: Transaction, run: RunState, old: set[str], new: set[str]) -> None:
@@ -67,7 +73,30 @@ def share_of(run: RunState) -> Share:
         run.cost_usd,
         run.first_prompt,
         dict(run.marks),
+        tuple(run.prompt_words),
     )
+
+
+def note_prompts(run: RunState, snapshot_seq: int, messages: str) -> None:
+    """Keep what a snapshot's user prompts give its run: its first prompt (snapshot 0), their words.
+
+    The words join `RunState.prompt_words` (each once, up to `MAX_RUN_WORDS` for the run), in the
+    order the run's snapshots are applied: its partition's order, the same in every pass. A tail
+    without a user prompt (most after the first) is not parsed.
+    """
+    if '"user-prompt"' not in messages:
+        return
+    prompts = user_prompts(messages)
+    if snapshot_seq == 0 and prompts:
+        run.first_prompt = prompts[0][:MAX_PROMPT_CHARS]
+    if len(run.prompt_words) >= MAX_RUN_WORDS:
+        return
+    words = dict.fromkeys(run.prompt_words)
+    for prompt in prompts:
+        for word in words_of(prompt, MAX_RUN_WORDS):
+            words.setdefault(word)
+    # A new list: the share taken before the batch keeps its own.
+    run.prompt_words = list(words)[:MAX_RUN_WORDS]
 
 
 def first_prompt(messages: str) -> str | None:
@@ -76,10 +105,20 @@ def first_prompt(messages: str) -> str | None:
     Cut to `MAX_PROMPT_CHARS`, its whitespace folded; None when there is none, or when the messages
     do not read as plain messages (sealed content, with erasure on, reads as none).
     """
+    prompts = user_prompts(messages)
+    return prompts[0][:MAX_PROMPT_CHARS] if prompts else None
+
+
+def user_prompts(messages: str) -> list[str]:
+    """The text of every user prompt among a snapshot's messages, in order, whitespace folded.
+
+    None of them when the messages do not read as plain messages (sealed content reads as none).
+    """
+    found: list[str] = []
     try:
         loaded = json.loads(messages)
     except ValueError:
-        return None
+        return found
     for message in loaded if isinstance(loaded, list) else ():
         if not isinstance(message, dict) or message.get('kind') != 'request':
             continue
@@ -91,8 +130,8 @@ def first_prompt(messages: str) -> str | None:
                 )
                 text = ' '.join(' '.join(item for item in items if isinstance(item, str)).split())
                 if text:
-                    return text[:MAX_PROMPT_CHARS]
-    return None
+                    found.append(text)
+    return found
 
 
 def refile_conversation(txn: Transaction, run: RunState, was: Share | None) -> None:
@@ -105,12 +144,11 @@ def refile_conversation(txn: Transaction, run: RunState, was: Share | None) -> N
     now = share_of(run)
     if now == was:
         return
-    if was is None or (was[3], was[4].get('title')) != (now[3], now[4].get('title')):
-        old = set() if was is None else {*words_of(was[3]), *words_of((was[4].get('title') or [0, None])[1])}
-        _refile_words(txn, run, old, _run_words(run))
+    if was is None or (was[4].get('title'), was[5]) != (now[4].get('title'), now[5]):
+        _refile_words(txn, run, set() if was is None else _words(was), _words(now))
     key = CONVERSATION_STATE.key(conversation_id)
     state = txn.get_state(key, ConversationState) or ConversationState(conversation_id)
-    before = state.active if state.runs else None
+    before = (state.filed, state.active) if state.runs else None
     place = [run.started_at, run.run_id]
     if was is None:
         state.runs += 1
@@ -161,14 +199,14 @@ def unfile_conversation(txn: Transaction, run: RunState) -> None:
     """Take a dropped run out of its conversation's share (after its `CONVERSATION` entry is gone)."""
     conversation_id = run.conversation_id
     assert conversation_id is not None
-    _refile_words(txn, run, _run_words(run), set())
+    _refile_words(txn, run, _words(share_of(run)), set())
     key = CONVERSATION_STATE.key(conversation_id)
     state = txn.get_state(key, ConversationState)
     assert state is not None, f'run {run.run_id!r} has no share in conversation {conversation_id!r}'
-    before = state.active
+    before = (state.filed, state.active)
     state.runs -= 1
     if not state.runs:
-        txn.delete(ACTIVITY.key(before, conversation_id))
+        txn.delete(ACTIVITY.key(*before, conversation_id))
         txn.delete(key)
         return
     dropped = share_of(run)
@@ -195,18 +233,22 @@ def unfile_conversation(txn: Transaction, run: RunState) -> None:
     txn.put_state(key, state)
 
 
-def _refile_activity(txn: Transaction, state: ConversationState, before: int | None) -> None:
-    """Move the conversation's `ACTIVITY` entry from `before` (None: it had none) to its newest activity."""
-    if before == state.active:
+def _refile_activity(txn: Transaction, state: ConversationState, before: tuple[str, int] | None) -> None:
+    """Move the conversation's `ACTIVITY` entry to where the share files it now.
+
+    `before` is where it was filed ((filed, newest activity); None: it had no entry).
+    """
+    now = (state.filed, state.active)
+    if before == now:
         return
     if before is not None:
-        txn.delete(ACTIVITY.key(before, state.conversation_id))
-    txn.put(ACTIVITY.key(state.active, state.conversation_id), b'')
+        txn.delete(ACTIVITY.key(*before, state.conversation_id))
+    txn.put(ACTIVITY.key(*now, state.conversation_id), b'')
 
 
 def _add(state: ConversationState, share: Share, sign: int) -> None:
     """Add (`sign` 1) or take out (-1) a run's usage and cost; zero sums leave no entry."""
-    _, usage, cost, _, _ = share
+    _, usage, cost, _, _, _ = share
     sums = state.usage
     for name, value in usage.items():
         total = sums.get(name, 0) + sign * value

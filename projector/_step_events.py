@@ -19,7 +19,7 @@ from __future__ import annotations
 from stepstream.media import snapshot_media
 from stepstream.projector._batch import Rejected, Rejection, RunKeys, SourceRecord
 from stepstream.projector._chain import rewind_chain
-from stepstream.projector._conversations import first_prompt
+from stepstream.projector._conversations import note_prompts
 from stepstream.projector._listing import list_run
 from stepstream.projector._retention import Retention
 from stepstream.projector._tool_effects import withdraw_transition
@@ -104,8 +104,8 @@ def apply_event(
     elif snap is not None:
         snapshot_seq = snap['snapshot_seq']
         ranges_add(run.snapshots, snapshot_seq)
-        if snapshot_seq == 0 and run.conversation_id is not None:  # its title, until one is set
-            run.first_prompt = first_prompt(snap['messages'])
+        if run.conversation_id is not None:  # its title (until one is set) and what search finds it by
+            note_prompts(run, snapshot_seq, snap['messages'])
         entry = SnapshotEntry(
             seq=seq,
             snapshot_seq=snapshot_seq,

@@ -30,21 +30,20 @@ if TYPE_CHECKING:
         fork_run,
         resume_run,
     )
+    from stepstream.readmodel._conversation import (
+        Conversation,
+        ConversationCursor,
+        ConversationHolding,
+        decode_conversation_cursor,
+        encode_conversation_cursor,
+    )
     from stepstream.readmodel._conversation_group import (
         MEMBER_BATCH,
         ConversationMember,
         ConversationReads,
         GroupConversations,
     )
-    from stepstream.readmodel._conversations import (
-        MAX_SEARCH_WORDS,
-        Conversation,
-        ConversationCursor,
-        ConversationHolding,
-        ConversationsNotIndexed,
-        decode_conversation_cursor,
-        encode_conversation_cursor,
-    )
+    from stepstream.readmodel._conversations import MAX_SEARCH_WORDS, ConversationsNotIndexed
     from stepstream.readmodel._effects import UnresolvedCursor, UnresolvedSummary
     from stepstream.readmodel._reader import ProjectionReader
     from stepstream.readmodel._recovery import RecoveryReport, inspect_recovery
@@ -65,12 +64,12 @@ _WHERE = {
     'ConversationMember': 'stepstream.readmodel._conversation_group',
     'ConversationReads': 'stepstream.readmodel._conversation_group',
     'GroupConversations': 'stepstream.readmodel._conversation_group',
-    'ConversationHolding': 'stepstream.readmodel._conversations',
-    'Conversation': 'stepstream.readmodel._conversations',
-    'ConversationCursor': 'stepstream.readmodel._conversations',
+    'ConversationHolding': 'stepstream.readmodel._conversation',
+    'Conversation': 'stepstream.readmodel._conversation',
+    'ConversationCursor': 'stepstream.readmodel._conversation',
     'ConversationsNotIndexed': 'stepstream.readmodel._conversations',
-    'decode_conversation_cursor': 'stepstream.readmodel._conversations',
-    'encode_conversation_cursor': 'stepstream.readmodel._conversations',
+    'decode_conversation_cursor': 'stepstream.readmodel._conversation',
+    'encode_conversation_cursor': 'stepstream.readmodel._conversation',
     'RESUMES_KEY': 'stepstream.readmodel._continue',
     'Resumption': 'stepstream.readmodel._continue',
     'resume_run': 'stepstream.readmodel._continue',

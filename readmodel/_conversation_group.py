@@ -3,10 +3,12 @@
 A group member holds only its own shards (decision 0016), and a conversation's shares are in
 several of them. `GroupConversations` lists, searches and reads conversations over members that
 each answer for their own shards (`ConversationMember`: this member's reader, the others over
-HTTP): the walks merge the members' places in the listing's order, and each conversation found
-is combined from every member's `ConversationHolding` by `combined`, the single reader's own
-merge. So a member's page is the page a reader of every shard gives (decision 0062); a page reads
-about what the single reader's does, `limit` x shards places, in a few requests per member.
+HTTP): the walks merge the members' places in the listing's order (a filtered listing's places in
+the `ACTIVITY` range each member's shards file that way), and each conversation found is combined
+from every member's `ConversationHolding` by `combined` and placed by `listed_at`, the single
+reader's own, its sealed title opened with the asking member's keys. So a member's page is the
+page a reader of every shard gives (decision 0062); a page reads about what the single reader's
+does, `limit` x shards places, in a few requests per member.
 """
 
 from __future__ import annotations
@@ -14,32 +16,46 @@ from __future__ import annotations
 import asyncio
 import collections
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from stepstream.readmodel._conversations import (
-    MAX_SEARCH_WORDS,
-    SEARCH_PROBE,
+from stepstream.readmodel._conversation import (
     Conversation,
     ConversationCursor,
     ConversationHolding,
+    any_erased,
     combined,
     latest_of,
+    listed_at,
+    with_keys,
 )
+from stepstream.readmodel._conversations import MAX_SEARCH_WORDS, SEARCH_PROBE
 from stepstream.readmodel._shards import ShardUnavailable
-from stepstream.storage import words_of
+from stepstream.storage import ConversationState, words_of
+from stepstream.timestamps import micros
+
+if TYPE_CHECKING:
+    from stepstream.erasure import KeyRing
 
 MEMBER_BATCH = 200
 """The most places or conversations asked of a member at once when a page wants more."""
 _REREADS = 3
 
 Place = TypeVar('Place', ConversationCursor, str)
+Found = tuple[Conversation | None, list[ConversationState], set[str]]
+"""A conversation combined from every member's holdings, the shares it was combined from, and the
+words any member files it under."""
 
 
 class ConversationMember(Protocol):
     """One member's part of the conversations: its own shards' places and holdings."""
 
-    async def places(self, after: ConversationCursor | None, limit: int) -> list[ConversationCursor]:
-        """Its conversations at their newest activity in its shards, newest first, below `after`."""
+    async def places(
+        self, after: ConversationCursor | None, limit: int, archived: bool | None = None
+    ) -> list[ConversationCursor]:
+        """Its conversations' entries a listing filtered by `archived` may take them at, below `after`.
+
+        The newest of its shares that file each so, newest first (`Conversations.places`).
+        """
         ...
 
     async def filed(self, word: str, after: str | None, limit: int) -> list[str]:
@@ -83,22 +99,31 @@ class ConversationReads(Protocol):
 class GroupConversations:
     """`ConversationReads` over every member of a group, each answering for its own shards."""
 
-    def __init__(self, members: Sequence[ConversationMember]) -> None:
-        """Merge `members` (this one's reader among them): together they must hold every shard."""
+    def __init__(self, members: Sequence[ConversationMember], keys: KeyRing | None = None) -> None:
+        """Merge `members` (this one's reader among them): together they must hold every shard.
+
+        `keys` (erasure on: the asking member's reader's) open the sealed titles the members' shares hold.
+        """
         self._members = list(members)
+        self._keys = keys
 
     async def list_conversations(
         self, *, limit: int | None = 50, after: ConversationCursor | None = None, archived: bool | None = None
     ) -> list[Conversation]:
         """`ProjectionReader.list_conversations` over the group."""
-        pages = [member.places for member in self._members]
-        places = _merged(pages, after, _batch(limit), reverse=True)
 
-        def found_at(place: ConversationCursor, conversation: Conversation | None) -> bool:
-            # Taken at its newest activity of all: an older place of it (another member's) is skipped.
-            return conversation is not None and conversation.last_activity == place[0]
+        def taken(
+            place: ConversationCursor, conversation: Conversation, shares: list[ConversationState]
+        ) -> Conversation | None:
+            # As the single reader takes it (`listed_at`): another member's older entry of it is skipped.
+            return listed_at(conversation, shares, micros(place[0]), archived)
 
-        return await self._take(places, lambda place: place[1], found_at, [], limit, archived)
+        async def read() -> list[Conversation]:
+            pages = [_places_of(member, archived) for member in self._members]
+            places = _merged(pages, after, _batch(limit), reverse=True)
+            return await self._take(places, lambda place: place[1], taken, [], limit)
+
+        return await with_keys(self._keys, read, any_erased)
 
     async def search_conversations(
         self,
@@ -112,30 +137,40 @@ class GroupConversations:
         wanted = words_of(words)[:MAX_SEARCH_WORDS]
         if not wanted:
             return []
-        counts = await asyncio.gather(*(member.word_entries(wanted) for member in self._members))
-        entries = {word: min(sum(c[i] for c in counts), SEARCH_PROBE) for i, word in enumerate(wanted)}
-        first, *others = sorted(wanted, key=entries.__getitem__)
-        if entries[first] == 0:  # a word filed nowhere: nothing holds every word
-            return []
-        pages = [_filed_by(member, first) for member in self._members]
-        places = _merged(pages, None if after is None else after[1], _batch(limit), reverse=False)
-        return await self._take(places, str, lambda _, c: c is not None, others, limit, archived)
+
+        def taken(_: str, conversation: Conversation, __: list[ConversationState]) -> Conversation | None:
+            return conversation if archived in (None, conversation.archived) else None
+
+        async def read() -> list[Conversation]:
+            counts = await asyncio.gather(*(member.word_entries(wanted) for member in self._members))
+            entries = {word: min(sum(c[i] for c in counts), SEARCH_PROBE) for i, word in enumerate(wanted)}
+            first, *others = sorted(wanted, key=entries.__getitem__)
+            if entries[first] == 0:  # a word filed nowhere: nothing holds every word
+                return []
+            pages = [_filed_by(member, first) for member in self._members]
+            places = _merged(pages, None if after is None else after[1], _batch(limit), reverse=False)
+            return await self._take(places, str, taken, others, limit)
+
+        return await with_keys(self._keys, read, any_erased)
 
     async def get_conversation(self, conversation_id: str) -> Conversation | None:
         """`ProjectionReader.get_conversation` over the group."""
-        [(conversation, _)] = await self._conversations([conversation_id], [])
-        return conversation
+
+        async def read() -> Conversation | None:
+            [(conversation, _, _)] = await self._conversations([conversation_id], [])
+            return conversation
+
+        return await with_keys(self._keys, read, lambda found: found is not None and found.title_erased)
 
     async def _take(
         self,
         places: AsyncIterator[Place],
         id_of: Callable[[Place], str],
-        found_at: Callable[[Place, Conversation | None], bool],
+        taken: Callable[[Place, Conversation, list[ConversationState]], Conversation | None],
         words: list[str],
         limit: int | None,
-        archived: bool | None,
     ) -> list[Conversation]:
-        """The conversations at `places` that are found there, filed under `words`, and `archived` so.
+        """The conversations at `places` filed under `words`, as `taken` takes each there (None: not).
 
         Places are read a batch at a time, as many as the page still wants, and each batch's
         conversations asked of every member at once.
@@ -147,39 +182,40 @@ class GroupConversations:
             if not batch:
                 break
             conversations = await self._conversations([id_of(place) for place in batch], words)
-            for place, (conversation, filed) in zip(batch, conversations, strict=True):
+            for place, (conversation, shares, filed) in zip(batch, conversations, strict=True):
                 if limit is not None and len(found) >= limit:
                     break
-                if found_at(place, conversation) and set(words) <= filed:
-                    assert conversation is not None
-                    if archived in (None, conversation.archived):
-                        found.append(conversation)
+                took = (
+                    None
+                    if conversation is None or not set(words) <= filed
+                    else taken(place, conversation, shares)
+                )
+                if took is not None:
+                    found.append(took)
         return found
 
-    async def _conversations(
-        self, conversation_ids: list[str], words: list[str]
-    ) -> list[tuple[Conversation | None, set[str]]]:
-        """Each conversation combined from every member's holdings, and the words any member files it by."""
+    async def _conversations(self, conversation_ids: list[str], words: list[str]) -> list[Found]:
+        """Each conversation combined from every member's holdings (`Found`)."""
         answers = await asyncio.gather(*(m.holdings(conversation_ids, words) for m in self._members))
         result = []
         for i, conversation_id in enumerate(conversation_ids):
             holdings = [answer[i] for answer in answers]
-            conversation = await self._combined(conversation_id, holdings, words)
-            result.append((conversation, {word for h in holdings for word in h.words}))
+            result.append(await self._combined(conversation_id, holdings, words))
         return result
 
     async def _combined(
         self, conversation_id: str, holdings: list[ConversationHolding], words: list[str]
-    ) -> Conversation | None:
+    ) -> Found:
         for _ in range(_REREADS):
             shares = [share for holding in holdings for share in holding.shares]
+            filed = {word for holding in holdings for word in holding.words}
             if not shares:
-                return None
+                return None, shares, filed
             latest = latest_of(shares)
             runs = [h.latest_run for h in holdings if h.latest_run is not None]
             run = next((r for r in runs if r.run_id == latest), None)
             if run is not None:
-                return combined(conversation_id, shares, run)
+                return combined(conversation_id, shares, run, self._keys), shares, filed
             # The members were read at different moments (a run moved or was dropped): read again.
             answers = await asyncio.gather(*(m.holdings([conversation_id], words) for m in self._members))
             holdings = [answer[0] for answer in answers]
@@ -192,6 +228,12 @@ class GroupConversations:
 def _batch(limit: int | None) -> int:
     """How many places to ask each member for at once: a page's worth, at most `MEMBER_BATCH`."""
     return MEMBER_BATCH if limit is None else max(1, min(limit, MEMBER_BATCH))
+
+
+def _places_of(
+    member: ConversationMember, archived: bool | None
+) -> Callable[[ConversationCursor | None, int], Awaitable[list[ConversationCursor]]]:
+    return lambda after, limit: member.places(after, limit, archived)
 
 
 def _filed_by(member: ConversationMember, word: str) -> Callable[[str | None, int], Awaitable[list[str]]]:

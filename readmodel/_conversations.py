@@ -5,168 +5,61 @@ summed, `CONVERSATION_STATE`) and lists the conversations by their newest activi
 (`ACTIVITY`). A listing merges the shards' `ACTIVITY` walks newest first and takes a conversation
 where its entry is its newest activity of all (each shard's share read and combined): an older
 entry in another shard is skipped, so a page of L conversations reads at most L x shards entries,
-however many conversations and runs there are. Its last status, and whether it is live, are its
-latest-started run's, judged now (decision 0062).
+however many conversations and runs there are. A listing filtered by `archived` walks only the
+range each shard files that way (`ConversationState.filed`), so it costs the same whatever share
+is archived. Its last status, and whether it is live, are its latest-started run's, judged now
+(decision 0062). A conversation is made from its shares, and placed in a listing, by
+`_conversation.py`'s functions, which a group's merge (`GroupConversations`) uses too; the methods
+below the listing's are what a group member answers for its own shards.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import itertools
-import json
 from collections.abc import Iterator
-from dataclasses import dataclass
-from datetime import datetime
-from decimal import Context, Decimal
+from typing import TYPE_CHECKING
 
-from stepstream.errors import BadCursor, StepStreamError
+from stepstream.errors import StepStreamError
+from stepstream.readmodel._conversation import (
+    Conversation,
+    ConversationCursor,
+    ConversationHolding,
+    any_erased,
+    combined,
+    filed_as,
+    latest_of,
+    listed_at,
+    newest_filed,
+    with_keys,
+)
 from stepstream.readmodel._runs import Runs
-from stepstream.readmodel._shards import Shards, ts
-from stepstream.schemas import RunRecord, RunUsage
-from stepstream.storage import ACTIVITY, CONVERSATION_STATE, WORD, ConversationState, words_of
+from stepstream.readmodel._shards import Shards
+from stepstream.storage import ACTIVITY, CONVERSATION_STATE, OPEN, WORD, ConversationState, words_of
 from stepstream.timestamps import from_micros, micros
+
+if TYPE_CHECKING:
+    from stepstream.erasure import KeyRing
 
 MAX_SEARCH_WORDS = 8
 """A search takes the first this many words it is given."""
 SEARCH_PROBE = 1_000
 """A search counts each word's entries up to this many, to walk the rarest."""
 
-CONVERSATIONS_INDEX = 6
-"""The `RUN_INDEX_VERSION` from which a shard keeps the conversations' shares."""
-
-ConversationCursor = tuple[datetime, str]
-"""A place in the list of conversations: the last one seen's `last_activity` and id."""
-
-_NOWHERE = "after={!r:.80} is not a place in the list of conversations: give a page's `next_after`"
-_SUMS = Context(prec=200)
+CONVERSATIONS_INDEX = 7
+"""The `RUN_INDEX_VERSION` from which a shard keeps the conversations' shares as this reader reads them."""
 
 
 class ConversationsNotIndexed(StepStreamError):
     """A shard was made before the conversations' shares: rebuild the projection to list them."""
 
 
-@dataclass(frozen=True)
-class Conversation:
-    """A conversation as the runs of it on the log say: how many, their sums, the latest one."""
-
-    conversation_id: str
-    runs: int
-    """How many of its runs the projection holds."""
-    last_activity: datetime
-    """The newest record of any of its runs."""
-    latest_run: RunRecord
-    """Its latest-started run, its status judged now (`last_status`, `live`, `writer`)."""
-    usage: RunUsage
-    """Its runs' usage and cost summed."""
-    title: str | None = None
-    """The newest title a `conversation_marked` record gave it, else the first user prompt of its
-    earliest run that has one (cut to `MAX_PROMPT_CHARS`); None: neither (no snapshot yet, or
-    sealed content)."""
-    archived: bool = False
-    """Whether the newest archived flag a `conversation_marked` record gave it is `true`."""
-
-    @property
-    def last_status(self) -> str:
-        """The latest run's status, judged now (`running`, `stale`, `completed`, ...)."""
-        return self.latest_run.status
-
-    @property
-    def live(self) -> bool:
-        """Whether its latest run reads `running` now: its writer is still at it."""
-        return self.latest_run.status == 'running'
-
-    @property
-    def writer(self) -> str | None:
-        """The writer that owns its latest run (`RunRecord.registration_id`)."""
-        return self.latest_run.registration_id
-
-    @property
-    def cursor(self) -> ConversationCursor:
-        """Where the next page starts (`after`)."""
-        return (self.last_activity, self.conversation_id)
-
-    @property
-    def cursor_text(self) -> str:
-        """`cursor` as the opaque text a page's `next_after` gives (`encode_conversation_cursor`)."""
-        return encode_conversation_cursor(self.cursor)
-
-
-@dataclass(frozen=True)
-class ConversationHolding:
-    """What some shards hold of one conversation: their shares, and what a merge needs besides.
-
-    A group member's answer for its own shards (decision 0062): the readers' merge combines every
-    member's holdings as it combines one reader's shards' shares.
-    """
-
-    conversation_id: str
-    shares: list[ConversationState]
-    """Each shard's share, for the shards that have one."""
-    latest_run: RunRecord | None
-    """The latest-started run of these shares (`latest_of`), its status judged now; None: no share."""
-    words: list[str]
-    """Those of the words asked about that these shards file the conversation under."""
-
-
-def latest_of(shares: list[ConversationState]) -> str:
-    """The run id of the latest-started run of a conversation's shares (the greatest [started_at, run_id])."""
-    return str(max(share.latest for share in shares)[1])
-
-
-def combined(conversation_id: str, shares: list[ConversationState], latest_run: RunRecord) -> Conversation:
-    """A conversation from its shares (not empty), wherever they were read; `latest_run` is `latest_of`'s.
-
-    Sums the runs, usage and cost; the newest activity; the newest title mark, else the earliest
-    first prompt; the newest archived mark. Every field is a sum or a max, so the shares' order is moot.
-    """
-    usage: dict[str, int] = {}
-    cost: Decimal | None = None
-    for share in shares:
-        for name, value in share.usage.items():
-            usage[name] = usage.get(name, 0) + value
-        if share.cost_usd is not None:
-            cost = _SUMS.add(cost or Decimal(0), Decimal(share.cost_usd))
-    prompts = [share.prompt for share in shares if share.prompt]
-    titles = [share.title for share in shares if share.title]
-    flags = [share.archived for share in shares if share.archived]
-    when = ts(max(share.active for share in shares))
-    assert when is not None
-    return Conversation(
-        conversation_id=conversation_id,
-        runs=sum(share.runs for share in shares),
-        last_activity=when,
-        latest_run=latest_run,
-        usage=RunUsage(**usage, cost_usd=None if cost is None else format(cost, 'f')),
-        title=max(titles)[1] if titles else min(prompts)[2] if prompts else None,
-        archived=bool(flags) and max(flags)[1],
-    )
-
-
-def encode_conversation_cursor(cursor: ConversationCursor) -> str:
-    """A `ConversationCursor` as URL-safe opaque text, for the API, the explorer and the CLI."""
-    raw = json.dumps([cursor[0].isoformat(), cursor[1]], separators=(',', ':')).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip('=')
-
-
-def decode_conversation_cursor(text: str) -> ConversationCursor:
-    """The cursor a text of `encode_conversation_cursor` names; `BadCursor` (a `NotFound`) for others."""
-    try:
-        when, conversation_id = json.loads(base64.urlsafe_b64decode(text + '=' * (-len(text) % 4)))
-        at = datetime.fromisoformat(when)
-    except (ValueError, TypeError, binascii.Error):
-        raise BadCursor(_NOWHERE.format(text)) from None
-    if at.tzinfo is None or not isinstance(conversation_id, str):
-        raise BadCursor(_NOWHERE.format(text))
-    return (at, conversation_id)
-
-
 class Conversations:
     """The shards' `CONVERSATION_STATE` shares and `ACTIVITY` indexes as `Conversation`s."""
 
-    def __init__(self, shards: Shards, runs: Runs) -> None:
+    def __init__(self, shards: Shards, runs: Runs, keys: KeyRing | None = None) -> None:
         self._shards = shards
         self._runs = runs
+        self._keys = keys
 
     async def list_conversations(
         self, *, limit: int | None = 50, after: ConversationCursor | None = None, archived: bool | None = None
@@ -175,15 +68,9 @@ class Conversations:
 
         def query() -> list[Conversation]:
             self._require_index()
-            found: list[Conversation] = []
-            for conversation in self._newest_first(after):
-                if limit is not None and len(found) >= limit:
-                    break
-                if archived in (None, conversation.archived):
-                    found.append(conversation)
-            return found
+            return list(itertools.islice(self._newest_first(after, archived), limit))
 
-        return await self._shards.query(query)
+        return await with_keys(self._keys, lambda: self._shards.query(query), any_erased)
 
     async def search_conversations(
         self,
@@ -205,7 +92,7 @@ class Conversations:
                     found.append(conversation)
             return found
 
-        return await self._shards.query(query)
+        return await with_keys(self._keys, lambda: self._shards.query(query), any_erased)
 
     def _matching(self, words: list[str], after: ConversationCursor | None) -> Iterator[Conversation]:
         """The conversations filed under every word, by conversation id, from after `after`'s.
@@ -245,7 +132,10 @@ class Conversations:
             self._require_index()
             return self.conversation(conversation_id)
 
-        return await self._shards.query(query)
+        def erased(found: Conversation | None) -> bool:
+            return found is not None and found.title_erased
+
+        return await with_keys(self._keys, lambda: self._shards.query(query), erased)
 
     def conversation(self, conversation_id: str) -> Conversation | None:
         """The conversation's shares combined, in the reader's thread; None if no shard has one."""
@@ -260,39 +150,61 @@ class Conversations:
         run = self._runs.run(latest_of(shares))
         if run is None:  # dropped between the reads: read again
             return self.conversation(conversation_id)
-        return combined(conversation_id, shares, run)
+        return combined(conversation_id, shares, run, self._keys)
 
-    def _newest_first(self, after: ConversationCursor | None) -> Iterator[Conversation]:
-        """Each conversation once, at its newest activity, from below `after`."""
-        for active, conversation_id, shares in self._newest(after):
+    def _newest_first(
+        self, after: ConversationCursor | None, archived: bool | None
+    ) -> Iterator[Conversation]:
+        """Each conversation once, from below `after`, where a listing filtered by `archived` takes it.
+
+        At its newest activity; filtered, where its entry is the newest of the shards that file it
+        so, when its flag (the newest mark of all shards) agrees (`listed_at`): at its newest
+        activity, unless that shard's share has not seen the newest mark (`Conversation.placed`).
+        Each one with the flag is filed so in the shard holding its newest mark, so none is missed.
+        """
+        for active, conversation_id, shares in self._newest(after, archived):
             conversation = self._combined(conversation_id, shares)
-            if conversation is not None and micros(conversation.last_activity) == active:
-                yield conversation
+            if conversation is not None:
+                taken = listed_at(conversation, shares, active, archived)
+                if taken is not None:
+                    yield taken
 
-    def _newest(self, after: ConversationCursor | None) -> Iterator[tuple[int, str, list[ConversationState]]]:
-        """Each conversation's place at its newest activity, and its shares, from below `after`."""
-        cursor = b''
-        if after is not None:
-            cursor = ACTIVITY.key(micros(after[0]), after[1])[1:]
+    def _newest(
+        self, after: ConversationCursor | None, archived: bool | None
+    ) -> Iterator[tuple[int, str, list[ConversationState]]]:
+        """Each conversation's entry a listing filtered by `archived` may take it at, and its shares.
+
+        Only the `ACTIVITY` ranges that filter asks for are walked (`filed_as`), newest first from
+        below `after`, and an entry is given when it is the newest of the shares that file the
+        conversation so (`newest_filed`): a page reads about L x shards entries.
+        """
+        cursor = b'' if after is None else _place(micros(after[0]), after[1])
         previous = cursor
-        for place in self._shards.walk([ACTIVITY.prefix()], cursor, reverse=True):
+        for place in self._shards.walk(
+            [ACTIVITY.prefix(f) for f in filed_as(archived)], cursor, reverse=True
+        ):
             if place == previous:  # the cursor itself, or the same entry in another shard
                 continue
             previous = place
-            active, conversation_id = ACTIVITY.parse(ACTIVITY.tag + place)
+            _, active, conversation_id = ACTIVITY.parse(ACTIVITY.prefix(OPEN) + place)
             assert isinstance(active, int) and isinstance(conversation_id, str)
             shares = self._shares(conversation_id)
-            if shares and max(share.active for share in shares) == active:
+            if newest_filed(shares, archived) == active:
                 yield active, conversation_id, shares
 
     # -- a group member's part (`GroupConversations` merges the members') --------------------------
 
-    async def places(self, after: ConversationCursor | None, limit: int) -> list[ConversationCursor]:
-        """Up to `limit` of these shards' conversations at their newest activity here, newest first."""
+    async def places(
+        self, after: ConversationCursor | None, limit: int, archived: bool | None = None
+    ) -> list[ConversationCursor]:
+        """Up to `limit` entries a listing filtered by `archived` may take these shards' conversations at.
+
+        Newest first, below `after`: for each, the newest of the shares here that file it so (`_newest`).
+        """
 
         def query() -> list[ConversationCursor]:
             self._require_index()
-            walk = self._newest(after)
+            walk = self._newest(after, archived)
             return [(from_micros(active), cid) for active, cid, _ in itertools.islice(walk, limit)]
 
         return await self._shards.query(query)
@@ -341,3 +253,8 @@ class Conversations:
                 'a shard of this projection was made before conversations were indexed '
                 f'(run index below {CONVERSATIONS_INDEX}): rebuild it (`stepstream rebuild`) to list them'
             )
+
+
+def _place(active: int, conversation_id: str) -> bytes:
+    """The place of an `ACTIVITY` entry: what follows its range's prefix (as `Shards.walk` gives it)."""
+    return ACTIVITY.key(OPEN, active, conversation_id)[len(ACTIVITY.prefix(OPEN)) :]

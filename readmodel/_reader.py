@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, Self, Unpack
 
 from stepstream.erasure import KeyRing
+from stepstream.readmodel._conversation import Conversation, ConversationCursor
 from stepstream.readmodel._conversation_group import ConversationMember
-from stepstream.readmodel._conversations import Conversation, ConversationCursor, Conversations
+from stepstream.readmodel._conversations import Conversations
 from stepstream.readmodel._effects import Effects, UnresolvedCursor, UnresolvedSummary
 from stepstream.readmodel._events import Events
 from stepstream.readmodel._lineage import Lineage
@@ -90,7 +91,7 @@ class ProjectionReader:
         self._status = Status(self._shards, self._runs)
         self._retention = Retention(self._shards, self._snapshots)
         self._waiting = Waiting(self._shards, self._effects, self._runs)
-        self._conversations = Conversations(self._shards, self._runs)
+        self._conversations = Conversations(self._shards, self._runs, keys)
         self._owned_keys: KeyRing | None = None
 
     @classmethod
@@ -392,9 +393,9 @@ class ProjectionReader:
     ) -> list[Conversation]:
         """Every conversation, newest activity first, in pages of `limit` after `after` (its `cursor`).
 
-        Each with its runs, their usage summed, and its latest run (last status, live, writer);
-        a page reads at most `limit` x shards index entries (decision 0062). `archived` True lists only
-        the archived ones, False only the others (each walked and skipped), None every one.
+        Each with its runs, usage summed, and latest run (last status, live, writer); a page reads
+        about `limit` x shards index entries (decision 0062). `archived` True lists only the archived
+        ones, False the others (each its own index range; `Conversation.placed`), None every one.
         """
         return await self._conversations.list_conversations(limit=limit, after=after, archived=archived)
 
@@ -406,7 +407,7 @@ class ProjectionReader:
         after: ConversationCursor | None = None,
         archived: bool | None = None,
     ) -> list[Conversation]:
-        """The conversations whose title or a run's first prompt holds every word of `words`, by id.
+        """The conversations whose title or a run's user prompts hold every word of `words`, by id.
 
         Words are runs of letters and digits, matched whole and without case (the first 8);
         `after` is the last one's `cursor`. A page walks the first word's entries until it has

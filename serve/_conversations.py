@@ -40,6 +40,11 @@ class ConversationView(BaseModel):
     title: str | None = Field(
         description='The title a record gave it, else the first prompt of its earliest run (cut), or null.'
     )
+    title_erased: bool = Field(
+        default=False,
+        description='Its title was sealed (erasure on) and its key destroyed (`stepstream forget`): '
+        'title is null.',
+    )
     runs: int = Field(description='How many of its runs the projection holds.')
     last_activity: datetime = Field(description='The newest record of any of its runs.')
     latest_run_id: str = Field(description='Its latest-started run.')
@@ -55,6 +60,7 @@ class ConversationView(BaseModel):
         return cls(
             conversation_id=conversation.conversation_id,
             title=conversation.title,
+            title_erased=conversation.title_erased,
             runs=conversation.runs,
             last_activity=conversation.last_activity,
             latest_run_id=conversation.latest_run.run_id,
@@ -115,7 +121,7 @@ async def list_conversations(
         str | None,
         Query(
             max_length=1000,
-            description="Only those whose title or a run's first prompt holds every word (by id).",
+            description="Only those whose title or a run's user prompts hold every word (by id).",
         ),
     ] = None,
 ) -> ConversationPage:

@@ -40,7 +40,7 @@ def conversation_reads(source: Source) -> ConversationReads:
     if peers is None or forwarded.get():
         return source.reader
     members = [source.reader.conversation_member(), *(Member(peers, url) for url in peers.others())]
-    return GroupConversations(members)
+    return GroupConversations(members, keys=source.reader.keys)
 
 
 class Member:
@@ -54,10 +54,13 @@ class Member:
     async def _ask(self, method: str, path: str, **kwargs: Any) -> Any:
         return await self._peers.ask(self._url, method, PATH + path, **kwargs)
 
-    async def places(self, after: ConversationCursor | None, limit: int) -> list[ConversationCursor]:
+    async def places(
+        self, after: ConversationCursor | None, limit: int, archived: bool | None = None
+    ) -> list[ConversationCursor]:
         """The member's `ConversationMember.places`."""
         after_text = None if after is None else encode_conversation_cursor(after)
-        answer = await self._ask('GET', '/places', params={'after': after_text, 'limit': limit})
+        params = {'after': after_text, 'limit': limit, 'archived': archived}
+        answer = await self._ask('GET', '/places', params=params)
         return [decode_conversation_cursor(text) for text in answer]
 
     async def filed(self, word: str, after: str | None, limit: int) -> list[str]:
@@ -84,10 +87,15 @@ Limit = Annotated[int, Query(ge=1, le=MEMBER_BATCH)]
 
 
 @router.get('/places')
-async def places(request: Request, limit: Limit, after: str | None = None) -> list[str]:
-    """The conversations of this member's shards at their newest activity there, newest first (cursors)."""
+async def places(
+    request: Request, limit: Limit, after: str | None = None, archived: bool | None = None
+) -> list[str]:
+    """Where this member's shards place their conversations in a listing filtered by `archived`.
+
+    For each, the newest entry of the shares here that file it so; newest first, as cursors.
+    """
     cursor = None if after is None else decode_conversation_cursor(after)
-    found = await _source(request).reader.conversation_member().places(cursor, limit)
+    found = await _source(request).reader.conversation_member().places(cursor, limit, archived)
     return [encode_conversation_cursor(place) for place in found]
 
 

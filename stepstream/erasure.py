@@ -12,7 +12,7 @@ which broker.
 
 Formats (both versioned by their first element):
 
-- a sealed text field (`SnapshotDelta.messages`, `.patch`) is the JSON list
+- a sealed text field (`SnapshotDelta.messages`, `.patch`, a `conversation_marked` title) is the JSON list
   `["stepstream-sealed/1", "<key id, 32 hex>", "<base64 of nonce ‖ ciphertext ‖ tag>", *refs]`, with
   the conversation, run, snapshot and field name as associated data, so that a sealed value cannot
   be moved to another record; `refs` are the media URIs the plaintext names, in clear: each is the
@@ -51,6 +51,10 @@ NONCE_BYTES = 12
 SEALED_TEXT_MARK = 'stepstream-sealed/1'
 _SEALED_TEXT_PREFIX = '["' + SEALED_TEXT_MARK + '"'
 SEALED_MEDIA_MAGIC = b'\x00stepstream-sealed/1\x00'
+SEALED_TITLE = 'title'
+"""What a sealed conversation title (`conversation_marked`) is bound to, beside its conversation."""
+MAX_SEALED_TITLE_CHARS = 2048
+"""The longest sealed title the projector takes: a title of `MAX_TITLE_CHARS` characters, sealed."""
 KEY_TOPIC_CONFIGS = {
     'cleanup.policy': 'compact',
     'retention.ms': '-1',

@@ -34,10 +34,11 @@ No other module spells key bytes: they ask a `Keyspace` for a key, a prefix or t
 | `CONVERSATION`     | `c`  | conversation_id, started_at, run_id   | empty                          |
 | `CONVERSATION_STATE` | `V` | conversation_id                    | `ConversationState`: this      |
 |                    |      |                                       | shard's share of it            |
-| `ACTIVITY`         | `Y`  | newest activity, conversation_id      | empty: conversations, by their |
-|                    |      |                                       | newest activity in this shard  |
+| `ACTIVITY`         | `Y`  | filed (`archived`, `open`), newest    | empty: conversations, by their |
+|                    |      | activity, conversation_id             | newest activity in this shard, |
+|                    |      |                                       | the archived ones apart        |
 | `WORD`             | `X`  | word, conversation_id, run_id         | empty: the words of a run's    |
-|                    |      |                                       | first prompt and title mark    |
+|                    |      |                                       | user prompts and title mark    |
 | `CHILDREN`         | `p`  | parent_run_id, started_at, run_id     | empty                          |
 | `STATUS`           | `b`  | status, started_at, run_id            | empty: runs by stored status   |
 | `AGENT`            | `d`  | agent_name, status, started_at, run_id| empty: an agent's runs, by     |
@@ -220,7 +221,7 @@ MEDIA = Keyspace('media', b'h', ('str', 'str'))
 RUN_MEDIA = Keyspace('run_media', b'j', ('str', 'str'))
 TALLY = Keyspace('tally', b'y', ('str',))
 CONVERSATION_STATE = Keyspace('conversation_state', b'V', ('str',))
-ACTIVITY = Keyspace('activity', b'Y', ('int', 'str'))
+ACTIVITY = Keyspace('activity', b'Y', ('str', 'int', 'str'))
 WORD = Keyspace('word', b'X', ('str', 'str', 'str'))
 SNAPSHOT_KEY = Keyspace('snapshot_key', b'S', ('str', 'str'))
 """A run's snapshot idempotency keys without a sequence prefix, each once: a later snapshot with one

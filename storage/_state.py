@@ -160,6 +160,9 @@ class RunState(_Json):
     first_prompt: str | None = None
     """A run of a conversation: the first user prompt of its first snapshot (`snapshot_seq` 0), its
     text cut to `MAX_PROMPT_CHARS` (decision 0062); None while there is none, or none readable."""
+    prompt_words: list[str] = field(default_factory=_no_strings)
+    """A run of a conversation: the words of the user prompts of its snapshots (`words_of`), each
+    once, in the order its snapshots were applied, at most `MAX_RUN_WORDS` (what search finds it by)."""
 
     @property
     def chain(self) -> str:
@@ -332,37 +335,52 @@ class ConversationState(_Json):
     archived: list[Any] = field(default_factory=list)
     """[timestamp, archived]: the newest of its runs' archived marks here."""
 
+    @property
+    def filed(self) -> str:
+        """Where `ACTIVITY` files it in this shard: `archived` when its newest flag here is, else `open`."""
+        return ARCHIVED if self.archived and self.archived[1] else OPEN
+
+
+ARCHIVED = 'archived'
+"""The `ACTIVITY` range of the conversations whose newest archived mark in the shard archived them."""
+OPEN = 'open'
+"""The `ACTIVITY` range of the others (unmarked, or unarchived by their newest mark in the shard)."""
+
 
 MAX_PROMPT_CHARS = 200
 """The most of a run's first user prompt the projection keeps (a conversation's title when none is set)."""
 
 MAX_WORDS = 32
 """The most words of one text (a prompt, a title) the search index keeps: its first ones."""
+MAX_RUN_WORDS = 64
+"""The most words of a run's user prompts the search index keeps (`RunState.prompt_words`): the
+first ones, in the order its snapshots were applied (its first prompt's first)."""
 MAX_WORD_CHARS = 40
 """A longer word is kept cut to this many characters (a search for it is cut alike)."""
 _WORD = re.compile(r'[^\W_]+')
 
 
-def words_of(text: str | None) -> list[str]:
+def words_of(text: str | None, limit: int = MAX_WORDS) -> list[str]:
     """The words a text is found by: runs of letters and digits, lowercased, each once, in order.
 
-    Each cut to `MAX_WORD_CHARS`, at most `MAX_WORDS` of them.
+    Each cut to `MAX_WORD_CHARS`, at most `limit` of them.
     """
     found: dict[str, None] = {}
     for word in _WORD.findall((text or '').lower()):
         found.setdefault(word[:MAX_WORD_CHARS])
-        if len(found) >= MAX_WORDS:
+        if len(found) >= limit:
             break
     return list(found)
 
 
-RUN_INDEX_VERSION = 6
+RUN_INDEX_VERSION = 7
 """The run indexes a shard made now holds: 2 adds `STATUS` and `AGENT` (decision 0045); 3 files
 `AGENT` by status too and adds `LATEST` and the `COUNT`s (decision 0046); 4 checks each run's
 hash chain and lists the broken ones in `BROKEN` (decision 0049); 5 lists the waiting calls by
 kind, agent and conversation (`WAITING_KIND`, `WAITING_AGENT`, `WAITING_CONVERSATION`; decision 0056);
 6 sums each conversation's runs (`CONVERSATION_STATE`) and lists them by activity (`ACTIVITY`;
-decision 0062)."""
+decision 0062); 7 files `ACTIVITY` apart for the archived ones and indexes the words of every user
+prompt of a run, not only its first (`RunState.prompt_words`)."""
 
 
 @dataclass(slots=True)

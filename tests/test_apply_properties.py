@@ -127,8 +127,15 @@ _BINARY_REF_TAIL = ModelMessagesTypeAdapter.dump_json(
         )
     ]
 ).decode()
+_PROMPTS_TAIL = ModelMessagesTypeAdapter.dump_json(
+    [
+        ModelRequest(parts=[UserPromptPart('Refund the order')]),
+        ModelRequest(parts=[UserPromptPart('and the invoice, too')]),
+    ]
+).decode()
 SNAPSHOT_MEDIA: list[tuple[str, list[str] | None]] = [
     (TAIL, None),  # an earlier writer's record that offloaded nothing
+    (_PROMPTS_TAIL, []),  # two user prompts: their words are searched (decision 0062)
     (TAIL, []),  # a v4 writer's that offloaded nothing
     (_TEXT_REF_TAIL, [_URIS[0]]),
     (TAIL, [_URIS[2], _URIS[1]]),  # what a JSON payload holds is listed, never seen in the text

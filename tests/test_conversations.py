@@ -120,15 +120,15 @@ def check_shares(items: Items) -> None:
     }
     assert stored == expected
     assert {k for k, _ in under(items, ACTIVITY.tag)} == {
-        ACTIVITY.key(s.active, s.conversation_id) for s in expected.values()
+        ACTIVITY.key('archived' if s.archived and s.archived[1] else 'open', s.active, s.conversation_id)
+        for s in expected.values()
     }
     runs = [RunState.decode(v) for _, v in under(items, RUN.tag)]
     assert {k for k, _ in under(items, WORD.tag)} == {
         WORD.key(word, run.conversation_id, run.run_id)
         for run in runs
         if run.conversation_id is not None
-        for text in (run.first_prompt, run.marks.get('title', [0, None])[1])
-        for word in words_of(text)
+        for word in [*run.prompt_words, *words_of(run.marks.get('title', [0, None])[1])]
     }
 
 

@@ -31,7 +31,7 @@ from stepstream.analytics import export_parquet
 from stepstream.erasure import KEY_TOPIC_CONFIGS, ContentErased, KeyRing, key_topic, new_kek
 from stepstream.forget import forget_conversation
 from stepstream.media import S3MediaStore
-from stepstream.producer import EventLog, StepPersistence
+from stepstream.producer import EventLog, StepPersistence, mark_conversation
 from stepstream.projector import GroupMember, Projector, rebuild
 from stepstream.readmodel import ProjectionReader, continue_run
 from stepstream.replay import replay_run
@@ -120,6 +120,14 @@ async def test_forget_erases_content_and_media_everywhere_but_keeps_the_trail(
         (kept_run,) = await reader.list_runs(conversation_id='conv-keep')
         history = await continue_run(reader, run_id=erased_run.run_id)
         assert secret in ModelMessagesTypeAdapter.dump_json(history).decode()
+        for run in (erased_run, kept_run):  # a title is personal text too: sealed by its writer
+            assert run.conversation_id is not None
+            await mark_conversation(
+                log, run_id=run.run_id, conversation_id=run.conversation_id, title=f'About {secret}'
+            )
+        await projector.wait_for(await log.flush())
+        titled = await reader.get_conversation('conv-forget')
+        assert titled is not None and (titled.title, titled.title_erased) == (f'About {secret}', False)
 
         # Sealed on the way out: the raw log and the bucket hold no plaintext, and the two
         # conversations' copies of one payload are two objects whose names are not its hash.
@@ -142,6 +150,7 @@ async def test_forget_erases_content_and_media_everywhere_but_keeps_the_trail(
         assert len(object_keys(store, prefix)) == 1  # the other conversation's copy stays
 
         # The live projection: content erased, not an error; the trail stays.
+        await assert_title_erased(reader, secret)
         snapshot = await reader.latest_snapshot(erased_run.run_id)
         assert snapshot is not None and snapshot.erased and snapshot.messages == []
         with pytest.raises(ContentErased):
@@ -163,6 +172,7 @@ async def test_forget_erases_content_and_media_everywhere_but_keeps_the_trail(
         try:
             await assert_erased(rebuilt, erased_run.run_id)
             await assert_trail(rebuilt, erased_run.run_id)
+            await assert_title_erased(rebuilt, secret)
             assert (
                 secret
                 in ModelMessagesTypeAdapter.dump_json(
@@ -184,6 +194,15 @@ async def test_forget_erases_content_and_media_everywhere_but_keeps_the_trail(
         assert member.restored_from_checkpoint  # restored, not replayed
         await assert_erased(ProjectionReader.of(member), erased_run.run_id)
         await assert_trail(ProjectionReader.of(member), erased_run.run_id)
+
+
+async def assert_title_erased(reader: ProjectionReader, secret: str) -> None:
+    """The forgotten conversation's title reads as erased; the other one's is read."""
+    erased = await reader.get_conversation('conv-forget')
+    assert erased is not None and (erased.title, erased.title_erased) == (None, True)
+    assert erased in await reader.list_conversations(limit=None)
+    kept = await reader.get_conversation('conv-keep')
+    assert kept is not None and (kept.title, kept.title_erased) == (f'About {secret}', False)
 
 
 async def assert_erased(reader: ProjectionReader, run_id: str) -> None:

@@ -11,7 +11,9 @@ import argparse
 from typing import Any
 
 from stepstream.cli._common import EXIT_OK, Declare, add_json, open_reader
+from stepstream.erasure import is_sealed_text
 from stepstream.errors import NotFound
+from stepstream.schemas import TITLE_KEY
 from stepstream.settings import Settings
 
 
@@ -58,7 +60,14 @@ async def _mark(args: argparse.Namespace, settings: Settings) -> int:
     if args.json:
         print(to_json(record))
         return EXIT_OK
-    what = f'titled {record.metadata.get("stepstream.title")!r}' if hasattr(args, 'title') else ''
+    title = record.metadata.get(TITLE_KEY)
+    what = (
+        ''
+        if title is None
+        else 'titled (sealed: erasure is on)'
+        if is_sealed_text(title)
+        else f'titled {title!r}'
+    )
     what = what or ('archived' if args.archived else 'unarchived')
     print(f'conversation {args.conversation_id} {what} (a record on the log, keyed by run {record.run_id})')
     return EXIT_OK

@@ -84,7 +84,7 @@ def add_commands(command: Declare) -> None:
         '--archived', choices=('true', 'false'), help='only the archived ones (true) or the others (false)'
     )
     conversations.add_argument(
-        '--search', metavar='WORDS', help="only those whose title or a run's first prompt holds every word"
+        '--search', metavar='WORDS', help="only those whose title or a run's user prompts hold every word"
     )
     conversations.add_argument(
         '--after', metavar='CURSOR', help='the page after this one: the cursor a page ends with (next_after)'

@@ -38,7 +38,7 @@ class ViewArgs:
     archived: str | None = None
     """`conversations`: `true` only the archived ones, `false` only the others (default: every one)."""
     search: str | None = None
-    """`conversations`: only those whose title or a run's first prompt holds every word (by id)."""
+    """`conversations`: only those whose title or a run's user prompts hold every word (by id)."""
     wide: bool = False
     """A table with every column, each id and time in full (default: it fits 120 columns)."""
 

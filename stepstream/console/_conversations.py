@@ -30,6 +30,7 @@ def conversation_json(c: Conversation) -> dict[str, Any]:
     return {
         'conversation_id': c.conversation_id,
         'title': c.title,
+        'title_erased': c.title_erased,
         'runs': c.runs,
         'last_activity': c.last_activity,
         'latest_run_id': c.latest_run.run_id,
@@ -60,7 +61,7 @@ def conversations_table(found: Sequence[Conversation], *, wide: bool = False) ->
             f'{c.usage.input_tokens}/{c.usage.output_tokens}',
             c.usage.cost_usd or '',
             when(c.last_activity, wide),
-            _cut(c.title or ''),
+            '(erased)' if c.title_erased else _cut(c.title or ''),
         )
         for c in found
     ]
