@@ -384,6 +384,7 @@ async def test_an_export_since_an_earlier_one_adds_each_event_once_and_each_runs
     assert running.status == 'running'
 
     exports = tmp_path / 'exports'
+    exports.mkdir()  # an export's folder is made in one that exists (a typo in its path is refused)
     base, later = exports / '0-base', exports / '1-since'
     code, stdout, stderr = await cli(settings, db_path, 'export', '--out', str(base))
     assert code == 0, stderr
