@@ -52,7 +52,8 @@ class Span:
     """None while it has not ended (in flight, or never to end: its process died)."""
     status: str
     """`completed`, `failed`, `deferred` (a call that waits for a decision or a result), or for a call
-    without an end its effect's doubt (`in_flight`, ...)."""
+    without an end its effect's doubt (`in_flight`, ...), for a request without one `in_flight`
+    while its run is live, else `no_answer`."""
     seq: int
     step_index: int
     tool_call_id: str | None = None
@@ -144,8 +145,11 @@ def tool_io(messages: list[ModelMessage]) -> dict[str, ToolIO]:
 
 IN_DOUBT = 'unknown_after_crash'
 """The status of a call's bar that started and will never end: its run is not live."""
-NEVER_ENDS = frozenset({IN_DOUBT, 'resolved'})
-"""The statuses of a bar without an end that will get none: in doubt, or resolved by an operator."""
+NO_ANSWER = 'no_answer'
+"""The status of a model request's bar that started and will never end: its run is not live."""
+NEVER_ENDS = frozenset({IN_DOUBT, 'resolved', NO_ANSWER})
+"""The statuses of a bar without an end that will get none: in doubt, resolved by an operator, or a
+model request its run stopped waiting for."""
 
 TOOL_ENDS = {
     'tool_call_completed': 'completed',
@@ -205,6 +209,9 @@ def waterfall(
             call.ended_at_ms = ms(ev.timestamp)
             call.status = TOOL_ENDS[ev.kind]
             call.error = ev.error
+    if run.status != 'running':  # a request its run stopped waiting for gets no answer now
+        for request in open_requests.values():
+            request.status = NO_ANSWER
     never = any(s.duration_ms is None and s.status in NEVER_ENDS for s in spans)
     _place(spans, duration_ms(run, now) or 0.0, open_tail=never)
     return spans

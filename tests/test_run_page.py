@@ -301,3 +301,36 @@ async def test_parallel_calls_each_link_the_delegate_they_started() -> None:
         [delegate] = calls[call].find('delegate')
         assert delegate.links == [f'/runs/{child}']
         assert 'other' not in delegate.text  # named by the child: no "started while ... ran"
+
+
+async def test_a_model_request_its_run_stopped_waiting_for_has_no_end() -> None:
+    """A run killed while its model thinks: the request never ends, and the page says so rather
+    than "not ended yet" (a request of a live run would still end)."""
+    log = InMemoryLog()
+    entered = asyncio.Event()
+    written = 0
+
+    async def thinks(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        nonlocal written
+        written = len(log.records)
+        entered.set()
+        await asyncio.sleep(3600)
+        raise AssertionError('never answers')
+
+    agent = Agent(FunctionModel(thinks), capabilities=[StepPersistence(log=log, run_id='thinker-killed')])
+    task = asyncio.create_task(agent.run('think'))
+    await entered.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    del log.records[written:]  # killed: the log keeps what was written up to the request
+    projection = MemoryProjection(log)
+    await projection.wait_for()
+    reader = ProjectionReader({0: projection.shard}, partitions=1, stale_after_s=0.001)
+    transport = httpx.ASGITransport(app=create_app(Source(log.settings, reader, None, log=log)))
+    async with httpx.AsyncClient(transport=transport, base_url='http://stepstream.test') as client:
+        answer = await client.get('/runs/thinker-killed')
+    [request] = parse(answer.text).find('span-model')
+    assert 'span-no_answer' in request.attrs['class']
+    assert request.one('span-took').text == 'no end'
+    assert request.one('bar-note').text.startswith('no answer, its run stopped: started +')
