@@ -27,6 +27,7 @@ from pydantic_ai.messages import ToolCallPart
 from pydantic_ai.tools import RunContext
 from pydantic_core import to_json
 
+from stepstream.erasure import SEALED_CALL_ARGS, SEALED_CALL_METADATA
 from stepstream.producer._current import current_call
 from stepstream.producer._run import RunWriter
 from stepstream.schemas import Deferral
@@ -123,19 +124,23 @@ async def deferred(
     deferral: Deferral,
     metadata: dict[str, Any] | None,
 ) -> None:
-    """The call's `deferred` transition (what it waits for, its arguments and metadata) and event."""
+    """The call's `deferred` transition (what it waits for, its arguments and metadata) and event.
+
+    With erasure on, the arguments and the metadata are sealed with the conversation's key (decision 0033).
+    """
     if call.tool_call_id in run.deferred:
         return
     run.deferred.add(call.tool_call_id)
     _duration(run, call)
     redact = run.redaction.value
-    await run.effect(
-        call,
-        'deferred',
-        deferral=deferral,
-        args=to_json(redact(call.args_as_dict())).decode(),
-        deferral_metadata=None if metadata is None else to_json(redact(metadata), fallback=repr).decode(),
-    )
+    args = to_json(redact(call.args_as_dict())).decode()
+    given = None if metadata is None else to_json(redact(metadata), fallback=repr).decode()
+    if run.log.sealer is not None:  # erasure on: the person's content, sealed as a snapshot's is
+        key = await run.log.sealer.key_for(run.conversation_id or run.run_id)
+        where = (run.run_id, call.tool_call_id)
+        args = key.seal_text(args, *where, SEALED_CALL_ARGS)
+        given = None if given is None else key.seal_text(given, *where, SEALED_CALL_METADATA)
+    await run.effect(call, 'deferred', deferral=deferral, args=args, deferral_metadata=given)
     await run.event(ctx, 'tool_call_deferred', tool_call_id=call.tool_call_id, tool_name=call.tool_name)
 
 

@@ -16,15 +16,19 @@ from __future__ import annotations
 import os
 import socket
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic_core import to_json
 
+from stepstream.erasure import SEALED_DECISION_ARGS, SEALED_DECISION_ERROR, SEALED_DECISION_RESULT
 from stepstream.errors import EffectInFlight, NotUnknown, NotWaiting
 from stepstream.ids import MAX_ID_BYTES
 from stepstream.producer._protocol import StepLog
 from stepstream.producer._redaction import Redaction
 from stepstream.schemas import MAX_NOTE_CHARS, Decision, Resolution, ToolEffectRecord, ToolEffectTransition
+
+if TYPE_CHECKING:
+    from stepstream.erasure import ConversationKey
 
 
 def resolver_id(role: str) -> str:
@@ -123,14 +127,16 @@ def decision_for(
     result: Any = None,
     message: str | None = None,
     redaction: Redaction | None = None,
+    key: ConversationKey | None = None,
 ) -> ToolEffectTransition:
     """The `resolved` transition that decides `effect`, a call that waits (`deferred`, undecided).
 
     `approved` may carry `args` the call runs with instead of its own; `denied` carries `message`
     (what the model is told), `failed` the outside call's error as `message`, `returned` its `result`
     (any JSON value). The note, the arguments and the result are redacted with `redaction` (the
-    default policy when None). Raises `NotWaiting` (with the decision that stands, if any) for a call
-    that does not wait, and `ValueError` for what the projector would refuse.
+    default policy when None); with `key` (the run's conversation's, erasure on) the arguments, the
+    result and the message are then sealed (decision 0033). Raises `NotWaiting` (with the decision
+    that stands, if any) for a call that does not wait, and `ValueError` for what the projector would refuse.
     """
     if effect.status != 'deferred':
         decided = effect.resolution if effect.resolution is not None and effect.deferral else None
@@ -159,15 +165,23 @@ def decision_for(
     if note is not None and (not note.strip() or len(note) > MAX_NOTE_CHARS):
         raise ValueError(f'a note, when given, is 1 to {MAX_NOTE_CHARS} characters')
     redact = redaction if redaction is not None else Redaction()
+    content = {
+        SEALED_DECISION_ARGS: None if args is None else to_json(redact.value(args)).decode(),
+        SEALED_DECISION_RESULT: to_json(redact.value(result)).decode() if decision == 'returned' else None,
+        SEALED_DECISION_ERROR: redact.text(message),
+    }
+    if key is not None:
+        where = (effect.run_id, effect.tool_call_id)
+        content = {c: None if v is None else key.seal_text(v, *where, c) for c, v in content.items()}
     return _answer(
         effect,
         decision,
         operator,
         writer_id,
         note=redact.text(note),
-        args=None if args is None else to_json(redact.value(args)).decode(),
-        result=to_json(redact.value(result)).decode() if decision == 'returned' else None,
-        error=redact.text(message),
+        args=content[SEALED_DECISION_ARGS],
+        result=content[SEALED_DECISION_RESULT],
+        error=content[SEALED_DECISION_ERROR],
     )
 
 
@@ -206,13 +220,25 @@ async def decide_deferred_call(
     decision: Decision,
     operator: str,
     writer_id: str,
+    conversation_id: str | None = None,
     **what: Any,
 ) -> ToolEffectTransition:
     """Append a decision on `effect` (`decision_for`'s arguments) and wait until the broker acknowledged it.
 
-    The first decision in the log decides: read the call back from the projection once it has applied
-    the record (`ProjectionReader.get_tool_effect`) to learn whether this one stands.
+    With erasure on (the log has a sealer), its content (arguments, result, message) is sealed with
+    the key of `conversation_id`, the run's conversation (its `RunRecord.conversation_id`, or its run
+    id when it has none), which must then be given. The first decision in the log decides: read the
+    call back from the projection once it has applied the record (`ProjectionReader.get_tool_effect`)
+    to learn whether this one stands.
     """
-    record = decision_for(effect, decision=decision, operator=operator, writer_id=writer_id, **what)
+    key = None
+    content = decision == 'returned' or what.get('args') is not None or what.get('message') is not None
+    if log.sealer is not None and content:
+        if conversation_id is None:
+            raise ValueError(
+                "erasure is on: a decision is sealed with the key of its run's conversation (conversation_id)"
+            )
+        key = await log.sealer.key_for(conversation_id)
+    record = decision_for(effect, decision=decision, operator=operator, writer_id=writer_id, key=key, **what)
     await log.wait_acked([await log.append(record)])
     return record

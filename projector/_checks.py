@@ -12,7 +12,13 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-from stepstream.erasure import MAX_SEALED_TITLE_CHARS, ErasureError, is_sealed_text, split_sealed_text
+from stepstream.erasure import (
+    MAX_SEALED_TITLE_CHARS,
+    ErasureError,
+    is_sealed_text,
+    sealed_chars,
+    split_sealed_text,
+)
 from stepstream.errors import SchemaError
 from stepstream.ids import MAX_ID_BYTES, OTHER_ID_FIELDS, check_record_ids, is_plain_id, is_run_id
 from stepstream.media import is_media_uri
@@ -180,7 +186,7 @@ def _check_marked(mark: Fields) -> None:
 
 
 def _check_deferral(t: Fields) -> None:
-    """A `deferred` transition says what it waits for, with JSON arguments and metadata.
+    """A `deferred` transition says what it waits for, with JSON arguments and metadata (or sealed ones).
 
     No other transition has them, but an `approved` decision its arguments.
     """
@@ -205,6 +211,8 @@ def _check_deferral(t: Fields) -> None:
 
 
 def _json_field(t: Fields, name: str, want: type, whose: str) -> None:
+    if _sealed(t, name, whose):
+        return
     try:
         value = json.loads(t[name])
     except ValueError:
@@ -248,7 +256,8 @@ def _check_decision(t: Fields, decision: str, note: str | None) -> None:
         raise Rejected('invalid', f"a decision's note, when given, is 1 to {MAX_NOTE_CHARS} characters")
     error, result = t['error'], t['result']
     says_why = decision in ('denied', 'failed')
-    if says_why != (error is not None) or (error is not None and not 0 < len(error) <= MAX_NOTE_CHARS):
+    longest = sealed_chars(MAX_NOTE_CHARS) if _sealed(t, 'error', 'a decision') else MAX_NOTE_CHARS
+    if says_why != (error is not None) or (error is not None and not 0 < len(error) <= longest):
         raise Rejected(
             'invalid',
             f'a denial or a failure carries its message (1 to {MAX_NOTE_CHARS} characters), '
@@ -256,8 +265,19 @@ def _check_decision(t: Fields, decision: str, note: str | None) -> None:
         )
     if (decision == 'returned') != (result is not None):
         raise Rejected('invalid', f'a returned decision carries its result, and no other does ({decision})')
-    if result is not None:
+    if result is not None and not _sealed(t, 'result', 'a returned decision'):
         try:
             json.loads(result)
         except ValueError:
             raise Rejected('invalid', "a returned decision's result is not JSON") from None
+
+
+def _sealed(t: Fields, name: str, whose: str) -> bool:
+    """Whether `t[name]` is sealed (erasure on, decision 0033), checked well formed; it is not read."""
+    if not is_sealed_text(t[name]):
+        return False
+    try:
+        split_sealed_text(t[name])
+    except ErasureError as exc:
+        raise Rejected('invalid', f"{whose}'s {name}: {exc}") from None
+    return True

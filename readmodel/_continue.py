@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from stepstream.erasure import ContentErased
+from stepstream.erasure import ContentErased, ErasureError, is_sealed_text
 from stepstream.errors import ConversationLive, NotFound, NotWaiting, UsageError
 from stepstream.schemas import RESUMES_KEY, ContinuableSnapshot, ToolEffectRecord
 
@@ -129,7 +129,8 @@ async def resume_run(reader: ProjectionReader, run_id: str) -> Resumption:
     arguments, as `ToolApproved(override_args=...)`), a denial (`ToolDenied` with its message), an
     outside call's result, or its error (as `ModelRetry`, which the model sees). Refused
     (`NotWaiting`) for a run that did not end waiting, for one another run resumed already (status
-    `resumed`, naming that run), and while one of its calls still waits, named. The resumed run's
+    `resumed`, naming that run), and while one of its calls still waits, named; `ContentErased`, naming
+    the call, when a call's content was sealed and its key destroyed (`stepstream forget`). The resumed run's
     capability, given `Resumption.metadata`, marks the waiting run resumed on the log when it starts.
     """
     from pydantic_ai.tools import DeferredToolResults
@@ -155,6 +156,18 @@ def _add_decision(results: DeferredToolResults, effect: ToolEffectRecord) -> Non
     from pydantic_ai.tools import ToolApproved, ToolDenied
 
     decision, call = effect.resolution, effect.tool_call_id
+    if effect.content_erased:
+        raise ContentErased(
+            f'tool call {call!r} ({effect.tool_name}) of run {effect.run_id!r} cannot resume: its arguments '
+            'and its decision were erased (stepstream forget)'
+        )
+    if decision is not None and any(
+        is_sealed_text(v) for v in (decision.args, decision.result, decision.error)
+    ):
+        raise ErasureError(
+            f'tool call {call!r} ({effect.tool_name}) of run {effect.run_id!r}: its decision is sealed '
+            '(erasure is on for its writer): resume it with STEPSTREAM_ERASURE_KEY set'
+        )
     if decision is None:
         what = 'an approval' if effect.deferral == 'approval' else 'its result'
         raise NotWaiting(

@@ -8,14 +8,23 @@ runs view's judgement of its run.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING, TypeVar
 
+from stepstream.readmodel._conversation import with_keys
 from stepstream.readmodel._runs import Runs
+from stepstream.readmodel._sealed_calls import any_content_erased, open_effect
 from stepstream.readmodel._shards import Shards, carry, ts
 from stepstream.schemas import EffectResolution, ToolEffectRecord
 from stepstream.storage import EFFECT, UNRESOLVED, UNRESOLVED_RUN, EffectState
 from stepstream.timestamps import EPOCH, from_micros, micros
+
+if TYPE_CHECKING:
+    from stepstream.erasure import KeyRing
+
+T = TypeVar('T')
 
 UnresolvedCursor = tuple[datetime, str, str]
 """A place in the sweep of every unresolved call: the last call seen's started_at, run and call id."""
@@ -36,13 +45,19 @@ class UnresolvedSummary:
 class Effects:
     """The `EFFECT` states and the `UNRESOLVED`/`UNRESOLVED_RUN` indexes, as `ToolEffectRecord`s."""
 
-    def __init__(self, shards: Shards, runs: Runs) -> None:
+    def __init__(self, shards: Shards, runs: Runs, keys: KeyRing | None = None) -> None:
         self._shards = shards
         self._runs = runs
+        self.keys = keys
+        """The conversation keys a call's sealed content opens with (erasure on), or None."""
+
+    async def read(self, query: Callable[[], T]) -> T:
+        """`query()` in the reader's thread, with the keys read up to date (`with_keys`)."""
+        return await with_keys(self.keys, lambda: self._shards.query(query), any_content_erased)
 
     async def get_tool_effect(self, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
         """`ProjectionReader.get_tool_effect`."""
-        return await self._shards.query(lambda: self.effect(run_id, tool_call_id))
+        return await self.read(lambda: self.effect(run_id, tool_call_id))
 
     async def list_tool_effects(self, run_id: str) -> list[ToolEffectRecord]:
         """`ProjectionReader.list_tool_effects`: the run's liveness judged once for all its calls."""
@@ -55,7 +70,7 @@ class Effects:
             effects.sort(key=lambda e: (e.started_at or EPOCH, e.tool_call_id))
             return effects
 
-        return await self._shards.query(query)
+        return await self.read(query)
 
     async def list_unresolved_tool_effects(
         self, run_id: str | None, *, limit: int | None = None, after: UnresolvedCursor | None = None
@@ -88,7 +103,7 @@ class Effects:
             found.sort(key=lambda e: (e.started_at or EPOCH, e.run_id, e.tool_call_id))
             return found
 
-        return await self._shards.query(query)
+        return await self.read(query)
 
     async def unresolved_summary(self) -> UnresolvedSummary:
         """`ProjectionReader.unresolved_summary`: the index's keys and the live runs, no call read."""
@@ -110,7 +125,10 @@ class Effects:
         return await self._shards.query(query)
 
     def effect(self, run_id: str, tool_call_id: str, *, live: bool | None = None) -> ToolEffectRecord | None:
-        """The merged effect; `live` is whether its run reads `running` (looked up when not given)."""
+        """The merged effect; `live` is whether its run reads `running` (looked up when not given).
+
+        Its sealed content is opened with the keys as they are (`open_effect`): read it through `read`.
+        """
         state = self._shards.db(run_id).get_state(EFFECT.key(run_id, tool_call_id), EffectState)
         if state is None:
             return None
@@ -130,7 +148,7 @@ class Effects:
             for r in state.resolutions
         ]
         resolution = next((r for r in resolutions if r.applied), None)
-        return carry(
+        merged = carry(
             state,
             ToolEffectRecord,
             status='resolved' if resolution is not None else state.status,
@@ -141,3 +159,4 @@ class Effects:
             and state.status == 'started'
             and (self._runs.live(run_id) if live is None else live),
         )
+        return open_effect(merged, self.keys)

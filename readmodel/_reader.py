@@ -87,7 +87,7 @@ class ProjectionReader:
         self._lineage = Lineage(self._shards, self._runs)
         self._events = Events(self._shards)
         self._snapshots = Snapshots(self._shards, media_store, keys)
-        self._effects = Effects(self._shards, self._runs)
+        self._effects = Effects(self._shards, self._runs, keys)
         self._status = Status(self._shards, self._runs)
         self._retention = Retention(self._shards, self._snapshots)
         self._waiting = Waiting(self._shards, self._effects, self._runs)

@@ -115,7 +115,7 @@ class Waiting:
             found = (self._call(k, agent_name, conversation_id, deferral) for k in keys)
             return list(itertools.islice((c for c in found if c is not None), limit))
 
-        return await self._shards.query(query)
+        return await self._effects.read(query)
 
     def _ranges(
         self, agent_name: str | None, conversation_id: str | None, deferral: str | None

@@ -193,6 +193,9 @@ class ToolEffectRecord:
     """For a `deferred` call: its arguments as a JSON object, redacted as stored."""
     deferral_metadata: str | None = None
     """For a `deferred` call: the metadata its tool gave when it deferred, as JSON (None for none)."""
+    content_erased: bool = False
+    """Its content was sealed (erasure on) and `stepstream forget` destroyed the key: its arguments,
+    metadata and its decisions' arguments, results and messages read as None. Read, never stored."""
     status_seq: int = field(
         default=-1, metadata=internal("what a resolution answers: the resolution's `resolves_seq` shows it")
     )

@@ -121,7 +121,7 @@ class Decisions:
         source = self.source
         if url := source._owner(run_id):
             return await self._forward(url, run_id, tool_call_id, decision, operator, what)
-        await source.run_record(run_id)
+        run = await source.run_record(run_id)
         effect = await source.reader.get_tool_effect(run_id, tool_call_id)
         if effect is None:
             raise NotFound(f'run {run_id!r} has no tool call {tool_call_id!r} in the projection')
@@ -133,6 +133,7 @@ class Decisions:
                 decision=decision,
                 operator=operator or source.settings.serve.operator_name,
                 writer_id=resolver_id('serve'),
+                conversation_id=run.conversation_id or run_id,
                 redaction=Redaction.from_settings(source.settings),
                 **what,
             )

@@ -12,7 +12,8 @@ which broker.
 
 Formats (both versioned by their first element):
 
-- a sealed text field (`SnapshotDelta.messages`, `.patch`, a `conversation_marked` title) is the JSON list
+- a sealed text field (`SnapshotDelta.messages`, `.patch`, a `conversation_marked` title, a deferred
+  call's `args` and `deferral_metadata`, a decision's `args`, `result` and `error`) is the JSON list
   `["stepstream-sealed/1", "<key id, 32 hex>", "<base64 of nonce ‖ ciphertext ‖ tag>", *refs]`, with
   the conversation, run, snapshot and field name as associated data, so that a sealed value cannot
   be moved to another record; `refs` are the media URIs the plaintext names, in clear: each is the
@@ -53,6 +54,14 @@ _SEALED_TEXT_PREFIX = '["' + SEALED_TEXT_MARK + '"'
 SEALED_MEDIA_MAGIC = b'\x00stepstream-sealed/1\x00'
 SEALED_TITLE = 'title'
 """What a sealed conversation title (`conversation_marked`) is bound to, beside its conversation."""
+SEALED_CALL_ARGS, SEALED_CALL_METADATA = 'call.args', 'call.metadata'
+SEALED_DECISION_ARGS, SEALED_DECISION_RESULT, SEALED_DECISION_ERROR = (
+    'decision.args',
+    'decision.result',
+    'decision.error',
+)
+"""What a deferred call's `args` and `deferral_metadata`, and a decision's `args`, `result` and message
+(`error`) are bound to, after their run and tool call, beside their conversation."""
 MAX_SEALED_TITLE_CHARS = 2048
 """The longest sealed title the projector takes: a title of `MAX_TITLE_CHARS` characters, sealed."""
 KEY_TOPIC_CONFIGS = {
@@ -210,6 +219,12 @@ class ConversationKey:
 def record_key(conversation_id: str, key_id: str) -> bytes:
     """The key topic's record key: the key id (32 hex digits), then the conversation id."""
     return key_id.encode() + conversation_id.encode()
+
+
+def sealed_chars(plain_chars: int) -> int:
+    """The longest sealed text (`seal_text`, no refs) of a plaintext of at most `plain_chars` characters."""
+    body = NONCE_BYTES + 4 * plain_chars + 16  # UTF-8: at most 4 bytes a character; the GCM tag
+    return len(f'["{SEALED_TEXT_MARK}","{"0" * 32}",""]') + 4 * -(-body // 3)
 
 
 def is_sealed_text(value: str | None) -> bool:

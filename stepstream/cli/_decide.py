@@ -85,7 +85,7 @@ async def _decide(args: argparse.Namespace, settings: Settings) -> int:
     decision, what = decision_of(args)
     operator = args.by or settings.serve.operator_name
     async with open_reader(settings) as reader:
-        await reader.require_run(args.run_id)
+        run = await reader.require_run(args.run_id)
         effect = await reader.get_tool_effect(args.run_id, args.tool_call_id)
         if effect is None:
             raise NotFound(
@@ -100,6 +100,7 @@ async def _decide(args: argparse.Namespace, settings: Settings) -> int:
                     decision=decision,  # type: ignore[arg-type]
                     operator=operator,
                     writer_id=resolver_id('cli'),
+                    conversation_id=run.conversation_id or run.run_id,
                     redaction=Redaction.from_settings(settings),
                     **what,
                 )
