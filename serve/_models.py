@@ -220,6 +220,12 @@ class Deferred(FromRecord, _WaitingCall):  # type: ignore[misc]  # (the record i
         validation_alias=AliasPath('effect', 'deferral_metadata'),
         description='The metadata its tool deferred it with (JSON), or null.',
     )
+    content_erased: bool = Field(
+        default=False,
+        validation_alias=AliasPath('effect', 'content_erased'),
+        description='Its arguments and metadata were sealed and their key destroyed (`stepstream forget`): '
+        'both read as null.',
+    )
     waited_s: float = Field(default=0.0, description='Seconds it had waited when this answer was made.')
 
 

@@ -10,19 +10,24 @@ the run does not resume.
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 
+import httpx
 import pytest
 from pydantic_ai.exceptions import ModelRetry
 from pydantic_ai.tools import ToolApproved
 from test_conversation_index import HandRing
 
 from stepstream import Settings
+from stepstream.console._deferred import waiting_json, waiting_table
+from stepstream.console._render import ledger
 from stepstream.erasure import ContentErased, ErasureError, is_sealed_text, new_kek
 from stepstream.producer import decide_deferred_call
 from stepstream.producer._memory import InMemoryLog
 from stepstream.producer._sealing import Sealer
 from stepstream.readmodel import ProjectionReader, resume_run
 from stepstream.schemas import MAX_NOTE_CHARS
+from stepstream.serve import Source, create_app
 from stepstream.serve._models import Deferred, ToolEffect
 
 from deferred_runs import EXPORT_METADATA, REFUND_ARGS, run_until_waiting
@@ -30,7 +35,7 @@ from memory_projection import MemoryProjection
 
 pytestmark = pytest.mark.fast
 
-RUN = 'run-sealed-calls'
+RUN, STILL_WAITING = 'run-sealed-calls', 'run-still-waiting'
 CONVERSATION = f'conv-{RUN}'  # what `run_until_waiting` runs it in
 CHANGED_ARGS = {'amount': 60, 'reason': 'half of it, agreed on the phone'}
 ANSWER = 'the visa card ending 4242'
@@ -53,6 +58,7 @@ async def test_a_deferred_calls_content_is_sealed_opened_by_readers_and_erased_b
     log = InMemoryLog()
     log.sealer = Sealer(kek, send_key)
     await run_until_waiting(log, RUN)
+    await run_until_waiting(log, STILL_WAITING)  # erased while its calls wait
     projection = MemoryProjection(log)
     await projection.wait_for()
     reader = ProjectionReader(projection.shard, keys=keys)
@@ -61,7 +67,7 @@ async def test_a_deferred_calls_content_is_sealed_opened_by_readers_and_erased_b
     refund = await reader.get_tool_effect(RUN, 'call-refund')
     assert refund is not None and refund.args is not None and json.loads(refund.args) == REFUND_ARGS
     assert not refund.content_erased and ToolEffect.of(refund).args == refund.args
-    waiting = {w.effect.tool_call_id: w for w in await reader.list_waiting()}
+    waiting = {w.effect.tool_call_id: w for w in await reader.list_waiting() if w.effect.run_id == RUN}
     assert set(waiting) == {'call-refund', 'call-ask', 'call-export'}
     export = waiting['call-export'].effect
     assert export.deferral_metadata is not None and json.loads(export.deferral_metadata) == EXPORT_METADATA
@@ -96,8 +102,9 @@ async def test_a_deferred_calls_content_is_sealed_opened_by_readers_and_erased_b
     failure = results.calls['call-export']
     assert isinstance(failure, ModelRetry) and failure.message == FAILURE
 
-    for key in keys.of_conversation(CONVERSATION):  # `stepstream forget`: a tombstone for each key
-        keys._apply(key.record_key(), None)
+    for conversation in (CONVERSATION, f'conv-{STILL_WAITING}'):  # `stepstream forget` of each
+        for key in keys.of_conversation(conversation):  # a tombstone for each key
+            keys._apply(key.record_key(), None)
     rebuilt = MemoryProjection(log)
     await rebuilt.wait_for()
     assert list(rebuilt.shard.logical_items()) == list(projection.shard.logical_items())
@@ -116,3 +123,22 @@ async def test_a_deferred_calls_content_is_sealed_opened_by_readers_and_erased_b
         assert await erased_reader.get_tool_effect(RUN, 'call-refund') == effects['call-refund']
         with pytest.raises(ContentErased, match=r"tool call 'call-(refund|ask|export)'.*erased"):
             await resume_run(erased_reader, RUN)
+        # What waits reads as erased: the listing, the console's views, the API and its pages.
+        still = await erased_reader.list_waiting()
+        assert [w.effect.run_id for w in still] == [STILL_WAITING] * 3
+        assert all(w.effect.content_erased and w.effect.args is None for w in still)
+        now = datetime.now(UTC)
+        assert waiting_table(still, now).count('(erased)') == 3
+        assert all(c['content_erased'] and c['args'] is None for c in json.loads(waiting_json(still, now)))
+        assert 'arguments (erased)' in ledger(await erased_reader.list_tool_effects(STILL_WAITING))
+        assert 'its content erased' in ledger(list(effects.values()))
+        assert all(Deferred.of(w).content_erased for w in still)
+        source = Source(log.settings, erased_reader, None, log=log)
+        transport = httpx.ASGITransport(app=create_app(source))
+        async with httpx.AsyncClient(transport=transport, base_url='http://stepstream.test') as api:
+            marked = '<span class="erased">content erased</span>'
+            assert (await api.get('/deferred')).text.count(marked) == 3
+            assert (await api.get(f'/runs/{STILL_WAITING}')).text.count(marked) == 3  # its deferred calls
+            assert (await api.get(f'/runs/{RUN}')).text.count(marked) == 3  # its decisions, in the ledger
+            listed = (await api.get('/api/deferred')).json()['calls']
+            assert [(c['content_erased'], c['args']) for c in listed] == [(True, None)] * 3

@@ -69,6 +69,7 @@ def waiting_json(calls: Sequence[WaitingCall], now: datetime) -> str:
                 'waited_seconds': round(max((now - c.waiting_since).total_seconds(), 0.0), 3),
                 'args': _stored(c.effect.args),
                 'metadata': _stored(c.effect.deferral_metadata),
+                'content_erased': c.effect.content_erased,
                 'cursor': c.cursor_text,
             }
             for c in calls
@@ -94,7 +95,7 @@ def waiting_table(calls: Sequence[WaitingCall], now: datetime, *, wide: bool = F
             ident(c.conversation_id, wide),
             when(c.waiting_since, wide),
             waited((now - c.waiting_since).total_seconds()),
-            _cut(c.effect.args or '{}'),
+            '(erased)' if c.effect.content_erased else _cut(c.effect.args or '{}'),
         )
         for c in calls
     ]

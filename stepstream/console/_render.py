@@ -273,8 +273,10 @@ def ledger(effects: Sequence[ToolEffectRecord], *, wide: bool = False) -> str:
         if e.deferral is not None:
             metadata = f'; metadata {e.deferral_metadata}' if e.deferral_metadata is not None else ''
             waits = f'{"waits" if e.status == "deferred" else "waited"} for {waits_for(e.deferral)}'
-            lines.append(wrap(f'{call}: {waits}; arguments {e.args or "{}"}{metadata}', wide))
-        lines += [wrap(f'{call}: resolved {answer_text(r)}', wide) for r in e.resolutions]
+            args = '(erased)' if e.content_erased else e.args or '{}'
+            lines.append(wrap(f'{call}: {waits}; arguments {args}{metadata}', wide))
+        erased = '; its content erased' if e.content_erased else ''
+        lines += [wrap(f'{call}: resolved {answer_text(r)}{erased}', wide) for r in e.resolutions]
     return '\n'.join(lines)
 
 
