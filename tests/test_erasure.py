@@ -31,7 +31,7 @@ from stepstream.analytics import export_parquet
 from stepstream.erasure import KEY_TOPIC_CONFIGS, ContentErased, KeyRing, key_topic, new_kek
 from stepstream.forget import forget_conversation
 from stepstream.media import S3MediaStore
-from stepstream.producer import EventLog, StepPersistence, mark_conversation
+from stepstream.producer import EventLog, StepPersistence, decide_deferred_call, mark_conversation
 from stepstream.projector import GroupMember, Projector, rebuild
 from stepstream.readmodel import ProjectionReader, continue_run
 from stepstream.replay import replay_run
@@ -41,6 +41,7 @@ from stepstream.topics import partition_counts
 
 from agents import calls_then_answers
 from brokers import BROKER, kafka_only, tansu_only
+from deferred_runs import REFUND_ARGS, waiting_agent
 from waits import until
 
 pytestmark = pytest.mark.broker
@@ -128,13 +129,32 @@ async def test_forget_erases_content_and_media_everywhere_but_keeps_the_trail(
         await projector.wait_for(await log.flush())
         titled = await reader.get_conversation('conv-forget')
         assert titled is not None and (titled.title, titled.title_erased) == (f'About {secret}', False)
+        # A deferred call's arguments, and the decision's message, are the person's content too.
+        waits = f'waits-{uuid.uuid4().hex[:8]}'
+        await waiting_agent(log, waits).run('refund order 7', conversation_id='conv-forget')
+        await projector.wait_for(await log.flush())
+        refund = await reader.get_tool_effect(waits, 'call-refund')
+        assert refund is not None and refund.args is not None and json.loads(refund.args) == REFUND_ARGS
+        await decide_deferred_call(
+            log,
+            refund,
+            decision='denied',
+            message=f'not for {secret}',
+            operator='alice',
+            writer_id='test@here:1',
+            conversation_id='conv-forget',
+        )
+        await projector.wait_for(await log.flush())
+        denied = await reader.get_tool_effect(waits, 'call-refund')
+        assert denied is not None and denied.resolution is not None
+        assert denied.resolution.error == f'not for {secret}'
 
         # Sealed on the way out: the raw log and the bucket hold no plaintext, and the two
         # conversations' copies of one payload are two objects whose names are not its hash.
         for value in await raw_values(
             settings, settings.topics.step_events_topic, settings.topics.tool_effects_topic
         ):
-            assert secret.encode() not in value
+            assert secret.encode() not in value and b'charged twice' not in value
         objects = object_keys(store, prefix)
         assert len(objects) == 2
         plain_hash = hashlib.sha256(shared_output.encode()).hexdigest()
@@ -145,7 +165,7 @@ async def test_forget_erases_content_and_media_everywhere_but_keeps_the_trail(
 
         report = await forget_conversation(settings, 'conv-forget', reader=reader, media_store=store)
         assert len(report.keys_destroyed) == 1
-        assert report.runs == [erased_run.run_id]
+        assert sorted(report.runs) == sorted([erased_run.run_id, waits])
         assert len(report.media_deleted) == 1
         assert len(object_keys(store, prefix)) == 1  # the other conversation's copy stays
 
@@ -156,6 +176,7 @@ async def test_forget_erases_content_and_media_everywhere_but_keeps_the_trail(
         with pytest.raises(ContentErased):
             await continue_run(reader, run_id=erased_run.run_id)
         await assert_trail(reader, erased_run.run_id)
+        await assert_call_erased(reader, waits)
         kept = await continue_run(reader, run_id=kept_run.run_id)
         assert secret in ModelMessagesTypeAdapter.dump_json(kept).decode()
         # Replay (issue 38): the erased run is reported, the kept one (sealed, offloaded) matches.
@@ -173,6 +194,7 @@ async def test_forget_erases_content_and_media_everywhere_but_keeps_the_trail(
             await assert_erased(rebuilt, erased_run.run_id)
             await assert_trail(rebuilt, erased_run.run_id)
             await assert_title_erased(rebuilt, secret)
+            await assert_call_erased(rebuilt, waits)
             assert (
                 secret
                 in ModelMessagesTypeAdapter.dump_json(
@@ -194,6 +216,7 @@ async def test_forget_erases_content_and_media_everywhere_but_keeps_the_trail(
         assert member.restored_from_checkpoint  # restored, not replayed
         await assert_erased(ProjectionReader.of(member), erased_run.run_id)
         await assert_trail(ProjectionReader.of(member), erased_run.run_id)
+        await assert_call_erased(ProjectionReader.of(member), waits)
 
 
 async def assert_title_erased(reader: ProjectionReader, secret: str) -> None:
@@ -203,6 +226,14 @@ async def assert_title_erased(reader: ProjectionReader, secret: str) -> None:
     assert erased in await reader.list_conversations(limit=None)
     kept = await reader.get_conversation('conv-keep')
     assert kept is not None and (kept.title, kept.title_erased) == (f'About {secret}', False)
+
+
+async def assert_call_erased(reader: ProjectionReader, run_id: str) -> None:
+    """The waiting run's denied call: its arguments and the denial's message erased, the decision kept."""
+    effect = await reader.get_tool_effect(run_id, 'call-refund')
+    assert effect is not None and effect.content_erased and effect.args is None
+    assert effect.resolution is not None and effect.resolution.resolution == 'denied'
+    assert effect.resolution.error is None and effect.resolution.resolved_by == 'alice'
 
 
 async def assert_erased(reader: ProjectionReader, run_id: str) -> None:
