@@ -103,7 +103,7 @@ class Effects:
             found.sort(key=lambda e: (e.started_at or EPOCH, e.run_id, e.tool_call_id))
             return found
 
-        return await self.read(query)
+        return await self._shards.query(query)  # a call in doubt holds no sealed content
 
     async def unresolved_summary(self) -> UnresolvedSummary:
         """`ProjectionReader.unresolved_summary`: the index's keys and the live runs, no call read."""

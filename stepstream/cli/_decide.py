@@ -158,10 +158,10 @@ def _report(args: argparse.Namespace, settings: Settings, record: ToolEffectTran
             f'(written to {settings.topics.tool_effects_topic}; the projection did not show it within '
             f'{APPLY_WAIT_S:g}s: the views show it once the projector applies it)'
         )
-    elif stands:
+    elif stands:  # what it says as the projection reads it: opened, erasure on
         print(
             f'{record.resolution} {record.tool_call_id} of {record.run_id} by {record.resolved_by}'
-            + _what(record)
+            + _what(ours or record)
         )
     else:
         print(
@@ -173,7 +173,7 @@ def _report(args: argparse.Namespace, settings: Settings, record: ToolEffectTran
     return EXIT_FAILED if stands is False else EXIT_OK
 
 
-def _what(record: ToolEffectTransition) -> str:
+def _what(record: EffectResolution | ToolEffectTransition) -> str:
     parts = []
     if record.args is not None:
         parts.append(f'with arguments {record.args}')
