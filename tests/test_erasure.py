@@ -392,12 +392,19 @@ async def test_the_cli_the_service_and_the_export_show_erased_content_as_erased(
         reader = ProjectionReader.of(projector)
         (erased,) = await reader.list_runs(conversation_id='conv-cli')
         (kept,) = await reader.list_runs(conversation_id='conv-other')
+        waits = f'waits-{uuid.uuid4().hex[:8]}'  # a run of the conversation whose call a person denies
+        await waiting_agent(log, waits).run('refund order 7', conversation_id='conv-cli')
+        await projector.wait_for(await log.flush())
+        denial = f'not for {secret}'
+        code, out, err = await cli(settings, db_path, 'deny', waits, 'call-refund', '--message', denial)
+        assert code == 0 and repr(denial) in out and 'stepstream-sealed' not in out, err  # shown opened
 
         code, out, err = await cli(settings, db_path, 'forget', '--conversation', 'conv-cli', '--json')
         assert code == 0, err
         report = json.loads(out)
-        assert len(report['keys_destroyed']) == 1 and len(report['media_deleted']) == 1
-        assert report['runs'] == [erased.run_id]
+        # Two keys: the writers' and the one the CLI made to seal the denial (a process of its own).
+        assert len(report['keys_destroyed']) == 2 and len(report['media_deleted']) == 1
+        assert sorted(report['runs']) == sorted([erased.run_id, waits])
         code, out, err = await cli(settings, db_path, 'forget', '--conversation', 'conv-unknown')
         assert code == 1 and 'nothing to forget' in err, err
         code, out, err = await cli(settings, db_path, 'snapshot', erased.run_id)
@@ -406,6 +413,8 @@ async def test_the_cli_the_service_and_the_export_show_erased_content_as_erased(
         assert code == 0 and 'lookup' in out and 'tool_call_completed' in out, err  # the trail stays
         code, out, err = await cli(settings, db_path, 'snapshot', kept.run_id)
         assert code == 0 and secret in out, err
+        code, out, err = await cli(settings, db_path, 'effects', waits)
+        assert code == 0 and 'arguments (erased)' in out and 'denied by' in out and secret not in out, err
 
         async with (
             running(app_for(settings, reader=reader, media_store=store), port=0) as server,
@@ -422,8 +431,8 @@ async def test_the_cli_the_service_and_the_export_show_erased_content_as_erased(
             assert media.status_code == 200 and media.content == image  # a binary is linked, opened
 
         exported = await export_parquet(reader, str(tmp_path / 'export'), settings)
-        assert exported.erased_histories == [erased.run_id]
-        assert exported.rows['messages'] > 0 and exported.rows['runs'] == 2
+        assert sorted(exported.erased_histories) == sorted([erased.run_id, waits])
+        assert exported.rows['messages'] > 0 and exported.rows['runs'] == 3
 
         # Erased content as JSON is JSON; a missing or wrong key is named as such, never a gap.
         code, out, err = await cli(settings, db_path, 'snapshot', erased.run_id, '--json')
