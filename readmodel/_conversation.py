@@ -18,7 +18,7 @@ from datetime import datetime
 from decimal import Context, Decimal
 from typing import TYPE_CHECKING, TypeVar
 
-from stepstream.erasure import SEALED_TITLE, ErasureError, is_sealed_text, split_sealed_text
+from stepstream.erasure import SEALED_TITLE, ErasureError, is_sealed_text
 from stepstream.errors import BadCursor
 from stepstream.readmodel._shards import ts
 from stepstream.schemas import RunRecord, RunUsage
@@ -158,11 +158,8 @@ def open_title(conversation_id: str, sealed: str, keys: KeyRing | None) -> str |
     """
     if keys is None:
         return None
-    key_id, _ = split_sealed_text(sealed)
-    key = keys.get(key_id)
+    key = keys.opening(sealed)
     if key is None:
-        if key_id in keys.unreadable:
-            raise ErasureError(keys.unreadable[key_id])
         return None
     if key.conversation_id != conversation_id:
         raise ErasureError(f"a title of conversation {conversation_id!r} is sealed with another one's key")

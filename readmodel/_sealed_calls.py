@@ -18,9 +18,7 @@ from stepstream.erasure import (
     SEALED_DECISION_ARGS,
     SEALED_DECISION_ERROR,
     SEALED_DECISION_RESULT,
-    ErasureError,
     is_sealed_text,
-    split_sealed_text,
 )
 from stepstream.schemas import ToolEffectRecord
 
@@ -75,13 +73,8 @@ def _open(value: str | None, keys: KeyRing, *context: str) -> str | object | Non
     """The plaintext of `value` if sealed (`_Erased` when its key was destroyed), else `value`."""
     if value is None or not is_sealed_text(value):
         return value
-    key_id, _ = split_sealed_text(value)
-    key = keys.get(key_id)
-    if key is None:
-        if key_id in keys.unreadable:
-            raise ErasureError(keys.unreadable[key_id])
-        return _Erased
-    return key.open_text(value, *context)
+    key = keys.opening(value)
+    return _Erased if key is None else key.open_text(value, *context)
 
 
 def any_content_erased(found: object) -> bool:

@@ -254,16 +254,13 @@ def open_snapshot(
     """
     if not is_sealed_text(delta.messages):
         return delta.messages, delta.patch
-    key_id, _ = split_sealed_text(delta.messages)
     if keys is None:
         raise ErasureError(
             f'run {run_id!r}: snapshot {delta.snapshot_seq} is sealed (erasure is on for its writer): '
             'read it with STEPSTREAM_ERASURE_KEY set'
         )
-    key = keys.get(key_id)
+    key = keys.opening(delta.messages)
     if key is None:
-        if key_id in keys.unreadable:
-            raise ErasureError(keys.unreadable[key_id])
         return None
     where = (run_id, str(delta.snapshot_seq))
     messages = key.open_text(delta.messages, *where, 'messages')
@@ -328,6 +325,18 @@ class KeyRing:
         key = self._keys.get(key_id)
         if key is None and key_id not in self.erased:
             self.missed.add(key_id)
+        return key
+
+    def opening(self, sealed: str) -> ConversationKey | None:
+        """The key that opens the sealed text `sealed`, or None when it was erased (or is unknown).
+
+        A key this reader holds but cannot unwrap (another key-encryption key, a damaged record) is
+        an `ErasureError` saying why: a reader's configuration, never read as erased.
+        """
+        key_id, _ = split_sealed_text(sealed)
+        key = self.get(key_id)
+        if key is None and key_id in self.unreadable:
+            raise ErasureError(self.unreadable[key_id])
         return key
 
     def of_conversation(self, conversation_id: str) -> list[ConversationKey]:
