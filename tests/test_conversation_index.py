@@ -231,10 +231,8 @@ class HandRing(KeyRing):
         return None
 
 
-SECRET = 'the patient has condition X'
-
-
-async def test_a_title_is_sealed_with_erasure_on_and_forget_makes_it_unreadable_in_a_rebuild_too() -> None:
+def sealed_log() -> tuple[InMemoryLog, HandRing]:
+    """An in-memory log with erasure on, and a reader's key ring fed each key its writers make."""
     kek = new_kek()
     keys = HandRing(Settings(erasure_key=kek))  # type: ignore[arg-type]
 
@@ -243,6 +241,14 @@ async def test_a_title_is_sealed_with_erasure_on_and_forget_makes_it_unreadable_
 
     log = InMemoryLog()
     log.sealer = Sealer(kek, send_key)
+    return log, keys
+
+
+SECRET = 'the patient has condition X'
+
+
+async def test_a_title_is_sealed_with_erasure_on_and_forget_makes_it_unreadable_in_a_rebuild_too() -> None:
+    log, keys = sealed_log()
     mark = await mark_conversation(log, run_id='run-s', conversation_id='conv-s', title=f'About {SECRET}')
     assert is_sealed_text(mark.metadata[TITLE_KEY]) and SECRET not in mark.metadata[TITLE_KEY]
     records = [

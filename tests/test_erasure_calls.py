@@ -16,15 +16,13 @@ import httpx
 import pytest
 from pydantic_ai.exceptions import ModelRetry
 from pydantic_ai.tools import ToolApproved
-from test_conversation_index import HandRing
+from test_conversation_index import sealed_log
 
-from stepstream import Settings
 from stepstream.console._deferred import waiting_json, waiting_table
 from stepstream.console._render import ledger
-from stepstream.erasure import ContentErased, ErasureError, is_sealed_text, new_kek
+from stepstream.erasure import ContentErased, ErasureError, is_sealed_text
 from stepstream.producer import decide_deferred_call
 from stepstream.producer._memory import InMemoryLog
-from stepstream.producer._sealing import Sealer
 from stepstream.readmodel import ProjectionReader, resume_run
 from stepstream.schemas import MAX_NOTE_CHARS
 from stepstream.serve import Source, create_app
@@ -49,14 +47,7 @@ def _plaintext_in(log: InMemoryLog) -> list[bytes]:
 
 
 async def test_a_deferred_calls_content_is_sealed_opened_by_readers_and_erased_by_forget() -> None:
-    kek = new_kek()
-    keys = HandRing(Settings(erasure_key=kek))  # type: ignore[arg-type]
-
-    async def send_key(key: bytes, value: bytes) -> None:  # the key topic, as the reader's ring reads it
-        keys._apply(key, value)
-
-    log = InMemoryLog()
-    log.sealer = Sealer(kek, send_key)
+    log, keys = sealed_log()
     await run_until_waiting(log, RUN)
     await run_until_waiting(log, STILL_WAITING)  # erased while its calls wait
     projection = MemoryProjection(log)
